@@ -1,0 +1,3 @@
+from orkpack.cli import main
+
+main()

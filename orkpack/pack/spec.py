@@ -1,0 +1,60 @@
+"""Constants of the .orkpack v1 format. docs/FORMAT.md is the spec; this mirrors it.
+
+kernels/orkpack.h carries the same numbers for C readers; tests/test_pack.py
+checks the two agree.
+"""
+from __future__ import annotations
+
+import struct
+
+MAGIC = b"ORKPACK\0"
+VERSION_MAJOR = 1
+VERSION_MINOR = 0
+PREAMBLE_SIZE = 128  # the fixed struct at offset 0
+PREAMBLE_BLOCK = 4096  # bytes [PREAMBLE_SIZE, PREAMBLE_BLOCK) are zero
+ALIGN = 4096  # every data part starts on a 4 KiB boundary (mmap / DMA map)
+CHECKSUM = "xxh3_64"  # seed 0, as hexadecimal text in the header
+
+# little-endian preamble:
+#  magic 8s, major H, minor H, preamble_size I, file_size Q, data_offset Q,
+#  data_size Q, header_offset Q, header_size Q, data_xxh3 Q, header_xxh3 Q,
+#  alignment I, flags I, reserved 40s, preamble_xxh3 Q
+PREAMBLE_FMT = "<8sHHIQQQQQQQII40sQ"
+assert struct.calcsize(PREAMBLE_FMT) == PREAMBLE_SIZE
+PREAMBLE_XXH3_OFFSET = 120
+
+# Caps a reader enforces before it allocates anything.
+MAX_HEADER_SIZE = 256 * 1024 * 1024  # safetensors caps its header at 100 MB; ours holds the tier map too
+MAX_TENSORS = 1_000_000
+MAX_DIMS = 4
+MAX_NAME_BYTES = 4096
+
+# encodings
+ENC_F32, ENC_F16, ENC_BF16 = "f32", "f16", "bf16"
+ENC_INT8 = "int8"
+ENC_NF4 = "nf4"
+FLOAT_ENCODINGS = (ENC_F32, ENC_F16, ENC_BF16)
+ENCODINGS = FLOAT_ENCODINGS + (ENC_INT8, ENC_NF4)
+
+# tiers (engines)
+TIER_NPU = "npu"
+TIER_HOST = "host"  # CPU or GPU: the same UMA memory, consumed natively by either
+TIERS = (TIER_NPU, TIER_HOST)
+
+# layouts
+LAYOUT_ROW_MAJOR = "row_major"
+LAYOUT_NPU_INT8 = "npu_int8"  # RK3588 native int8 B layout (N/32, K/32, 32, 32) per K segment
+NPU_TILE_N = 32
+NPU_TILE_K = 32
+NPU_K_SEGMENT = 8192  # K > 8192 is split into segments, each tiled on its own
+
+# parts each encoding has, in file order
+PARTS = {
+    ENC_F32: ("data",),
+    ENC_F16: ("data",),
+    ENC_BF16: ("data",),
+    ENC_INT8: ("q", "scale"),
+    ENC_NF4: ("codes", "absmax"),
+}
+
+NF4_BLOCK = 64

@@ -1,0 +1,1 @@
+"""Readers: safetensors (file, HF folder) and GGUF, one tensor model."""

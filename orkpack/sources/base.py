@@ -1,0 +1,63 @@
+"""The one tensor model every reader produces.
+
+A :class:`Source` lists :class:`TensorInfo` records and hands out one tensor at a
+time as a numpy array in numpy (row-major) order: for a linear layer that is
+``(N_out, K_in)``, the same for Hugging Face and GGUF (GGUF's ggml order is
+reversed by the reader). Readers never keep a whole model in memory and release
+mapped source pages as they go.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+# Element types a reader may hand to the codecs. BF16 is carried exactly as its
+# raw 16 bits in a uint16 array (widening to float32 is a 16-bit shift).
+FLOAT_DTYPES = ("F32", "F16", "BF16")
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str  # canonical name: GGUF-style (blk.0.attn_q.weight) where the architecture is known
+    source_name: str  # the name in the source file
+    shape: tuple[int, ...]  # numpy order
+    dtype: str  # source dtype: F32, F16, BF16, or a GGUF quantized type name (Q4_0, Q8_0, ...)
+    file: str  # file name within the source (no directory)
+    nbytes: int  # bytes in the source file
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+class Source(Protocol):
+    kind: str  # "safetensors" or "gguf"
+    root: Path  # what the user named
+    files: list[Path]  # every weight file read, in a stable order
+    config: dict | None  # HF config.json, or architecture facts from GGUF metadata
+    arch: str | None  # architecture (llama, qwen2, qwen3_moe, ...) when known
+
+    def tensors(self) -> list[TensorInfo]: ...
+
+    def read(self, name: str) -> np.ndarray:
+        """The tensor ``name`` (canonical name) as an array the caller owns.
+
+        dtype float32 or float16, or uint16 holding BF16 bits; GGUF quantized
+        types are dequantized to float32 (with a warning, once per build).
+        """
+        ...
+
+    def close(self) -> None: ...
+
+
+def as_float32(a: np.ndarray) -> np.ndarray:
+    """Widen a reader's array to float32 exactly (uint16 means BF16 bits)."""
+    if a.dtype == np.uint16:
+        return (a.astype(np.uint32) << 16).view(np.float32)
+    return a.astype(np.float32, copy=False)
