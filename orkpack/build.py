@@ -1,0 +1,273 @@
+"""`orkpack build`: source checkpoint -> placement -> codecs/layout -> pack writer.
+
+Tensors stream one at a time: the peak memory of a build is about the largest
+source tensor as read (float32 for GGUF quantized types, else its source
+dtype), plus its float32 widening inside the codec (none: the C kernels read
+bf16/f16 directly), plus its encoded parts: at most ~2x the largest tensor as
+float32, plus the interpreter (~100 MB). tests/test_build.py measures it.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+import time
+from dataclasses import dataclass, field
+from difflib import get_close_matches
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import xxhash
+
+from orkpack import __version__
+from orkpack.codecs import get_codec
+from orkpack.errors import OrkError, SourceError, escape_name
+from orkpack.pack import spec
+from orkpack.pack.writer import PackWriter
+from orkpack.sources import open_source
+from orkpack.sources.base import TensorInfo
+
+# min_m for NPU slices placed by rules (no tier map): the batch size from which
+# the NPU pays for its ~365 us submit cost on typical 4096-wide layers. The tier
+# map computes it per tensor from the board's cost model. Never below 2.
+RULES_MIN_M = 32
+
+FLOAT_ENC = {np.dtype(np.float32): spec.ENC_F32, np.dtype(np.float16): spec.ENC_F16, np.dtype(np.uint16): spec.ENC_BF16}
+
+
+@dataclass
+class BuildOptions:
+    threads: int = 0  # 0: all cores
+    int8: list[str] = field(default_factory=list)
+    nf4: list[str] = field(default_factory=list)
+    keep: list[str] = field(default_factory=list)
+    npu: list[str] = field(default_factory=list)
+    npu_storage: str = "int8"  # int8 tiles, or nf4 inflated at load (w4a8)
+    allow_nonfinite: bool = False
+
+    def resolved_threads(self) -> int:
+        return self.threads if self.threads > 0 else (os.cpu_count() or 1)
+
+    def recorded(self) -> dict:
+        """The options that shape the bytes (threads do not)."""
+        return {
+            "int8": list(self.int8),
+            "nf4": list(self.nf4),
+            "keep": list(self.keep),
+            "npu": list(self.npu),
+            "npu_storage": self.npu_storage,
+            "allow_nonfinite": self.allow_nonfinite,
+        }
+
+
+@dataclass(frozen=True)
+class Decision:
+    encoding: str
+    tier: str
+    min_m: int | None = None
+
+
+def _match(name: str, globs: list[str]) -> bool:
+    return any(fnmatch.fnmatchcase(name, g) for g in globs)
+
+
+class RulePlacement:
+    """Precision and placement from rules (until a tier map decides).
+
+    Precedence: --keep (stay float), --npu (int8 tiles on the NPU), --int8,
+    --nf4, then the defaults: 1-D tensors stay float; the output head is int8
+    (it is the most quantization-sensitive matrix, which is why llama.cpp's
+    quantizer keeps it at higher precision); the token embedding is NF4 (row
+    lookups), or int8 when it doubles as the output head (tied); every other
+    2-D or 3-D weight is NF4. All non-NPU tensors live on the host (CPU/GPU).
+    """
+
+    def __init__(self, opts: BuildOptions, infos: list[TensorInfo]):
+        self.opts = opts
+        names = {i.name for i in infos}
+        self.tied = "output.weight" not in names
+
+    def decide(self, info: TensorInfo, expert: int | None) -> Decision:
+        o = self.opts
+        names = [info.name] if expert is None else [info.name, f"{info.name}[{expert}]"]
+        hit = lambda globs: any(_match(n, globs) for n in names)  # noqa: E731
+        if len(info.shape) < 2 or hit(o.keep):
+            return Decision(FLOAT_ENC_BY_DTYPE.get(info.dtype, spec.ENC_F32), spec.TIER_HOST)
+        if hit(o.npu):
+            enc = spec.ENC_NF4 if o.npu_storage == "nf4" else spec.ENC_INT8
+            return Decision(enc, spec.TIER_NPU, RULES_MIN_M)
+        if hit(o.int8):
+            return Decision(spec.ENC_INT8, spec.TIER_HOST)
+        if hit(o.nf4):
+            return Decision(spec.ENC_NF4, spec.TIER_HOST)
+        if info.name == "output.weight" or (self.tied and info.name == "token_embd.weight"):
+            return Decision(spec.ENC_INT8, spec.TIER_HOST)
+        return Decision(spec.ENC_NF4, spec.TIER_HOST)
+
+
+FLOAT_ENC_BY_DTYPE = {"F32": spec.ENC_F32, "F16": spec.ENC_F16, "BF16": spec.ENC_BF16}
+
+
+def unmatched_globs(opts: BuildOptions, infos: list[TensorInfo]) -> list[str]:
+    """One warning line per glob that matches no tensor, with near names."""
+    names = [i.name for i in infos]
+    out = []
+    for flag in ("keep", "npu", "int8", "nf4"):
+        for g in getattr(opts, flag):
+            if not any(fnmatch.fnmatchcase(n, g) or fnmatch.fnmatchcase(f"{n}[0]", g) for n in names):
+                near = get_close_matches(g, names, n=3, cutoff=0.5)
+                hint = f"; near: {', '.join(near)}" if near else ""
+                out.append(f"--{flag} {g!r} matches no tensor{hint}")
+    return out
+
+
+@dataclass
+class BuildResult:
+    path: Path
+    tensors: int
+    source_bytes: int
+    pack_bytes: int
+    seconds: float
+    by_kind: dict  # (encoding, tier) -> {"tensors": n, "bytes": b}
+    worst_sqnr: tuple[str, float] | None
+    warnings: list[str]
+
+    @property
+    def gbps(self) -> float:
+        return self.source_bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
+
+
+def hash_file(path: Path, chunk: int = 1 << 24) -> str:
+    """xxh3 of a whole source file, streamed (pages released as we go)."""
+    h = xxhash.xxh3_64()
+    with open(path, "rb", buffering=0) as f:
+        fd = f.fileno()
+        off = 0
+        buf = bytearray(chunk)
+        mv = memoryview(buf)
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            h.update(mv[:n])
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, off, n, os.POSIX_FADV_DONTNEED)
+            off += n
+    return h.hexdigest()
+
+
+def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts: BuildOptions) -> dict:
+    """Encode one 1-D/2-D slice per its decision into a writer slice dict."""
+    if dec.encoding in spec.FLOAT_ENCODINGS:
+        enc = get_codec(FLOAT_ENC[x.dtype]).encode(x)
+        encoding = FLOAT_ENC[x.dtype]
+    else:
+        npu_tiles = dec.tier == spec.TIER_NPU and dec.encoding == spec.ENC_INT8
+        enc = get_codec(dec.encoding).encode(x, npu=npu_tiles, threads=threads)
+        if enc.nonfinite:
+            if not opts.allow_nonfinite:
+                raise SourceError(
+                    f"{escape_name(name)}: {enc.nonfinite} NaN/Inf values; fix the checkpoint, "
+                    "or pass --allow-nonfinite (they are then encoded as 0)"
+                )
+            x = _zero_nonfinite(x)
+            enc = get_codec(dec.encoding).encode(x, npu=npu_tiles, threads=threads)
+        encoding = dec.encoding
+    s = {
+        "shape": list(x.shape),
+        "encoding": encoding,
+        "tier": dec.tier,
+        "layout": enc.layout,
+        "parts": enc.parts,
+        "sqnr_db": enc.sqnr_db,
+        "min_m": dec.min_m if dec.tier == spec.TIER_NPU else None,
+    }
+    if dec.tier == spec.TIER_NPU and encoding == spec.ENC_NF4:
+        from orkpack.runtime.inflate import inflate_reference
+        import xxhash as _x
+
+        q, scale, layout = inflate_reference(enc.parts["codes"], enc.parts["absmax"], tuple(x.shape))
+        s["inflate"] = {
+            "layout": layout,
+            "q_size": int(q.nbytes),
+            "q_xxh3": _x.xxh3_64_hexdigest(np.ascontiguousarray(q)),
+            "scale_xxh3": _x.xxh3_64_hexdigest(np.ascontiguousarray(scale)),
+        }
+    return s
+
+
+def _zero_nonfinite(x: np.ndarray) -> np.ndarray:
+    if x.dtype == np.uint16:  # bf16: exponent all ones -> Inf/NaN
+        bad = (x & 0x7F80) == 0x7F80
+        return np.where(bad, np.uint16(0), x)
+    return np.where(np.isfinite(x), x, x.dtype.type(0))
+
+
+def build(
+    src_path: Path,
+    out_path: Path,
+    opts: BuildOptions,
+    *,
+    on_start: Callable[[int], None] | None = None,
+    on_progress: Callable[[int, str], None] | None = None,
+) -> BuildResult:
+    """Build ``out_path`` from the checkpoint at ``src_path``. Raises OrkError on bad input."""
+    t0 = time.perf_counter()
+    out_path = Path(out_path)
+    if not out_path.parent.is_dir():
+        raise OrkError(f"{escape_name(str(out_path.parent))}: output folder does not exist; create it first")
+    threads = opts.resolved_threads()
+    src = open_source(Path(src_path))
+    try:
+        infos = src.tensors()
+        if not infos:
+            raise SourceError(f"{escape_name(str(src_path))}: no tensors found")
+        warnings = unmatched_globs(opts, infos)
+        placement = RulePlacement(opts, infos)
+        total = sum(i.nbytes for i in infos)
+        if on_start:
+            on_start(total)
+        provenance = {
+            "source_format": src.kind,
+            "sources": [{"file": f.name, "size": f.stat().st_size, "xxh3": hash_file(f)} for f in src.files],
+            "arch": src.arch,
+            "options": opts.recorded(),
+        }
+        by_kind: dict = {}
+        worst: tuple[str, float] | None = None
+        with PackWriter(out_path, provenance=provenance, config=src.config, tiermap=None) as w:
+            for info in infos:
+                arr = src.read(info.name)
+                if tuple(arr.shape) != tuple(info.shape):
+                    raise SourceError(f"{escape_name(info.name)}: read shape {arr.shape} != header shape {info.shape}")
+                subs = list(enumerate(arr)) if arr.ndim == 3 else [(None, arr)]
+                slices = []
+                for e, sub in subs:
+                    dec = placement.decide(info, e)
+                    s = encode_slice(sub, dec, name=info.name if e is None else f"{info.name}[{e}]", threads=threads, opts=opts)
+                    s["expert"] = e
+                    slices.append(s)
+                    nbytes = sum(int(p.nbytes) for p in s["parts"].values())
+                    k = (s["encoding"], s["tier"])
+                    d = by_kind.setdefault(k, {"slices": 0, "bytes": 0})
+                    d["slices"] += 1
+                    d["bytes"] += nbytes
+                    if s["sqnr_db"] is not None and (worst is None or s["sqnr_db"] < worst[1]):
+                        worst = (info.name if e is None else f"{info.name}[{e}]", float(s["sqnr_db"]))
+                w.add_tensor(info.name, info.source_name, info.shape, info.dtype, slices)
+                del arr, subs, slices
+                if on_progress:
+                    on_progress(info.nbytes, info.name)
+            path = w.finish()
+    finally:
+        src.close()
+    return BuildResult(
+        path=path,
+        tensors=len(infos),
+        source_bytes=total,
+        pack_bytes=path.stat().st_size,
+        seconds=time.perf_counter() - t0,
+        by_kind=by_kind,
+        worst_sqnr=worst,
+        warnings=warnings,
+    )

@@ -1,0 +1,181 @@
+"""The `orkpack` command: one function per command; parse, call, print.
+
+User errors (OrkError) print one line on stderr and exit with their code
+(2, or 1 for a failed check); Ctrl-C exits 130. Anything else is a bug and
+keeps its traceback.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import warnings
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+from orkpack import __version__
+from orkpack.errors import OrkError
+
+app = typer.Typer(
+    name="orkpack",
+    help="Compile LLM checkpoints (safetensors, GGUF) into mixed int8/NF4 .orkpack files for the RK3588 NPU.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+out = Console()
+err = Console(stderr=True, highlight=False)
+
+
+def _fail_cleanly(fn):
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        try:
+            return fn(*a, **kw)
+        except OrkError as e:
+            print(f"error: {e}", file=sys.stderr)
+            raise typer.Exit(e.exit_code)
+        except KeyboardInterrupt:
+            print("interrupted", file=sys.stderr)
+            raise typer.Exit(130)
+
+    return wrapper
+
+
+def _warn_line(message, category, filename, lineno, file=None, line=None):
+    print(f"warning: {message}", file=sys.stderr)
+
+
+warnings.showwarning = _warn_line
+
+
+def _progress(enabled: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[tensor]}"),
+        console=err,
+        disable=not enabled,
+        transient=False,
+    )
+
+
+def version_callback(value: bool):
+    if value:
+        print(f"orkpack {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=version_callback, is_eager=True, help="Print the version.")):
+    pass
+
+
+@app.command()
+@_fail_cleanly
+def build(
+    source: Path = typer.Argument(..., help="An HF folder (config.json + safetensors), a .safetensors file, or a .gguf file."),
+    output: Path = typer.Option(..., "-o", "--output", help="The .orkpack file to write (atomically)."),
+    int8: List[str] = typer.Option([], "--int8", metavar="GLOB", help="Store matching tensors as int8 (per-channel)."),
+    nf4: List[str] = typer.Option([], "--nf4", metavar="GLOB", help="Store matching tensors as NF4."),
+    keep: List[str] = typer.Option([], "--keep", metavar="GLOB", help="Keep matching tensors in their source float type."),
+    npu: List[str] = typer.Option([], "--npu", metavar="GLOB", help="Place matching tensors on the NPU as int8 tiles."),
+    npu_storage: str = typer.Option("int8", "--npu-storage", help="How NPU tensors are stored: int8 tiles, or nf4 inflated to int8 at load (w4a8)."),
+    threads: int = typer.Option(0, "--threads", "-t", help="Encoder threads (0: all cores). The output does not depend on it."),
+    allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite", help="Encode NaN/Inf weights as 0 instead of stopping."),
+    json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+):
+    """Quantize a checkpoint into one .orkpack file (NF4 bulk, int8 where asked, NPU tensors pre-tiled)."""
+    from orkpack.build import BuildOptions, build as run_build
+    from orkpack.render import build_summary
+
+    if npu_storage not in ("int8", "nf4"):
+        raise OrkError(f"--npu-storage {npu_storage!r}: choose int8 or nf4")
+    opts = BuildOptions(threads=threads, int8=int8, nf4=nf4, keep=keep, npu=npu, npu_storage=npu_storage, allow_nonfinite=allow_nonfinite)
+    with _progress(not json_out) as prog:
+        task = prog.add_task("build", total=None, tensor="")
+        r = run_build(
+            source,
+            output,
+            opts,
+            on_start=lambda total: prog.update(task, total=total),
+            on_progress=lambda n, name: prog.update(task, advance=n, tensor=name),
+        )
+    for w in r.warnings:
+        print(f"warning: {w}", file=sys.stderr)
+    if json_out:
+        print(
+            json.dumps(
+                {
+                    "path": str(r.path),
+                    "tensors": r.tensors,
+                    "source_bytes": r.source_bytes,
+                    "pack_bytes": r.pack_bytes,
+                    "seconds": round(r.seconds, 4),
+                    "gb_per_s": round(r.gbps, 4),
+                    "by_kind": [{"encoding": e, "tier": t, **d} for (e, t), d in sorted(r.by_kind.items())],
+                    "worst_sqnr": None if r.worst_sqnr is None else {"slice": r.worst_sqnr[0], "db": r.worst_sqnr[1]},
+                    "warnings": r.warnings,
+                },
+                indent=1,
+            )
+        )
+    else:
+        build_summary(out, r)
+
+
+@app.command()
+@_fail_cleanly
+def inspect(
+    pack: Path = typer.Argument(..., help="The .orkpack file."),
+    tensor: Optional[str] = typer.Option(None, "--tensor", metavar="GLOB", help="Only tensors whose name matches."),
+    json_out: bool = typer.Option(False, "--json", help="Print the facts as JSON (stable keys)."),
+    all_rows: bool = typer.Option(False, "--all", help="Show every tensor row (default: the first 60)."),
+):
+    """Show a pack's header facts, residency per engine and per-tensor rows."""
+    from orkpack.inspect import pack_facts
+    from orkpack.render import pack_facts as render
+
+    f = pack_facts(pack, tensor)
+    if json_out:
+        print(json.dumps(f, indent=1))
+    else:
+        render(out, f, rows_limit=None if (all_rows or tensor) else 60)
+
+
+@app.command()
+@_fail_cleanly
+def demo(
+    folder: Path = typer.Option(Path("orkpack-demo"), "--dir", help="Where to write the demo model and pack."),
+):
+    """Synthesize a small seeded llama-style model (no network), build it, inspect it."""
+    from orkpack.build import BuildOptions, build as run_build
+    from orkpack.inspect import pack_facts
+    from orkpack.render import build_summary, pack_facts as render
+    from orkpack.synth import write_hf_model
+
+    folder.mkdir(parents=True, exist_ok=True)
+    model = write_hf_model(folder / "model", seed=0)
+    out.print(f"wrote a seeded llama-style model (bf16, 2 shards) to {model}")
+    opts = BuildOptions(npu=["blk.*.attn_q.weight", "blk.*.attn_output.weight", "blk.*.ffn_up.weight"])
+    with _progress(True) as prog:
+        task = prog.add_task("build", total=None, tensor="")
+        r = run_build(model, folder / "demo.orkpack", opts, on_start=lambda t: prog.update(task, total=t), on_progress=lambda n, name: prog.update(task, advance=n, tensor=name))
+    build_summary(out, r)
+    render(out, pack_facts(r.path), rows_limit=12)
+    out.print(f"next: orkpack inspect {r.path}   |   orkpack verify {r.path}")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,300 @@
+"""Read a .orkpack file (docs/FORMAT.md) and check everything a reader can
+check without touching the data: the preamble and its checksum, the sizes, the
+header checksum, and every part's offset, alignment, overlap and size against
+the slice's shape, encoding and layout. Every length and offset is checked
+against the file size and the format's caps before anything is allocated.
+
+Errors: :class:`PackError` (exit 2) for a file that is not a pack, is
+truncated, or comes from a newer major version; :class:`PackDamaged` (exit 1)
+for a checksum mismatch or an inconsistent header, i.e. a damaged pack.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import stat
+import struct
+from collections import namedtuple
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import xxhash
+
+from orkpack.errors import PackError, escape_name
+from orkpack.pack import spec
+
+Preamble = namedtuple(
+    "Preamble",
+    "magic version_major version_minor preamble_size file_size data_offset data_size "
+    "header_offset header_size data_xxh3 header_xxh3 alignment flags reserved preamble_xxh3",
+)
+
+
+class PackDamaged(PackError):
+    """A pack whose checksums or tables do not hold: damaged (exit code 1)."""
+
+    exit_code = 1
+
+
+def _bits_differ(a: bytes, b: bytes) -> int:
+    return sum(bin(x ^ y).count("1") for x, y in zip(a, b))
+
+
+def _itemsize(enc: str) -> int:
+    return {spec.ENC_F32: 4, spec.ENC_F16: 2, spec.ENC_BF16: 2}[enc]
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def expected_part_sizes(shape: list[int], encoding: str, layout: dict) -> dict[str, int]:
+    """The byte size of each part of a slice, from its shape, encoding and layout."""
+    n = _numel(shape)
+    if encoding in spec.FLOAT_ENCODINGS:
+        return {"data": n * _itemsize(encoding)}
+    if encoding == spec.ENC_NF4:
+        return {"codes": (n + 1) // 2, "absmax": 4 * ((n + spec.NF4_BLOCK - 1) // spec.NF4_BLOCK)}
+    if encoding == spec.ENC_INT8:
+        rows = shape[0] if len(shape) == 2 else 1
+        if layout.get("kind") == spec.LAYOUT_NPU_INT8:
+            q = layout["n_pad"] * sum(seg[2] for seg in layout["segments"])
+        else:
+            q = n
+        return {"q": q, "scale": 4 * rows}
+    raise KeyError(encoding)
+
+
+def check_layout(shape: list[int], encoding: str, layout: dict) -> str | None:
+    """Why a slice's layout record is inconsistent with its shape, or None."""
+    if not isinstance(layout, dict) or "kind" not in layout:
+        return "layout record missing"
+    kind = layout["kind"]
+    if kind == spec.LAYOUT_ROW_MAJOR:
+        return None if layout == {"kind": kind} else "row_major layout has extra keys"
+    if kind != spec.LAYOUT_NPU_INT8:
+        return f"unknown layout {kind!r}"
+    if len(shape) != 2:
+        return "npu_int8 layout needs a 2-D slice"
+    from orkpack.layout import npu_layout
+
+    ks = layout.get("k_segment")
+    if not isinstance(ks, int) or ks <= 0 or ks % spec.NPU_TILE_K:
+        return "npu_int8 k_segment invalid"
+    want = npu_layout(shape[0], shape[1], k_segment=ks)
+    if layout != want:
+        return "npu_int8 layout record does not match the slice shape"
+    return None
+
+
+class Pack:
+    """An open pack: ``Pack.open(path)``; use as a context manager."""
+
+    def __init__(self, path: Path, preamble: Preamble, header: dict, mm: mmap.mmap | None, fd: int):
+        self.path = path
+        self.preamble = preamble
+        self.header = header
+        self.tensors: list[dict] = header["tensors"]
+        self._mm = mm
+        self._fd = fd
+
+    # -- opening ----------------------------------------------------------
+    @classmethod
+    def open(cls, path: Path | str) -> "Pack":
+        path = Path(path)
+        label = escape_name(str(path))
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise PackError(f"{label}: no such file") from None
+        except IsADirectoryError:
+            raise PackError(f"{label}: is a folder, not a pack") from None
+        except OSError as e:
+            raise PackError(f"{label}: cannot open ({e.strerror})") from None
+        try:
+            return cls._open_fd(path, fd, label)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def _open_fd(cls, path: Path, fd: int, label: str) -> "Pack":
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise PackError(f"{label}: is a folder, not a pack")
+        if not stat.S_ISREG(st.st_mode):
+            raise PackError(f"{label}: not a regular file")
+        size = st.st_size
+        head = os.pread(fd, spec.PREAMBLE_BLOCK, 0)
+        magic = head[:8]
+        if magic != spec.MAGIC:
+            if len(magic) == 8 and _bits_differ(magic, spec.MAGIC) <= 3:
+                raise PackDamaged(f"{label}: damaged pack: the magic number is corrupted")
+            raise PackError(f"{label}: not an orkpack file (build one with `orkpack build`)")
+        if len(head) < spec.PREAMBLE_BLOCK:
+            raise PackError(f"{label}: truncated pack ({size} bytes, less than the 4096-byte preamble); rebuild or re-copy it")
+        p = Preamble(*struct.unpack_from(spec.PREAMBLE_FMT, head))
+        block = bytearray(head)
+        block[spec.PREAMBLE_XXH3_OFFSET : spec.PREAMBLE_XXH3_OFFSET + 8] = bytes(8)
+        if xxhash.xxh3_64_intdigest(bytes(block)) != p.preamble_xxh3:
+            raise PackDamaged(f"{label}: damaged pack: preamble checksum mismatch")
+        if p.version_major > spec.VERSION_MAJOR:
+            raise PackError(
+                f"{label}: made by a newer orkpack (format {p.version_major}.{p.version_minor}, this one reads "
+                f"{spec.VERSION_MAJOR}.x); upgrade orkpack"
+            )
+        if p.version_major < 1:
+            raise PackDamaged(f"{label}: damaged pack: format version {p.version_major}.{p.version_minor} does not exist")
+        bad = None
+        if p.preamble_size != spec.PREAMBLE_SIZE or p.alignment != spec.ALIGN or p.data_offset != spec.PREAMBLE_BLOCK:
+            bad = "preamble constants are wrong"
+        elif p.flags != 0:
+            bad = f"unknown flags 0x{p.flags:x}"
+        elif p.reserved != bytes(40):
+            bad = "reserved preamble bytes are not zero"
+        elif p.data_size % spec.ALIGN or p.header_offset != p.data_offset + p.data_size:
+            bad = "data section bounds are inconsistent"
+        elif p.file_size != p.header_offset + p.header_size:
+            bad = "file size does not add up"
+        elif p.header_size > spec.MAX_HEADER_SIZE or p.header_size == 0:
+            bad = f"header size {p.header_size} is out of range"
+        if bad:
+            raise PackDamaged(f"{label}: damaged pack: {bad}")
+        if size < p.file_size:
+            raise PackError(f"{label}: truncated pack ({size} of {p.file_size} bytes); rebuild or re-copy it")
+        if size > p.file_size:
+            raise PackDamaged(f"{label}: damaged pack: {size - p.file_size} unexpected bytes after the end")
+        hb = os.pread(fd, p.header_size, p.header_offset)
+        if len(hb) != p.header_size:
+            raise PackError(f"{label}: truncated pack (header cut short)")
+        if xxhash.xxh3_64_intdigest(hb) != p.header_xxh3:
+            raise PackDamaged(f"{label}: damaged pack: header checksum mismatch")
+        try:
+            header = json.loads(hb.decode("ascii"), parse_constant=_no_constant)
+        except (UnicodeDecodeError, ValueError) as e:
+            raise PackDamaged(f"{label}: damaged pack: header is not valid JSON ({e})") from None
+        problem = validate_header(header, p)
+        if problem:
+            raise PackDamaged(f"{label}: damaged pack: {problem}")
+        mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
+        return cls(path, p, header, mm, fd)
+
+    # -- access -------------------------------------------------------------
+    def slices(self) -> Iterator[tuple[dict, dict]]:
+        for t in self.tensors:
+            for s in t["slices"]:
+                yield t, s
+
+    def part(self, part_rec: dict) -> np.ndarray:
+        """A read-only uint8 view of one part, straight from the mapped file."""
+        return np.frombuffer(self._mm, dtype=np.uint8, count=part_rec["size"], offset=part_rec["offset"])
+
+    def data_view(self) -> np.ndarray:
+        p = self.preamble
+        return np.frombuffer(self._mm, dtype=np.uint8, count=p.data_size, offset=p.data_offset)
+
+    def check_data_checksum(self) -> bool:
+        if self.preamble.data_size == 0:
+            return xxhash.xxh3_64_intdigest(b"") == self.preamble.data_xxh3
+        return xxhash.xxh3_64_intdigest(self.data_view()) == self.preamble.data_xxh3
+
+    @staticmethod
+    def part_checksum(view: np.ndarray) -> str:
+        return xxhash.xxh3_64_hexdigest(view)
+
+    def close(self) -> None:
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:  # a caller still holds a view; the mapping goes with it
+                pass
+            self._mm = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not allowed")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def validate_header(h, p: Preamble) -> str | None:
+    """Why a parsed header is inconsistent with itself or the preamble, or None."""
+    if not isinstance(h, dict) or h.get("format") != "orkpack" or not isinstance(h.get("tensors"), list):
+        return "header is not an orkpack header"
+    if len(h["tensors"]) > spec.MAX_TENSORS:
+        return "too many tensors"
+    lo, hi = p.data_offset, p.header_offset
+    spans = []
+    for t in h["tensors"]:
+        if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not isinstance(t.get("slices"), list):
+            return "malformed tensor record"
+        name = escape_name(t["name"])
+        if len(t["name"].encode("utf-8", "surrogatepass")) > spec.MAX_NAME_BYTES:
+            return f"tensor name too long ({name})"
+        shape = t.get("shape")
+        if not isinstance(shape, list) or len(shape) > spec.MAX_DIMS or not all(_is_int(d) and d >= 0 for d in shape):
+            return f"{name}: bad shape"
+        if len(shape) == 3:
+            if len(t["slices"]) != shape[0]:
+                return f"{name}: {len(t['slices'])} slices for {shape[0]} experts"
+        elif len(t["slices"]) != 1:
+            return f"{name}: a {len(shape)}-D tensor must have one slice"
+        for i, s in enumerate(t["slices"]):
+            if not isinstance(s, dict):
+                return f"{name}: malformed slice"
+            enc, sshape = s.get("encoding"), s.get("shape")
+            if enc not in spec.ENCODINGS:
+                return f"{name}: unknown encoding {enc!r}"
+            if s.get("tier") not in spec.TIERS:
+                return f"{name}: unknown tier {s.get('tier')!r}"
+            want_shape = shape[1:] if len(shape) == 3 else shape
+            if sshape != want_shape or s.get("expert") != (i if len(shape) == 3 else None):
+                return f"{name}: slice {i} shape or expert index does not match the tensor"
+            why = check_layout(sshape, enc, s.get("layout"))
+            if why:
+                return f"{name}: {why}"
+            if enc == spec.ENC_INT8 and len(sshape) > 2:
+                return f"{name}: int8 slices are 1-D or 2-D"
+            if s.get("layout", {}).get("kind") == spec.LAYOUT_NPU_INT8 and (enc != spec.ENC_INT8 or s["tier"] != spec.TIER_NPU):
+                return f"{name}: npu_int8 layout is only for int8 slices on the NPU"
+            if s["tier"] == spec.TIER_NPU:
+                m = s.get("min_m")
+                if not _is_int(m) or m < 2:
+                    return f"{name}: NPU slice min_m {m!r} (must be >= 2: M = 1 never goes to the NPU)"
+            parts = s.get("parts")
+            sizes = expected_part_sizes(sshape, enc, s["layout"])
+            if not isinstance(parts, dict) or list(parts) != list(spec.PARTS[enc]):
+                return f"{name}: parts are not {list(spec.PARTS[enc])}"
+            for pn, pr in parts.items():
+                if not isinstance(pr, dict) or not _is_int(pr.get("offset")) or not _is_int(pr.get("size")):
+                    return f"{name}: malformed part {pn}"
+                if not isinstance(pr.get("xxh3"), str) or len(pr["xxh3"]) != 16:
+                    return f"{name}: part {pn} has no checksum"
+                off, size = pr["offset"], pr["size"]
+                if size != sizes[pn]:
+                    return f"{name}: part {pn} is {size} bytes, its shape and encoding say {sizes[pn]}"
+                if off % spec.ALIGN or off < lo or off + size > hi:
+                    return f"{name}: part {pn} at {off}+{size} is outside the data section or unaligned"
+                spans.append((off, off + size, name))
+    spans.sort()
+    for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):
+        if b0 < a1:
+            return f"parts of {an} and {bn} overlap"
+    return None

@@ -1,0 +1,223 @@
+"""Write a .orkpack file (docs/FORMAT.md), streaming: parts go out as they are
+encoded, the header and the preamble are written last.
+
+The file is built under a temporary name in the target folder
+(``.<name>.<random>.orkpack-partial``), flushed and fsynced, then renamed over
+the target, so an interrupted build never leaves a partial file at the target
+path and never damages a pack already there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+from orkpack import __version__
+from orkpack.errors import OrkError, escape_name
+from orkpack.pack import spec
+
+PARTIAL_SUFFIX = ".orkpack-partial"
+_ZEROS = bytes(spec.ALIGN)
+
+
+def header_bytes(header: dict) -> bytes:
+    """The canonical JSON encoding of a header: ASCII only, no NaN, no spaces."""
+    return json.dumps(header, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
+
+
+def preamble_bytes(*, file_size: int, data_size: int, header_size: int, data_xxh3: int, header_xxh3: int) -> bytes:
+    """The 4096-byte preamble block, its own checksum filled in."""
+    header_offset = spec.PREAMBLE_BLOCK + data_size
+    fields = struct.pack(
+        spec.PREAMBLE_FMT,
+        spec.MAGIC,
+        spec.VERSION_MAJOR,
+        spec.VERSION_MINOR,
+        spec.PREAMBLE_SIZE,
+        file_size,
+        spec.PREAMBLE_BLOCK,
+        data_size,
+        header_offset,
+        header_size,
+        data_xxh3,
+        header_xxh3,
+        spec.ALIGN,
+        0,
+        bytes(40),
+        0,
+    )
+    block = bytearray(spec.PREAMBLE_BLOCK)
+    block[: spec.PREAMBLE_SIZE] = fields
+    digest = xxhash.xxh3_64_intdigest(bytes(block))
+    struct.pack_into("<Q", block, spec.PREAMBLE_XXH3_OFFSET, digest)
+    return bytes(block)
+
+
+def _as_bytes(arr: np.ndarray) -> memoryview:
+    a = np.ascontiguousarray(arr)
+    if a.dtype.byteorder == ">":  # the format is little-endian
+        a = a.astype(a.dtype.newbyteorder("<"))
+    return memoryview(a).cast("B")
+
+
+class PackWriter:
+    """Stream tensors into a new pack at ``path``.
+
+    >>> w = PackWriter(path, provenance=..., config=..., tiermap=None)
+    >>> w.add_tensor(name, source_name, shape, source_dtype, slices)   # repeatedly
+    >>> w.finish()    # or w.abort() on any failure
+
+    Each slice is a dict: expert, shape, encoding, tier, layout, parts
+    (name -> array, in ``spec.PARTS[encoding]`` order), sqnr_db, and optionally
+    min_m (NPU slices) and inflate (NPU slices stored nf4).
+    """
+
+    def __init__(self, path: Path, *, provenance: dict, config: dict | None, tiermap: dict | None):
+        self.path = Path(path)
+        folder = self.path.parent if str(self.path.parent) else Path(".")
+        if not folder.is_dir():
+            raise OrkError(f"{escape_name(str(folder))}: output folder does not exist; create it first or choose another -o path")
+        if self.path.is_dir():
+            raise OrkError(f"{escape_name(str(self.path))}: is a folder; give a file name such as model.orkpack")
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=PARTIAL_SUFFIX, dir=folder)
+        except OSError as e:
+            raise OrkError(f"{escape_name(str(folder))}: cannot write here ({e.strerror}); choose another -o path") from None
+        self.tmp = Path(tmp)
+        self._f = os.fdopen(fd, "wb")
+        self._meta = {
+            "format": "orkpack",
+            "version": [spec.VERSION_MAJOR, spec.VERSION_MINOR],
+            "tool": {"name": "orkpack", "version": __version__},
+            "provenance": provenance,
+            "config": config,
+            "tiermap": tiermap,
+        }
+        self._tensors: list[dict] = []
+        self._data_hash = xxhash.xxh3_64()
+        self._offset = spec.PREAMBLE_BLOCK
+        self._closed = False
+        self._write_raw(_ZEROS)  # the preamble block, rewritten at the end
+        self._offset = spec.PREAMBLE_BLOCK
+
+    # -- low level -------------------------------------------------------
+    def _write_raw(self, buf) -> None:
+        try:
+            self._f.write(buf)
+        except OSError as e:
+            self.abort()
+            raise OrkError(f"{escape_name(str(self.path))}: write failed ({e.strerror}); nothing was written at the output path") from None
+
+    def _write_part(self, arr: np.ndarray) -> dict:
+        buf = _as_bytes(arr)
+        off = self._offset
+        self._write_raw(buf)
+        self._data_hash.update(buf)
+        pad = (-len(buf)) % spec.ALIGN
+        if pad:
+            self._write_raw(_ZEROS[:pad])
+            self._data_hash.update(_ZEROS[:pad])
+        self._offset += len(buf) + pad
+        return {"offset": off, "size": len(buf), "xxh3": xxhash.xxh3_64_hexdigest(buf)}
+
+    # -- tensors ---------------------------------------------------------
+    def add_tensor(self, name: str, source_name: str, shape, source_dtype: str, slices: list[dict]) -> dict:
+        recs = []
+        for s in slices:
+            enc = s["encoding"]
+            names = spec.PARTS[enc]
+            if tuple(s["parts"]) != names:
+                raise ValueError(f"slice of {name}: parts {tuple(s['parts'])} != {names}")
+            rec = {
+                "expert": s.get("expert"),
+                "shape": [int(d) for d in s["shape"]],
+                "encoding": enc,
+                "tier": s["tier"],
+                "layout": s["layout"],
+                "parts": {p: self._write_part(s["parts"][p]) for p in names},
+                "sqnr_db": None if s.get("sqnr_db") is None else round(float(s["sqnr_db"]), 3),
+            }
+            if s.get("min_m") is not None:
+                rec["min_m"] = int(s["min_m"])
+            if s.get("inflate") is not None:
+                rec["inflate"] = s["inflate"]
+            recs.append(rec)
+        t = {
+            "name": name,
+            "source_name": source_name,
+            "shape": [int(d) for d in shape],
+            "source_dtype": source_dtype,
+            "slices": recs,
+        }
+        self._tensors.append(t)
+        return t
+
+    def finish(self) -> Path:
+        header = dict(self._meta)
+        header["tensors"] = self._tensors
+        hb = header_bytes(header)
+        if len(hb) > spec.MAX_HEADER_SIZE:
+            self.abort()
+            raise OrkError(f"{escape_name(str(self.path))}: header would be {len(hb)} bytes, over the format's cap")
+        data_size = self._offset - spec.PREAMBLE_BLOCK
+        self._write_raw(hb)
+        file_size = self._offset + len(hb)
+        pre = preamble_bytes(
+            file_size=file_size,
+            data_size=data_size,
+            header_size=len(hb),
+            data_xxh3=self._data_hash.intdigest(),
+            header_xxh3=xxhash.xxh3_64_intdigest(hb),
+        )
+        try:
+            self._f.seek(0)
+            self._f.write(pre)
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
+            self._closed = True
+            os.chmod(self.tmp, 0o644)
+            os.replace(self.tmp, self.path)
+            _fsync_dir(self.path.parent)
+        except OSError as e:
+            self.abort()
+            raise OrkError(f"{escape_name(str(self.path))}: could not finish the pack ({e.strerror}); nothing was written at the output path") from None
+        return self.path
+
+    def abort(self) -> None:
+        if not self._closed:
+            try:
+                self._f.close()
+            except OSError:
+                pass
+            self._closed = True
+        try:
+            self.tmp.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, et, ev, tb):
+        if et is not None:
+            self.abort()
+        return False
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder if str(folder) else ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

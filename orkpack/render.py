@@ -1,0 +1,73 @@
+"""Rich tables for people: build summaries and pack facts."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from orkpack.errors import escape_name
+
+
+def human_bytes(n: int | float) -> str:
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def build_summary(console: Console, r) -> None:
+    t = Table(title=f"built {escape_name(r.path.name)}", show_lines=False)
+    t.add_column("encoding")
+    t.add_column("engine")
+    t.add_column("slices", justify="right")
+    t.add_column("bytes", justify="right")
+    for (enc, tier), d in sorted(r.by_kind.items()):
+        t.add_row(enc, tier, str(d["slices"]), human_bytes(d["bytes"]))
+    console.print(t)
+    worst = f"{r.worst_sqnr[1]:.2f} dB ({escape_name(r.worst_sqnr[0])})" if r.worst_sqnr else "n/a"
+    console.print(
+        f"{r.tensors} tensors, {human_bytes(r.source_bytes)} source -> {human_bytes(r.pack_bytes)} pack "
+        f"in {r.seconds:.2f} s ({r.gbps:.2f} GB/s of source); worst SQNR {worst}"
+    )
+
+
+def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> None:
+    prov = f.get("provenance") or {}
+    head = Table(title=f"{escape_name(f['file'])}", show_header=False)
+    head.add_column("key", style="bold")
+    head.add_column("value")
+    head.add_row("format", f"orkpack {f['format_version']} (tool {f['tool'].get('version') if f.get('tool') else '?'})")
+    head.add_row("size", f"{human_bytes(f['file_size'])} (data {human_bytes(f['data_size'])}, header {human_bytes(f['header_size'])})")
+    head.add_row("checksums", ", ".join(f"{k}: {v}" for k, v in f["checksums"].items()))
+    head.add_row("source", f"{prov.get('source_format', '?')}: " + ", ".join(escape_name(s["file"]) for s in prov.get("sources", [])))
+    head.add_row("arch", str(f.get("arch")))
+    head.add_row("tensors", str(f["tensor_count"]))
+    if f.get("tiermap"):
+        tm = f["tiermap"]
+        head.add_row("tier map", escape_name(str(tm.get("board", {}).get("name") if isinstance(tm.get("board"), dict) else tm.get("board"))))
+    console.print(head)
+
+    res = Table(title="residency per engine")
+    res.add_column("engine")
+    res.add_column("slices", justify="right")
+    res.add_column("resident", justify="right")
+    res.add_column("stored", justify="right")
+    for tier, d in f["residency"].items():
+        res.add_row(tier + (" (int8 tiles)" if tier == "npu" else " (CPU/GPU, as stored)"), str(d["slices"]), human_bytes(d["resident_bytes"]), human_bytes(d["stored_bytes"]))
+    console.print(res)
+
+    t = Table(title="tensors")
+    for c in ("name", "shape", "encoding", "tier", "bytes", "SQNR dB", "xxh3"):
+        t.add_column(c, justify="right" if c in ("bytes", "SQNR dB") else "left", overflow="fold")
+    rows = f["tensors"] if rows_limit is None else f["tensors"][:rows_limit]
+    for r in rows:
+        sq = "" if r["sqnr_db"] is None else f"{r['sqnr_db']:.2f}"
+        first = r["slices"][0]["xxh3"]
+        ck = next(iter(first.values())) if first else ""
+        if len(r["slices"]) > 1:
+            ck += f" (+{len(r['slices']) - 1} slices)"
+        t.add_row(escape_name(r["name"]), "x".join(map(str, r["shape"])), r["encoding"], r["tier"], human_bytes(r["stored_bytes"]), sq, ck)
+    console.print(t)
+    if rows_limit is not None and len(f["tensors"]) > rows_limit:
+        console.print(f"... {len(f['tensors']) - rows_limit} more tensors (--tensor GLOB to filter, --json for all)")

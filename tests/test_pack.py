@@ -1,0 +1,196 @@
+"""The .orkpack container: writer, reader, and the reader's refusals."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xxhash
+
+from orkpack.errors import PackError
+from orkpack.pack import spec
+from orkpack.pack.reader import Pack, PackDamaged
+from orkpack.pack.writer import PARTIAL_SUFFIX, PackWriter, header_bytes, preamble_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def write_small(path: Path, seed=0) -> dict:
+    """A pack with one slice of each encoding, parts filled with seeded bytes."""
+    r = _rng(seed)
+    tensors = {}
+    with PackWriter(path, provenance={"source_format": "test", "sources": [], "arch": None, "options": {}}, config=None, tiermap=None) as w:
+        norm = r.standard_normal(67).astype(np.float32)
+        w.add_tensor("blk.0.attn_norm.weight", "n", [67], "F32", [dict(expert=None, shape=[67], encoding="f32", tier="host", layout={"kind": "row_major"}, parts={"data": norm}, sqnr_db=None)])
+        tensors["blk.0.attn_norm.weight"] = {"data": norm}
+        bf = r.integers(0, 2**16, size=(5, 9), dtype=np.uint16)
+        w.add_tensor("token_embd.weight", "e", [5, 9], "BF16", [dict(expert=None, shape=[5, 9], encoding="bf16", tier="host", layout={"kind": "row_major"}, parts={"data": bf}, sqnr_db=None)])
+        n = 33 * 70
+        codes = r.integers(0, 256, size=(n + 1) // 2, dtype=np.uint8)
+        absmax = r.random((n + 63) // 64, dtype=np.float32)
+        w.add_tensor("blk.0.ffn_up.weight", "u", [33, 70], "BF16", [dict(expert=None, shape=[33, 70], encoding="nf4", tier="host", layout={"kind": "row_major"}, parts={"codes": codes, "absmax": absmax}, sqnr_db=20.5)])
+        q = r.integers(-127, 128, size=(3, 40), dtype=np.int8)
+        sc = r.random(3, dtype=np.float32)
+        slices = []
+        for e in range(2):
+            slices.append(dict(expert=e, shape=[3, 40], encoding="int8", tier="host", layout={"kind": "row_major"}, parts={"q": q + e, "scale": sc}, sqnr_db=30.0 + e))
+        w.add_tensor("blk.0.ffn_down_exps.weight", "d", [2, 3, 40], "F16", slices)
+        tensors["blk.0.ffn_up.weight"] = {"codes": codes, "absmax": absmax}
+        w.finish()
+    return tensors
+
+
+def test_roundtrip_parts_aligned_and_checksummed(tmp_path):
+    p = tmp_path / "a.orkpack"
+    want = write_small(p)
+    with Pack.open(p) as pack:
+        assert pack.preamble.version_major == 1
+        assert os.path.getsize(p) == pack.preamble.file_size
+        assert pack.check_data_checksum()
+        seen = 0
+        for t, s in pack.slices():
+            for name, pr in s["parts"].items():
+                assert pr["offset"] % 4096 == 0
+                view = pack.part(pr)
+                assert xxhash.xxh3_64_hexdigest(view) == pr["xxh3"]
+                if t["name"] in want:
+                    assert view.tobytes() == np.ascontiguousarray(want[t["name"]][name]).tobytes()
+                    seen += 1
+        assert seen == 3
+        names = [t["name"] for t in pack.tensors]
+        assert names[-1] == "blk.0.ffn_down_exps.weight" and len(pack.tensors[-1]["slices"]) == 2
+
+
+def test_deterministic_bytes(tmp_path):
+    write_small(tmp_path / "a.orkpack", seed=3)
+    write_small(tmp_path / "b.orkpack", seed=3)
+    assert (tmp_path / "a.orkpack").read_bytes() == (tmp_path / "b.orkpack").read_bytes()
+
+
+def test_c_header_matches_spec():
+    h = (ROOT / "kernels" / "orkpack.h").read_text()
+    defs = dict(re.findall(r"#define (ORKPACK_\w+) (.+)", h))
+    assert defs["ORKPACK_VERSION_MAJOR"] == str(spec.VERSION_MAJOR)
+    assert defs["ORKPACK_PREAMBLE_SIZE"] == str(spec.PREAMBLE_SIZE)
+    assert defs["ORKPACK_PREAMBLE_BLOCK"] == str(spec.PREAMBLE_BLOCK)
+    assert defs["ORKPACK_ALIGN"] == str(spec.ALIGN)
+    assert defs["ORKPACK_PREAMBLE_XXH3_OFFSET"] == str(spec.PREAMBLE_XXH3_OFFSET)
+    assert defs["ORKPACK_NPU_K_SEGMENT"] == str(spec.NPU_K_SEGMENT)
+    from orkpack._kernels import ffi
+
+    assert ffi.sizeof("orkpack_preamble_t") == spec.PREAMBLE_SIZE
+    assert ffi.offsetof("orkpack_preamble_t", "preamble_xxh3") == spec.PREAMBLE_XXH3_OFFSET
+    assert ffi.offsetof("orkpack_preamble_t", "data_xxh3") == 56
+
+
+def test_not_a_pack(tmp_path):
+    p = tmp_path / "x.orkpack"
+    p.write_bytes(b"GGUF" + bytes(5000))
+    with pytest.raises(PackError) as e:
+        Pack.open(p)
+    assert not isinstance(e.value, PackDamaged) and "not an orkpack" in str(e.value)
+    with pytest.raises(PackError, match="no such file"):
+        Pack.open(tmp_path / "missing.orkpack")
+    with pytest.raises(PackError, match="folder"):
+        Pack.open(tmp_path)
+
+
+@pytest.mark.parametrize("cut", [10, 200, 4096, 5000, -1])
+def test_truncated(tmp_path, cut):
+    p = tmp_path / "a.orkpack"
+    write_small(p)
+    data = p.read_bytes()
+    p.write_bytes(data[:cut])
+    with pytest.raises(PackError) as e:
+        Pack.open(p)
+    assert e.value.exit_code == 2 and "truncated" in str(e.value)
+
+
+def test_newer_major_version_refused(tmp_path):
+    p = tmp_path / "a.orkpack"
+    write_small(p)
+    raw = bytearray(p.read_bytes())
+    struct.pack_into("<H", raw, 8, 2)
+    raw[120:128] = bytes(8)
+    struct.pack_into("<Q", raw, 120, xxhash.xxh3_64_intdigest(bytes(raw[:4096])))
+    p.write_bytes(raw)
+    with pytest.raises(PackError) as e:
+        Pack.open(p)
+    assert e.value.exit_code == 2 and "newer orkpack" in str(e.value)
+
+
+def test_flips_in_preamble_and_header_are_damage(tmp_path):
+    p = tmp_path / "a.orkpack"
+    write_small(p)
+    raw = p.read_bytes()
+    hoff = struct.unpack_from("<Q", raw, 40)[0]
+    positions = list(range(0, 128)) + [200, 4095] + list(range(hoff, len(raw), max(1, (len(raw) - hoff) // 50)))
+    for pos in positions:
+        for bit in (0, 7):
+            bad = bytearray(raw)
+            bad[pos] ^= 1 << bit
+            p.write_bytes(bad)
+            with pytest.raises(PackError) as e:
+                Pack.open(p)
+            assert e.value.exit_code == 1, (pos, bit, str(e.value))
+
+
+def _rewrite_header(p: Path, mutate) -> None:
+    raw = p.read_bytes()
+    pre = struct.unpack_from(spec.PREAMBLE_FMT, raw)
+    data_size, hoff = pre[6], pre[7]
+    h = json.loads(raw[hoff:])
+    mutate(h)
+    hb = header_bytes(h)
+    data = raw[4096:hoff]
+    block = preamble_bytes(file_size=hoff + len(hb), data_size=data_size, header_size=len(hb), data_xxh3=xxhash.xxh3_64_intdigest(data), header_xxh3=xxhash.xxh3_64_intdigest(hb))
+    p.write_bytes(block + data + hb)
+
+
+@pytest.mark.parametrize(
+    "mutate,why",
+    [
+        (lambda h: h["tensors"][2]["slices"][0]["parts"]["codes"].update(offset=h["tensors"][1]["slices"][0]["parts"]["data"]["offset"]), "overlap"),
+        (lambda h: h["tensors"][2]["slices"][0]["parts"]["codes"].update(offset=4097), "unaligned"),
+        (lambda h: h["tensors"][2]["slices"][0]["parts"]["codes"].update(offset=10**12), "outside"),
+        (lambda h: h["tensors"][2]["slices"][0]["parts"]["codes"].update(size=7), "bytes"),
+        (lambda h: h["tensors"][2].update(shape=[33, 71]), "shape"),
+        (lambda h: h["tensors"][3]["slices"].pop(), "slices"),
+        (lambda h: h["tensors"][2]["slices"][0].update(encoding="int3"), "encoding"),
+        (lambda h: h["tensors"][2]["slices"][0].update(tier="npu", min_m=1), "min_m"),
+        (lambda h: h["tensors"][2]["slices"][0].update(tier="tpu"), "tier"),
+    ],
+)
+def test_inconsistent_header_refused(tmp_path, mutate, why):
+    p = tmp_path / "a.orkpack"
+    write_small(p)
+    _rewrite_header(p, mutate)
+    with pytest.raises(PackDamaged, match=why):
+        Pack.open(p)
+
+
+def test_abort_leaves_target_untouched(tmp_path):
+    p = tmp_path / "a.orkpack"
+    write_small(p)
+    before = p.read_bytes()
+    with pytest.raises(RuntimeError):
+        with PackWriter(p, provenance={}, config=None, tiermap=None) as w:
+            w.add_tensor("x", "x", [4], "F32", [dict(expert=None, shape=[4], encoding="f32", tier="host", layout={"kind": "row_major"}, parts={"data": np.zeros(4, np.float32)}, sqnr_db=None)])
+            raise RuntimeError("boom")
+    assert p.read_bytes() == before
+    assert not list(tmp_path.glob("*" + PARTIAL_SUFFIX))
+
+
+def test_missing_output_folder(tmp_path):
+    from orkpack.errors import OrkError
+
+    with pytest.raises(OrkError, match="does not exist"):
+        PackWriter(tmp_path / "nope" / "a.orkpack", provenance={}, config=None, tiermap=None)
