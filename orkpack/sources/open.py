@@ -1,0 +1,90 @@
+"""``open_source``: one entry point for every checkpoint form.
+
+* a folder (HF): ``model.safetensors.index.json`` -> the shards its ``weight_map``
+  names; else every ``*.safetensors`` in it, sorted by name. ``config.json``
+  beside them gives the architecture (without it, it is guessed from the names).
+* a ``.safetensors`` file (a ``config.json`` in the same folder is used if present).
+* a ``.gguf`` file.
+
+Every user mistake raises :class:`SourceError` with one line naming the path.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Callable
+
+from ..errors import SourceError, escape_name
+from .config import load_hf_config
+from .gguf import GGUFSource
+from .safetensors import SafetensorsSource
+
+INDEX = "model.safetensors.index.json"
+
+
+def _n(p: Path) -> str:
+    return escape_name(str(p))
+
+
+def _read_index(folder: Path) -> tuple[list[Path], dict[str, str]]:
+    path = folder / INDEX
+    try:
+        idx = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise SourceError(f"{_n(path)}: cannot read the shard index ({e.__class__.__name__}); "
+                          "restore it from the model's original files") from None
+    wm = idx.get("weight_map") if isinstance(idx, dict) else None
+    if not isinstance(wm, dict) or not wm or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
+        raise SourceError(f"{_n(path)}: no usable 'weight_map' (tensor -> shard file); restore the original index")
+    files = []
+    for shard in sorted(set(wm.values())):
+        if Path(shard).name != shard or shard in (".", ".."):
+            raise SourceError(f"{_n(path)}: shard {escape_name(shard)!r} is not a plain file name; fix the index")
+        p = folder / shard
+        if not p.is_file():
+            raise SourceError(f"{_n(path)}: names shard {escape_name(shard)} which is missing from {_n(folder)}; "
+                              "download it")
+        files.append(p)
+    return files, wm
+
+
+def open_source(path: Path | str, *, on_warning: Callable[[str], None] | None = None):
+    """Open a checkpoint (folder, .safetensors or .gguf) as a Source.
+
+    ``on_warning`` receives the one-per-source message about dequantizing a
+    quantized GGUF; without it the message goes to ``warnings.warn``
+    (``LossyDequantWarning``).
+    """
+    p = Path(path)
+    if not p.exists():
+        raise SourceError(f"{_n(p)}: no such file or folder; check the path")
+    if p.is_dir():
+        try:
+            names = sorted(q.name for q in p.iterdir())
+        except OSError as e:
+            raise SourceError(f"{_n(p)}: cannot list the folder ({e.strerror}); check its permissions") from None
+        config = load_hf_config(p / "config.json") if "config.json" in names else None
+        if INDEX in names:
+            files, wm = _read_index(p)
+            return SafetensorsSource(p, files, config, expected=wm)
+        files = [p / n for n in names if n.endswith(".safetensors") and (p / n).is_file()]
+        if files:
+            return SafetensorsSource(p, files, config)
+        ggufs = [n for n in names if n.endswith(".gguf")]
+        hint = f"; to build from the GGUF, pass the file: {_n(p / ggufs[0])}" if ggufs else \
+            "; expected config.json with model.safetensors or sharded *.safetensors"
+        raise SourceError(f"{_n(p)}: folder holds no safetensors weights{hint}")
+    if not p.is_file():
+        raise SourceError(f"{_n(p)}: not a regular file or folder; pass a model folder, .safetensors or .gguf")
+    try:
+        with open(p, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise SourceError(f"{_n(p)}: cannot read ({e.strerror}); check its permissions") from None
+    if p.suffix == ".gguf" or magic == b"GGUF":
+        return GGUFSource(p, on_warning=on_warning)
+    if p.suffix == ".safetensors":
+        cfg_path = p.parent / "config.json"
+        config = load_hf_config(cfg_path) if cfg_path.is_file() else None
+        return SafetensorsSource(p, [p], config)
+    raise SourceError(f"{_n(p)}: unknown checkpoint type; pass a model folder, a .safetensors or a .gguf file")

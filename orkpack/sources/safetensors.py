@@ -1,0 +1,270 @@
+"""Safetensors reader: one file, or the shards of an HF folder, one tensor at a time.
+
+Format: 8-byte little-endian header length n, n bytes of JSON
+(``{name: {dtype, shape, data_offsets: [a, b]}}`` plus optional
+``__metadata__``), then the data; offsets are relative to the end of the header.
+The header is validated before any tensor is read: n against the file size and
+a 100 MB cap, every byte range inside the data section, and ``b - a`` equal to
+numel x itemsize of the dtype.
+
+Exactness: F32 and F16 come back as float32 / float16 arrays of the stored bits;
+BF16 comes back as the raw 16 bits in a uint16 array (``base.as_float32`` widens
+exactly). No torch, no ml_dtypes.
+
+Experts: per-expert HF tensors (``model.layers.N.mlp.experts.E.gate_proj.weight``,
+mixtral ``block_sparse_moe.experts.E.w1``) are listed once per layer and
+projection under the stacked GGUF name ``blk.N.ffn_gate_exps.weight`` with numpy
+shape ``(E, N_out, K_in)``, as a GGUF of the same model has it; ``read`` copies
+each expert straight into its slice. Its ``TensorInfo.source_name`` is the HF
+name with ``*`` for the expert index, ``file`` the shard of expert 0 (or the
+distinct shards joined by ``,``), ``nbytes`` the sum.
+
+Memory bound: nothing is mmapped. ``read`` allocates the returned array and
+fills it with ``os.preadv`` (no intermediate copy), then drops the range from
+the page cache with ``posix_fadvise(DONTNEED)`` where the OS has it. Peak RSS of
+a caller that reads every tensor in turn and drops each one is therefore
+the largest tensor's bytes (plus the headers), whatever the model size; the
+test holds it to 3 x largest tensor + 64 MB.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import struct
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import SourceError, escape_name
+from .base import TensorInfo
+from .names import canonical_name, hf_expert, natural_key
+
+HEADER_CAP = 100 * 1024 * 1024
+SUPPORTED_DTYPES = ("F32", "F16", "BF16")
+_NP_DTYPE = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+
+
+def _fname(p: Path | str) -> str:
+    return escape_name(str(p))
+
+
+def read_into(fd: int, offset: int, dest: memoryview, path: Path) -> None:
+    """Fill ``dest`` from ``fd`` at ``offset`` (positional, thread-safe), then drop the range from the page cache."""
+    n, got = dest.nbytes, 0
+    dest = dest.cast("B")
+    while got < n:
+        k = os.preadv(fd, [dest[got:]], offset + got) if hasattr(os, "preadv") else _pread_fallback(fd, dest[got:], offset + got)
+        if k <= 0:
+            raise SourceError(f"{_fname(path)}: file ends at byte {offset + got}, before the data it declares "
+                              "(truncated?); download it again")
+        got += k
+    if hasattr(os, "posix_fadvise") and n:
+        try:
+            os.posix_fadvise(fd, offset, n, os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
+
+
+def _pread_fallback(fd: int, dest: memoryview, offset: int) -> int:
+    b = os.pread(fd, dest.nbytes, offset)
+    dest[: len(b)] = b
+    return len(b)
+
+
+@dataclass(frozen=True)
+class _Part:
+    file: int  # index into files
+    offset: int  # absolute byte offset
+    nbytes: int
+
+
+@dataclass
+class _Entry:
+    info: TensorInfo
+    parts: list[_Part]  # one part, or one per expert (stacked)
+
+
+def parse_header(path: Path, fd: int, size: int) -> tuple[dict, int]:
+    """(tensor table without __metadata__, absolute offset of the data section); validated."""
+    name = _fname(path)
+    if size < 8:
+        raise SourceError(f"{name}: {size} bytes is too short for a safetensors file (truncated?); download it again")
+    (n,) = struct.unpack("<Q", os.pread(fd, 8, 0))
+    if n < 2 or n > HEADER_CAP or n > size - 8:
+        raise SourceError(f"{name}: header length {n} does not fit the file ({size} bytes, cap {HEADER_CAP}); "
+                          "not a safetensors file or truncated; download it again")
+    raw = os.pread(fd, n, 8)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise SourceError(f"{name}: header is not valid JSON; not a safetensors file or damaged; download it again") from None
+    if not isinstance(header, dict):
+        raise SourceError(f"{name}: header is not a JSON object; not a safetensors file; download it again")
+    header.pop("__metadata__", None)
+    data_len = size - 8 - n
+    for t, e in header.items():
+        tn = f"{name}: tensor {escape_name(t)}"
+        if not isinstance(e, dict):
+            raise SourceError(f"{tn}: header entry is not an object; the file is damaged; download it again")
+        dtype, shape, offs = e.get("dtype"), e.get("shape"), e.get("data_offsets")
+        if not isinstance(dtype, str):
+            raise SourceError(f"{tn}: no dtype in the header; the file is damaged; download it again")
+        if dtype not in SUPPORTED_DTYPES:
+            raise SourceError(f"{tn}: dtype {escape_name(dtype)} is not supported; supported: "
+                              f"{', '.join(SUPPORTED_DTYPES)} (convert the checkpoint to one of them)")
+        if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            raise SourceError(f"{tn}: bad shape {escape_name(str(shape))}; the file is damaged; download it again")
+        if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) and not isinstance(o, bool) for o in offs)):
+            raise SourceError(f"{tn}: bad data_offsets; the file is damaged; download it again")
+        a, b = offs
+        if not 0 <= a <= b <= data_len:
+            raise SourceError(f"{tn}: bytes {a}..{b} lie outside the data section ({data_len} bytes); "
+                              "the file is truncated or damaged; download it again")
+        want = math.prod(shape) * _NP_DTYPE[dtype].itemsize
+        if b - a != want:
+            raise SourceError(f"{tn}: {b - a} bytes do not hold {dtype} {tuple(shape)} ({want} bytes); "
+                              "the file is damaged; download it again")
+    return header, 8 + n
+
+
+def guess_arch(names: list[str]) -> tuple[str, int]:
+    """(arch, n_layers) from HF tensor names alone, for a file without config.json."""
+    layers = [int(m.group(1)) for n in names if (m := re.match(r"(?:model\.)?layers\.(\d+)\.", n))]
+    n_layers = max(layers) + 1 if layers else 0
+    joined = "\n".join(names)
+    if ".block_sparse_moe." in joined:
+        arch = "mixtral"
+    elif ".mlp.experts." in joined:
+        arch = "qwen3_moe"
+    elif ".self_attn.q_norm." in joined:
+        arch = "qwen3"
+    elif ".self_attn.q_proj.bias" in joined:
+        arch = "qwen2"
+    else:
+        arch = "llama"
+    return arch, n_layers
+
+
+class SafetensorsSource:
+    """A single .safetensors file or the shards of an HF folder (see module docstring)."""
+
+    kind = "safetensors"
+
+    def __init__(self, root: Path, files: list[Path], config: dict | None = None,
+                 expected: dict[str, str] | None = None):
+        self.root = Path(root)
+        self.files = list(files)
+        self.config = config
+        self._fds: list[int] = []
+        try:
+            self._open(expected)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, expected: dict[str, str] | None) -> None:
+        raw: list[tuple[str, str, list[int], int, int, int]] = []  # hf name, dtype, shape, file, offset, nbytes
+        for i, p in enumerate(self.files):
+            try:
+                fd = os.open(p, os.O_RDONLY)
+            except OSError as e:
+                raise SourceError(f"{_fname(p)}: cannot open ({e.strerror}); check the path and its permissions") from None
+            self._fds.append(fd)
+            size = os.fstat(fd).st_size
+            header, base = parse_header(p, fd, size)
+            for t, e in header.items():
+                a, b = e["data_offsets"]
+                raw.append((t, e["dtype"], list(e["shape"]), i, base + a, b - a))
+        names = [r[0] for r in raw]
+        dup = {n for n, c in Counter(names).items() if c > 1}
+        if dup:
+            n0 = sorted(dup)[0]
+            raise SourceError(f"{_fname(self.root)}: tensor {escape_name(n0)} appears in more than one shard; "
+                              "remove the stale shard")
+        if expected:
+            where = {r[0]: self.files[r[3]].name for r in raw}
+            for t, shard in sorted(expected.items()):
+                if where.get(t) != shard:
+                    raise SourceError(f"{_fname(self.root)}: the index puts tensor {escape_name(t)} in "
+                                      f"{escape_name(shard)} but that shard does not hold it; download the shard again")
+        if self.config is not None:
+            self.arch = self.config.get("model_type")
+            n_layers = self.config.get("num_hidden_layers")
+            if not isinstance(n_layers, int):
+                n_layers = guess_arch(names)[1]
+        else:
+            self.arch, n_layers = guess_arch(names)
+        self._entries: dict[str, _Entry] = {}
+        groups: dict[tuple[int, str], dict[int, tuple]] = {}
+        for r in raw:
+            t, dtype, shape, fi, off, nb = r
+            ex = hf_expert(t)
+            if ex is not None:
+                layer, e, proj = ex
+                groups.setdefault((layer, proj), {})[e] = r
+                continue
+            self._add(canonical_name(t, self.arch, n_layers), t, dtype, tuple(shape), [_Part(fi, off, nb)])
+        for (layer, proj), experts in groups.items():
+            name = f"blk.{layer}.ffn_{proj}_exps.weight"
+            first = experts[min(experts)]
+            missing = sorted(set(range(len(experts))) - set(experts))
+            if missing:
+                raise SourceError(f"{_fname(self.root)}: {escape_name(name)}: expert {missing[0]} is missing "
+                                  f"(found {len(experts)} experts); the checkpoint is incomplete; download it again")
+            for e in range(len(experts)):
+                r = experts[e]
+                if r[1] != first[1] or r[2] != first[2]:
+                    raise SourceError(f"{_fname(self.root)}: {escape_name(r[0])}: {r[1]} {tuple(r[2])} differs from "
+                                      f"expert 0 ({first[1]} {tuple(first[2])}); the checkpoint is inconsistent")
+            src = re.sub(r"\.experts\.\d+\.", ".experts.*.", first[0])
+            parts = [_Part(experts[e][3], experts[e][4], experts[e][5]) for e in range(len(experts))]
+            self._add(name, src, first[1], (len(experts), *first[2]), parts)
+        self._order = sorted(self._entries, key=natural_key)
+
+    def _add(self, name: str, src: str, dtype: str, shape: tuple[int, ...], parts: list[_Part]) -> None:
+        if name in self._entries:
+            raise SourceError(f"{_fname(self.root)}: tensors {escape_name(self._entries[name].info.source_name)} and "
+                              f"{escape_name(src)} both map to {escape_name(name)}; remove one")
+        files = sorted({self.files[p.file].name for p in parts})
+        file = self.files[parts[0].file].name if len(files) == 1 else ",".join(files)
+        info = TensorInfo(name=name, source_name=src, shape=shape, dtype=dtype, file=file,
+                          nbytes=sum(p.nbytes for p in parts))
+        self._entries[name] = _Entry(info, parts)
+
+    def tensors(self) -> list[TensorInfo]:
+        return [self._entries[n].info for n in self._order]
+
+    def read(self, name: str) -> np.ndarray:
+        """The tensor as a fresh array: float32, float16, or uint16 holding BF16 bits."""
+        ent = self._entries.get(name)
+        if ent is None:
+            raise SourceError(f"{_fname(self.root)}: no tensor {escape_name(name)} in this checkpoint; "
+                              "use a name from Source.tensors()")
+        if not self._fds:
+            raise SourceError(f"{_fname(self.root)}: source is closed; open it again")
+        info = ent.info
+        out = np.empty(info.shape, dtype=_NP_DTYPE[info.dtype].newbyteorder("="))
+        flat = out.reshape(-1).view(np.uint8)
+        pos = 0
+        for p in ent.parts:
+            read_into(self._fds[p.file], p.offset, memoryview(flat[pos: pos + p.nbytes]), self.files[p.file])
+            pos += p.nbytes
+        return out
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
