@@ -86,7 +86,10 @@ def check_layout(shape: list[int], encoding: str, layout: dict) -> str | None:
     ks = layout.get("k_segment")
     if not isinstance(ks, int) or ks <= 0 or ks % spec.NPU_TILE_K:
         return "npu_int8 k_segment invalid"
-    want = npu_layout(shape[0], shape[1], k_segment=ks)
+    try:
+        want = npu_layout(shape[0], shape[1], k_segment=ks)
+    except ValueError as e:
+        return str(e)
     if layout != want:
         return "npu_int8 layout record does not match the slice shape"
     return None
@@ -193,6 +196,14 @@ class Pack:
     def part(self, part_rec: dict) -> np.ndarray:
         """A read-only uint8 view of one part, straight from the mapped file."""
         return np.frombuffer(self._mm, dtype=np.uint8, count=part_rec["size"], offset=part_rec["offset"])
+
+    def typed_part(self, slice_rec: dict, name: str) -> np.ndarray:
+        """One part of a slice as its element type (float32 scales, int8 codes, ...)."""
+        dt = np.dtype(spec.PART_DTYPES[(slice_rec["encoding"], name)])
+        return self.part(slice_rec["parts"][name]).view(dt)
+
+    def typed_parts(self, slice_rec: dict) -> dict[str, np.ndarray]:
+        return {k: self.typed_part(slice_rec, k) for k in slice_rec["parts"]}
 
     def data_view(self) -> np.ndarray:
         p = self.preamble

@@ -58,3 +58,14 @@ PARTS = {
 }
 
 NF4_BLOCK = 64
+
+# element type of each part (numpy dtype names, little-endian); bf16 is carried as its uint16 bits
+PART_DTYPES = {
+    (ENC_F32, "data"): "<f4",
+    (ENC_F16, "data"): "<f2",
+    (ENC_BF16, "data"): "<u2",
+    (ENC_INT8, "q"): "i1",
+    (ENC_INT8, "scale"): "<f4",
+    (ENC_NF4, "codes"): "u1",
+    (ENC_NF4, "absmax"): "<f4",
+}

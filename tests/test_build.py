@@ -1,0 +1,194 @@
+"""`orkpack build` end to end: HF folder and GGUF sources, determinism, bad input, memory."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from orkpack.build import BuildOptions, build
+from orkpack.cli import app
+from orkpack.codecs import get_codec
+from orkpack.pack.reader import Pack
+from orkpack.sources import open_source
+from orkpack.sources.base import as_float32
+from orkpack.synth import write_gguf_model, write_hf_model
+
+runner = CliRunner()
+
+
+def cli(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def hf_model(tmp_path_factory):
+    return write_hf_model(tmp_path_factory.mktemp("hf") / "model", seed=1)
+
+
+def _tensor_bytes(path: Path) -> dict:
+    out = {}
+    with Pack.open(path) as p:
+        for t, s in p.slices():
+            key = (t["name"], s["expert"])
+            out[key] = (t["shape"], s["encoding"], s["tier"], s["layout"], {k: p.part(v).tobytes() for k, v in s["parts"].items()})
+    return out
+
+
+def test_build_hf_folder_decodes_close_to_source(hf_model, tmp_path):
+    out = tmp_path / "m.orkpack"
+    r = build(hf_model, out, BuildOptions(threads=1, npu=["blk.*.attn_q.weight"]))
+    assert r.path == out and out.exists()
+    src = open_source(hf_model)
+    with Pack.open(out) as p:
+        assert p.check_data_checksum()
+        names = [t["name"] for t in p.tensors]
+        assert names == [i.name for i in src.tensors()]
+        for t, s in p.slices():
+            x = as_float32(src.read(t["name"]))
+            if s["encoding"] in ("f32", "f16", "bf16"):
+                assert p.part(s["parts"]["data"]).tobytes() == src.read(t["name"]).tobytes()
+                continue
+            parts = p.typed_parts(s)
+            y = get_codec(s["encoding"]).decode(parts, tuple(s["shape"]), s["layout"])
+            err = float(np.sum((x - y) ** 2)) / float(np.sum(x**2))
+            sqnr = -10 * np.log10(err)
+            assert abs(sqnr - s["sqnr_db"]) < 0.01, t["name"]
+            assert sqnr > (30 if s["encoding"] == "int8" else 12), (t["name"], sqnr)
+            if t["name"].endswith("attn_q.weight"):
+                assert s["tier"] == "npu" and s["layout"]["kind"] == "npu_int8" and s["min_m"] >= 2
+            if t["name"] == "output.weight":
+                assert s["encoding"] == "int8"
+    src.close()
+
+
+def test_hf_and_gguf_give_identical_tensor_data(tmp_path):
+    hf = write_hf_model(tmp_path / "hf", seed=5, dtype="bf16")
+    gg = write_gguf_model(tmp_path / "m.gguf", seed=5, tensor_type="BF16")
+    opts = BuildOptions(threads=1, npu=["blk.0.*"], int8=["blk.1.ffn_down.weight"])
+    a = _tensor_bytes(build(hf, tmp_path / "a.orkpack", opts).path)
+    b = _tensor_bytes(build(gg, tmp_path / "b.orkpack", opts).path)
+    assert a.keys() == b.keys()
+    floats = 0
+    for k in a:
+        if a[k][1] in ("f32", "f16", "bf16"):
+            # GGUF keeps 1-D tensors F32 (as llama.cpp does), HF has them bf16: equal values
+            va = as_float32(np.frombuffer(a[k][4]["data"], {"f32": np.float32, "bf16": np.uint16}[a[k][1]]))
+            vb = as_float32(np.frombuffer(b[k][4]["data"], {"f32": np.float32, "bf16": np.uint16}[b[k][1]]))
+            assert np.array_equal(va, vb), k
+            floats += 1
+        else:
+            assert a[k] == b[k], k
+    assert 0 < floats < len(a)
+
+
+def test_same_bytes_whatever_threads(hf_model, tmp_path):
+    a = build(hf_model, tmp_path / "a.orkpack", BuildOptions(threads=1, npu=["blk.1.*"])).path.read_bytes()
+    b = build(hf_model, tmp_path / "b.orkpack", BuildOptions(threads=3, npu=["blk.1.*"])).path.read_bytes()
+    c = build(hf_model, tmp_path / "c.orkpack", BuildOptions(threads=1, npu=["blk.1.*"])).path.read_bytes()
+    assert a == b == c
+
+
+def test_cli_build_and_inspect_json(hf_model, tmp_path):
+    out = tmp_path / "m.orkpack"
+    r = cli("build", hf_model, "-o", out, "--threads", 1, "--npu", "blk.0.ffn_*", "--keep", "token_embd.weight", "--json")
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout[r.stdout.index("{") :])
+    assert summary["tensors"] > 0 and summary["source_bytes"] > 0
+    r = cli("inspect", out, "--json")
+    assert r.exit_code == 0, r.output
+    f = json.loads(r.stdout)
+    for key in ("file", "format_version", "residency", "encodings", "tensors", "provenance"):
+        assert key in f
+    assert f["residency"]["npu"]["slices"] == 3
+    embd = [t for t in f["tensors"] if t["name"] == "token_embd.weight"][0]
+    assert embd["encoding"] == "bf16" and embd["tier"] == "host"
+    # provenance names files, never the build machine's folders
+    assert all("/" not in s["file"] for s in f["provenance"]["sources"])
+    r = cli("inspect", out, "--tensor", "blk.0.*", "--json")
+    assert all(t["name"].startswith("blk.0.") for t in json.loads(r.stdout)["tensors"])
+    r = cli("inspect", out)
+    assert r.exit_code == 0 and "residency per engine" in r.stdout
+
+
+def test_demo_runs(tmp_path):
+    r = cli("demo", "--dir", tmp_path / "d")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "d" / "demo.orkpack").exists()
+
+
+# -- bad input: one line, exit 2, nothing at the output path ------------------
+
+def _bad(args, out: Path, needle: str):
+    r = cli(*args)
+    assert r.exit_code == 2, r.output
+    assert needle in r.output, r.output
+    assert "Traceback" not in r.output
+    assert not out.exists()
+    assert not list(out.parent.glob("*.orkpack-partial"))
+
+
+def test_bad_paths(tmp_path, hf_model):
+    out = tmp_path / "o.orkpack"
+    _bad(["build", tmp_path / "nope", "-o", out], out, "nope")
+    (tmp_path / "empty").mkdir()
+    _bad(["build", tmp_path / "empty", "-o", out], out, "empty")
+    _bad(["build", hf_model, "-o", tmp_path / "missing" / "o.orkpack"], tmp_path / "missing" / "o.orkpack", "does not exist")
+    g = tmp_path / "junk.gguf"
+    g.write_bytes(b"GGUF" + os.urandom(300))
+    _bad(["build", g, "-o", out], out, "junk.gguf")
+    s = tmp_path / "junk.safetensors"
+    s.write_bytes(b"\xff" * 64)
+    _bad(["build", s, "-o", out], out, "junk.safetensors")
+
+
+def test_nonfinite_named_and_allowed(tmp_path):
+    from safetensors.numpy import save_file
+
+    w = np.ones((64, 64), np.float32)
+    w[3, 5] = np.nan
+    save_file({"model.layers.0.mlp.up_proj.weight": w, "ok": np.ones((8, 8), np.float32)}, str(tmp_path / "m.safetensors"))
+    out = tmp_path / "o.orkpack"
+    _bad(["build", tmp_path / "m.safetensors", "-o", out], out, "NaN")
+    r = cli("build", tmp_path / "m.safetensors", "-o", out, "--allow-nonfinite")
+    assert r.exit_code == 0, r.output and out.exists()
+
+
+def test_glob_matching_nothing_warns_with_near_names(hf_model, tmp_path):
+    r = cli("build", hf_model, "-o", tmp_path / "o.orkpack", "--npu", "blk.0.attn_qq.weight")
+    assert r.exit_code == 0
+    assert "matches no tensor" in r.output and "blk.0.attn_q.weight" in r.output
+
+
+def test_existing_pack_survives_a_failed_build(hf_model, tmp_path):
+    out = tmp_path / "o.orkpack"
+    build(hf_model, out, BuildOptions(threads=1))
+    before = out.read_bytes()
+    r = cli("build", tmp_path / "nope", "-o", out)
+    assert r.exit_code == 2 and out.read_bytes() == before
+
+
+def test_peak_memory_is_bounded_by_the_largest_tensor(tmp_path):
+    """A model ~12x larger than the bound builds within ~2x its largest tensor (as float32) + overhead."""
+    model = write_hf_model(tmp_path / "big", layers=12, hidden=1024, intermediate=2816, heads=8, kv_heads=8, vocab=4096, shards=3, seed=2)
+    total = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+    largest_f32 = 4 * max(4096 * 1024, 2816 * 1024)
+    code = f"""
+import resource, sys
+from orkpack.build import BuildOptions, build
+import numpy, orkpack.codecs, orkpack.sources, orkpack.pack.writer
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+build(sys.argv[1], sys.argv[2], BuildOptions(threads=2, npu=['blk.0.*']))
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(base, peak)
+"""
+    res = subprocess.run([sys.executable, "-c", code, str(model), str(tmp_path / "big.orkpack")], capture_output=True, text=True, check=True)
+    base, peak = map(int, res.stdout.split())
+    growth = peak - base
+    assert total > 8 * largest_f32
+    assert growth < 2 * largest_f32 + 48 * 2**20, (growth, largest_f32, total)
