@@ -11,6 +11,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from difflib import get_close_matches
 from pathlib import Path
@@ -137,23 +138,24 @@ class BuildResult:
         return self.source_bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
 
 
-def hash_file(path: Path, chunk: int = 1 << 24) -> str:
-    """xxh3 of a whole source file, streamed (pages released as we go)."""
+def hash_file(path: Path, chunk: int = 1 << 22) -> str:
+    """xxh3 of a whole source file, streamed through one small buffer."""
     h = xxhash.xxh3_64()
+    buf = bytearray(chunk)
+    mv = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
-        fd = f.fileno()
-        off = 0
-        buf = bytearray(chunk)
-        mv = memoryview(buf)
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                break
+        while n := f.readinto(buf):
             h.update(mv[:n])
-            if hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(fd, off, n, os.POSIX_FADV_DONTNEED)
-            off += n
     return h.hexdigest()
+
+
+def source_provenance(src, opts: BuildOptions) -> dict:
+    return {
+        "source_format": src.kind,
+        "sources": [{"file": f.name, "size": f.stat().st_size, "xxh3": hash_file(f)} for f in src.files],
+        "arch": src.arch,
+        "options": opts.recorded(),
+    }
 
 
 def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts: BuildOptions) -> dict:
@@ -227,15 +229,13 @@ def build(
         total = sum(i.nbytes for i in infos)
         if on_start:
             on_start(total)
-        provenance = {
-            "source_format": src.kind,
-            "sources": [{"file": f.name, "size": f.stat().st_size, "xxh3": hash_file(f)} for f in src.files],
-            "arch": src.arch,
-            "options": opts.recorded(),
-        }
+        # the source files are hashed on a side thread while the tensors are
+        # encoded (both release the GIL); the header is written last anyway
+        hasher = ThreadPoolExecutor(max_workers=1)
+        provenance = hasher.submit(source_provenance, src, opts)
         by_kind: dict = {}
         worst: tuple[str, float] | None = None
-        with PackWriter(out_path, provenance=provenance, config=src.config, tiermap=None) as w:
+        with PackWriter(out_path, provenance=None, config=src.config, tiermap=None) as w:
             for info in infos:
                 arr = src.read(info.name)
                 if tuple(arr.shape) != tuple(info.shape):
@@ -258,8 +258,11 @@ def build(
                 del arr, subs, slices
                 if on_progress:
                     on_progress(info.nbytes, info.name)
+            w.set_provenance(provenance.result())
             path = w.finish()
     finally:
+        if "hasher" in locals():
+            hasher.shutdown(wait=True, cancel_futures=True)
         src.close()
     return BuildResult(
         path=path,

@@ -27,7 +27,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-out = Console()
+out = Console() if sys.stdout.isatty() else Console(width=160)
 err = Console(stderr=True, highlight=False)
 
 
@@ -148,6 +148,50 @@ def inspect(
         print(json.dumps(f, indent=1))
     else:
         render(out, f, rows_limit=None if (all_rows or tensor) else 60)
+
+
+@app.command()
+@_fail_cleanly
+def plan(
+    model: Path = typer.Argument(..., help="A config.json, an HF folder, a .safetensors or a .gguf file (headers only: no weights are read)."),
+    board: str = typer.Option("rk3588-32g", "--board", help="A board profile name (rk3588-32g, rk3588-16g, rk3588-8g) or a TOML file."),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="Hotness profile: orkpack JSON, llama.cpp imatrix (.gguf or .dat), or a timing CSV. Default: analytic."),
+    ctx: int = typer.Option(8192, "--ctx", help="Context length the KV cache must hold."),
+    kv_type: str = typer.Option("f16", "--kv-type", help="KV cache type: f16 or q8_0."),
+    prefill_m: int = typer.Option(512, "--prefill-m", help="Prefill chunk size M for the analytic hotness."),
+    npu: List[str] = typer.Option([], "--npu", metavar="GLOB", help="Pin matching items to the NPU (int8)."),
+    cpu: List[str] = typer.Option([], "--cpu", metavar="GLOB", help="Pin matching items to the host (CPU/GPU)."),
+    int8: List[str] = typer.Option([], "--int8", metavar="GLOB", help="Pin matching items to int8."),
+    nf4: List[str] = typer.Option([], "--nf4", metavar="GLOB", help="Pin matching items to NF4."),
+    keep: List[str] = typer.Option([], "--keep", metavar="GLOB", help="Keep matching tensors float on the host."),
+    ignore_unknown: bool = typer.Option(False, "--ignore-unknown", help="Go on when the profile names tensors the model lacks."),
+    json_out: bool = typer.Option(False, "--json", help="Print the tier map as JSON."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the tier map JSON here."),
+):
+    """Solve the tier map (which tensors go int8 on the NPU, which NF4 on the host) without converting anything."""
+    from orkpack.tiers.command import plan_command
+
+    pins = {"npu": npu, "cpu": cpu, "int8": int8, "nf4": nf4, "keep": keep}
+    code = plan_command(model, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, pins=pins, ignore_unknown=ignore_unknown, json_out=json_out, output=output, console=out)
+    raise typer.Exit(code)
+
+
+@app.command()
+@_fail_cleanly
+def verify(
+    packs: List[Path] = typer.Argument(..., help="One or more .orkpack files."),
+    device: str = typer.Option("auto", "--device", help="auto (rknpu when its device node exists, else host), host, or rknpu."),
+    inflate: str = typer.Option("direct", "--inflate", help="NF4 NPU tensors: direct int4->int8 tiled inflate, or two-step."),
+    threads: int = typer.Option(0, "--threads", "-t", help="Load threads (0: all cores)."),
+    reference: bool = typer.Option(False, "--reference", help="Also compare every quantized tensor against the numpy reference."),
+    keep_going: bool = typer.Option(False, "--keep-going", help="Report every failure, not only the first."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+):
+    """Load packs the way the board does and check every byte. Exit 0: passed; 1: a check failed; 2: unusable input."""
+    from orkpack.runtime.command import verify_command
+
+    code = verify_command(packs, device=device, inflate=inflate, threads=threads, reference=reference, keep_going=keep_going, json_out=json_out, console=out)
+    raise typer.Exit(code)
 
 
 @app.command()

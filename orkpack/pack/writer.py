@@ -125,6 +125,9 @@ class PackWriter:
         self._offset += len(buf) + pad
         return {"offset": off, "size": len(buf), "xxh3": xxhash.xxh3_64_hexdigest(buf)}
 
+    def set_provenance(self, provenance: dict) -> None:
+        self._meta["provenance"] = provenance
+
     # -- tensors ---------------------------------------------------------
     def add_tensor(self, name: str, source_name: str, shape, source_dtype: str, slices: list[dict]) -> dict:
         recs = []

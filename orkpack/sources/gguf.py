@@ -2,7 +2,7 @@
 
 gguf-py's ``GGUFReader`` parses the header (metadata and tensor table) and is
 then dropped, with its memmap: tensor bytes are read with ``os.preadv`` into a
-fresh buffer and the range is released with ``posix_fadvise(DONTNEED)``, as in
+fresh buffer (the page cache is left alone), as in
 the safetensors reader. Any exception the parser raises on a truncated or
 garbage file becomes one :class:`SourceError` line, and every tensor's byte
 range is checked against the file size before anything is read.

@@ -20,8 +20,9 @@ name with ``*`` for the expert index, ``file`` the shard of expert 0 (or the
 distinct shards joined by ``,``), ``nbytes`` the sum.
 
 Memory bound: nothing is mmapped. ``read`` allocates the returned array and
-fills it with ``os.preadv`` (no intermediate copy), then drops the range from
-the page cache with ``posix_fadvise(DONTNEED)`` where the OS has it. Peak RSS of
+fills it with ``os.preadv`` (no intermediate copy). The page cache is left
+alone: it is not the process's memory, and users convert the same files
+repeatedly (a warm cache is the common case). Peak RSS of
 a caller that reads every tensor in turn and drops each one is therefore
 the largest tensor's bytes (plus the headers), whatever the model size; the
 test holds it to 3 x largest tensor + 64 MB.
@@ -53,7 +54,7 @@ def _fname(p: Path | str) -> str:
 
 
 def read_into(fd: int, offset: int, dest: memoryview, path: Path) -> None:
-    """Fill ``dest`` from ``fd`` at ``offset`` (positional, thread-safe), then drop the range from the page cache."""
+    """Fill ``dest`` from ``fd`` at ``offset`` (positional, thread-safe)."""
     n, got = dest.nbytes, 0
     dest = dest.cast("B")
     while got < n:
@@ -62,11 +63,6 @@ def read_into(fd: int, offset: int, dest: memoryview, path: Path) -> None:
             raise SourceError(f"{_fname(path)}: file ends at byte {offset + got}, before the data it declares "
                               "(truncated?); download it again")
         got += k
-    if hasattr(os, "posix_fadvise") and n:
-        try:
-            os.posix_fadvise(fd, offset, n, os.POSIX_FADV_DONTNEED)
-        except OSError:
-            pass
 
 
 def _pread_fallback(fd: int, dest: memoryview, offset: int) -> int:
