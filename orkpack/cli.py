@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -190,7 +191,7 @@ def verify(
     """Load packs the way the board does and check every byte. Exit 0: passed; 1: a check failed; 2: unusable input."""
     from orkpack.runtime.command import verify_command
 
-    code = verify_command(packs, device=device, inflate=inflate, threads=threads, reference=reference, keep_going=keep_going, json_out=json_out, console=out)
+    code = verify_command(packs, device=device, inflate=inflate, threads=threads or (os.cpu_count() or 1), reference=reference, keep_going=keep_going, json_out=json_out, console=out)
     raise typer.Exit(code)
 
 

@@ -1,1 +1,286 @@
+"""The codecs: one class per encoding of docs/FORMAT.md section 3, and a registry.
 
+``get_codec(encoding).encode(x)`` turns one 2-D slice (or a 1-D tensor) into the
+parts that go into the file, in the order ``spec.PARTS[encoding]`` lists them;
+``decode`` turns parts back into float32. Like gguf-py's ``quants.py``, every
+codec has a pure numpy reference (:mod:`orkpack.codecs.reference`,
+:mod:`orkpack.layout`) that defines its bytes; the fast path is the C kernels of
+kernels/codecs.c, which are bit-identical to it (tests/test_codecs.py).
+
+Inputs: float32, float16, or uint16 holding BF16 bits (the source's own dtype;
+the kernels widen exactly). Non-finite values are counted in
+``Encoded.nonfinite`` (the caller refuses the tensor, naming it, unless the
+user allowed it) and are encoded as 0.
+
+Threads: the work is cut into fixed chunks (a function of the shape only) that
+run on a thread pool (cffi releases the GIL); the bytes and the SQNR are the
+same for every ``threads`` value.
+"""
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..layout import K_SEGMENT, check_layout, npu_layout, npu_tiled_size
+from ..pack import spec
+from . import reference
+from .reference import SQNR_CAP
+
+try:
+    from .._kernels import ffi, lib
+except ImportError as exc:  # pragma: no cover - a broken install
+    raise ImportError("orkpack's C kernels are not built: run `pip install -e .` in the source tree") from exc
+
+__all__ = ["Encoded", "Codec", "get_codec", "CODECS", "float_encoding_for", "SQNR_CAP",
+           "NF4_CHUNK_BLOCKS", "INT8_CHUNK_ELEMS", "set_isa", "isa"]
+
+DT_CODE = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.uint16): 2}
+FLOAT_ENCODING = {np.dtype(np.float32): spec.ENC_F32, np.dtype(np.float16): spec.ENC_F16,
+                  np.dtype(np.uint16): spec.ENC_BF16}
+NF4_CHUNK_BLOCKS = 16384  # 1 Mi elements per NF4 chunk
+INT8_CHUNK_ELEMS = 1 << 20  # about this many elements per int8 chunk (whole rows)
+ISA_NAMES = {0: "portable", 1: "avx2", 2: "avx512"}
+
+
+def isa() -> str:
+    """The SIMD level the kernels use (portable, avx2, avx512)."""
+    return ISA_NAMES[lib.ork_codecs_isa()]
+
+
+def set_isa(level: str | None) -> str:
+    """Force a SIMD level (None: best available); returns the level in use. For tests and benches."""
+    want = -1 if level is None else {v: k for k, v in ISA_NAMES.items()}[level]
+    return ISA_NAMES[lib.ork_codecs_set_isa(want)]
+
+
+isa()  # pick the level once, at import, on one thread
+
+
+@dataclass
+class Encoded:
+    """One encoded slice: its parts (bytes as they go to the file), layout record, SQNR."""
+
+    parts: dict[str, np.ndarray]
+    layout: dict = field(default_factory=lambda: {"kind": spec.LAYOUT_ROW_MAJOR})
+    sqnr_db: float | None = None  # None for float encodings; SQNR_CAP (999.0) when exact
+    nonfinite: int = 0
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _run(fn, chunks: list, threads: int) -> list:
+    """fn(*chunk) for every chunk, results in chunk order."""
+    if threads <= 1 or len(chunks) <= 1:
+        return [fn(*c) for c in chunks]
+    threads = min(threads, len(chunks))
+    pool = _POOLS.get(threads)
+    if pool is None:
+        pool = _POOLS[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="orkpack-codec")
+    return list(pool.map(lambda c: fn(*c), chunks))
+
+
+def _source(x: np.ndarray) -> tuple[np.ndarray, int]:
+    x = np.asarray(x)
+    code = DT_CODE.get(x.dtype)
+    if code is None:
+        raise TypeError(f"codec input must be float32, float16 or uint16 (bf16 bits), not {x.dtype}")
+    return np.ascontiguousarray(x), code
+
+
+def _ptr(a: np.ndarray, ctype: str):
+    return ffi.cast(ctype, ffi.from_buffer(a, require_writable=False)) if a.size else ffi.NULL
+
+
+def _sqnr(stats: list) -> tuple[float, int]:
+    sx = se = 0.0
+    nf = 0
+    for st in stats:  # fixed chunk order: thread-independent
+        sx += st.sum_x2
+        se += st.sum_err2
+        nf += st.nonfinite
+    return reference.sqnr_from_sums(sx, se), nf
+
+
+def _rows(x: np.ndarray) -> np.ndarray:
+    if x.ndim == 1:
+        return x.reshape(1, -1)
+    if x.ndim != 2:
+        raise ValueError(f"the int8 codec takes one 1-D or 2-D slice, not shape {x.shape}")
+    return x
+
+
+class Codec:
+    """Base: ``encoding`` names it; ``parts`` lists spec.PARTS[encoding]."""
+
+    encoding: str = ""
+
+    @property
+    def parts(self) -> tuple[str, ...]:
+        return spec.PARTS[self.encoding]
+
+    def encode(self, x: np.ndarray, *, npu: bool = False, threads: int = 1) -> Encoded:
+        raise NotImplementedError
+
+    def decode(self, enc_parts: dict, shape, layout: dict | None = None) -> np.ndarray:
+        raise NotImplementedError
+
+
+class FloatCodec(Codec):
+    """f32 / f16 / bf16: the source bytes unchanged, row-major."""
+
+    def __init__(self, encoding: str, dtype):
+        self.encoding = encoding
+        self.dtype = np.dtype(dtype)
+
+    def encode(self, x, *, npu=False, threads=1):
+        if npu:
+            raise ValueError(f"{self.encoding} cannot be laid out for the NPU (only int8 can)")
+        x, code = _source(x)
+        if x.dtype != self.dtype:
+            raise TypeError(f"{self.encoding} keeps the source bytes: give {self.dtype}, not {x.dtype}")
+        flat = x.reshape(-1)
+        chunks = [(i, min(flat.size, i + INT8_CHUNK_ELEMS)) for i in range(0, flat.size, INT8_CHUNK_ELEMS)]
+        counts = _run(lambda a, b: lib.ork_count_nonfinite(_ptr(flat[a:b], "void *"), code, b - a), chunks, threads)
+        return Encoded({"data": flat}, {"kind": spec.LAYOUT_ROW_MAJOR}, None, int(sum(counts)))
+
+    def decode(self, enc_parts, shape, layout=None):
+        data = np.asarray(enc_parts["data"]).view(self.dtype).reshape(tuple(shape))
+        return np.ascontiguousarray(reference.widen(data), dtype=np.float32)
+
+
+class NF4Codec(Codec):
+    """bitsandbytes NF4, blocks of 64 over the row-major flatten (parts: codes, absmax)."""
+
+    encoding = spec.ENC_NF4
+
+    def encode(self, x, *, npu=False, threads=1):
+        if npu:
+            raise ValueError("nf4 slices are inflated to int8 tiles at load; encode int8 with npu=True for the image")
+        x, code = _source(x)
+        flat = x.reshape(-1)
+        n = flat.size
+        nblocks = -(-n // spec.NF4_BLOCK)
+        codes = np.empty((n + 1) // 2, dtype=np.uint8)
+        absmax = np.empty(nblocks, dtype=np.float32)
+        src = _ptr(flat, "void *")
+        cp, ap = _ptr(codes, "uint8_t *"), _ptr(absmax, "float *")
+
+        def one(b0, b1):
+            st = ffi.new("ork_codec_stats *")
+            lib.ork_nf4_encode(src, code, n, b0, b1, cp, ap, st)
+            return st
+
+        chunks = [(b, min(nblocks, b + NF4_CHUNK_BLOCKS)) for b in range(0, nblocks, NF4_CHUNK_BLOCKS)]
+        sq, nf = _sqnr(_run(one, chunks, threads))
+        return Encoded({"codes": codes, "absmax": absmax}, {"kind": spec.LAYOUT_ROW_MAJOR}, sq, nf)
+
+    def decode(self, enc_parts, shape, layout=None, threads: int = 1):
+        shape = tuple(int(d) for d in shape)
+        n = math.prod(shape)
+        nblocks = -(-n // spec.NF4_BLOCK)
+        codes = np.ascontiguousarray(enc_parts["codes"], dtype=np.uint8).reshape(-1)
+        absmax = np.ascontiguousarray(enc_parts["absmax"], dtype=np.float32).reshape(-1)
+        if codes.size != (n + 1) // 2 or absmax.size != nblocks:
+            raise ValueError(f"nf4 parts do not fit shape {shape}: {codes.size} code bytes, {absmax.size} absmax")
+        out = np.empty(n, dtype=np.float32)
+        cp, ap, op = _ptr(codes, "uint8_t *"), _ptr(absmax, "float *"), _ptr(out, "float *")
+        chunks = [(b, min(nblocks, b + NF4_CHUNK_BLOCKS)) for b in range(0, nblocks, NF4_CHUNK_BLOCKS)]
+        _run(lambda b0, b1: lib.ork_nf4_decode(cp, ap, n, b0, b1, op), chunks, threads)
+        return out.reshape(shape)
+
+
+class Int8Codec(Codec):
+    """int8 per output channel, symmetric, half-to-even (parts: q, scale); npu=True tiles q."""
+
+    encoding = spec.ENC_INT8
+
+    @staticmethod
+    def _row_chunks(rows: int, k: int) -> list[tuple[int, int]]:
+        step = max(1, INT8_CHUNK_ELEMS // max(1, k))
+        return [(r, min(rows, r + step)) for r in range(0, rows, step)]
+
+    def encode(self, x, *, npu=False, threads=1, k_segment: int = K_SEGMENT):
+        x, code = _source(x)
+        x = _rows(x)
+        n_rows, k = x.shape
+        scale = np.empty(n_rows, dtype=np.float32)
+        if npu:
+            layout = npu_layout(n_rows, k, k_segment)
+            q = np.empty(npu_tiled_size(n_rows, k, k_segment), dtype=np.int8)
+            rows_total, kseg = layout["n_pad"], layout["k_segment"]
+        else:
+            layout = {"kind": spec.LAYOUT_ROW_MAJOR}
+            q = np.empty((n_rows, k), dtype=np.int8)
+            rows_total, kseg = n_rows, 0
+        src = _ptr(x, "void *")
+        qp, sp = _ptr(q, "int8_t *"), _ptr(scale, "float *")
+
+        def one(r0, r1):
+            st = ffi.new("ork_codec_stats *")
+            lib.ork_int8_encode(src, code, n_rows, k, r0, r1, kseg, qp, sp, st)
+            return st
+
+        sq, nf = _sqnr(_run(one, self._row_chunks(rows_total, k), threads))
+        return Encoded({"q": q, "scale": scale}, layout, sq, nf)
+
+    def decode(self, enc_parts, shape, layout=None, threads: int = 1):
+        shape = tuple(int(d) for d in shape)
+        n_rows, k = (1, shape[0]) if len(shape) == 1 else shape
+        q = np.ascontiguousarray(enc_parts["q"], dtype=np.int8).reshape(-1)
+        scale = np.ascontiguousarray(enc_parts["scale"], dtype=np.float32).reshape(-1)
+        kind = (layout or {}).get("kind", spec.LAYOUT_ROW_MAJOR)
+        if kind == spec.LAYOUT_NPU_INT8:
+            check_layout(layout, n_rows, k)
+            kseg, want = layout["k_segment"], npu_tiled_size(n_rows, k, layout["k_segment"])
+        elif kind == spec.LAYOUT_ROW_MAJOR:
+            kseg, want = 0, n_rows * k
+        else:
+            raise ValueError(f"int8 cannot be decoded from layout {kind!r}")
+        if q.size != want or scale.size != n_rows:
+            raise ValueError(f"int8 parts do not fit shape {shape}: {q.size} q bytes, {scale.size} scales")
+        out = np.empty((n_rows, k), dtype=np.float32)
+        qp, sp, op = _ptr(q, "int8_t *"), _ptr(scale, "float *"), _ptr(out, "float *")
+        _run(lambda r0, r1: lib.ork_int8_decode(qp, sp, n_rows, k, r0, r1, kseg, op),
+             self._row_chunks(n_rows, k), threads)
+        return out.reshape(shape)
+
+
+CODECS: dict[str, Codec] = {
+    spec.ENC_F32: FloatCodec(spec.ENC_F32, np.float32),
+    spec.ENC_F16: FloatCodec(spec.ENC_F16, np.float16),
+    spec.ENC_BF16: FloatCodec(spec.ENC_BF16, np.uint16),
+    spec.ENC_INT8: Int8Codec(),
+    spec.ENC_NF4: NF4Codec(),
+}
+
+
+def get_codec(encoding: str) -> Codec:
+    """The codec for an encoding name of spec.ENCODINGS."""
+    try:
+        return CODECS[encoding]
+    except KeyError:
+        raise ValueError(f"unknown encoding {encoding!r}; known: {', '.join(spec.ENCODINGS)}") from None
+
+
+def float_encoding_for(dtype) -> str:
+    """f32, f16 or bf16 for a source array dtype (uint16 means BF16 bits)."""
+    try:
+        return FLOAT_ENCODING[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(f"no float encoding keeps dtype {np.dtype(dtype)}") from None
+
+
+def tile_int8(q2d: np.ndarray, k_segment: int = K_SEGMENT, threads: int = 1) -> tuple[np.ndarray, dict]:
+    """C tiling of a row-major int8 [N, K] into the npu_int8 image: (bytes, layout record)."""
+    q2d = np.ascontiguousarray(_rows(np.asarray(q2d, dtype=np.int8)))
+    n_rows, k = q2d.shape
+    layout = npu_layout(n_rows, k, k_segment)
+    dst = np.empty(npu_tiled_size(n_rows, k, k_segment), dtype=np.int8)
+    qp, dp = _ptr(q2d, "int8_t *"), _ptr(dst, "int8_t *")
+    _run(lambda r0, r1: lib.ork_int8_tile(qp, n_rows, k, r0, r1, layout["k_segment"], dp),
+         Int8Codec._row_chunks(layout["n_pad"], k), threads)
+    return dst, layout

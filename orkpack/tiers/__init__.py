@@ -1,1 +1,6 @@
+"""The tier-map compiler: board profiles, weightless manifests, hotness profiles, the exact solver, `orkpack plan`.
 
+docs/TIERMAP.md documents the schemas and the objective. Entry points:
+``board.load_board``, ``manifest.manifest_from_path``, ``profile.load_profile``,
+``solver.solve``, ``tiermap.TierMap``, ``command.plan`` / ``command.plan_command``.
+"""

@@ -1,0 +1,158 @@
+"""Codec kernel speed, one process, interleaved repeats; prints medians and ratios.
+
+    python bench/bench_codecs.py                 # 4096 x 4096, 5 repeats
+    python bench/bench_codecs.py --rows 2048 --cols 4096 --repeat 7
+
+Inputs are built here: seeded Student-t (df=2) with a few 1e4 spikes. Rates are
+GB/s of *input* bytes (float32 input unless the row says f16/bf16) on one core
+unless the row says otherwise. Anchors: the numpy references
+(orkpack/codecs/reference.py), bitsandbytes' CPU quantize_4bit(nf4, 64) on the
+same float32 array when torch + bitsandbytes are installed, and numpy memcpy.
+Issue 5 goals: NF4 encode >= 2 GB/s and int8 encode >= 3 GB/s of float32 input.
+Bit-identity is checked, not timed: every C output is compared with the reference.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from orkpack import codecs  # noqa: E402
+from orkpack.codecs import reference as R  # noqa: E402
+
+
+def make_input(rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_t(2, size=(rows, cols)).astype(np.float32) * np.float32(0.02)
+    flat = x.reshape(-1)
+    idx = rng.choice(flat.size, size=max(1, flat.size // 100000), replace=False)
+    flat[idx] = np.float32(1e4)
+    return np.clip(x, -6e4, 6e4)  # keep f16 finite
+
+
+def load_bnb():
+    try:
+        import torch
+        import bitsandbytes.functional as bnbf
+    except Exception:  # noqa: BLE001 - optional anchor
+        return None
+    torch.set_num_threads(1)
+
+    def run(x):
+        return bnbf.quantize_4bit(torch.from_numpy(x), blocksize=64, quant_type="nf4")
+
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=4096)
+    ap.add_argument("--cols", type=int, default=4096)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--no-reference", action="store_true", help="skip the (slow) numpy references")
+    args = ap.parse_args()
+
+    x32 = make_input(args.rows, args.cols)
+    x16 = x32.astype(np.float16)
+    xbf = (x32.view(np.uint32) >> 16).astype(np.uint16)
+    best = codecs.isa()
+    nf4, i8 = codecs.get_codec("nf4"), codecs.get_codec("int8")
+    nbytes32 = x32.nbytes
+
+    # correctness first: the C output must equal the reference, else the figures mean nothing
+    c, a = R.nf4_encode(x32)
+    e = nf4.encode(x32)
+    assert e.parts["codes"].tobytes() == c.tobytes() and e.parts["absmax"].tobytes() == a.tobytes()
+    q, s = R.int8_encode(x32)
+    e = i8.encode(x32)
+    assert e.parts["q"].tobytes() == q.tobytes() and e.parts["scale"].tobytes() == s.tobytes()
+    enc_nf4, enc_i8 = nf4.encode(x32), i8.encode(x32)
+    enc_npu = i8.encode(x32, npu=True)
+
+    def with_isa(level, fn):
+        def run():
+            codecs.set_isa(level)
+            try:
+                fn()
+            finally:
+                codecs.set_isa(None)
+        return run
+
+    cases: list[tuple[str, int, object]] = [  # (label, input bytes, callable)
+        ("memcpy (numpy copy)", nbytes32, lambda: np.copyto(np.empty_like(x32), x32)),
+        (f"nf4 encode f32 [{best}]", nbytes32, lambda: nf4.encode(x32)),
+        (f"nf4 encode f16 [{best}]", x16.nbytes, lambda: nf4.encode(x16)),
+        (f"nf4 encode bf16 [{best}]", xbf.nbytes, lambda: nf4.encode(xbf)),
+        ("nf4 encode f32 [portable]", nbytes32, with_isa("portable", lambda: nf4.encode(x32))),
+        (f"nf4 encode f32 [{best}] 2 threads", nbytes32, lambda: nf4.encode(x32, threads=2)),
+        (f"int8 encode f32 [{best}]", nbytes32, lambda: i8.encode(x32)),
+        (f"int8 encode f16 [{best}]", x16.nbytes, lambda: i8.encode(x16)),
+        (f"int8 encode bf16 [{best}]", xbf.nbytes, lambda: i8.encode(xbf)),
+        (f"int8 encode f32 npu tiles [{best}]", nbytes32, lambda: i8.encode(x32, npu=True)),
+        ("int8 encode f32 [portable]", nbytes32, with_isa("portable", lambda: i8.encode(x32))),
+        (f"int8 encode f32 [{best}] 2 threads", nbytes32, lambda: i8.encode(x32, threads=2)),
+        ("nf4 decode (f32 out bytes)", nbytes32, lambda: nf4.decode(enc_nf4.parts, x32.shape)),
+        ("int8 decode row-major (f32 out)", nbytes32, lambda: i8.decode(enc_i8.parts, x32.shape, enc_i8.layout)),
+        ("int8 decode npu tiles (f32 out)", nbytes32, lambda: i8.decode(enc_npu.parts, x32.shape, enc_npu.layout)),
+    ]
+    if not args.no_reference:
+        cases += [
+            ("numpy reference nf4 encode f32", nbytes32, lambda: R.nf4_encode(x32)),
+            ("numpy reference int8 encode f32", nbytes32, lambda: R.int8_encode(x32)),
+        ]
+    bnb = load_bnb()
+    if bnb is not None:
+        bnb(x32[:64])  # warm up
+        cases.append(("bitsandbytes quantize_4bit nf4 f32 (CPU)", nbytes32, lambda: bnb(x32)))
+
+    times: dict[str, list[float]] = {label: [] for label, _, _ in cases}
+    for _ in range(args.repeat):  # interleaved: every case once per round
+        for label, _, fn in cases:
+            t0 = time.perf_counter()
+            fn()
+            times[label].append(time.perf_counter() - t0)
+
+    rate = {label: nb / statistics.median(times[label]) / 1e9 for label, nb, _ in cases}
+    anchors = {
+        "nf4 encode": ["numpy reference nf4 encode f32", "bitsandbytes quantize_4bit nf4 f32 (CPU)"],
+        "int8 encode": ["numpy reference int8 encode f32"],
+    }
+    print(f"machine: {platform.machine()} {platform.processor() or ''} cpus={os.cpu_count()} "
+          f"python {platform.python_version()} numpy {np.__version__}; kernels: {best}")
+    print(f"input: [{args.rows}, {args.cols}] float32 = {nbytes32 / 1e6:.1f} MB, Student-t df=2 + spikes; "
+          f"{args.repeat} interleaved repeats; GB/s of input bytes, one core unless stated")
+    print(f"{'figure':44s} {'median GB/s':>11s} {'min-max GB/s':>15s}  ratios")
+    for label, nb, _ in cases:
+        ts = times[label]
+        lo, hi = nb / max(ts) / 1e9, nb / min(ts) / 1e9
+        ratios = []
+        for key, names in anchors.items():
+            if label.startswith(key):
+                for name in names:
+                    if name in rate:
+                        short = "numpy" if name.startswith("numpy") else "bnb"
+                        ratios.append(f"{rate[label] / rate[name]:.1f}x {short}")
+        if label.startswith("nf4 encode") or label.startswith("int8 encode"):
+            ratios.append(f"{rate[label] / rate['memcpy (numpy copy)']:.2f}x memcpy")
+        if "2 threads" in label:
+            one = label.replace(" 2 threads", "")
+            ratios.append(f"{rate[label] / rate[one]:.2f}x 1 thread")
+        print(f"{label:44s} {rate[label]:11.2f} {lo:7.2f}-{hi:<7.2f}  {', '.join(ratios)}")
+    goals = [("nf4 encode f32", 2.0), ("int8 encode f32", 3.0)]
+    for key, goal in goals:
+        r = rate[f"{key} [{best}]"]
+        print(f"goal {key} >= {goal} GB/s: {r:.2f} GB/s -> {'met' if r >= goal else 'NOT met'}")
+    if bnb is not None:
+        r = rate[f"nf4 encode f32 [{best}]"] / rate["bitsandbytes quantize_4bit nf4 f32 (CPU)"]
+        print(f"goal nf4 >= 20x bitsandbytes: {r:.0f}x -> {'met' if r >= 20 else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,197 @@
+"""Pure numpy references of the codecs (docs/FORMAT.md section 3).
+
+These functions *define* the bytes of an encoded slice. The C kernels in
+kernels/codecs.c must produce exactly the same bytes (tests/test_codecs.py
+compares them with ``np.array_equal``), and the NF4 encoder must produce
+exactly the bytes of bitsandbytes 0.50.2 ``quantize_4bit(t, blocksize=64,
+quant_type="nf4")`` on CPU (tests/test_nf4_bitsandbytes.py). They favour
+clarity over speed and hold the whole array in memory.
+
+Input arrays may be float32, float16, or uint16 holding BF16 bits. They are
+widened to float32 exactly (f16 by IEEE conversion, bf16 by a 16-bit shift).
+Non-finite inputs are counted by the callers and, for a build that allows
+them, encoded as if they were 0 (:func:`sanitize`).
+
+NF4, bit for bit as bitsandbytes' CPU path (``backends/default/ops.py``):
+
+* the flattened (row-major) array is cut into blocks of 64; ``absmax`` is the
+  block's max ``|x|`` in float32;
+* a *full* block is scaled by ``x * (1 / max(absmax, 1e-38f))`` (float32
+  reciprocal, then float32 multiply) and its stored absmax is the unclamped
+  max (0 for an all-zero block);
+* the *tail* block (n % 64 elements) is scaled by ``x / max(absmax, 1e-38f)``
+  (a true float32 division), and its stored absmax is the *clamped* value, so an
+  all-zero tail block stores 1e-38f (9.99999935e-39);
+* the code is the number of float32 midpoints ``(CB[i] + CB[i+1]) / 2`` that
+  are strictly below the scaled value (``torch.bucketize``, right=False): a
+  value exactly on a midpoint takes the lower code; 0 and -0 take code 7;
+  values beyond +-1 take 0 or 15 (bitsandbytes' clamp to [-1, 1] changes no code);
+* two codes per byte, element 2i in the high nibble; an odd element count is
+  padded with one scaled 0, i.e. the last low nibble is 7.
+
+int8, per output channel, symmetric, round half to even, all float32::
+
+    amax  = max_k |W[r, k]|
+    scale = amax / 127                                    -> stored
+    inv   = 0 if amax == 0 else min(127 / amax, FLT_MAX)  (127/amax overflows for amax < ~3.7e-37)
+    q     = clamp(rint(W[r, k] * inv), -127, 127)
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+NF4_BLOCK = 64
+
+CODEBOOK = np.array(
+    [
+        -1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+        -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+        0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+        0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0,
+    ],
+    dtype=np.float32,
+)
+# float32 sum, then an exact halving: what torch computes in _get_4bit_quantize_bounds
+MIDPOINTS = (CODEBOOK[:-1] + CODEBOOK[1:]) / np.float32(2)
+NF4_TINY = np.float32(1e-38)  # bitsandbytes' absmax.clamp(min=1e-38), as float32 (subnormal)
+FLT_MAX = np.float32(np.finfo(np.float32).max)
+SQNR_CAP = 999.0  # the SQNR reported for an exact encoding (no error at all)
+
+
+def widen(x: np.ndarray) -> np.ndarray:
+    """float32 view/copy of ``x``: float32 as is, float16 exactly, uint16 as BF16 bits."""
+    x = np.asarray(x)
+    if x.dtype == np.float32:
+        return x
+    if x.dtype == np.float16:
+        return x.astype(np.float32)
+    if x.dtype == np.uint16:
+        return (x.astype(np.uint32) << 16).view(np.float32)
+    raise TypeError(f"codec input must be float32, float16 or uint16 (bf16 bits), not {x.dtype}")
+
+
+def sanitize(x32: np.ndarray) -> tuple[np.ndarray, int]:
+    """(x with every non-finite value replaced by 0, number of non-finite values)."""
+    bad = ~np.isfinite(x32)
+    n = int(bad.sum())
+    if n:
+        x32 = np.where(bad, np.float32(0), x32)
+    return x32, n
+
+
+# ---------------------------------------------------------------- NF4
+
+def nf4_scaled(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(scaled values of the flattened x, padded to an even count with a 0; absmax[ceil(n/64)])."""
+    x, _ = sanitize(widen(x).ravel())
+    n = x.size
+    full = n // NF4_BLOCK
+    rem = n - full * NF4_BLOCK
+    absmax = np.empty(full + (rem > 0), dtype=np.float32)
+    s = np.zeros(n + (n & 1), dtype=np.float32)
+    if full:
+        a = x[: full * NF4_BLOCK].reshape(full, NF4_BLOCK)
+        am = np.abs(a).max(axis=1)
+        absmax[:full] = am
+        inv = np.float32(1) / np.maximum(am, NF4_TINY)
+        s[: full * NF4_BLOCK] = (a * inv[:, None]).ravel()
+    if rem:
+        t = x[full * NF4_BLOCK:]
+        am = np.maximum(np.abs(t).max(), NF4_TINY)
+        absmax[full] = am
+        s[full * NF4_BLOCK: n] = t / am
+    return s, absmax
+
+
+def nf4_encode(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """NF4 of the row-major flatten of x: (codes uint8[ceil(n/2)], absmax float32[ceil(n/64)])."""
+    s, absmax = nf4_scaled(x)
+    c = np.searchsorted(MIDPOINTS, s, side="left").astype(np.uint8)
+    codes = (c[0::2] << 4) | c[1::2]
+    return codes, absmax
+
+
+def nf4_unpack(codes: np.ndarray, n: int) -> np.ndarray:
+    """The n 4-bit codes (uint8) of a packed NF4 byte array."""
+    codes = np.asarray(codes, dtype=np.uint8).ravel()
+    c = np.empty(codes.size * 2, dtype=np.uint8)
+    c[0::2] = codes >> 4
+    c[1::2] = codes & 15
+    return c[:n]
+
+
+def nf4_decode(codes: np.ndarray, absmax: np.ndarray, shape) -> np.ndarray:
+    """float32 array of ``shape``: CODEBOOK[code] * absmax[block] (one float32 multiply)."""
+    shape = tuple(int(d) for d in shape)
+    n = int(np.prod(shape, dtype=np.int64))
+    c = nf4_unpack(codes, n)
+    blk = np.repeat(np.asarray(absmax, dtype=np.float32), NF4_BLOCK)[:n]
+    return (CODEBOOK[c] * blk).reshape(shape)
+
+
+def nf4_dequant_flat(x: np.ndarray) -> np.ndarray:
+    """Encode then decode (flat float32): the values the SQNR compares against."""
+    codes, absmax = nf4_encode(x)
+    n = np.asarray(x).size
+    return nf4_decode(codes, absmax, (n,))
+
+
+# ---------------------------------------------------------------- int8
+
+def _as_rows(x: np.ndarray) -> np.ndarray:
+    x = widen(x)
+    if x.ndim == 1:
+        x = x[None, :]
+    if x.ndim != 2:
+        raise ValueError(f"int8 codec takes a 1-D or 2-D slice, not shape {x.shape}")
+    return x
+
+
+def int8_scale_inv(amax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, inv) per row from the row amax (float32), as FORMAT.md section 3 defines them."""
+    amax = np.asarray(amax, dtype=np.float32)
+    scale = amax / np.float32(127)
+    with np.errstate(divide="ignore", over="ignore"):
+        inv = np.float32(127) / amax
+    inv = np.where(amax == 0, np.float32(0), np.minimum(inv, FLT_MAX)).astype(np.float32)
+    return scale, inv
+
+
+def int8_encode(x2d: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(q int8[N, K] row-major, scale float32[N]); a 1-D input is one row."""
+    x, _ = sanitize(_as_rows(x2d))
+    n_rows, k = x.shape
+    amax = np.abs(x).max(axis=1) if k else np.zeros(n_rows, np.float32)
+    scale, inv = int8_scale_inv(amax)
+    v = x * inv[:, None]
+    q = np.clip(np.rint(v), -127, 127).astype(np.int8)
+    return q, scale.astype(np.float32)
+
+
+def int8_decode(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """float32 q * scale[row] (q int8[N, K] row-major)."""
+    q = np.asarray(q, dtype=np.int8)
+    if q.ndim == 1:
+        q = q[None, :]
+    return q.astype(np.float32) * np.asarray(scale, dtype=np.float32)[:, None]
+
+
+# ---------------------------------------------------------------- SQNR
+
+def sqnr_db(x: np.ndarray, deq: np.ndarray) -> float:
+    """10*log10(sum x^2 / sum (x - deq)^2) in float64, within +-SQNR_CAP (+SQNR_CAP when exact)."""
+    x, _ = sanitize(widen(x).ravel())
+    x = x.astype(np.float64)
+    e = x - np.asarray(deq, dtype=np.float32).ravel().astype(np.float64)
+    return sqnr_from_sums(float(np.dot(x, x)), float(np.dot(e, e)))
+
+
+def sqnr_from_sums(sum_x2: float, sum_err2: float) -> float:
+    if sum_err2 <= 0.0:
+        return SQNR_CAP
+    ratio = sum_x2 / sum_err2
+    if not ratio > 0.0:  # no signal, or a dequantized value overflowed float32 (inputs near FLT_MAX)
+        return -SQNR_CAP
+    return float(min(SQNR_CAP, max(-SQNR_CAP, 10.0 * math.log10(ratio))))

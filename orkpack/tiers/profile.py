@@ -1,0 +1,399 @@
+"""Hotness profiles: how much prefill time each item saves on the NPU, and how much int8 matters for it.
+
+One documented, versioned JSON schema (docs/TIERMAP.md "Hotness profile") and importers:
+
+* analytic (the default, ``path=None``): benefit = t_cpu(m) - t_npu(m) at the item's
+  rows per prefill chunk m (cost.py), 0 when m < min_m (the router would keep it on
+  the CPU). m = ``prefill_m`` for dense matmuls; ``prefill_m * routing[e]`` for expert e
+  (routing = the fraction of tokens routed to it, uniform ``top_k / n_experts`` unless
+  a profile says otherwise); 1 for the output head (prefill needs the last row's
+  logits only); 0 for the embedding (a lookup, not a matmul). Sensitivity = the
+  item's element count ("bytes").
+* JSON (``.json``): per tensor ``benefit_us``, ``routing``, ``sensitivity``.
+* llama.cpp imatrix, GGUF (``general.type = imatrix``: ``<t>.in_sum2``, ``<t>.counts``)
+  or legacy ``.dat``: per-expert counts give routing (GGUF only), activation energy
+  gives sensitivity.
+* measured timing table (``.csv``: tensor, calls, total_us).
+
+Names may be canonical, HF, expert-slice (``blk.N.ffn_gate.E.weight``) or item
+names (``name[e]``). Names the model lacks raise OrkError listing them unless
+``ignore_unknown``; items a profile lacks keep the analytic value.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import OrkError, escape_name
+from ..sources import names as _names
+from . import cost
+from .board import Board
+from .manifest import Item, Manifest
+
+PROFILE_SCHEMA = "orkpack.hotness"
+PROFILE_VERSION = 1
+_ITEM = re.compile(r"^(.*)\[(\d+)\]$")
+
+
+@dataclass
+class Profile:
+    """Per item (manifest order): benefit in seconds per prefill chunk, sensitivity, m, min_m."""
+
+    kind: str  # analytic | json | imatrix | csv
+    source: str  # file name or "analytic"
+    prefill_m: int
+    benefit: list[float]
+    sensitivity: list[float]
+    m_eff: list[float]
+    min_m: list[int]
+    t_cpu: list[float]
+    warnings: list[str] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------------------------- name resolution
+
+class _Resolver:
+    def __init__(self, manifest: Manifest):
+        self.m = manifest
+        self.index: dict[tuple[str, int | None], int] = {it.key: i for i, it in enumerate(manifest.items)}
+        self.stacked: dict[str, list[int]] = {}
+        for i, it in enumerate(manifest.items):
+            if it.expert is not None:
+                self.stacked.setdefault(it.tensor, []).append(i)
+        self.floats = {t.name for t in manifest.floats}
+        self.L = manifest.facts["n_layers"]
+
+    def resolve(self, name: str) -> tuple[str, list[int]] | None:
+        """(kind, item indices): kind 'item', 'stacked' or 'float'; None if unknown."""
+        expert = None
+        m = _ITEM.match(name)
+        if m:
+            name, expert = m.group(1), int(m.group(2))
+        canon = _names.normalize_name(name, self.m.arch, self.L)
+        sp = _names.split_expert(canon)
+        if sp is not None:
+            canon, expert = sp
+        if expert is not None:
+            i = self.index.get((canon, expert))
+            return None if i is None else ("item", [i])
+        if canon in self.stacked:
+            return ("stacked", self.stacked[canon])
+        i = self.index.get((canon, None))
+        if i is not None:
+            return ("item", [i])
+        if canon in self.floats:
+            return ("float", [])
+        return None
+
+
+def _unknown(unknown: list[str], where: str, ignore: bool, warnings: list[str]) -> None:
+    if not unknown:
+        return
+    shown = ", ".join(escape_name(u, 80) for u in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+    msg = f"{where}: {len(unknown)} name(s) are not in the model: {shown}"
+    if not ignore:
+        raise OrkError(msg + "; check that the profile belongs to this model, or pass --ignore-unknown")
+    warnings.append(msg + " (ignored)")
+
+
+# --------------------------------------------------------------------------------------------- analytic
+
+def _analytic_m(it: Item, prefill_m: int, routing: float | None) -> float:
+    if it.role == "embedding":
+        return 0.0
+    if it.role == "output":
+        return 1.0
+    if it.role == "expert":
+        r = routing if routing is not None else (it.n_experts_used / it.n_experts if it.n_experts else 0.0)
+        return prefill_m * r
+    return float(prefill_m)
+
+
+def _benefit(it: Item, m: float, mm: int, board: Board) -> float:
+    if m < mm or m <= 0:
+        return 0.0
+    return max(0.0, cost.t_cpu(it.n, it.k, m, board) - cost.t_npu(it.n, it.k, m, board))
+
+
+def analytic(manifest: Manifest, board: Board, prefill_m: int, routing: dict[int, float] | None = None) -> Profile:
+    routing = routing or {}
+    shape_mm: dict[tuple[int, int], int] = {}
+    ben, sens, ms, mms, tc = [], [], [], [], []
+    for i, it in enumerate(manifest.items):
+        mm = shape_mm.get((it.n, it.k))
+        if mm is None:
+            mm = shape_mm[(it.n, it.k)] = cost.min_m(it.n, it.k, board)
+        m = _analytic_m(it, prefill_m, routing.get(i))
+        ms.append(m)
+        mms.append(mm)
+        ben.append(_benefit(it, m, mm, board))
+        sens.append(float(it.numel))
+        tc.append(cost.t_cpu(it.n, it.k, m, board))
+    return Profile("analytic", "analytic", prefill_m, ben, sens, ms, mms, tc)
+
+
+# --------------------------------------------------------------------------------------------- importers
+
+def _as_list(v, n: int, what: str, where: str) -> list[float]:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        vals = [float(v)] * n
+    elif isinstance(v, list) and len(v) == n and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+        vals = [float(x) for x in v]
+    else:
+        raise OrkError(f"{where}: '{what}' must be a number or a list of {n} numbers")
+    if not all(math.isfinite(x) and x >= 0 for x in vals):
+        raise OrkError(f"{where}: '{what}' must hold finite non-negative numbers")
+    return vals
+
+
+def _apply_routing(prof: Profile, manifest: Manifest, board: Board, routing: dict[int, float]) -> None:
+    for i, r in routing.items():
+        it = manifest.items[i]
+        m = prof.prefill_m * r
+        prof.m_eff[i] = m
+        prof.benefit[i] = _benefit(it, m, prof.min_m[i], board)
+        prof.t_cpu[i] = cost.t_cpu(it.n, it.k, m, board)
+
+
+def _spread_routing(manifest: Manifest, routing: dict[int, float]) -> dict[int, float]:
+    """Routing given for one expert tensor of a layer applies to the layer's other expert tensors."""
+    per_layer: dict[tuple[int | None, int], float] = {}
+    for i, r in routing.items():
+        it = manifest.items[i]
+        per_layer.setdefault((it.layer, it.expert), r)
+    out = dict(routing)
+    for i, it in enumerate(manifest.items):
+        if it.role == "expert" and i not in out and (it.layer, it.expert) in per_layer:
+            out[i] = per_layer[(it.layer, it.expert)]
+    return out
+
+
+def _load_json_profile(p: Path, manifest: Manifest, board: Board, prefill_m: int, ignore: bool) -> Profile:
+    where = escape_name(p.name)
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise OrkError(f"{where}: cannot read the profile as JSON ({e.__class__.__name__})") from None
+    if not isinstance(d, dict) or d.get("schema") != PROFILE_SCHEMA:
+        raise OrkError(f"{where}: not an orkpack hotness profile (schema must be {PROFILE_SCHEMA!r}); see docs/TIERMAP.md")
+    if d.get("version") != PROFILE_VERSION:
+        raise OrkError(f"{where}: hotness profile version {d.get('version')!r} is not supported (this orkpack reads {PROFILE_VERSION})")
+    tensors = d.get("tensors")
+    if not isinstance(tensors, dict):
+        raise OrkError(f"{where}: 'tensors' must be an object of name -> entry")
+    res = _Resolver(manifest)
+    unknown, routing, benefit, sens = [], {}, {}, {}
+    for name, ent in tensors.items():
+        r = res.resolve(name)
+        if r is None:
+            unknown.append(name)
+            continue
+        kind, idx = r
+        if not idx:
+            continue
+        if not isinstance(ent, dict) or not set(ent) <= {"benefit_us", "routing", "sensitivity"}:
+            raise OrkError(f"{where}: entry {escape_name(name)!r} may only hold benefit_us, routing, sensitivity")
+        w = f"{where}: {escape_name(name)}"
+        if "routing" in ent:
+            if kind == "item" and manifest.items[idx[0]].expert is None:
+                raise OrkError(f"{w}: 'routing' applies to expert tensors only")
+            routing.update(zip(idx, _as_list(ent["routing"], len(idx), "routing", w)))
+        if "benefit_us" in ent:
+            benefit.update(zip(idx, _as_list(ent["benefit_us"], len(idx), "benefit_us", w)))
+        if "sensitivity" in ent:
+            sens.update(zip(idx, _as_list(ent["sensitivity"], len(idx), "sensitivity", w)))
+    prof = analytic(manifest, board, prefill_m)
+    _unknown(unknown, where, ignore, prof.warnings)
+    _apply_routing(prof, manifest, board, _spread_routing(manifest, routing))
+    for i, b in benefit.items():
+        prof.benefit[i] = b * 1e-6
+    for i, s in sens.items():
+        prof.sensitivity[i] = s
+    prof.kind, prof.source = "json", p.name
+    return prof
+
+
+def _finish_imatrix(entries: dict[str, tuple[np.ndarray, np.ndarray]], where: str, manifest: Manifest,
+                    board: Board, prefill_m: int, ignore: bool, kind: str, src: str) -> Profile:
+    """entries: name -> (sum of squared activations per expert row (E, K), counts per expert (E,) or None)."""
+    res = _Resolver(manifest)
+    prof = analytic(manifest, board, prefill_m)
+    unknown, routing, energy = [], {}, {}
+    for name, (sq, counts) in entries.items():
+        r = res.resolve(name)
+        if r is None:
+            unknown.append(name)
+            continue
+        kind_, idx = r
+        if not idx:
+            continue
+        n_rows = sq.shape[0]
+        if n_rows not in (1, len(idx)):
+            raise OrkError(f"{where}: {escape_name(name)} has {n_rows} expert rows, the model has {len(idx)}")
+        c = np.ones(n_rows) if counts is None else np.asarray(counts, dtype=np.float64).reshape(-1)[:n_rows]
+        mean = np.where(c[:, None] > 0, sq / np.maximum(c[:, None], 1e-30), 0.0).sum(axis=1)
+        if kind_ == "stacked" and counts is not None and n_rows == len(idx) and c.sum() > 0:
+            it0 = manifest.items[idx[0]]
+            top_k = it0.n_experts_used or 1
+            freq = c * top_k / c.sum()
+            routing.update(zip(idx, (float(f) for f in freq)))
+        for j, i in enumerate(idx):
+            energy[i] = float(mean[j if n_rows > 1 else 0])
+    _unknown(unknown, where, ignore, prof.warnings)
+    _apply_routing(prof, manifest, board, _spread_routing(manifest, routing))
+    # sensitivity = mean activation energy x rows x routing share, scaled so that the
+    # covered items keep the analytic total (items a profile lacks stay comparable).
+    raw = {}
+    for i, e in energy.items():
+        it = manifest.items[i]
+        share = prof.m_eff[i] / prefill_m if it.role == "expert" and prefill_m else 1.0
+        raw[i] = e * it.n * share
+    tot_raw = sum(raw.values())
+    tot_an = sum(prof.sensitivity[i] for i in raw)
+    if tot_raw > 0:
+        for i, v in raw.items():
+            prof.sensitivity[i] = v * tot_an / tot_raw
+    prof.kind, prof.source = kind, src
+    return prof
+
+
+def _load_imatrix_gguf(p: Path, manifest, board, prefill_m, ignore) -> Profile:
+    import gguf
+
+    where = escape_name(p.name)
+    try:
+        r = gguf.GGUFReader(str(p), "r")
+    except Exception as e:  # gguf-py raises bare ValueErrors / struct errors on damaged files
+        raise OrkError(f"{where}: cannot read it as a GGUF imatrix ({e.__class__.__name__}); regenerate it with llama-imatrix") from None
+    f = r.fields.get("general.type")
+    gtype = None
+    if f is not None:
+        try:
+            gtype = bytes(f.parts[f.data[0]]).decode("utf-8")
+        except Exception:
+            gtype = None
+    if gtype != "imatrix":
+        raise OrkError(f"{where}: a GGUF without general.type = imatrix; give an imatrix file or a model to plan")
+    sums, counts = {}, {}
+    for t in r.tensors:
+        a = np.asarray(t.data, dtype=np.float64)
+        if t.name.endswith(".in_sum2"):
+            sums[t.name[: -len(".in_sum2")]] = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
+        elif t.name.endswith(".counts"):
+            counts[t.name[: -len(".counts")]] = a.reshape(-1)
+    entries = {n: (s, counts.get(n)) for n, s in sums.items()}
+    return _finish_imatrix(entries, where, manifest, board, prefill_m, ignore, "imatrix", p.name)
+
+
+def _load_imatrix_dat(p: Path, manifest, board, prefill_m, ignore) -> Profile:
+    """Legacy llama.cpp .dat: i32 n; per entry i32 len, name, i32 ncall, i32 nval, f32[nval] (mean x ncall)."""
+    where = escape_name(p.name)
+    try:
+        buf = p.read_bytes()
+    except OSError as e:
+        raise OrkError(f"{where}: cannot read the imatrix ({e.__class__.__name__})") from None
+    entries = {}
+    try:
+        (n,) = struct.unpack_from("<i", buf, 0)
+        off = 4
+        if n < 0 or n > 1_000_000:
+            raise ValueError
+        for _ in range(n):
+            (ln,) = struct.unpack_from("<i", buf, off)
+            if ln <= 0 or ln > 4096:
+                raise ValueError
+            name = buf[off + 4: off + 4 + ln].decode("utf-8")
+            off += 4 + ln
+            ncall, nval = struct.unpack_from("<ii", buf, off)
+            off += 8
+            if nval <= 0 or off + 4 * nval > len(buf):
+                raise ValueError
+            vals = np.frombuffer(buf, dtype="<f4", count=nval, offset=off).astype(np.float64)
+            off += 4 * nval
+            res = _Resolver(manifest).resolve(name)
+            rows = len(res[1]) if res and res[0] == "stacked" and nval % len(res[1]) == 0 else 1
+            # values are mean x ncall: the energy per call is values / ncall (counts = ncall)
+            entries[name] = (vals.reshape(rows, -1), np.full(rows, float(max(ncall, 1))))
+    except (struct.error, ValueError, UnicodeDecodeError):
+        raise OrkError(f"{where}: truncated or not a llama.cpp imatrix .dat; regenerate it with llama-imatrix") from None
+    prof = _finish_imatrix(entries, where, manifest, board, prefill_m, ignore, "imatrix", p.name)
+    prof.warnings.append(f"{where}: legacy imatrix has no per-expert counts; routing stays uniform")
+    return prof
+
+
+def _load_csv(p: Path, manifest, board, prefill_m, ignore) -> Profile:
+    """Measured CPU timing table: tensor, calls, total_us (one row per tensor or expert item).
+
+    Per chunk, an item's measured time is total_us / max_calls (max_calls: the most calls
+    of any row = the number of prefill chunks profiled); the NPU would spend
+    calls x t_npu(m) over the same run, m the item's analytic rows. benefit_us =
+    max(0, total_us - calls x t_npu) / max_calls, 0 when m < min_m.
+    """
+    where = escape_name(p.name)
+    try:
+        rows = list(csv.reader(p.read_text(encoding="utf-8").splitlines()))
+    except (OSError, UnicodeDecodeError) as e:
+        raise OrkError(f"{where}: cannot read the timing table ({e.__class__.__name__})") from None
+    if not rows or [c.strip().lower() for c in rows[0][:3]] not in (["tensor", "calls", "total_us"], ["tensor", "calls", "total_µs"]):
+        raise OrkError(f"{where}: a timing table needs the header 'tensor,calls,total_us'")
+    res = _Resolver(manifest)
+    prof = analytic(manifest, board, prefill_m)
+    unknown, data = [], []
+    for ln, row in enumerate(rows[1:], start=2):
+        if not row or not "".join(row).strip():
+            continue
+        try:
+            name, calls, tot = row[0].strip(), int(row[1]), float(row[2])
+            if calls < 0 or not math.isfinite(tot) or tot < 0:
+                raise ValueError
+        except (ValueError, IndexError):
+            raise OrkError(f"{where}: line {ln}: expected tensor,calls,total_us with calls >= 0 and total_us >= 0") from None
+        r = res.resolve(name)
+        if r is None:
+            unknown.append(name)
+            continue
+        for i in r[1]:
+            n_share = len(r[1])
+            data.append((i, calls, tot / n_share))
+    _unknown(unknown, where, ignore, prof.warnings)
+    max_calls = max((c for _, c, _ in data), default=0)
+    for i, calls, tot in data:
+        it = manifest.items[i]
+        m = prof.m_eff[i]
+        if max_calls == 0 or m < prof.min_m[i] or m <= 0:
+            prof.benefit[i] = 0.0
+            continue
+        npu_us = calls * cost.t_npu(it.n, it.k, m, board) * 1e6
+        prof.benefit[i] = max(0.0, tot - npu_us) / max_calls * 1e-6
+        prof.t_cpu[i] = tot / max_calls * 1e-6
+    prof.kind, prof.source = "csv", p.name
+    return prof
+
+
+def load_profile(path: str | Path | None, manifest: Manifest, board: Board, prefill_m: int = 512,
+                 *, ignore_unknown: bool = False) -> Profile:
+    """The hotness profile for ``manifest`` on ``board`` (analytic when ``path`` is None)."""
+    if not isinstance(prefill_m, int) or prefill_m < 2:
+        raise OrkError(f"--prefill-m must be an integer >= 2 (got {prefill_m!r}); M = 1 is decode and never uses the NPU")
+    if path is None:
+        return analytic(manifest, board, prefill_m)
+    p = Path(path)
+    if not p.is_file():
+        raise OrkError(f"{escape_name(str(p))}: profile not found; give a .json, .gguf (imatrix), .dat or .csv file")
+    suf = p.suffix.lower()
+    if suf == ".json":
+        return _load_json_profile(p, manifest, board, prefill_m, ignore_unknown)
+    if suf == ".gguf":
+        return _load_imatrix_gguf(p, manifest, board, prefill_m, ignore_unknown)
+    if suf == ".dat":
+        return _load_imatrix_dat(p, manifest, board, prefill_m, ignore_unknown)
+    if suf == ".csv":
+        return _load_csv(p, manifest, board, prefill_m, ignore_unknown)
+    raise OrkError(f"{escape_name(p.name)}: unknown profile type {suf!r}; give .json, .gguf (imatrix), .dat or .csv")

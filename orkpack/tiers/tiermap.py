@@ -1,0 +1,139 @@
+"""The tier map: every item's encoding, tier and min_m, with the budget and the proof that produced it.
+
+Schema ``orkpack.tiermap`` version 1 (docs/TIERMAP.md). ``to_json()`` is
+deterministic (no times, no paths); ``TierMap.from_json`` validates and rebuilds.
+
+Invariant enforced here, in the constructor and in ``from_json``: every ``min_m``
+is an integer >= 2. M = 1 (decode) never goes to the NPU, whatever is resident:
+a tier map that would let it is rejected.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import OrkError, escape_name
+from ..sources import names as _names
+from .cost import MIN_M_FLOOR
+
+TIERMAP_SCHEMA = "orkpack.tiermap"
+TIERMAP_VERSION = 1
+ENCODINGS = ("f32", "f16", "bf16", "int8", "nf4")
+TIERS = ("npu", "host")
+
+
+@dataclass(frozen=True)
+class Decision:
+    tensor: str
+    expert: int | None
+    shape: tuple[int, ...]  # the slice's shape
+    encoding: str
+    tier: str
+    min_m: int
+    bytes: int  # resident bytes (NPU tiles + scales for NPU, stored bytes for host)
+    benefit_us: float  # prefill time the NPU saves per chunk (0 for host / float)
+    pin: str | None  # the pin flag that forced it, if any
+
+    @property
+    def name(self) -> str:
+        return self.tensor if self.expert is None else f"{self.tensor}[{self.expert}]"
+
+
+def _check(d: Decision) -> None:
+    if not isinstance(d.min_m, int) or isinstance(d.min_m, bool) or d.min_m < MIN_M_FLOOR:
+        raise OrkError(f"tier map: {escape_name(d.name)} has min_m {d.min_m!r}; min_m must be an integer >= 2 "
+                       "(M = 1 never goes to the NPU)")
+    if d.encoding not in ENCODINGS:
+        raise OrkError(f"tier map: {escape_name(d.name)} has unknown encoding {escape_name(str(d.encoding))!r}")
+    if d.tier not in TIERS:
+        raise OrkError(f"tier map: {escape_name(d.name)} has unknown tier {escape_name(str(d.tier))!r}")
+    if d.tier == "npu" and d.encoding not in ("int8", "nf4"):
+        raise OrkError(f"tier map: {escape_name(d.name)} is on the NPU as {d.encoding}; the NPU holds int8 only")
+
+
+class TierMap:
+    """Decisions for every tensor/expert slice, plus the facts they were solved under."""
+
+    def __init__(self, decisions: list[Decision], *, model: dict, board: dict, options: dict,
+                 objective: dict, budget: dict, prediction: dict):
+        for d in decisions:
+            _check(d)
+        self.decisions = list(decisions)
+        self.model, self.board, self.options = model, board, options
+        self.objective, self.budget, self.prediction = objective, budget, prediction
+        self._index = {(d.tensor, d.expert): d for d in self.decisions}
+
+    # ------------------------------------------------------------------ lookup
+    def get(self, tensor_name: str, expert: int | None = None) -> Decision:
+        key = (tensor_name, expert)
+        d = self._index.get(key)
+        if d is None:
+            name = tensor_name
+            arch, L = self.model.get("arch"), int(self.model.get("n_layers") or 0)
+            if expert is None:
+                sp = _names.split_expert(name)
+                if sp is not None:
+                    name, expert = sp
+            if (name, expert) not in self._index and arch:
+                name = _names.normalize_name(name, arch, L)
+                sp = _names.split_expert(name)
+                if sp is not None:
+                    name, expert = sp
+            d = self._index.get((name, expert))
+        if d is None:
+            what = tensor_name if expert is None else f"{tensor_name}[{expert}]"
+            raise OrkError(f"{escape_name(what)}: not in the tier map; plan this model again (orkpack plan)")
+        return d
+
+    def decision(self, tensor_name: str, expert: int | None = None) -> tuple[str, str, int]:
+        """(encoding, tier, min_m) for a tensor (canonical, HF or expert-slice name) or one expert."""
+        d = self.get(tensor_name, expert)
+        return d.encoding, d.tier, d.min_m
+
+    # ------------------------------------------------------------------ JSON
+    def to_json(self) -> dict:
+        tensors: dict[str, dict] = {}
+        for d in self.decisions:
+            t = tensors.get(d.tensor)
+            if t is None:
+                t = tensors[d.tensor] = {"name": d.tensor, "slices": []}
+            t["slices"].append({
+                "expert": d.expert, "shape": list(d.shape), "encoding": d.encoding, "tier": d.tier,
+                "min_m": d.min_m, "bytes": d.bytes, "benefit_us": round(d.benefit_us, 3), "pin": d.pin,
+            })
+        return {
+            "schema": TIERMAP_SCHEMA, "version": TIERMAP_VERSION,
+            "model": self.model, "board": self.board, "options": self.options,
+            "objective": self.objective, "budget": self.budget, "prediction": self.prediction,
+            "tensors": list(tensors.values()),
+        }
+
+    @classmethod
+    def from_json(cls, d: Any) -> "TierMap":
+        if not isinstance(d, dict) or d.get("schema") != TIERMAP_SCHEMA:
+            raise OrkError(f"not an orkpack tier map (schema must be {TIERMAP_SCHEMA!r})")
+        if d.get("version") != TIERMAP_VERSION:
+            raise OrkError(f"tier map version {d.get('version')!r} is not supported (this orkpack reads {TIERMAP_VERSION})")
+        decisions = []
+        try:
+            for t in d["tensors"]:
+                for s in t["slices"]:
+                    e = s["expert"]
+                    if e is not None and (not isinstance(e, int) or isinstance(e, bool) or e < 0):
+                        raise TypeError
+                    decisions.append(Decision(str(t["name"]), e, tuple(int(x) for x in s["shape"]), s["encoding"],
+                                              s["tier"], s["min_m"], int(s["bytes"]), float(s["benefit_us"]), s.get("pin")))
+            return cls(decisions, model=dict(d["model"]), board=dict(d["board"]), options=dict(d["options"]),
+                       objective=dict(d["objective"]), budget=dict(d["budget"]), prediction=dict(d["prediction"]))
+        except (KeyError, TypeError, ValueError):
+            raise OrkError("tier map is damaged (a required key is missing or has the wrong type); plan again") from None
+
+
+def dumps(tm: TierMap | dict) -> str:
+    """The tier map as text: stable key order, one tensor per line (diff-friendly), trailing newline."""
+    d = tm.to_json() if isinstance(tm, TierMap) else tm
+    head = {k: v for k, v in d.items() if k != "tensors"}
+    text = json.dumps(head, indent=1, ensure_ascii=False)[:-2]  # drop the closing "\n}"
+    lines = [json.dumps(t, separators=(",", ":"), ensure_ascii=False) for t in d["tensors"]]
+    return text + ',\n "tensors": [\n  ' + ",\n  ".join(lines) + "\n ]\n}\n"

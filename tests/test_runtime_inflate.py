@@ -1,0 +1,158 @@
+"""The load-path kernels (kernels/runtime.c): direct inflate, two-step inflate and the numpy
+reference agree bit for bit; the fill copies exactly; the portable C fallback matches SIMD."""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from orkpack._kernels import lib
+from orkpack.codecs.reference import int8_encode, nf4_decode, nf4_encode
+from orkpack.layout import npu_layout, npu_tiled_size, tile_int8
+from orkpack.runtime.inflate import fill, inflate, inflate_into, inflate_reference, nf4_decode_c, tiled_size
+
+SHAPES = [
+    (1, 1, 8192), (2, 1, 8192), (1, 63, 32), (7, 65, 32), (33, 100, 8192), (64, 128, 8192),
+    (31, 96, 64), (96, 192, 96), (40, 8256, 8192), (5, 8200, 8192), (3, 16416, 8192),
+    (65, 130, 8192), (32, 8192, 8192), (17, 999, 256),
+]
+
+
+@pytest.fixture(params=[False, True], ids=["simd", "portable"])
+def portable(request):
+    lib.ork_rt_force_portable(1 if request.param else 0)
+    yield request.param
+    lib.ork_rt_force_portable(0)
+
+
+def _weights(rng, n, k, kind):
+    if kind == "t":
+        w = rng.standard_t(1.5, size=(n, k)).astype(np.float32)  # heavy tails
+    elif kind == "normal":
+        w = rng.standard_normal((n, k)).astype(np.float32)
+    else:  # tiny and huge magnitudes, exact ties
+        w = (rng.integers(-8, 9, size=(n, k)) * np.float32(2.0) ** rng.integers(-140, 120, size=(n, 1))).astype(np.float32)
+    w[rng.integers(0, n)] = 0  # an all-zero row
+    return w
+
+
+def _same(a, b):
+    return np.array_equal(np.asarray(a).view(np.uint8), np.asarray(b).view(np.uint8))
+
+
+@pytest.mark.parametrize("n,k,ks", SHAPES)
+@pytest.mark.parametrize("kind", ["t", "normal", "scaled"])
+def test_direct_two_step_and_numpy_agree(n, k, ks, kind, portable):
+    rng = np.random.default_rng(hash((n, k, ks, kind)) & 0xFFFF)
+    w = _weights(rng, n, k, kind)
+    codes, absmax = nf4_encode(w)
+    rq, rs, lay = inflate_reference(codes, absmax, (n, k), ks)
+    assert lay == npu_layout(n, k, ks)
+    assert rq.size == npu_tiled_size(n, k, ks) == tiled_size(n, k, ks)
+    for method in ("direct", "two-step"):
+        q, s = inflate(codes, absmax, (n, k), method=method, k_segment=ks)
+        assert _same(q, rq), (method, n, k)
+        assert _same(s, rs), (method, n, k)
+
+
+def test_reference_is_the_format_definition():
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((45, 200)).astype(np.float32)
+    codes, absmax = nf4_encode(w)
+    q, s = int8_encode(nf4_decode(codes, absmax, (45, 200)))
+    rq, rs, _ = inflate_reference(codes, absmax, (45, 200))
+    assert _same(rq, tile_int8(q)) and _same(rs, s)
+
+
+def test_arbitrary_codes_and_absmax(portable):
+    """Codes no encoder would write, negative / subnormal / non-finite absmax: still bit-identical."""
+    rng = np.random.default_rng(11)
+    for n, k in [(9, 64), (40, 100), (33, 8200), (20, 16384)]:
+        nel = n * k
+        codes = rng.integers(0, 256, size=(nel + 1) // 2, dtype=np.uint8)
+        absmax = (rng.standard_normal(-(-nel // 64)) * 10.0 ** rng.integers(-40, 30, -(-nel // 64))).astype(np.float32)
+        absmax[::7] = np.float32(1e-38)
+        absmax[1::11] = np.inf
+        absmax[2::13] = np.nan
+        absmax[3::17] = -0.0
+        absmax[4::19] = np.float32(3.4e38)
+        # a row with only codes of small |CB| (never 0 or 15): amax from the min/max code scan
+        codes[: k // 2] = 0x78
+        rq, rs, _ = inflate_reference(codes, absmax, (n, k))
+        for method in ("direct", "two-step"):
+            q, s = inflate(codes, absmax, (n, k), method=method)
+            assert _same(q, rq) and _same(s, rs), (method, n, k)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_threads_do_not_change_bytes(threads, monkeypatch):
+    import orkpack.runtime.inflate as inf
+
+    monkeypatch.setattr(inf, "INFLATE_CHUNK", 4096)  # many chunks
+    rng = np.random.default_rng(2)
+    n, k = 200, 300
+    codes, absmax = nf4_encode(rng.standard_t(2, size=(n, k)).astype(np.float32))
+    rq, rs, _ = inflate_reference(codes, absmax, (n, k))
+    with ThreadPoolExecutor(threads) as pool:
+        for method in ("direct", "two-step"):
+            q, s = inflate(codes, absmax, (n, k), method=method, pool=pool)
+            assert _same(q, rq) and _same(s, rs)
+
+
+def test_inflate_writes_every_byte():
+    """Garbage in the destination is fully overwritten (padding included)."""
+    rng = np.random.default_rng(3)
+    n, k = 37, 8230
+    codes, absmax = nf4_encode(rng.standard_normal((n, k)).astype(np.float32))
+    rq, rs, _ = inflate_reference(codes, absmax, (n, k))
+    for method in ("direct", "two-step"):
+        q = np.full(rq.size, 0x5A, dtype=np.uint8)
+        s = np.full(n, np.nan, dtype=np.float32)
+        inflate_into(codes, absmax.view(np.uint8), n, k, q, s, method=method)
+        assert _same(q, rq) and _same(s, rs)
+
+
+def test_inflate_rejects_short_parts():
+    codes, absmax = nf4_encode(np.ones((32, 64), np.float32))
+    q = np.empty(tiled_size(32, 64), np.int8)
+    s = np.empty(32, np.float32)
+    with pytest.raises(ValueError):
+        inflate_into(codes[:-1], absmax.view(np.uint8), 32, 64, q, s)
+    with pytest.raises(ValueError):
+        inflate_into(codes, absmax.view(np.uint8)[:-4], 32, 64, q, s)
+    with pytest.raises(ValueError):
+        inflate_into(codes, absmax.view(np.uint8), 32, 64, q[:-1], s)
+    with pytest.raises(ValueError):
+        tiled_size(0, 64)
+
+
+@pytest.mark.parametrize("nbytes", [0, 1, 4095, 4096, (4 << 20) + 17, (9 << 20) + 4096])
+def test_fill_copies_exactly(nbytes):
+    rng = np.random.default_rng(nbytes)
+    src = rng.integers(0, 256, size=nbytes, dtype=np.uint8)
+    with ThreadPoolExecutor(2) as pool:
+        for p in (None, pool):
+            for clean in (True, False):
+                dst = np.zeros(nbytes + 64, dtype=np.uint8)
+                assert fill(dst, src, clean=clean, pool=p) == nbytes
+                assert np.array_equal(dst[:nbytes], src) and not dst[nbytes:].any()
+
+
+def test_nf4_decode_c_matches_numpy():
+    rng = np.random.default_rng(4)
+    for nel in (1, 63, 64, 65, 1001):
+        codes = rng.integers(0, 256, size=(nel + 1) // 2, dtype=np.uint8)
+        absmax = rng.standard_normal(-(-nel // 64)).astype(np.float32)
+        want = nf4_decode(codes, absmax, (nel,))
+        assert _same(nf4_decode_c(codes, absmax.view(np.uint8), nel), want)
+
+
+def test_simd_level_and_fallback_switch():
+    level = lib.ork_rt_simd_level()
+    assert level in (0, 1, 2)
+    lib.ork_rt_force_portable(1)
+    try:
+        assert lib.ork_rt_simd_level() == 0
+    finally:
+        lib.ork_rt_force_portable(0)
