@@ -8,20 +8,19 @@ float32, plus the interpreter (~100 MB). tests/test_build.py measures it.
 """
 from __future__ import annotations
 
-import fnmatch
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from difflib import get_close_matches
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
 import xxhash
 
-from orkpack import __version__
+from orkpack import globs
 from orkpack.codecs import get_codec
+from orkpack.codecs.reference import nf4_to_npu_int8
 from orkpack.errors import OrkError, SourceError, escape_name
 from orkpack.pack import spec
 from orkpack.pack.writer import PackWriter
@@ -43,8 +42,17 @@ class BuildOptions:
     nf4: list[str] = field(default_factory=list)
     keep: list[str] = field(default_factory=list)
     npu: list[str] = field(default_factory=list)
+    cpu: list[str] = field(default_factory=list)
     npu_storage: str = "int8"  # int8 tiles, or nf4 inflated at load (w4a8)
     allow_nonfinite: bool = False
+    # placement: the tier-map compiler (default) or the rules alone (plan=False)
+    plan: bool = True
+    board: str = "rk3588-32g"
+    profile: Path | None = None
+    ctx: int = 8192
+    kv_type: str = "f16"
+    prefill_m: int = 512
+    ignore_unknown: bool = False
 
     def resolved_threads(self) -> int:
         return self.threads if self.threads > 0 else (os.cpu_count() or 1)
@@ -56,9 +64,19 @@ class BuildOptions:
             "nf4": list(self.nf4),
             "keep": list(self.keep),
             "npu": list(self.npu),
+            "cpu": list(self.cpu),
             "npu_storage": self.npu_storage,
             "allow_nonfinite": self.allow_nonfinite,
+            "plan": self.plan,
+            "board": self.board,
+            "profile": None if self.profile is None else Path(self.profile).name,
+            "ctx": self.ctx,
+            "kv_type": self.kv_type,
+            "prefill_m": self.prefill_m,
         }
+
+    def pins(self) -> dict[str, list[str]]:
+        return {"npu": list(self.npu), "cpu": list(self.cpu), "int8": list(self.int8), "nf4": list(self.nf4), "keep": list(self.keep)}
 
 
 @dataclass(frozen=True)
@@ -68,12 +86,12 @@ class Decision:
     min_m: int | None = None
 
 
-def _match(name: str, globs: list[str]) -> bool:
-    return any(fnmatch.fnmatchcase(name, g) for g in globs)
+def _match(name: str, gl: list[str]) -> bool:
+    return any(globs.matches(name, g) for g in gl)
 
 
 class RulePlacement:
-    """Precision and placement from rules (until a tier map decides).
+    """Precision and placement from rules alone (``--no-plan``).
 
     Precedence: --keep (stay float), --npu (int8 tiles on the NPU), --int8,
     --nf4, then the defaults: 1-D tensors stay float; the output head is int8
@@ -91,7 +109,7 @@ class RulePlacement:
     def decide(self, info: TensorInfo, expert: int | None) -> Decision:
         o = self.opts
         names = [info.name] if expert is None else [info.name, f"{info.name}[{expert}]"]
-        hit = lambda globs: any(_match(n, globs) for n in names)  # noqa: E731
+        hit = lambda gl: any(_match(n, gl) for n in names)  # noqa: E731
         if len(info.shape) < 2 or hit(o.keep):
             return Decision(FLOAT_ENC_BY_DTYPE.get(info.dtype, spec.ENC_F32), spec.TIER_HOST)
         if hit(o.npu):
@@ -109,16 +127,36 @@ class RulePlacement:
 FLOAT_ENC_BY_DTYPE = {"F32": spec.ENC_F32, "F16": spec.ENC_F16, "BF16": spec.ENC_BF16}
 
 
+class TierMapPlacement:
+    """Precision and placement from a solved tier map (the default).
+
+    The rule flags became the solver's pins. ``--npu-storage nf4`` stores the
+    NPU's int8 items 4-bit, to be inflated to int8 tiles at load.
+    """
+
+    def __init__(self, tm, opts: BuildOptions):
+        self.tm = tm
+        self.opts = opts
+
+    def decide(self, info: TensorInfo, expert: int | None) -> Decision:
+        enc, tier, min_m = self.tm.decision(info.name, expert)
+        if tier == spec.TIER_NPU:
+            if self.opts.npu_storage == "nf4":
+                enc = spec.ENC_NF4
+            return Decision(enc, tier, min_m)
+        if enc in spec.FLOAT_ENCODINGS:
+            enc = FLOAT_ENC_BY_DTYPE.get(info.dtype, spec.ENC_F32)
+        return Decision(enc, tier)
+
+
 def unmatched_globs(opts: BuildOptions, infos: list[TensorInfo]) -> list[str]:
     """One warning line per glob that matches no tensor, with near names."""
     names = [i.name for i in infos]
     out = []
-    for flag in ("keep", "npu", "int8", "nf4"):
+    for flag in ("keep", "npu", "cpu", "int8", "nf4"):
         for g in getattr(opts, flag):
-            if not any(fnmatch.fnmatchcase(n, g) or fnmatch.fnmatchcase(f"{n}[0]", g) for n in names):
-                near = get_close_matches(g, names, n=3, cutoff=0.5)
-                hint = f"; near: {', '.join(near)}" if near else ""
-                out.append(f"--{flag} {g!r} matches no tensor{hint}")
+            if not any(globs.matches(n, g) or globs.matches(f"{n}[0]", g) for n in names):
+                out.append(globs.no_match_warning(flag, g, names))
     return out
 
 
@@ -184,15 +222,12 @@ def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts:
         "min_m": dec.min_m if dec.tier == spec.TIER_NPU else None,
     }
     if dec.tier == spec.TIER_NPU and encoding == spec.ENC_NF4:
-        from orkpack.runtime.inflate import inflate_reference
-        import xxhash as _x
-
-        q, scale, layout = inflate_reference(enc.parts["codes"], enc.parts["absmax"], tuple(x.shape))
+        q, scale, layout = nf4_to_npu_int8(enc.parts["codes"], enc.parts["absmax"], tuple(x.shape))
         s["inflate"] = {
             "layout": layout,
             "q_size": int(q.nbytes),
-            "q_xxh3": _x.xxh3_64_hexdigest(np.ascontiguousarray(q)),
-            "scale_xxh3": _x.xxh3_64_hexdigest(np.ascontiguousarray(scale)),
+            "q_xxh3": xxhash.xxh3_64_hexdigest(np.ascontiguousarray(q)),
+            "scale_xxh3": xxhash.xxh3_64_hexdigest(np.ascontiguousarray(scale)),
         }
     return s
 
@@ -216,8 +251,20 @@ def build(
         infos = src.tensors()
         if not infos:
             raise SourceError(f"{escape_name(str(src_path))}: no tensors found")
-        warnings = unmatched_globs(opts, infos)
-        placement = RulePlacement(opts, infos)
+        tiermap = None
+        if opts.plan:
+            from orkpack.tiers.command import plan
+
+            tm, _solve_s, _ = plan(
+                Path(src_path), board=opts.board, profile=opts.profile, ctx=opts.ctx, kv_type=opts.kv_type,
+                prefill_m=opts.prefill_m, pins=opts.pins(), ignore_unknown=opts.ignore_unknown,
+            )
+            placement = TierMapPlacement(tm, opts)
+            tiermap = tm.to_json()
+            warnings = list(getattr(tm, "warnings", []))
+        else:
+            placement = RulePlacement(opts, infos)
+            warnings = unmatched_globs(opts, infos)
         total = sum(i.nbytes for i in infos)
         if on_start:
             on_start(total)
@@ -227,7 +274,7 @@ def build(
         provenance = hasher.submit(source_provenance, src, opts)
         by_kind: dict = {}
         worst: tuple[str, float] | None = None
-        with PackWriter(out_path, provenance=None, config=src.config, tiermap=None) as w:
+        with PackWriter(out_path, provenance=None, config=src.config, tiermap=tiermap) as w:
             for info in infos:
                 arr = src.read(info.name)
                 if tuple(arr.shape) != tuple(info.shape):

@@ -88,18 +88,34 @@ def build(
     nf4: List[str] = typer.Option([], "--nf4", metavar="GLOB", help="Store matching tensors as NF4."),
     keep: List[str] = typer.Option([], "--keep", metavar="GLOB", help="Keep matching tensors in their source float type."),
     npu: List[str] = typer.Option([], "--npu", metavar="GLOB", help="Place matching tensors on the NPU as int8 tiles."),
+    cpu: List[str] = typer.Option([], "--cpu", metavar="GLOB", help="Keep matching tensors off the NPU (host: CPU/GPU)."),
     npu_storage: str = typer.Option("int8", "--npu-storage", help="How NPU tensors are stored: int8 tiles, or nf4 inflated to int8 at load (w4a8)."),
+    board: str = typer.Option("rk3588-32g", "--board", help="Board profile the tier map is solved for (name or TOML file)."),
+    profile: Optional[Path] = typer.Option(None, "--profile", help="Hotness profile (orkpack JSON, imatrix .gguf/.dat, timing CSV). Default: analytic."),
+    ctx: int = typer.Option(8192, "--ctx", help="Context length the KV cache must hold."),
+    kv_type: str = typer.Option("f16", "--kv-type", help="KV cache type: f16 or q8_0."),
+    prefill_m: int = typer.Option(512, "--prefill-m", help="Prefill chunk size M for the analytic hotness."),
+    ignore_unknown: bool = typer.Option(False, "--ignore-unknown", help="Go on when the profile names tensors the model lacks."),
+    no_plan: bool = typer.Option(False, "--no-plan", help="Place by rules alone (NF4 bulk, int8 head, --npu pins): no tier map."),
     threads: int = typer.Option(0, "--threads", "-t", help="Encoder threads (0: all cores). The output does not depend on it."),
     allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite", help="Encode NaN/Inf weights as 0 instead of stopping."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ):
-    """Quantize a checkpoint into one .orkpack file (NF4 bulk, int8 where asked, NPU tensors pre-tiled)."""
+    """Quantize a checkpoint into one .orkpack file, placed by the tier map (or by rules with --no-plan).
+
+    The tier map puts the items that save the most prefill time on the NPU as
+    int8 tiles (within its IOVA cap), then gives int8 to the host tensors where
+    RAM allows and NF4 to the rest. --npu/--cpu/--int8/--nf4/--keep pin items.
+    """
     from orkpack.build import BuildOptions, build as run_build
     from orkpack.render import build_summary
 
     if npu_storage not in ("int8", "nf4"):
         raise OrkError(f"--npu-storage {npu_storage!r}: choose int8 or nf4")
-    opts = BuildOptions(threads=threads, int8=int8, nf4=nf4, keep=keep, npu=npu, npu_storage=npu_storage, allow_nonfinite=allow_nonfinite)
+    opts = BuildOptions(
+        threads=threads, int8=int8, nf4=nf4, keep=keep, npu=npu, cpu=cpu, npu_storage=npu_storage, allow_nonfinite=allow_nonfinite,
+        plan=not no_plan, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, ignore_unknown=ignore_unknown,
+    )
     with _progress(not json_out) as prog:
         task = prog.add_task("build", total=None, tensor="")
         r = run_build(

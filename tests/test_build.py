@@ -96,7 +96,7 @@ def test_same_bytes_whatever_threads(hf_model, tmp_path):
 
 def test_cli_build_and_inspect_json(hf_model, tmp_path):
     out = tmp_path / "m.orkpack"
-    r = cli("build", hf_model, "-o", out, "--threads", 1, "--npu", "blk.0.ffn_*", "--keep", "token_embd.weight", "--json")
+    r = cli("build", hf_model, "-o", out, "--threads", 1, "--no-plan", "--npu", "blk.0.ffn_*", "--keep", "token_embd.weight", "--json")
     assert r.exit_code == 0, r.output
     summary = json.loads(r.stdout[r.stdout.index("{") :])
     assert summary["tensors"] > 0 and summary["source_bytes"] > 0
@@ -114,6 +114,51 @@ def test_cli_build_and_inspect_json(hf_model, tmp_path):
     assert all(t["name"].startswith("blk.0.") for t in json.loads(r.stdout)["tensors"])
     r = cli("inspect", out)
     assert r.exit_code == 0 and "residency per engine" in r.stdout
+
+
+def test_build_follows_the_tier_map_and_embeds_it(tmp_path):
+    from orkpack.tiers.command import plan
+    from orkpack.tiers.tiermap import TierMap
+
+    model = write_hf_model(tmp_path / "moe", arch="qwen3_moe", experts=4, experts_used=2, layers=2, seed=3)
+    pins = {"npu": [], "cpu": ["blk.1.ffn_up_exps.weight[2]"], "int8": [], "nf4": ["blk.0.ffn_down_exps.weight[1]"], "keep": []}
+    opts = BuildOptions(threads=2, cpu=pins["cpu"], nf4=pins["nf4"], board="rk3588-8g", ctx=4096)
+    out = build(model, tmp_path / "m.orkpack", opts).path
+    tm, _, _ = plan(model, board="rk3588-8g", ctx=4096, pins=pins)
+    with Pack.open(out) as p:
+        embedded = TierMap.from_json(p.header["tiermap"])
+        assert embedded.to_json() == tm.to_json()
+        tiers = set()
+        for t, s in p.slices():
+            if len(t["shape"]) < 2:
+                continue
+            enc, tier, min_m = tm.decision(t["name"], s["expert"])
+            assert (s["encoding"], s["tier"]) == (enc, tier), (t["name"], s["expert"])
+            if tier == "npu":
+                assert s["min_m"] == min_m >= 2
+            tiers.add((t["name"], tier))
+        stacked = [t for t in p.tensors if len(t["shape"]) == 3]
+        assert stacked, "the MoE model has stacked expert tensors"
+        up1 = [t for t in stacked if t["name"] == "blk.1.ffn_up_exps.weight"][0]
+        assert up1["slices"][2]["tier"] == "host"
+        down0 = [t for t in stacked if t["name"] == "blk.0.ffn_down_exps.weight"][0]
+        assert down0["slices"][1]["encoding"] == "nf4"
+
+
+def test_npu_storage_nf4_records_the_inflated_image(hf_model, tmp_path):
+    from orkpack.codecs.reference import nf4_to_npu_int8
+    import xxhash
+
+    out = build(hf_model, tmp_path / "m.orkpack", BuildOptions(threads=1, npu=["blk.0.attn_q.weight"], npu_storage="nf4")).path
+    with Pack.open(out) as p:
+        npu = [(t, s) for t, s in p.slices() if s["tier"] == "npu"]
+        assert npu and all(s["encoding"] == "nf4" for _, s in npu)
+        for t, s in npu:
+            parts = p.typed_parts(s)
+            q, scale, layout = nf4_to_npu_int8(parts["codes"], parts["absmax"], s["shape"])
+            assert s["inflate"]["q_xxh3"] == xxhash.xxh3_64_hexdigest(q)
+            assert s["inflate"]["scale_xxh3"] == xxhash.xxh3_64_hexdigest(scale)
+            assert s["inflate"]["layout"] == layout
 
 
 def test_demo_runs(tmp_path):
@@ -154,8 +199,9 @@ def test_nonfinite_named_and_allowed(tmp_path):
     w[3, 5] = np.nan
     save_file({"model.layers.0.mlp.up_proj.weight": w, "ok": np.ones((8, 8), np.float32)}, str(tmp_path / "m.safetensors"))
     out = tmp_path / "o.orkpack"
-    _bad(["build", tmp_path / "m.safetensors", "-o", out], out, "NaN")
-    r = cli("build", tmp_path / "m.safetensors", "-o", out, "--allow-nonfinite")
+    _bad(["build", tmp_path / "m.safetensors", "-o", out], out, "--no-plan")  # no config.json: the planner needs one
+    _bad(["build", tmp_path / "m.safetensors", "-o", out, "--no-plan"], out, "NaN")
+    r = cli("build", tmp_path / "m.safetensors", "-o", out, "--no-plan", "--allow-nonfinite")
     assert r.exit_code == 0, r.output and out.exists()
 
 

@@ -195,3 +195,19 @@ def sqnr_from_sums(sum_x2: float, sum_err2: float) -> float:
     if not ratio > 0.0:  # no signal, or a dequantized value overflowed float32 (inputs near FLT_MAX)
         return -SQNR_CAP
     return float(min(SQNR_CAP, max(-SQNR_CAP, 10.0 * math.log10(ratio))))
+
+
+def nf4_to_npu_int8(codes: np.ndarray, absmax: np.ndarray, shape, k_segment: int = 8192) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The int8 image an NPU slice stored as nf4 inflates to (docs/FORMAT.md 5):
+    decode to float32, quantize to int8 per output channel, tile natively.
+
+    Returns (q_tiled int8 1-D, scale float32[N], npu_int8 layout record). The
+    runtime's C direct and two-step inflates must give these bytes exactly.
+    """
+    from orkpack.layout import npu_layout, tile_int8
+
+    n, k = (int(d) for d in shape)
+    with np.errstate(invalid="ignore", over="ignore"):  # non-finite absmax: int8_encode takes those values as 0
+        v = nf4_decode(np.asarray(codes, dtype=np.uint8), np.asarray(absmax, dtype=np.float32), (n, k))
+    q, scale = int8_encode(v)
+    return tile_int8(q, k_segment), scale, npu_layout(n, k, k_segment)

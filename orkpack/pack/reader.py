@@ -177,10 +177,7 @@ class Pack:
             raise PackError(f"{label}: truncated pack (header cut short)")
         if xxhash.xxh3_64_intdigest(hb) != p.header_xxh3:
             raise PackDamaged(f"{label}: damaged pack: header checksum mismatch")
-        try:
-            header = json.loads(hb.decode("ascii"), parse_constant=_no_constant)
-        except (UnicodeDecodeError, ValueError) as e:
-            raise PackDamaged(f"{label}: damaged pack: header is not valid JSON ({e})") from None
+        header = parse_header_json(hb, label)
         problem = validate_header(header, p)
         if problem:
             raise PackDamaged(f"{label}: damaged pack: {problem}")
@@ -239,6 +236,16 @@ class Pack:
 
 def _no_constant(name):
     raise ValueError(f"{name} is not allowed")
+
+
+def parse_header_json(hb: bytes, label: str) -> dict:
+    """The header bytes as JSON, or PackDamaged (bad UTF-8/ASCII, bad JSON, nesting too deep)."""
+    try:
+        return json.loads(hb.decode("ascii"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise PackDamaged(f"{label}: damaged pack: header is not valid JSON ({escape_name(str(e), 120)})") from None
+    except RecursionError:
+        raise PackDamaged(f"{label}: damaged pack: header JSON nests too deep") from None
 
 
 def _is_int(x) -> bool:

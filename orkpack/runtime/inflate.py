@@ -21,21 +21,16 @@ from concurrent.futures import Executor
 import numpy as np
 
 from orkpack._kernels import ffi, lib
-from orkpack.codecs.reference import int8_encode, nf4_decode
-from orkpack.layout import K_SEGMENT, npu_layout, tile_int8
+from orkpack.codecs.reference import nf4_to_npu_int8
+from orkpack.layout import K_SEGMENT
 
 FILL_CHUNK = 4 << 20  # bytes per fill work item
 INFLATE_CHUNK = 1 << 20  # approximate output bytes per inflate work item (whole 32-row tiles)
 METHODS = ("direct", "two-step")
 
 
-def inflate_reference(codes, absmax, shape, k_segment: int = K_SEGMENT) -> tuple[np.ndarray, np.ndarray, dict]:
-    """numpy two-step reference: (q_tiled int8 1-D, scale float32[N], npu_int8 layout dict)."""
-    n, k = (int(d) for d in shape)
-    with np.errstate(invalid="ignore", over="ignore"):  # non-finite absmax: int8_encode takes those values as 0
-        v = nf4_decode(np.asarray(codes, dtype=np.uint8), np.asarray(absmax, dtype=np.float32), (n, k))
-    q, scale = int8_encode(v)
-    return tile_int8(q, k_segment), scale, npu_layout(n, k, k_segment)
+# the definition lives with the codecs (the packer records its checksums); the runtime checks against it
+inflate_reference = nf4_to_npu_int8
 
 
 def tiled_size(n: int, k: int, k_segment: int = K_SEGMENT) -> int:

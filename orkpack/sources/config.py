@@ -155,7 +155,7 @@ def model_facts(source_or_config: Any) -> dict:
     cfg = getattr(obj, "config", None)
     if cfg is None:
         root = escape_name(str(getattr(obj, "root", "source")))
-        raise SourceError(f"{root}: no config.json next to the weights; put the model's config.json beside them")
+        raise SourceError(f"{root}: no config.json next to the weights; put the model's config.json beside them (orkpack build --no-plan places by rules without one)")
     if getattr(obj, "kind", None) == "gguf":
         return {k: cfg[k] for k in FACT_KEYS}
     return facts_from_hf_config(cfg, escape_name(str(getattr(obj, "root", "config.json"))))

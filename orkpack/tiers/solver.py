@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import OrkError, escape_name
+from .. import globs
 from ..sources import names as _names
 from . import cost, knapsack
 from .board import Board
@@ -63,13 +64,11 @@ def match_pins(manifest: Manifest, pins: dict[str, list[str]] | None) -> tuple[d
         for glob in pins.get(kind) or ():
             hit = False
             for i, ns in enumerate(names):
-                if any(n == glob or fnmatch.fnmatchcase(n, glob) for n in ns):  # "name[3]" is literal too
+                if any(globs.matches(n, glob) for n in ns):  # "name[3]" is literal too
                     out.setdefault(i, set()).add(kind)
                     hit = True
             if not hit and not any(fnmatch.fnmatchcase(n, glob) for n in float_names):
-                near = sorted({ns[0] for ns in names if glob.strip("*").split(".")[-2:][0] in ns[0]})[:3]
-                warnings.append(f"--{kind} {escape_name(glob)!r} matches no tensor"
-                                + (f" (near: {', '.join(near)})" if near else ""))
+                warnings.append(globs.no_match_warning(kind, glob, sorted({ns[0] for ns in names} | float_names)))
     for i, ks in out.items():
         it = manifest.items[i]
         for a, b in (("npu", "cpu"), ("npu", "keep"), ("int8", "nf4"), ("int8", "keep"), ("nf4", "keep")):
