@@ -232,6 +232,26 @@ def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts:
     return s
 
 
+def _read_ahead(src, infos: list[TensorInfo], io: ThreadPoolExecutor):
+    """Yield (info, array) in order, reading the next tensor while this one is
+    encoded (pread releases the GIL). The read-ahead is skipped when the two
+    tensors together would exceed the largest tensor as float32, so the memory
+    bound of the module docstring holds for float32 sources too."""
+    cap = 4 * max(i.numel for i in infos)
+    pending = io.submit(src.read, infos[0].name)
+    for i, info in enumerate(infos):
+        arr = pending.result()
+        nxt = infos[i + 1] if i + 1 < len(infos) else None
+        if nxt is not None and info.nbytes + nxt.nbytes <= cap:
+            pending = io.submit(src.read, nxt.name)
+            yield info, arr
+        else:
+            yield info, arr
+            if nxt is not None:
+                del arr
+                pending = io.submit(src.read, nxt.name)
+
+
 def build(
     src_path: Path,
     out_path: Path,
@@ -272,11 +292,11 @@ def build(
         # encoded (both release the GIL); the header is written last anyway
         hasher = ThreadPoolExecutor(max_workers=1)
         provenance = hasher.submit(source_provenance, src, opts)
+        io = ThreadPoolExecutor(max_workers=1)
         by_kind: dict = {}
         worst: tuple[str, float] | None = None
         with PackWriter(out_path, provenance=None, config=src.config, tiermap=tiermap) as w:
-            for info in infos:
-                arr = src.read(info.name)
+            for info, arr in _read_ahead(src, infos, io):
                 if tuple(arr.shape) != tuple(info.shape):
                     raise SourceError(f"{escape_name(info.name)}: read shape {arr.shape} != header shape {info.shape}")
                 subs = list(enumerate(arr)) if arr.ndim == 3 else [(None, arr)]
@@ -300,8 +320,9 @@ def build(
             w.set_provenance(provenance.result())
             path = w.finish()
     finally:
-        if "hasher" in locals():
-            hasher.shutdown(wait=True, cancel_futures=True)
+        for pool in ("hasher", "io"):
+            if pool in locals():
+                locals()[pool].shutdown(wait=True, cancel_futures=True)
         src.close()
     return BuildResult(
         path=path,
