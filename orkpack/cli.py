@@ -216,22 +216,26 @@ def verify(
 def demo(
     folder: Path = typer.Option(Path("orkpack-demo"), "--dir", help="Where to write the demo model and pack."),
 ):
-    """Synthesize a small seeded llama-style model (no network), build it, inspect it."""
+    """Synthesize a small seeded llama-style model (no network), build it, inspect it, verify it."""
     from orkpack.build import BuildOptions, build as run_build
     from orkpack.inspect import pack_facts
     from orkpack.render import build_summary, pack_facts as render
+    from orkpack.runtime.command import verify_command
     from orkpack.synth import write_hf_model
 
     folder.mkdir(parents=True, exist_ok=True)
     model = write_hf_model(folder / "model", seed=0)
     out.print(f"wrote a seeded llama-style model (bf16, 2 shards) to {model}")
-    opts = BuildOptions(npu=["blk.*.attn_q.weight", "blk.*.attn_output.weight", "blk.*.ffn_up.weight"])
+    # the tier map places the model; ffn_down pinned to NF4 shows both NPU load paths (fill and inflate)
+    opts = BuildOptions(nf4=["blk.*.ffn_down.weight"])
     with _progress(True) as prog:
         task = prog.add_task("build", total=None, tensor="")
         r = run_build(model, folder / "demo.orkpack", opts, on_start=lambda t: prog.update(task, total=t), on_progress=lambda n, name: prog.update(task, advance=n, tensor=name))
     build_summary(out, r)
     render(out, pack_facts(r.path), rows_limit=12)
-    out.print(f"next: orkpack inspect {r.path}   |   orkpack verify {r.path}")
+    code = verify_command([r.path], device="host", inflate="direct", threads=os.cpu_count() or 1, reference=True, keep_going=False, json_out=False, console=out)
+    out.print(f"next: orkpack inspect {r.path} --all   |   orkpack verify {r.path}")
+    raise typer.Exit(code)
 
 
 def main() -> None:
