@@ -53,6 +53,7 @@ class BuildOptions:
     kv_type: str = "f16"
     prefill_m: int = 512
     ignore_unknown: bool = False
+    timestamp: bool = False  # record provenance.created (the only time a header may hold)
 
     def resolved_threads(self) -> int:
         return self.threads if self.threads > 0 else (os.cpu_count() or 1)
@@ -317,7 +318,7 @@ def build(
                 del arr, subs, slices
                 if on_progress:
                     on_progress(info.nbytes, info.name)
-            w.set_provenance(provenance.result())
+            w.set_provenance(provenance.result(), timestamp=opts.timestamp)
             path = w.finish()
     finally:
         for pool in ("hasher", "io"):

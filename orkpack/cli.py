@@ -99,6 +99,7 @@ def build(
     no_plan: bool = typer.Option(False, "--no-plan", help="Place by rules alone (NF4 bulk, int8 head, --npu pins): no tier map."),
     threads: int = typer.Option(0, "--threads", "-t", help="Encoder threads (0: all cores). The output does not depend on it."),
     allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite", help="Encode NaN/Inf weights as 0 instead of stopping."),
+    timestamp: bool = typer.Option(False, "--timestamp", help="Record the build time (UTC, or SOURCE_DATE_EPOCH) as provenance.created; off by default so builds are byte-reproducible."),
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ):
     """Quantize a checkpoint into one .orkpack file, placed by the tier map (or by rules with --no-plan).
@@ -114,7 +115,7 @@ def build(
         raise OrkError(f"--npu-storage {npu_storage!r}: choose int8 or nf4")
     opts = BuildOptions(
         threads=threads, int8=int8, nf4=nf4, keep=keep, npu=npu, cpu=cpu, npu_storage=npu_storage, allow_nonfinite=allow_nonfinite,
-        plan=not no_plan, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, ignore_unknown=ignore_unknown,
+        timestamp=timestamp, plan=not no_plan, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, ignore_unknown=ignore_unknown,
     )
     with _progress(not json_out) as prog:
         task = prog.add_task("build", total=None, tensor="")
@@ -157,7 +158,7 @@ def inspect(
     all_rows: bool = typer.Option(False, "--all", help="Show every tensor row (default: the first 60)."),
 ):
     """Show a pack's header facts, residency per engine and per-tensor rows."""
-    from orkpack.inspect import pack_facts
+    from orkpack.inspect import pack_facts, untrusted_line
     from orkpack.render import pack_facts as render
 
     f = pack_facts(pack, tensor)
@@ -165,6 +166,9 @@ def inspect(
         print(json.dumps(f, indent=1))
     else:
         render(out, f, rows_limit=None if (all_rows or tensor) else 60)
+    if f["untrusted"]:
+        print(f"warning: {untrusted_line(f)}", file=sys.stderr)
+        raise typer.Exit(f["exit_code"])
 
 
 @app.command()

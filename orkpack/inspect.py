@@ -1,14 +1,35 @@
 """`orkpack inspect`: the facts of a pack as one JSON-able dict (stable keys).
 
 The CLI renders it as tables for people or prints it as JSON for machines.
+
+A damaged pack is still shown as far as it can be, never trusted:
+
+* a checksum or consistency failure (``PackDamaged``): the preamble, and the
+  header too when it still parses and hangs together, with ``untrusted`` set to
+  the reason and ``exit_code`` 1;
+* a truncated pack: the preamble's facts (declared sizes, version), no tensors,
+  ``untrusted`` set and ``exit_code`` 2;
+* not a pack at all, a newer major version, a missing file: the error is raised
+  (nothing to show).
+
+Every key is always present; ``untrusted`` is None and ``exit_code`` 0 for a
+pack whose preamble and header checksums hold. The ``checksums`` entry says
+which checks held (``ok``), failed (``MISMATCH``) or could not run.
 """
 from __future__ import annotations
 
 import fnmatch
+import os
+import struct
 from pathlib import Path
 
+import xxhash
+
+from orkpack.errors import PackError
 from orkpack.pack import spec
-from orkpack.pack.reader import Pack
+from orkpack.pack.reader import Pack, PackDamaged, Preamble, parse_header_json, validate_header
+
+UNTRUSTED = "UNTRUSTED"
 
 
 def slice_resident_bytes(s: dict) -> int:
@@ -22,71 +43,155 @@ def slice_resident_bytes(s: dict) -> int:
 
 
 def pack_facts(path: Path, tensor_glob: str | None = None) -> dict:
-    with Pack.open(path) as pack:
-        p, h = pack.preamble, pack.header
-        residency = {t: {"slices": 0, "resident_bytes": 0, "stored_bytes": 0} for t in spec.TIERS}
-        encodings: dict[str, dict] = {}
-        rows = []
-        for t in pack.tensors:
-            tsum = {"stored_bytes": 0, "resident_bytes": 0}
-            slices = []
-            for s in t["slices"]:
-                stored = sum(pp["size"] for pp in s["parts"].values())
-                res = slice_resident_bytes(s)
-                r = residency[s["tier"]]
-                r["slices"] += 1
-                r["resident_bytes"] += res
-                r["stored_bytes"] += stored
-                e = encodings.setdefault(s["encoding"], {"slices": 0, "stored_bytes": 0})
-                e["slices"] += 1
-                e["stored_bytes"] += stored
-                tsum["stored_bytes"] += stored
-                tsum["resident_bytes"] += res
-                slices.append(
-                    {
-                        "expert": s["expert"],
-                        "encoding": s["encoding"],
-                        "tier": s["tier"],
-                        "layout": s["layout"]["kind"],
-                        "stored_bytes": stored,
-                        "resident_bytes": res,
-                        "sqnr_db": s["sqnr_db"],
-                        "min_m": s.get("min_m"),
-                        "xxh3": {k: v["xxh3"] for k, v in s["parts"].items()},
-                    }
-                )
-            if tensor_glob and not fnmatch.fnmatchcase(t["name"], tensor_glob):
-                continue
-            encs = sorted({s["encoding"] for s in slices})
-            tiers = sorted({s["tier"] for s in slices})
-            sq = [s["sqnr_db"] for s in slices if s["sqnr_db"] is not None]
-            rows.append(
+    """Facts of the pack at ``path`` (see the module docstring for damaged packs)."""
+    path = Path(path)
+    try:
+        with Pack.open(path) as pack:
+            checks = {"preamble": "ok", "header": "ok", "data": "not checked (orkpack verify)"}
+            return _facts(path, pack.preamble, pack.header, tensor_glob, checks, None, 0)
+    except PackDamaged as e:
+        err, code = e, 1
+    except PackError as e:
+        if "truncated" not in str(e):
+            raise
+        err, code = e, 2
+    salvaged = _salvage(path, tensor_glob, str(err), code)
+    if salvaged is None:  # not even a readable preamble: nothing to show
+        raise err
+    return salvaged
+
+
+def untrusted_line(facts: dict) -> str | None:
+    """The warning line the CLI prints for a damaged pack (None for a sound one)."""
+    if not facts.get("untrusted"):
+        return None
+    return f"{UNTRUSTED}: {facts['untrusted']}; these facts come from a damaged pack (run `orkpack verify`)"
+
+
+def _clean_provenance(prov) -> dict | None:
+    """Provenance as shown: only well-typed source entries (the header is data, not code)."""
+    if not isinstance(prov, dict):
+        return None
+    out = dict(prov)
+    srcs = prov.get("sources")
+    out["sources"] = [s for s in srcs if isinstance(s, dict) and isinstance(s.get("file"), str)] if isinstance(srcs, list) else []
+    return out
+
+
+def _facts(path: Path, p: Preamble, h: dict | None, tensor_glob, checks: dict, untrusted: str | None, code: int) -> dict:
+    residency = {t: {"slices": 0, "resident_bytes": 0, "stored_bytes": 0} for t in spec.TIERS}
+    encodings: dict[str, dict] = {}
+    rows = []
+    tensors = h["tensors"] if h else []
+    for t in tensors:
+        tsum = {"stored_bytes": 0, "resident_bytes": 0}
+        slices = []
+        for s in t["slices"]:
+            stored = sum(pp["size"] for pp in s["parts"].values())
+            res = slice_resident_bytes(s)
+            r = residency[s["tier"]]
+            r["slices"] += 1
+            r["resident_bytes"] += res
+            r["stored_bytes"] += stored
+            e = encodings.setdefault(s["encoding"], {"slices": 0, "stored_bytes": 0})
+            e["slices"] += 1
+            e["stored_bytes"] += stored
+            tsum["stored_bytes"] += stored
+            tsum["resident_bytes"] += res
+            slices.append(
                 {
-                    "name": t["name"],
-                    "source_name": t["source_name"],
-                    "shape": t["shape"],
-                    "source_dtype": t["source_dtype"],
-                    "encoding": encs[0] if len(encs) == 1 else "mixed",
-                    "tier": tiers[0] if len(tiers) == 1 else "mixed",
-                    "stored_bytes": tsum["stored_bytes"],
-                    "resident_bytes": tsum["resident_bytes"],
-                    "sqnr_db": min(sq) if sq else None,
-                    "slices": slices,
+                    "expert": s.get("expert"),
+                    "encoding": s["encoding"],
+                    "tier": s["tier"],
+                    "layout": s["layout"]["kind"],
+                    "stored_bytes": stored,
+                    "resident_bytes": res,
+                    "sqnr_db": s.get("sqnr_db"),
+                    "min_m": s.get("min_m"),
+                    "xxh3": {k: v["xxh3"] for k, v in s["parts"].items()},
                 }
             )
-        return {
-            "file": path.name,
-            "file_size": p.file_size,
-            "format_version": f"{p.version_major}.{p.version_minor}",
-            "tool": h.get("tool"),
-            "checksums": {"preamble": "ok", "header": "ok", "data": "not checked (orkpack verify)"},
-            "data_size": p.data_size,
-            "header_size": p.header_size,
-            "provenance": h.get("provenance"),
-            "arch": (h.get("provenance") or {}).get("arch"),
-            "tiermap": None if h.get("tiermap") is None else {k: v for k, v in h["tiermap"].items() if k != "items"},
-            "tensor_count": len(pack.tensors),
-            "residency": residency,
-            "encodings": encodings,
-            "tensors": rows,
+        if tensor_glob and not fnmatch.fnmatchcase(t["name"], tensor_glob):
+            continue
+        encs = sorted({s["encoding"] for s in slices})
+        tiers = sorted({s["tier"] for s in slices})
+        sq = [s["sqnr_db"] for s in slices if s["sqnr_db"] is not None]
+        rows.append(
+            {
+                "name": t["name"],
+                "source_name": t["source_name"],
+                "shape": t["shape"],
+                "source_dtype": t["source_dtype"],
+                "encoding": encs[0] if len(encs) == 1 else ("mixed" if encs else "none"),
+                "tier": tiers[0] if len(tiers) == 1 else ("mixed" if tiers else "none"),
+                "stored_bytes": tsum["stored_bytes"],
+                "resident_bytes": tsum["resident_bytes"],
+                "sqnr_db": min(sq) if sq else None,
+                "slices": slices,
+            }
+        )
+    h = h or {}
+    prov = _clean_provenance(h.get("provenance"))
+    tm = h.get("tiermap")
+    return {
+        "file": path.name,
+        "file_size": p.file_size,
+        "format_version": f"{p.version_major}.{p.version_minor}",
+        "tool": h.get("tool"),
+        "checksums": checks,
+        "data_size": p.data_size,
+        "header_size": p.header_size,
+        "provenance": prov,
+        "arch": (prov or {}).get("arch"),
+        "tiermap": None if tm is None else {k: v for k, v in tm.items() if k != "items"},
+        "tensor_count": len(tensors),
+        "residency": residency,
+        "encodings": encodings,
+        "tensors": rows,
+        "untrusted": untrusted,
+        "exit_code": code,
+    }
+
+
+def _salvage(path: Path, tensor_glob, reason: str, code: int) -> dict | None:
+    """What can still be read from a damaged or truncated pack, marked untrusted; None if nothing."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, spec.PREAMBLE_BLOCK, 0)
+        if len(head) < spec.PREAMBLE_SIZE or head[:8] != spec.MAGIC:
+            return None
+        p = Preamble(*struct.unpack_from(spec.PREAMBLE_FMT, head))
+        block = bytearray(head.ljust(spec.PREAMBLE_BLOCK, b"\0"))
+        block[spec.PREAMBLE_XXH3_OFFSET: spec.PREAMBLE_XXH3_OFFSET + 8] = bytes(8)
+        pre_ok = len(head) == spec.PREAMBLE_BLOCK and xxhash.xxh3_64_intdigest(bytes(block)) == p.preamble_xxh3
+        checks = {
+            "preamble": "ok" if pre_ok else "MISMATCH",
+            "header": "missing (truncated)",
+            "data": "not checked",
+            "status": f"{UNTRUSTED} ({size} bytes on disk)",
         }
+        header = None
+        hoff, hsize = p.header_offset, p.header_size
+        if 0 < hsize <= spec.MAX_HEADER_SIZE and spec.PREAMBLE_BLOCK <= hoff and hoff + hsize <= size:
+            hb = os.pread(fd, hsize, hoff)
+            checks["header"] = "ok" if xxhash.xxh3_64_intdigest(hb) == p.header_xxh3 else "MISMATCH"
+            try:
+                h = parse_header_json(hb, "")
+            except PackError:
+                h = None
+                checks["header"] += ", not valid JSON"
+            if h is not None:
+                # bound everything by what is really on disk, not by the damaged preamble
+                safe = p._replace(data_offset=spec.PREAMBLE_BLOCK, header_offset=min(hoff, size))
+                why = validate_header(h, safe)
+                if why is None:
+                    header = h
+                else:
+                    checks["header"] += f", inconsistent ({why})"
+        return _facts(path, p, header, tensor_glob, checks, reason, code)
+    finally:
+        os.close(fd)

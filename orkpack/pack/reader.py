@@ -84,8 +84,11 @@ def check_layout(shape: list[int], encoding: str, layout: dict) -> str | None:
     from orkpack.layout import npu_layout
 
     ks = layout.get("k_segment")
-    if not isinstance(ks, int) or ks <= 0 or ks % spec.NPU_TILE_K:
+    if not isinstance(ks, int) or isinstance(ks, bool) or ks <= 0 or ks % spec.NPU_TILE_K:
         return "npu_int8 k_segment invalid"
+    segs = layout.get("segments")
+    if not all(_is_int(d) and d >= 1 for d in shape) or not isinstance(segs, list) or len(segs) != -(-shape[1] // ks):
+        return "npu_int8 layout record does not match the slice shape"
     try:
         want = npu_layout(shape[0], shape[1], k_segment=ks)
     except ValueError as e:
@@ -252,13 +255,36 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _is_hex16(v) -> bool:
+    return isinstance(v, str) and len(v) == 16 and all(c in "0123456789abcdef" for c in v)
+
+
+def _is_num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+# A dimension above this is refused outright (no real tensor is 2**48 wide); the
+# element count is also bounded by the data section before any layout is built.
+MAX_DIM = 1 << 48
+
+
 def validate_header(h, p: Preamble) -> str | None:
-    """Why a parsed header is inconsistent with itself or the preamble, or None."""
+    """Why a parsed header is inconsistent with itself or the preamble, or None.
+
+    Hostile input: every field a reader or ``orkpack inspect`` touches is type
+    checked here, and every count, shape and offset is bounded by the data
+    section before anything is sized from it (a slice needs at least half a
+    byte per element, so its element count is at most 2 x the data section).
+    """
     if not isinstance(h, dict) or h.get("format") != "orkpack" or not isinstance(h.get("tensors"), list):
         return "header is not an orkpack header"
+    for key in ("tool", "provenance", "config", "tiermap"):
+        if h.get(key) is not None and not isinstance(h[key], dict):
+            return f"header key {key!r} is not an object"
     if len(h["tensors"]) > spec.MAX_TENSORS:
         return "too many tensors"
     lo, hi = p.data_offset, p.header_offset
+    max_numel = 2 * max(0, hi - lo) + 2
     spans = []
     for t in h["tensors"]:
         if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not isinstance(t.get("slices"), list):
@@ -266,8 +292,10 @@ def validate_header(h, p: Preamble) -> str | None:
         name = escape_name(t["name"])
         if len(t["name"].encode("utf-8", "surrogatepass")) > spec.MAX_NAME_BYTES:
             return f"tensor name too long ({name})"
+        if not isinstance(t.get("source_name"), str) or not isinstance(t.get("source_dtype"), str):
+            return f"{name}: source_name or source_dtype missing"
         shape = t.get("shape")
-        if not isinstance(shape, list) or len(shape) > spec.MAX_DIMS or not all(_is_int(d) and d >= 0 for d in shape):
+        if not isinstance(shape, list) or len(shape) > spec.MAX_DIMS or not all(_is_int(d) and 0 <= d <= MAX_DIM for d in shape):
             return f"{name}: bad shape"
         if len(shape) == 3:
             if len(t["slices"]) != shape[0]:
@@ -279,23 +307,36 @@ def validate_header(h, p: Preamble) -> str | None:
                 return f"{name}: malformed slice"
             enc, sshape = s.get("encoding"), s.get("shape")
             if enc not in spec.ENCODINGS:
-                return f"{name}: unknown encoding {enc!r}"
+                return f"{name}: unknown encoding {escape_name(repr(enc), 40)}"
             if s.get("tier") not in spec.TIERS:
-                return f"{name}: unknown tier {s.get('tier')!r}"
+                return f"{name}: unknown tier {escape_name(repr(s.get('tier')), 40)}"
             want_shape = shape[1:] if len(shape) == 3 else shape
-            if sshape != want_shape or s.get("expert") != (i if len(shape) == 3 else None):
+            want_expert = i if len(shape) == 3 else None
+            expert = s.get("expert", "missing")
+            if sshape != want_shape or expert != want_expert or isinstance(expert, bool):
                 return f"{name}: slice {i} shape or expert index does not match the tensor"
+            if _numel(sshape) > max_numel:
+                return f"{name}: shape {sshape} cannot fit in the data section"
+            if s.get("sqnr_db") is not None and not _is_num(s["sqnr_db"]):
+                return f"{name}: sqnr_db is not a number"
             why = check_layout(sshape, enc, s.get("layout"))
             if why:
                 return f"{name}: {why}"
             if enc == spec.ENC_INT8 and len(sshape) > 2:
                 return f"{name}: int8 slices are 1-D or 2-D"
-            if s.get("layout", {}).get("kind") == spec.LAYOUT_NPU_INT8 and (enc != spec.ENC_INT8 or s["tier"] != spec.TIER_NPU):
+            if s["layout"]["kind"] == spec.LAYOUT_NPU_INT8 and (enc != spec.ENC_INT8 or s["tier"] != spec.TIER_NPU):
                 return f"{name}: npu_int8 layout is only for int8 slices on the NPU"
             if s["tier"] == spec.TIER_NPU:
                 m = s.get("min_m")
                 if not _is_int(m) or m < 2:
-                    return f"{name}: NPU slice min_m {m!r} (must be >= 2: M = 1 never goes to the NPU)"
+                    return f"{name}: NPU slice min_m {escape_name(repr(m), 40)} (must be >= 2: M = 1 never goes to the NPU)"
+                if enc == spec.ENC_NF4:
+                    inf = s.get("inflate")
+                    if not isinstance(inf, dict) or not isinstance(inf.get("layout"), dict) or not _is_int(inf.get("q_size")) \
+                            or inf["q_size"] < 0 or not _is_hex16(inf.get("q_xxh3")) or not _is_hex16(inf.get("scale_xxh3")):
+                        return f"{name}: NPU nf4 slice has no valid inflate record"
+            elif s.get("min_m") is not None and not _is_int(s["min_m"]):
+                return f"{name}: min_m is not an integer"
             parts = s.get("parts")
             sizes = expected_part_sizes(sshape, enc, s["layout"])
             if not isinstance(parts, dict) or list(parts) != list(spec.PARTS[enc]):
@@ -303,7 +344,7 @@ def validate_header(h, p: Preamble) -> str | None:
             for pn, pr in parts.items():
                 if not isinstance(pr, dict) or not _is_int(pr.get("offset")) or not _is_int(pr.get("size")):
                     return f"{name}: malformed part {pn}"
-                if not isinstance(pr.get("xxh3"), str) or len(pr["xxh3"]) != 16:
+                if not _is_hex16(pr.get("xxh3")):
                     return f"{name}: part {pn} has no checksum"
                 off, size = pr["offset"], pr["size"]
                 if size != sizes[pn]:

@@ -2,16 +2,37 @@
 encoded, the header and the preamble are written last.
 
 The file is built under a temporary name in the target folder
-(``.<name>.<random>.orkpack-partial``), flushed and fsynced, then renamed over
-the target, so an interrupted build never leaves a partial file at the target
-path and never damages a pack already there.
+(``.<name>.<pid>.<random>.orkpack-partial``), flushed and fsynced, then renamed
+over the target, so an interrupted build never leaves a partial file at the
+target path and never damages a pack already there (rename is atomic: a
+reader, or a second build racing to the same path, sees the old pack or the
+new one, never a mix).
+
+Orphans. A build killed by SIGKILL (or a power cut) leaves its temp file
+behind. The writer holds an exclusive ``flock`` on its temp file for as long as
+it writes; the next writer into the same folder removes every
+``.*.<pid>.*.orkpack-partial`` whose pid is not a live process AND whose lock it
+can take (:func:`clean_orphans`). Both tests must agree, so a live build's temp
+file is never touched, even across pid namespaces or after pid reuse (a lock
+dies with its process, whatever the pid).
+
+Errors (ENOSPC, a read-only folder, ...) abort: the temp file is removed and
+:class:`OrkError` says what happened; the target path is left as it was.
+
+Determinism: nothing in the file depends on the time, the machine's paths, the
+environment or the thread count, unless ``set_provenance(..., timestamp=True)``
+asks for a ``created`` time (UTC, or ``SOURCE_DATE_EPOCH`` when set).
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
+import stat
 import struct
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +44,74 @@ from orkpack.pack import spec
 
 PARTIAL_SUFFIX = ".orkpack-partial"
 _ZEROS = bytes(spec.ALIGN)
+
+
+def partial_owner(name: str) -> int | None:
+    """The pid recorded in a temp file name ``.<name>.<pid>.<random>.orkpack-partial``, or None."""
+    if not (name.startswith(".") and name.endswith(PARTIAL_SUFFIX)):
+        return None
+    bits = name[: -len(PARTIAL_SUFFIX)].rsplit(".", 2)
+    if len(bits) != 3 or not bits[1].isdigit() or len(bits[1]) > 10:
+        return None
+    return int(bits[1])
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return True  # not a real owner: never delete on its word
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: alive, someone else's
+        return True
+    return True
+
+
+def clean_orphans(folder: Path) -> list[Path]:
+    """Remove temp files of dead builds in ``folder``; return what was removed.
+
+    A file is removed only when its name records a pid that is not a live
+    process and nobody holds its lock (see the module docstring).
+    """
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    for name in names:
+        pid = partial_owner(name)
+        if pid is None or _pid_alive(pid):
+            continue
+        path = Path(folder) / name
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a live writer holds it
+            try:
+                os.unlink(path)
+                removed.append(path)
+            except OSError:
+                pass
+        finally:
+            os.close(fd)
+    return removed
+
+
+def created_stamp() -> str:
+    """UTC time for ``provenance.created``: ``SOURCE_DATE_EPOCH`` when set (reproducible builds), else now."""
+    sde = os.environ.get("SOURCE_DATE_EPOCH", "")
+    t = int(sde) if sde.isdigit() else int(time.time())
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
 def header_bytes(header: dict) -> bytes:
@@ -84,11 +173,16 @@ class PackWriter:
             raise OrkError(f"{escape_name(str(folder))}: output folder does not exist; create it first or choose another -o path")
         if self.path.is_dir():
             raise OrkError(f"{escape_name(str(self.path))}: is a folder; give a file name such as model.orkpack")
+        self.cleaned = clean_orphans(folder)
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=PARTIAL_SUFFIX, dir=folder)
+            fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.{os.getpid()}.", suffix=PARTIAL_SUFFIX, dir=folder)
         except OSError as e:
             raise OrkError(f"{escape_name(str(folder))}: cannot write here ({e.strerror}); choose another -o path") from None
         self.tmp = Path(tmp)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held until the file is closed: "a live build owns this"
+        except OSError:
+            pass  # a file system without locks: the pid in the name still protects it
         self._f = os.fdopen(fd, "wb")
         self._meta = {
             "format": "orkpack",
@@ -111,7 +205,7 @@ class PackWriter:
             self._f.write(buf)
         except OSError as e:
             self.abort()
-            raise OrkError(f"{escape_name(str(self.path))}: write failed ({e.strerror}); nothing was written at the output path") from None
+            raise OrkError(f"{escape_name(str(self.path))}: write failed ({_why(e)}); nothing was written at the output path") from None
 
     def _write_part(self, arr: np.ndarray) -> dict:
         buf = _as_bytes(arr)
@@ -125,7 +219,11 @@ class PackWriter:
         self._offset += len(buf) + pad
         return {"offset": off, "size": len(buf), "xxh3": xxhash.xxh3_64_hexdigest(buf)}
 
-    def set_provenance(self, provenance: dict) -> None:
+    def set_provenance(self, provenance: dict | None, *, timestamp: bool = False) -> None:
+        """Set the header's provenance; ``timestamp`` adds ``created`` (the only time a header may hold)."""
+        if timestamp:
+            provenance = dict(provenance or {})
+            provenance["created"] = created_stamp()
         self._meta["provenance"] = provenance
 
     # -- tensors ---------------------------------------------------------
@@ -189,7 +287,7 @@ class PackWriter:
             _fsync_dir(self.path.parent)
         except OSError as e:
             self.abort()
-            raise OrkError(f"{escape_name(str(self.path))}: could not finish the pack ({e.strerror}); nothing was written at the output path") from None
+            raise OrkError(f"{escape_name(str(self.path))}: could not finish the pack ({_why(e)}); nothing was written at the output path") from None
         return self.path
 
     def abort(self) -> None:
@@ -201,7 +299,7 @@ class PackWriter:
             self._closed = True
         try:
             self.tmp.unlink()
-        except FileNotFoundError:
+        except OSError:
             pass
 
     def __enter__(self):
@@ -211,6 +309,14 @@ class PackWriter:
         if et is not None:
             self.abort()
         return False
+
+
+def _why(e: OSError) -> str:
+    if e.errno == errno.ENOSPC:
+        return "no space left on the device; free some space or choose another -o folder"
+    if e.errno == errno.EDQUOT:
+        return "disk quota exceeded; free some space or choose another -o folder"
+    return e.strerror or e.__class__.__name__
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -28,10 +28,20 @@ FACT_KEYS = (
 )
 
 
+# Sanity caps on architecture numbers (a hostile config must not make a plan
+# enumerate billions of items): far above any real model.
+FACT_CAPS = {"num_hidden_layers": 4096, "block_count": 4096, "num_experts": 65536, "num_local_experts": 65536, "n": 65536}
+FACT_CAP_DEFAULT = 1 << 24
+MAX_EXPERT_SLICES = 1 << 20  # layers x experts (a 48-layer, 128-expert MoE has 6144)
+
+
 def _need(cfg: Mapping[str, Any], key: str, where: str) -> int:
     v = cfg.get(key)
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
         raise SourceError(f"{where}: '{key}' is missing or not a non-negative integer; fix the config")
+    cap = FACT_CAPS.get(key, FACT_CAP_DEFAULT)
+    if v > cap:
+        raise SourceError(f"{where}: '{key}' = {v} is beyond any real model (cap {cap}); fix the config")
     return v
 
 
@@ -57,9 +67,12 @@ def facts_from_hf_config(cfg: Mapping[str, Any], where: str = "config.json") -> 
         moe = _need(cfg, "moe_intermediate_size", where) if arch == "qwen3_moe" else intermediate
     else:
         n_exp, used, moe = 0, 0, 0
+    n_layers = _need(cfg, "num_hidden_layers", where)
+    if n_layers * max(1, n_exp) > MAX_EXPERT_SLICES:
+        raise SourceError(f"{where}: {n_layers} layers x {n_exp} experts is beyond any real model; fix the config")
     return {
         "arch": arch,
-        "n_layers": _need(cfg, "num_hidden_layers", where),
+        "n_layers": n_layers,
         "hidden": hidden,
         "intermediate": intermediate,
         "heads": heads,
@@ -125,7 +138,7 @@ def load_hf_config(path: Path) -> dict:
     """Parse a config.json; SourceError with the file name if it is unreadable."""
     try:
         cfg = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise SourceError(f"{escape_name(str(path))}: cannot read config.json ({e.__class__.__name__}); "
                           "restore it from the model's original files") from None
     if not isinstance(cfg, dict):

@@ -27,7 +27,9 @@ output + 16 MB. The test holds a full pass to 3 x largest tensor + 64 MB.
 """
 from __future__ import annotations
 
+import mmap
 import os
+import struct
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +57,114 @@ def _dequant_types() -> tuple[str, ...]:
         if t is not GGMLQuantizationType.BF16 and q.dequantize_blocks.__func__ is not base.dequantize_blocks.__func__:
             out.append(t.name)
     return tuple(out)
+
+
+# Caps on what a GGUF header may declare, checked by :func:`prescan` before
+# gguf-py's GGUFReader sees the file (it builds one numpy view per array element
+# and string, so counts must be bounded by the file and by a cap).
+MAX_TENSORS = 1 << 17  # real models: < 10k (experts are stacked)
+MAX_KV = 1 << 16  # real models: ~50
+MAX_ARRAY_ITEMS = 1 << 22  # all metadata array elements together (a 262k vocab with scores, types, merges: ~1.3M)
+MAX_ARRAY_DEPTH = 2  # an array of arrays at most
+MAX_NAME_BYTES = 4096  # keys and tensor names (llama.cpp: 64)
+MAX_STRING_BYTES = 64 << 20  # one metadata string (a chat template is ~10 kB)
+MAX_DIMS = 4  # GGML_MAX_DIMS
+MAX_ELEMENTS = 1 << 56  # product of a tensor's dims
+
+_SCALAR_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY = 8, 9
+
+
+def prescan(buf, size: int, name: str) -> None:
+    """Walk a GGUF header (metadata and tensor table) without allocating from
+    its counts: every length, count and dimension is checked against the bytes
+    left in the file and the caps above. Raises SourceError on the first
+    violation; returns when the header is safe to hand to GGUFReader.
+
+    ``buf`` is anything ``struct.unpack_from`` reads (an mmap of the file).
+    """
+    def bad(why: str):
+        return SourceError(f"{name}: damaged GGUF header ({why}); download it again")
+
+    if size < 24:
+        raise bad("file too short")
+    (ver,) = struct.unpack_from("<I", buf, 4)
+    e = ">" if ver & 0xFFFF == 0 else "<"  # gguf-py reads byte-swapped files the same way
+    ver, n_tensors, n_kv = struct.unpack_from(e + "IQQ", buf, 4)
+    if n_tensors > MAX_TENSORS:
+        raise bad(f"{n_tensors} tensors, over the cap of {MAX_TENSORS}")
+    if n_kv > MAX_KV:
+        raise bad(f"{n_kv} metadata keys, over the cap of {MAX_KV}")
+    pos = 24
+    items = 0
+
+    def need(n: int, what: str) -> None:
+        if n < 0 or pos + n > size:
+            raise bad(f"{what} runs past the end of the file")
+
+    def u32() -> int:
+        nonlocal pos
+        need(4, "a count")
+        (v,) = struct.unpack_from(e + "I", buf, pos)
+        pos += 4
+        return v
+
+    def u64() -> int:
+        nonlocal pos
+        need(8, "a count")
+        (v,) = struct.unpack_from(e + "Q", buf, pos)
+        pos += 8
+        return v
+
+    def string(cap: int, what: str) -> None:
+        nonlocal pos
+        n = u64()
+        if n > cap:
+            raise bad(f"{what} of {n} bytes, over the cap of {cap}")
+        need(n, what)
+        pos += n
+
+    def value(vtype: int, depth: int) -> None:
+        nonlocal pos, items
+        if vtype in _SCALAR_SIZE:
+            need(_SCALAR_SIZE[vtype], "a value")
+            pos += _SCALAR_SIZE[vtype]
+        elif vtype == _STRING:
+            string(MAX_STRING_BYTES, "a string")
+        elif vtype == _ARRAY:
+            if depth >= MAX_ARRAY_DEPTH:
+                raise bad("arrays nested too deep")
+            itype, count = u32(), u64()
+            items += count
+            if items > MAX_ARRAY_ITEMS:
+                raise bad(f"metadata arrays hold over {MAX_ARRAY_ITEMS} elements")
+            if itype in _SCALAR_SIZE:
+                need(count * _SCALAR_SIZE[itype], "an array")
+                pos += count * _SCALAR_SIZE[itype]
+            elif itype in (_STRING, _ARRAY):
+                need(count * 8, "an array")  # every element takes at least 8 bytes
+                for _ in range(count):
+                    value(itype, depth + 1)
+            else:
+                raise bad(f"unknown array element type {itype}")
+        else:
+            raise bad(f"unknown value type {vtype}")
+
+    for _ in range(n_kv):
+        string(MAX_NAME_BYTES, "a key")
+        value(u32(), 0)
+    for _ in range(n_tensors):
+        string(MAX_NAME_BYTES, "a tensor name")
+        n_dims = u32()
+        if n_dims > MAX_DIMS:
+            raise bad(f"a tensor with {n_dims} dimensions (at most {MAX_DIMS})")
+        numel = 1
+        for _ in range(n_dims):
+            numel *= max(1, u64())
+        if numel > MAX_ELEMENTS:
+            raise bad("a tensor shape too large")
+        u32()  # type: gguf-py refuses unknown ones
+        u64()  # offset: checked against the file size after parsing
 
 
 DEQUANT_TYPES = _dequant_types()
@@ -107,6 +217,12 @@ class GGUFSource:
         size = os.fstat(self._fd).st_size
         if size < 24 or os.pread(self._fd, 4, 0) != b"GGUF":
             raise SourceError(f"{name}: not a GGUF file (no GGUF magic or too short); check the path")
+        mm = mmap.mmap(self._fd, 0, access=mmap.ACCESS_READ)
+        try:
+            prescan(mm, size, name)
+        finally:
+            mm.close()
+        reader = None
         try:
             reader = GGUFReader(self.root)
             kv = {k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
@@ -142,8 +258,9 @@ class GGUFSource:
         try:
             self.config = facts_from_gguf_kv(kv, {n: e.info.shape for n, e in self._entries.items()}, name)
             self.arch = self.config["arch"]
-        except SourceError:
-            self.config = None  # an architecture we have no facts for: tensors still readable
+        except (SourceError, TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError):
+            # an architecture we have no facts for, or metadata of the wrong types: tensors still readable
+            self.config = None
             self.arch = garch if isinstance(garch, str) else None
 
     def tensors(self) -> list[TensorInfo]:
@@ -174,6 +291,8 @@ class GGUFSource:
             read_into(self._fd, ent.offset, memoryview(out.reshape(-1).view(np.uint8)), self.root)
             return out
         self._warn()
+        if info.numel == 0:  # an empty tensor: nothing to dequantize (gguf-py cannot reshape it)
+            return np.empty(info.shape, dtype=np.float32)
         raw = np.empty(info.nbytes, dtype=np.uint8)
         read_into(self._fd, ent.offset, memoryview(raw), self.root)
         block, tsize = GGML_QUANT_SIZES[q]

@@ -30,7 +30,7 @@ def _read_index(folder: Path) -> tuple[list[Path], dict[str, str]]:
     path = folder / INDEX
     try:
         idx = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise SourceError(f"{_n(path)}: cannot read the shard index ({e.__class__.__name__}); "
                           "restore it from the model's original files") from None
     wm = idx.get("weight_map") if isinstance(idx, dict) else None
@@ -48,6 +48,10 @@ def _read_index(folder: Path) -> tuple[list[Path], dict[str, str]]:
     return files, wm
 
 
+def _config(path: Path) -> dict:
+    return load_hf_config(path)
+
+
 def open_source(path: Path | str, *, on_warning: Callable[[str], None] | None = None):
     """Open a checkpoint (folder, .safetensors or .gguf) as a Source.
 
@@ -63,7 +67,7 @@ def open_source(path: Path | str, *, on_warning: Callable[[str], None] | None = 
             names = sorted(q.name for q in p.iterdir())
         except OSError as e:
             raise SourceError(f"{_n(p)}: cannot list the folder ({e.strerror}); check its permissions") from None
-        config = load_hf_config(p / "config.json") if "config.json" in names else None
+        config = _config(p / "config.json") if "config.json" in names else None
         if INDEX in names:
             files, wm = _read_index(p)
             return SafetensorsSource(p, files, config, expected=wm)
@@ -85,6 +89,6 @@ def open_source(path: Path | str, *, on_warning: Callable[[str], None] | None = 
         return GGUFSource(p, on_warning=on_warning)
     if p.suffix == ".safetensors":
         cfg_path = p.parent / "config.json"
-        config = load_hf_config(cfg_path) if cfg_path.is_file() else None
+        config = _config(cfg_path) if cfg_path.is_file() else None
         return SafetensorsSource(p, [p], config)
     raise SourceError(f"{_n(p)}: unknown checkpoint type; pass a model folder, a .safetensors or a .gguf file")

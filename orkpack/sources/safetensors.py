@@ -45,6 +45,11 @@ from .base import TensorInfo
 from .names import canonical_name, hf_expert, natural_key
 
 HEADER_CAP = 100 * 1024 * 1024
+# Caps on what a header may declare, checked before anything is sized from it.
+MAX_NAME_BYTES = 4096  # a tensor name (real ones are < 200)
+MAX_DIMS = 8  # numpy allows 64; checkpoints use <= 4
+MAX_ELEMENTS = 1 << 56  # product of the non-zero dims (numpy refuses > 2**63 bytes even for an empty array)
+MAX_LAYERS = 4096  # num_hidden_layers / layer index in a name (real models: <= 200)
 SUPPORTED_DTYPES = ("F32", "F16", "BF16")
 _NP_DTYPE = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
 
@@ -96,7 +101,7 @@ def parse_header(path: Path, fd: int, size: int) -> tuple[dict, int]:
     raw = os.pread(fd, n, 8)
     try:
         header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
+    except (UnicodeDecodeError, ValueError, RecursionError):
         raise SourceError(f"{name}: header is not valid JSON; not a safetensors file or damaged; download it again") from None
     if not isinstance(header, dict):
         raise SourceError(f"{name}: header is not a JSON object; not a safetensors file; download it again")
@@ -104,6 +109,8 @@ def parse_header(path: Path, fd: int, size: int) -> tuple[dict, int]:
     data_len = size - 8 - n
     for t, e in header.items():
         tn = f"{name}: tensor {escape_name(t)}"
+        if len(t.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+            raise SourceError(f"{tn}: name is over {MAX_NAME_BYTES} bytes; the file is damaged or not a checkpoint")
         if not isinstance(e, dict):
             raise SourceError(f"{tn}: header entry is not an object; the file is damaged; download it again")
         dtype, shape, offs = e.get("dtype"), e.get("shape"), e.get("data_offsets")
@@ -113,7 +120,9 @@ def parse_header(path: Path, fd: int, size: int) -> tuple[dict, int]:
             raise SourceError(f"{tn}: dtype {escape_name(dtype)} is not supported; supported: "
                               f"{', '.join(SUPPORTED_DTYPES)} (convert the checkpoint to one of them)")
         if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-            raise SourceError(f"{tn}: bad shape {escape_name(str(shape))}; the file is damaged; download it again")
+            raise SourceError(f"{tn}: bad shape {escape_name(str(shape), 80)}; the file is damaged; download it again")
+        if len(shape) > MAX_DIMS or math.prod(max(d, 1) for d in shape) > MAX_ELEMENTS:
+            raise SourceError(f"{tn}: shape {escape_name(str(shape), 80)} is too large; the file is damaged; download it again")
         if not (isinstance(offs, list) and len(offs) == 2 and all(isinstance(o, int) and not isinstance(o, bool) for o in offs)):
             raise SourceError(f"{tn}: bad data_offsets; the file is damaged; download it again")
         a, b = offs
@@ -188,12 +197,16 @@ class SafetensorsSource:
                     raise SourceError(f"{_fname(self.root)}: the index puts tensor {escape_name(t)} in "
                                       f"{escape_name(shard)} but that shard does not hold it; download the shard again")
         if self.config is not None:
-            self.arch = self.config.get("model_type")
+            arch = self.config.get("model_type")
+            self.arch = arch if isinstance(arch, str) else None
             n_layers = self.config.get("num_hidden_layers")
-            if not isinstance(n_layers, int):
+            if not isinstance(n_layers, int) or isinstance(n_layers, bool) or n_layers < 0:
                 n_layers = guess_arch(names)[1]
         else:
             self.arch, n_layers = guess_arch(names)
+        if n_layers > MAX_LAYERS:
+            raise SourceError(f"{_fname(self.root)}: {n_layers} layers (from config.json or the tensor names) is over "
+                              f"the cap of {MAX_LAYERS}; the checkpoint is damaged")
         self._entries: dict[str, _Entry] = {}
         groups: dict[tuple[int, str], dict[int, tuple]] = {}
         for r in raw:

@@ -16,13 +16,12 @@ are always float on the host.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import OrkError, SourceError, escape_name
+from ..errors import OrkError, escape_name
 from ..sources import names as _names
-from ..sources.config import facts_from_hf_config
+from ..sources.config import facts_from_hf_config, load_hf_config
 
 FLOAT_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
 _TORCH_DTYPE = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
@@ -247,11 +246,4 @@ def _shown(p: Path) -> str:
 
 
 def _load_json(p: Path) -> dict:
-    try:
-        cfg = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise SourceError(f"{escape_name(str(p))}: cannot read it as JSON ({e.__class__.__name__}); "
-                          "give the model's config.json") from None
-    if not isinstance(cfg, dict):
-        raise SourceError(f"{escape_name(str(p))}: not a JSON object; give the model's config.json")
-    return cfg
+    return load_hf_config(p)

@@ -179,7 +179,7 @@ def _load_json_profile(p: Path, manifest: Manifest, board: Board, prefill_m: int
     where = escape_name(p.name)
     try:
         d = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
         raise OrkError(f"{where}: cannot read the profile as JSON ({e.__class__.__name__})") from None
     if not isinstance(d, dict) or d.get("schema") != PROFILE_SCHEMA:
         raise OrkError(f"{where}: not an orkpack hotness profile (schema must be {PROFILE_SCHEMA!r}); see docs/TIERMAP.md")
