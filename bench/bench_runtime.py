@@ -1,6 +1,6 @@
 """Runtime load-path benchmark: one command, one run, the same buffers.
 
-    python bench/bench_runtime.py [--n 4096] [--k 4096] [--reps 7] [--threads 1]
+    python bench/bench_runtime.py [--n 4096] [--k 4096] [--reps 7] [--threads 1] [--isa best]
 
 Measures (medians and min-max over --reps, after a warm-up):
   * fill (kernels/runtime.c ork_rt_fill, cached stores + clean) vs memcpy (numpy.copyto)
@@ -9,11 +9,13 @@ Measures (medians and min-max over --reps, after a warm-up):
     tile) on the same NF4 slice into the same destination;
   * direct inflate's output bytes/s vs memcpy bytes/s.
 Goals (issue 4): fill/memcpy >= 0.9, direct/two-step >= 5x, direct output B/s / memcpy B/s >= 0.5.
-The outputs of both inflates are compared byte for byte before timing.
+The outputs of both inflates are compared byte for byte before timing. --isa caps the SIMD level of
+the inflate (ork_rt_set_isa: avx512 = x86 AVX-512 VBMI, ssse3, neon, portable C) to compare the paths.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import statistics
 import time
@@ -25,6 +27,9 @@ from orkpack._kernels import lib
 from orkpack.codecs.reference import nf4_encode
 from orkpack.runtime.inflate import fill, inflate_into, tiled_size
 
+ISA_LEVELS = {"best": -1, "portable": 0, "ssse3": 1, "neon": 2, "avx512": 3}
+ISA_NAMES = {0: "portable C", 1: "x86 SSSE3", 2: "NEON", 3: "x86 AVX-512 VBMI"}
+
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -33,7 +38,9 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--isa", choices=sorted(ISA_LEVELS), default="best", help="cap the inflate's SIMD level")
     a = ap.parse_args(argv)
+    lib.ork_rt_set_isa(ISA_LEVELS[a.isa])
     rng = np.random.default_rng(a.seed)
     n, k = a.n, a.k
     w = rng.standard_t(3, size=(n, k)).astype(np.float32)  # heavy-tailed, seeded
@@ -71,8 +78,10 @@ def main(argv=None) -> None:
     for name, ts in runs.items():
         rows[name] = (size / statistics.median(ts) / 1e9, size / max(ts) / 1e9, size / min(ts) / 1e9)
 
-    simd = {0: "portable C", 1: "x86 SSSE3", 2: "NEON"}[lib.ork_rt_simd_level()]
-    print(f"machine: {platform.machine()} {platform.processor() or ''}, threads={a.threads}, simd={simd}")
+    simd = ISA_NAMES[lib.ork_rt_isa()]
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    print(f"machine: {platform.machine()} {platform.processor() or ''} cpus={os.cpu_count()}, threads={a.threads}, "
+          f"inflate simd={simd}, load average at the end={load:.2f}")
     print(f"slice [{n}, {k}] -> {size} bytes of int8 tiles; reps={a.reps}; GB/s of output bytes")
     print(f"{'path':<10} {'median GB/s':>12} {'min-max GB/s':>18}")
     for name, (med, lo, hi) in rows.items():
@@ -85,6 +94,7 @@ def main(argv=None) -> None:
     print(f"direct out B/s / memcpy  = {r3:.2f}  (goal >= 0.5)")
     if pool:
         pool.shutdown()
+    lib.ork_rt_set_isa(-1)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,12 @@
 #define ORK_RT_EARGS (-1)
 #define ORK_RT_ENOMEM (-2)
 
+/* SIMD levels of the inflate (ork_rt_isa) */
+#define ORK_RT_ISA_PORTABLE 0
+#define ORK_RT_ISA_SSSE3 1
+#define ORK_RT_ISA_NEON 2
+#define ORK_RT_ISA_AVX512 3 /* AVX-512 F/BW/VL/DQ + VBMI */
+
 /* CDEF BEGIN */
 /* Bytes of the tiled int8 image of an [n, k] slice with K segments of k_segment columns (0 on bad args). */
 size_t ork_rt_tiled_size(int64_t n, int64_t k, int64_t k_segment);
@@ -44,8 +50,14 @@ int ork_rt_inflate_two_step(const uint8_t *codes, size_t codes_size, const float
 /* Plain NF4 decode of elements [e0, e1) of a flat slice: out[e - e0] = CODEBOOK[code] * absmax[e / 64]. */
 int ork_rt_nf4_decode(const uint8_t *codes, size_t codes_size, const float *absmax, size_t absmax_count,
                       int64_t e0, int64_t e1, float *out);
-/* SIMD in use by the direct inflate: 0 portable C, 1 x86 SSSE3, 2 aarch64 NEON. */
+/* SIMD in use by the direct inflate: 0 portable C, 1 x86 (SSSE3 or AVX-512), 2 aarch64 NEON. */
 int ork_rt_simd_level(void);
+/* The exact level in use: 0 portable C, 1 x86 SSSE3, 2 aarch64 NEON, 3 x86 AVX-512 VBMI. */
+int ork_rt_isa(void);
+/* Cap the level (for tests and benchmarks; negative: the best the CPU has); returns ork_rt_isa().
+ * AVX-512 capped below 3 runs SSSE3; any other cap below the best runs portable C.
+ * ork_rt_force_portable(1) overrides the cap. */
+int ork_rt_set_isa(int level);
 /* Force the portable C path (on != 0) or re-enable SIMD (on == 0); for tests and benchmarks. */
 void ork_rt_force_portable(int on);
 /* CDEF END */

@@ -282,11 +282,12 @@ def test_x86_inflate_levels_agree(n, k, kseg, isa_level):
 
 
 @pytest.mark.parametrize("misalign", [0, 1, 16, 40])
-def test_x86_inflate_streaming_any_alignment(misalign, isa_level):
-    """A 4 MiB image (streaming stores on AVX-512) into a destination at every kind of offset from a
-    cache line: the same bytes as numpy, and not one byte written outside the image."""
+@pytest.mark.parametrize("n,k", [(512, 8192), (257, 16448)])
+def test_x86_inflate_streaming_any_alignment(n, k, misalign, isa_level):
+    """Images of >= 4 MiB (streaming stores on AVX-512; three K segments, a last row tile of one row)
+    into a destination at every kind of offset from a cache line: the same bytes as numpy, and not
+    one byte written outside the image."""
     rng = np.random.default_rng(misalign)
-    n, k = 512, 8192
     codes, absmax = R.nf4_encode((rng.standard_t(2, size=(n, k)) * 0.02).astype(np.float32))
     rq, rs, _ = inflate_reference(codes, absmax, (n, k))
     raw = np.full(rq.size + 256, 0x5A, dtype=np.uint8)
