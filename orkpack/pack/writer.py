@@ -19,6 +19,11 @@ dies with its process, whatever the pid).
 Errors (ENOSPC, a read-only folder, ...) abort: the temp file is removed and
 :class:`OrkError` says what happened; the target path is left as it was.
 
+Write-behind: parts are written (and checksummed) by one background thread,
+in order, while the caller encodes the next tensor; at most ``write_behind``
+bytes of parts wait in its queue, which bounds the memory it adds. Offsets are
+assigned when a part is queued, so the bytes do not depend on the timing.
+
 Determinism: nothing in the file depends on the time, the machine's paths, the
 environment or the thread count, unless ``set_provenance(..., timestamp=True)``
 asks for a ``created`` time (UTC, or ``SOURCE_DATE_EPOCH`` when set).
@@ -33,6 +38,8 @@ import stat
 import struct
 import tempfile
 import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -166,7 +173,8 @@ class PackWriter:
     min_m (NPU slices) and inflate (NPU slices stored nf4).
     """
 
-    def __init__(self, path: Path, *, provenance: dict, config: dict | None, tiermap: dict | None):
+    def __init__(self, path: Path, *, provenance: dict, config: dict | None, tiermap: dict | None,
+                 write_behind: int = 64 << 20):
         self.path = Path(path)
         folder = self.path.parent if str(self.path.parent) else Path(".")
         if not folder.is_dir():
@@ -196,6 +204,10 @@ class PackWriter:
         self._data_hash = xxhash.xxh3_64()
         self._offset = spec.PREAMBLE_BLOCK
         self._closed = False
+        self._write_behind = max(0, int(write_behind))
+        self._io = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orkpack-write")
+        self._queue: deque[tuple[Future, int]] = deque()
+        self._queued = 0
         self._write_raw(_ZEROS)  # the preamble block, rewritten at the end
         self._offset = spec.PREAMBLE_BLOCK
 
@@ -209,15 +221,35 @@ class PackWriter:
 
     def _write_part(self, arr: np.ndarray) -> dict:
         buf = _as_bytes(arr)
-        off = self._offset
-        self._write_raw(buf)
-        self._data_hash.update(buf)
         pad = (-len(buf)) % spec.ALIGN
-        if pad:
-            self._write_raw(_ZEROS[:pad])
-            self._data_hash.update(_ZEROS[:pad])
+        rec = {"offset": self._offset, "size": len(buf), "xxh3": None}
         self._offset += len(buf) + pad
-        return {"offset": off, "size": len(buf), "xxh3": xxhash.xxh3_64_hexdigest(buf)}
+        self._wait_for_room(len(buf))
+        self._queue.append((self._io.submit(self._emit, buf, pad, rec), len(buf)))
+        self._queued += len(buf)
+        return rec
+
+    def _emit(self, buf: memoryview, pad: int, rec: dict) -> None:
+        """On the write thread: write one part and its padding, checksum both."""
+        self._f.write(buf)
+        self._data_hash.update(buf)
+        if pad:
+            self._f.write(_ZEROS[:pad])
+            self._data_hash.update(_ZEROS[:pad])
+        rec["xxh3"] = xxhash.xxh3_64_hexdigest(buf)
+
+    def _wait_for_room(self, incoming: int) -> None:
+        while self._queue and (self._queued + incoming > self._write_behind or self._queue[0][0].done()):
+            fut, n = self._queue.popleft()
+            self._queued -= n
+            try:
+                fut.result()
+            except OSError as e:
+                self.abort()
+                raise OrkError(f"{escape_name(str(self.path))}: write failed ({_why(e)}); nothing was written at the output path") from None
+
+    def _drain(self) -> None:
+        self._wait_for_room(1 << 62)
 
     def set_provenance(self, provenance: dict | None, *, timestamp: bool = False) -> None:
         """Set the header's provenance; ``timestamp`` adds ``created`` (the only time a header may hold)."""
@@ -259,6 +291,8 @@ class PackWriter:
         return t
 
     def finish(self) -> Path:
+        self._drain()
+        self._io.shutdown(wait=True)
         header = dict(self._meta)
         header["tensors"] = self._tensors
         hb = header_bytes(header)
@@ -291,6 +325,7 @@ class PackWriter:
         return self.path
 
     def abort(self) -> None:
+        self._io.shutdown(wait=True, cancel_futures=True)
         if not self._closed:
             try:
                 self._f.close()
