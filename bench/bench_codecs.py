@@ -24,6 +24,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import Case, interleave, rates  # noqa: E402
 from orkpack import codecs  # noqa: E402
 from orkpack.codecs import reference as R  # noqa: E402
 
@@ -115,14 +118,10 @@ def main() -> None:
         bnb(x32[:64])  # warm up
         cases.append(("bitsandbytes quantize_4bit nf4 f32 (CPU)", nbytes32, lambda: bnb(x32)))
 
-    times: dict[str, list[float]] = {label: [] for label, _, _ in cases}
-    for _ in range(args.repeat):  # interleaved: every case once per round
-        for label, _, fn in cases:
-            t0 = time.perf_counter()
-            fn()
-            times[label].append(time.perf_counter() - t0)
+    # interleaved: every case once per round
+    times = interleave([Case(label, fn) for label, _, fn in cases], args.repeat, warmup=False)
 
-    rate = {label: nb / statistics.median(times[label]) / 1e9 for label, nb, _ in cases}
+    rate = {label: rates(nb, times[label])[0] for label, nb, _ in cases}
     anchors = {
         "nf4 encode": ["numpy reference nf4 encode f32", "bitsandbytes quantize_4bit nf4 f32 (CPU)"],
         "int8 encode": ["numpy reference int8 encode f32"],
@@ -135,8 +134,7 @@ def main() -> None:
           f"{args.repeat} interleaved repeats; GB/s of input bytes, one core unless stated")
     print(f"{'figure':44s} {'median GB/s':>11s} {'min-max GB/s':>15s}  ratios")
     for label, nb, _ in cases:
-        ts = times[label]
-        lo, hi = nb / max(ts) / 1e9, nb / min(ts) / 1e9
+        _, lo, hi = rates(nb, times[label])
         ratios = []
         for key, names in anchors.items():
             if label.startswith(key):

@@ -17,12 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from common import Case, interleave, rates
 from orkpack._kernels import lib
 from orkpack.codecs.reference import nf4_encode
 from orkpack.runtime.inflate import fill, inflate_into, tiled_size
@@ -61,22 +60,16 @@ def main(argv=None) -> None:
 
     rows = {}
     # interleave the measurements so that drift hits all of them alike
-    runs = {"memcpy": [], "fill": [], "direct": [], "two-step": []}
     fns = {
         "memcpy": lambda: np.copyto(dst, src),
         "fill": lambda: fill(dst, src, clean=True, pool=pool),
         "direct": lambda: inflate_into(codes, ab, n, k, dst, scale, method="direct", pool=pool),
         "two-step": lambda: inflate_into(codes, ab, n, k, dst, scale, method="two-step", pool=pool),
     }
-    for f in fns.values():
-        f()  # warm-up: page faults, caches
-    for _ in range(a.reps):
-        for name, f in fns.items():
-            t = time.perf_counter()
-            f()
-            runs[name].append(time.perf_counter() - t)
+    # one warm-up round (page faults, caches), then --reps interleaved rounds
+    runs = interleave([Case(name, f) for name, f in fns.items()], a.reps, warmup=True)
     for name, ts in runs.items():
-        rows[name] = (size / statistics.median(ts) / 1e9, size / max(ts) / 1e9, size / min(ts) / 1e9)
+        rows[name] = rates(size, ts)
 
     simd = ISA_NAMES[lib.ork_rt_isa()]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
