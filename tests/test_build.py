@@ -238,3 +238,29 @@ print(base, peak)
     growth = peak - base
     assert total > 8 * largest_f32
     assert growth < 2 * largest_f32 + 48 * 2**20, (growth, largest_f32, total)
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
+@pytest.mark.parametrize("storage", ["int8", "nf4"])
+def test_verify_passes_on_built_packs(tmp_path, fmt, storage):
+    """Issue 4: verify passes on packs built from safetensors and from GGUF, with int8 and NF4 NPU storage."""
+    from orkpack.runtime.verify import verify_pack
+
+    if fmt == "safetensors":
+        src = write_hf_model(tmp_path / "hf", arch="qwen3_moe", experts=4, experts_used=2, seed=4)
+    else:
+        src = write_gguf_model(tmp_path / "m.gguf", arch="qwen3_moe", experts=4, experts_used=2, seed=4, tensor_type="BF16")
+    out = build(src, tmp_path / "m.orkpack", BuildOptions(threads=2, npu_storage=storage, board="rk3588-8g")).path
+    with Pack.open(out) as p:
+        npu = [s for _, s in p.slices() if s["tier"] == "npu"]
+    assert npu and all(s["encoding"] == storage for s in npu)
+    for inflate in ("direct", "two-step"):
+        r = verify_pack(out, inflate=inflate, threads=2, reference=True)
+        assert r.exit_code == 0, r.failures
+
+
+def test_python_dash_m_demo(tmp_path):
+    """`python -m orkpack demo` (the README's run-it command, through the module entry point) exits 0."""
+    r = subprocess.run([sys.executable, "-m", "orkpack", "demo", "--dir", str(tmp_path / "d")], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "ok" in r.stdout and (tmp_path / "d" / "demo.orkpack").exists()
