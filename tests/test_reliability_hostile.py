@@ -225,7 +225,7 @@ def test_only_orkerror_on_garbage_everywhere(tmp_path):
 
 
 def test_fuzz_finding_empty_quantized_gguf_tensor(tmp_path):
-    """atheris (fuzz/fuzz_gguf.py) found: a Q4_1 tensor with a zero dimension made gguf-py's
+    """atheris (fuzz/fuzz.py gguf) found: a Q4_1 tensor with a zero dimension made gguf-py's
     dequantize raise ValueError (cannot reshape array of size 0) from GGUFSource.read."""
     import base64
 

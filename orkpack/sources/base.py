@@ -8,6 +8,8 @@ mapped source pages as they go.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -30,10 +32,7 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 class Source(Protocol):

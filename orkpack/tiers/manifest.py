@@ -16,6 +16,8 @@ are always float on the host.
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,10 +38,7 @@ class TensorEntry:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def float_bytes(self) -> int:
