@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import atexit
 import io
-import os
 import shutil
 import struct
 import tempfile

@@ -127,7 +127,6 @@ class Cases:
                 x = np.ascontiguousarray(_weights(rng, (n, k), dt))
                 tag = f"s{si}_{dt}"
                 self._put(f"{tag}_x", x)
-                x32 = R.sanitize(R.widen(x))[0]
                 # NF4: small chunks so the fold over several chunks is covered
                 codes, absmax = R.nf4_encode(x)
                 self._cmd(f"nf4_encode {DT[dt]} {x.size} 7 {tag}_x {tag}_nc {tag}_na {tag}_ns",

@@ -224,7 +224,7 @@ def test_peak_memory_is_bounded_by_the_largest_tensor(tmp_path):
     model = write_hf_model(tmp_path / "big", layers=12, hidden=1024, intermediate=2816, heads=8, kv_heads=8, vocab=4096, shards=3, seed=2)
     total = sum(f.stat().st_size for f in model.glob("*.safetensors"))
     largest_f32 = 4 * max(4096 * 1024, 2816 * 1024)
-    code = f"""
+    code = """
 import resource, sys
 from orkpack.build import BuildOptions, build
 import numpy, orkpack.codecs, orkpack.sources, orkpack.pack.writer

@@ -117,7 +117,7 @@ def test_bf16_exact_and_owned(models):
 
 
 def test_bf16_matches_torch(models):
-    torch = pytest.importorskip("torch", reason="torch is the independent BF16 oracle")
+    pytest.importorskip("torch", reason="torch is the independent BF16 oracle")
     from safetensors import safe_open
 
     src = open_source(models / "hf")

@@ -214,7 +214,7 @@ def test_solver_matches_brute_force_with_alignment_and_pins():
 
 
 def test_ties_are_broken_by_name_and_output_is_deterministic():
-    shapes = [(f"blk.0.ffn_gate_exps.weight", (4, 64, 64))]
+    shapes = [("blk.0.ffn_gate_exps.weight", (4, 64, 64))]
     man = small_manifest(shapes)
     prof = fake_profile(man, [1e-3] * 4, [1] * 4)
     per = cost.npu_bytes(64, 64, BOARD)
