@@ -323,6 +323,338 @@ AI int64_t widen_body(const void *x, int dt, int64_t n, float *out) {
     return nf;
 }
 
+/* ------------------------------------------------------------------ NF4 code by bins
+ *
+ * The fast paths find a code without 15 compares. bin(s) = (int)((s * 15.5f) + 16.0f)
+ * (float32 operations) is a non-decreasing function of s, in [0, 31] for |s| <= 1.03
+ * (every scaled value: |s| <= 1 + 2^-23). For each bin v, with bin(MID[k]) computed by
+ * the same arithmetic:
+ *   BIN_BASE[v] = number of midpoints k with bin(MID[k]) < v   (all of them are < s)
+ *   BIN_MID[v]  = the midpoint with bin(MID[k]) == v, or 2.0f if there is none
+ * Midpoints with bin(MID[k]) > v are > s. So for bin(s) == v, the code (the number of
+ * midpoints strictly below s) is BIN_BASE[v] + (s > BIN_MID[v]): the last decision is
+ * always a float32 compare with the true midpoint, hence bit-identical. It needs at most
+ * one midpoint per bin (bins are 1/15.5 wide, midpoints at least 0.08 apart): checked
+ * when the tables are built; if it ever failed, the fast paths are not used. */
+#define BIN_SCALE 15.5f
+#define BIN_OFF 16.0f
+#define NBINS 32
+static float BIN_MID[NBINS];
+static int32_t BIN_BASE[NBINS];
+static int bins_state = 0; /* 0: not built, 1: built and valid, -1: invalid (fast paths off) */
+
+AI int nf4_bin(float s) { return (int)((s * BIN_SCALE) + BIN_OFF); }
+
+static void nf4_bins_init(void) {
+    if (bins_state) return;
+    int bk[15], ok = 1;
+    for (int k = 0; k < 15; k++) bk[k] = nf4_bin(MID[k]);
+    for (int v = 0; v < NBINS; v++) {
+        int base = 0, hits = 0;
+        float m = 2.0f;
+        for (int k = 0; k < 15; k++) {
+            base += bk[k] < v;
+            if (bk[k] == v) { m = MID[k]; hits++; }
+        }
+        ok &= hits <= 1;
+        BIN_BASE[v] = base;
+        BIN_MID[v] = m;
+    }
+    for (int k = 0; k < 15; k++) ok &= bk[k] >= 0 && bk[k] < NBINS;
+    ok &= nf4_bin(-1.03f) >= 0 && nf4_bin(1.03f) < NBINS;
+    bins_state = ok ? 1 : -1;
+}
+
+/* Hand the vector accumulators' stats to the generic block code (tail block, or a block
+ * with a non-finite value) and back: lane j of the generic code is element j mod 16. */
+AI void nf4_generic_block(const void *x, int dt, int64_t n, int64_t b, uint8_t *codes, float *absmax,
+                          double *ax, double *ae, int64_t *nf) {
+    const int64_t off = b * NF4_BLOCK;
+    const int len = (int)(n - off < NF4_BLOCK ? n - off : NF4_BLOCK);
+    float buf[NF4_BLOCK];
+    *nf += load_run(x, off, len, NF4_BLOCK, dt, buf);
+    nf4_block(buf, len, len < NF4_BLOCK, codes + off / 2, absmax + b, ax, ae);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(ORK_NO_X86_SIMD) /* -DORK_NO_X86_SIMD: portable only */
+#define ORK_HAVE_X86 1
+#include <immintrin.h>
+#ifdef __clang__
+#define ORK_AVX512_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx2"
+#else /* GCC: use the full 512-bit width (its default tuning may prefer 256) */
+#define ORK_AVX512_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx2,prefer-vector-width=512"
+#endif
+#define T512 __attribute__((target(ORK_AVX512_TARGET)))
+
+/* AVX-512 NF4 encode. A block of 64 is held as four vectors of 16: the even and the odd
+ * elements of each half (E0, O0, E1, O1), so that a byte of codes is (E << 4) | O and a
+ * bf16 pair is widened by one shift and one mask. Stats: the generic code's lane j
+ * (element j mod 16) is lane j/2 of the E accumulator (j even) or of the O accumulator
+ * (j odd); within a lane the elements are added in the same order (2q, 16 + 2q, ...). */
+typedef struct { __m512d xe, xo, ee, eo; } acc512;
+
+AI T512 void acc512_to(const acc512 *a, double *ax, double *ae) {
+    double t[4][8];
+    _mm512_storeu_pd(t[0], a->xe); _mm512_storeu_pd(t[1], a->xo);
+    _mm512_storeu_pd(t[2], a->ee); _mm512_storeu_pd(t[3], a->eo);
+    for (int q = 0; q < 8; q++) {
+        ax[2 * q] = t[0][q]; ax[2 * q + 1] = t[1][q];
+        ae[2 * q] = t[2][q]; ae[2 * q + 1] = t[3][q];
+    }
+}
+
+AI T512 void acc512_from(acc512 *a, const double *ax, const double *ae) {
+    double t[4][8];
+    for (int q = 0; q < 8; q++) {
+        t[0][q] = ax[2 * q]; t[1][q] = ax[2 * q + 1];
+        t[2][q] = ae[2 * q]; t[3][q] = ae[2 * q + 1];
+    }
+    a->xe = _mm512_loadu_pd(t[0]); a->xo = _mm512_loadu_pd(t[1]);
+    a->ee = _mm512_loadu_pd(t[2]); a->eo = _mm512_loadu_pd(t[3]);
+}
+
+/* acc lanes q += v[q]^2 then += v[8 + q]^2 (elements 2q and 16 + 2q of this parity) */
+AI T512 __m512d sq_add512(__m512d acc, __m512 v) {
+    const __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(v));
+    const __m512d hi = _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1));
+    acc = _mm512_add_pd(acc, _mm512_mul_pd(lo, lo));
+    return _mm512_add_pd(acc, _mm512_mul_pd(hi, hi));
+}
+
+/* 32 elements at p (dtype dt) as their even and odd elements, widened exactly */
+AI T512 void load32_eo(const void *p, int dt, __m512 *e, __m512 *o) {
+    if (dt == ORK_DT_BF16) {
+        const __m512i d = _mm512_loadu_si512(p);
+        *e = _mm512_castsi512_ps(_mm512_slli_epi32(d, 16));
+        *o = _mm512_castsi512_ps(_mm512_and_si512(d, _mm512_set1_epi32((int)0xffff0000u)));
+        return;
+    }
+    __m512 a, b;
+    if (dt == ORK_DT_F16) {
+        a = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+        b = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p + 1));
+    } else {
+        a = _mm512_loadu_ps((const float *)p);
+        b = _mm512_loadu_ps((const float *)p + 16);
+    }
+    const __m512i ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i io = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    *e = _mm512_permutex2var_ps(a, ie, b);
+    *o = _mm512_permutex2var_ps(a, io, b);
+}
+
+typedef struct { __m512 mlo, mhi, cb; __m512i blo, bhi; } nf4_tabs512;
+
+/* codes of 16 values v (full block: s = v * inv); err^2 and x^2 go to the accumulators */
+AI T512 __m512i code16(__m512 v, __m512 inv, __m512 stored, const nf4_tabs512 *t, __m512d *ax, __m512d *ae) {
+    const __m512 s = _mm512_mul_ps(v, inv);
+    const __m512i bin = _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(s, _mm512_set1_ps(BIN_SCALE)),
+                                                          _mm512_set1_ps(BIN_OFF)));
+    const __m512 m = _mm512_permutex2var_ps(t->mlo, bin, t->mhi);
+    const __m512i base = _mm512_permutex2var_epi32(t->blo, bin, t->bhi);
+    const __mmask16 gt = _mm512_cmp_ps_mask(s, m, _CMP_GT_OQ);
+    const __m512i code = _mm512_mask_add_epi32(base, gt, base, _mm512_set1_epi32(1));
+    const __m512 deq = _mm512_mul_ps(_mm512_permutexvar_ps(code, t->cb), stored);
+    const __m512 e = _mm512_sub_ps(v, deq);
+    *ax = sq_add512(*ax, v);
+    *ae = sq_add512(*ae, e);
+    return code;
+}
+
+AI T512 void nf4_encode_fast512(const void *x, int dt, int64_t n, int64_t b0, int64_t b1,
+                                uint8_t *codes, float *absmax, ork_codec_stats *st) {
+    const int esz = dt == ORK_DT_F32 ? 4 : 2;
+    const int64_t full = n / NF4_BLOCK;
+    nf4_tabs512 t;
+    t.mlo = _mm512_loadu_ps(BIN_MID); t.mhi = _mm512_loadu_ps(BIN_MID + 16);
+    t.blo = _mm512_loadu_si512(BIN_BASE); t.bhi = _mm512_loadu_si512(BIN_BASE + 16);
+    t.cb = _mm512_loadu_ps(CB);
+    const __m512i absmask = _mm512_set1_epi32(0x7fffffff);
+    acc512 a;
+    a.xe = a.xo = a.ee = a.eo = _mm512_setzero_pd();
+    int64_t nf = 0;
+    double ax[LANES], ae[LANES];
+    for (int64_t b = b0; b < b1; b++) {
+        const char *p = (const char *)x + b * NF4_BLOCK * esz;
+        __m512 e0, o0, e1, o1;
+        int fast = b < full;
+        if (fast) {
+            load32_eo(p, dt, &e0, &o0);
+            load32_eo(p + 32 * esz, dt, &e1, &o1);
+            const __m512i m = _mm512_max_epu32(
+                _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(e0), absmask),
+                                 _mm512_and_si512(_mm512_castps_si512(o0), absmask)),
+                _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(e1), absmask),
+                                 _mm512_and_si512(_mm512_castps_si512(o1), absmask)));
+            const uint32_t mb = _mm512_reduce_max_epu32(m);
+            if (mb < 0x7f800000u) { /* all finite */
+                const float amax = bits2f(mb);
+                const float d = amax < NF4_TINY ? NF4_TINY : amax;
+                const __m512 inv = _mm512_set1_ps(1.0f / d), stored = _mm512_set1_ps(amax);
+                const __m512i c0 = code16(e0, inv, stored, &t, &a.xe, &a.ee);
+                const __m512i c1 = code16(o0, inv, stored, &t, &a.xo, &a.eo);
+                const __m512i c2 = code16(e1, inv, stored, &t, &a.xe, &a.ee);
+                const __m512i c3 = code16(o1, inv, stored, &t, &a.xo, &a.eo);
+                uint8_t *out = codes + b * (NF4_BLOCK / 2);
+                _mm_storeu_si128((__m128i *)out, _mm512_cvtepi32_epi8(_mm512_or_si512(_mm512_slli_epi32(c0, 4), c1)));
+                _mm_storeu_si128((__m128i *)(out + 16),
+                                 _mm512_cvtepi32_epi8(_mm512_or_si512(_mm512_slli_epi32(c2, 4), c3)));
+                absmax[b] = amax;
+                continue;
+            }
+        }
+        acc512_to(&a, ax, ae); /* tail block or a non-finite value: the generic code */
+        nf4_generic_block(x, dt, n, b, codes, absmax, ax, ae, &nf);
+        acc512_from(&a, ax, ae);
+    }
+    acc512_to(&a, ax, ae);
+    st->sum_x2 = fold(ax);
+    st->sum_err2 = fold(ae);
+    st->nonfinite = nf;
+}
+
+/* AVX2 (+F16C) NF4 encode: the same layout, 8 lanes, the code by a binary search (AVX2 has
+ * no 32-entry permute for the bin tables). A block is four groups of 16; each
+ * group is held as its 8 even and 8 odd elements. Stats: generic lane j (element j mod 16)
+ * is lane (j mod 8) / 2 of accumulator [j odd][j >= 8]; the order within a lane is kept. */
+#define T256 __attribute__((target("avx2,f16c")))
+typedef struct { __m256d x[2][2], e[2][2]; } acc256; /* [parity][high half] */
+
+AI T256 void acc256_to(const acc256 *a, double *ax, double *ae) {
+    double t[2][2][2][4];
+    for (int par = 0; par < 2; par++)
+        for (int h = 0; h < 2; h++) {
+            _mm256_storeu_pd(t[0][par][h], a->x[par][h]);
+            _mm256_storeu_pd(t[1][par][h], a->e[par][h]);
+        }
+    for (int par = 0; par < 2; par++)
+        for (int h = 0; h < 2; h++)
+            for (int q = 0; q < 4; q++) {
+                ax[8 * h + 2 * q + par] = t[0][par][h][q];
+                ae[8 * h + 2 * q + par] = t[1][par][h][q];
+            }
+}
+
+AI T256 void acc256_from(acc256 *a, const double *ax, const double *ae) {
+    double t[2][2][2][4];
+    for (int par = 0; par < 2; par++)
+        for (int h = 0; h < 2; h++)
+            for (int q = 0; q < 4; q++) {
+                t[0][par][h][q] = ax[8 * h + 2 * q + par];
+                t[1][par][h][q] = ae[8 * h + 2 * q + par];
+            }
+    for (int par = 0; par < 2; par++)
+        for (int h = 0; h < 2; h++) {
+            a->x[par][h] = _mm256_loadu_pd(t[0][par][h]);
+            a->e[par][h] = _mm256_loadu_pd(t[1][par][h]);
+        }
+}
+
+AI T256 void sq_add256(__m256d *acc, __m256 v) {
+    const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+    const __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+    acc[0] = _mm256_add_pd(acc[0], _mm256_mul_pd(lo, lo));
+    acc[1] = _mm256_add_pd(acc[1], _mm256_mul_pd(hi, hi));
+}
+
+/* 16 elements at p as their even and odd elements, widened exactly */
+AI T256 void load16_eo(const void *p, int dt, __m256 *e, __m256 *o) {
+    if (dt == ORK_DT_BF16) {
+        const __m256i d = _mm256_loadu_si256((const __m256i *)p);
+        *e = _mm256_castsi256_ps(_mm256_slli_epi32(d, 16));
+        *o = _mm256_castsi256_ps(_mm256_and_si256(d, _mm256_set1_epi32((int)0xffff0000u)));
+        return;
+    }
+    __m256 a, b;
+    if (dt == ORK_DT_F16) {
+        a = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+        b = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p + 1));
+    } else {
+        a = _mm256_loadu_ps((const float *)p);
+        b = _mm256_loadu_ps((const float *)p + 8);
+    }
+    /* per 128-bit lane [a0 a2 b0 b2 | a4 a6 b4 b6], then the middle 64-bit pairs swapped */
+    *e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+    *o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+}
+
+/* codes of 8 values v (s = v * inv) by a branch-free binary search over the sorted midpoints:
+ * four float32 compares with true midpoints (the 8 entries tables hold MID[1 + 4i], MID[2i]) */
+AI T256 __m256i code8(__m256 v, __m256 inv, __m256 stored, const __m256 *tab, __m256d *ax, __m256d *ae) {
+    const __m256 s = _mm256_mul_ps(v, inv);
+    __m256 g = _mm256_cmp_ps(s, _mm256_set1_ps(MID[7]), _CMP_GT_OQ);
+    __m256i c = _mm256_and_si256(_mm256_castps_si256(g), _mm256_set1_epi32(8));
+    g = _mm256_cmp_ps(s, _mm256_blendv_ps(_mm256_set1_ps(MID[3]), _mm256_set1_ps(MID[11]), g), _CMP_GT_OQ);
+    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_castps_si256(g), _mm256_set1_epi32(4)));
+    g = _mm256_cmp_ps(s, _mm256_permutevar8x32_ps(tab[2], _mm256_srli_epi32(c, 2)), _CMP_GT_OQ);
+    c = _mm256_or_si256(c, _mm256_and_si256(_mm256_castps_si256(g), _mm256_set1_epi32(2)));
+    g = _mm256_cmp_ps(s, _mm256_permutevar8x32_ps(tab[3], _mm256_srli_epi32(c, 1)), _CMP_GT_OQ);
+    c = _mm256_sub_epi32(c, _mm256_castps_si256(g));
+    const __m256 cb = _mm256_blendv_ps(_mm256_permutevar8x32_ps(tab[0], c), _mm256_permutevar8x32_ps(tab[1], c),
+                                       _mm256_castsi256_ps(_mm256_slli_epi32(c, 28)));
+    const __m256 e = _mm256_sub_ps(v, _mm256_mul_ps(cb, stored));
+    sq_add256(ax, v);
+    sq_add256(ae, e);
+    return c;
+}
+
+AI T256 void nf4_encode_fast256(const void *x, int dt, int64_t n, int64_t b0, int64_t b1,
+                                uint8_t *codes, float *absmax, ork_codec_stats *st) {
+    const int esz = dt == ORK_DT_F32 ? 4 : 2;
+    const int64_t full = n / NF4_BLOCK;
+    const __m256 tab[4] = {_mm256_loadu_ps(CB), _mm256_loadu_ps(CB + 8),
+                           _mm256_setr_ps(MID[1], MID[5], MID[9], MID[13], 2.0f, 2.0f, 2.0f, 2.0f),
+                           _mm256_setr_ps(MID[0], MID[2], MID[4], MID[6], MID[8], MID[10], MID[12], MID[14])};
+    const __m256i absmask = _mm256_set1_epi32(0x7fffffff);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    acc256 a;
+    for (int par = 0; par < 2; par++)
+        for (int h = 0; h < 2; h++) a.x[par][h] = a.e[par][h] = _mm256_setzero_pd();
+    int64_t nf = 0;
+    double ax[LANES], ae[LANES];
+    for (int64_t b = b0; b < b1; b++) {
+        const char *p = (const char *)x + b * NF4_BLOCK * esz;
+        if (b < full) {
+            __m256 e[4], o[4];
+            __m256i m = _mm256_setzero_si256();
+            for (int g = 0; g < 4; g++) {
+                load16_eo(p + 16 * g * esz, dt, &e[g], &o[g]);
+                m = _mm256_max_epu32(m, _mm256_max_epu32(_mm256_and_si256(_mm256_castps_si256(e[g]), absmask),
+                                                         _mm256_and_si256(_mm256_castps_si256(o[g]), absmask)));
+            }
+            m = _mm256_max_epu32(m, _mm256_permute2x128_si256(m, m, 1));
+            m = _mm256_max_epu32(m, _mm256_shuffle_epi32(m, 0x4E));
+            m = _mm256_max_epu32(m, _mm256_shuffle_epi32(m, 0xB1));
+            const uint32_t mb = (uint32_t)_mm256_cvtsi256_si32(m);
+            if (mb < 0x7f800000u) { /* all finite */
+                const float amax = bits2f(mb);
+                const float d = amax < NF4_TINY ? NF4_TINY : amax;
+                const __m256 inv = _mm256_set1_ps(1.0f / d), stored = _mm256_set1_ps(amax);
+                __m256i pk[4];
+                for (int g = 0; g < 4; g++) {
+                    const __m256i ce = code8(e[g], inv, stored, tab, a.x[0], a.e[0]);
+                    const __m256i co = code8(o[g], inv, stored, tab, a.x[1], a.e[1]);
+                    pk[g] = _mm256_or_si256(_mm256_slli_epi32(ce, 4), co);
+                }
+                const __m256i by = _mm256_packus_epi16(_mm256_packus_epi32(pk[0], pk[1]),
+                                                       _mm256_packus_epi32(pk[2], pk[3]));
+                _mm256_storeu_si256((__m256i *)(codes + b * (NF4_BLOCK / 2)),
+                                    _mm256_permutevar8x32_epi32(by, order));
+                absmax[b] = amax;
+                continue;
+            }
+        }
+        acc256_to(&a, ax, ae); /* tail block or a non-finite value: the generic code */
+        nf4_generic_block(x, dt, n, b, codes, absmax, ax, ae, &nf);
+        acc256_from(&a, ax, ae);
+    }
+    acc256_to(&a, ax, ae);
+    st->sum_x2 = fold(ax);
+    st->sum_err2 = fold(ae);
+    st->nonfinite = nf;
+}
+#endif
+
 /* ------------------------------------------------------------------ one instance per SIMD level */
 
 typedef struct {
@@ -338,10 +670,11 @@ typedef struct {
     switch (dt) { case ORK_DT_F16: CALL(ORK_DT_F16); break; case ORK_DT_BF16: CALL(ORK_DT_BF16); break; \
                   default: CALL(ORK_DT_F32); break; }
 
-#define INSTANCE(SUF, ATTR)                                                                              \
+/* NF4E: the NF4 encode body of this level (nf4_encode_body: generic) */
+#define INSTANCE(SUF, ATTR, NF4E)                                                                        \
     ATTR static void nf4_encode_##SUF(const void *x, int dt, int64_t n, int64_t b0, int64_t b1,        \
                                       uint8_t *codes, float *absmax, ork_codec_stats *st) {             \
-        DT_SWITCH(dt, NF4E_CALL)                                                                         \
+        if (bins_state == 1) { DT_SWITCH(dt, NF4E) } else { DT_SWITCH(dt, NF4E_CALL) }                  \
     }                                                                                                    \
     ATTR static void nf4_decode_##SUF(const uint8_t *codes, const float *absmax, int64_t n, int64_t b0, \
                                       int64_t b1, float *out) {                                         \
@@ -365,20 +698,16 @@ typedef struct {
                                               int8_decode_##SUF, widen_##SUF};
 
 #define NF4E_CALL(T) nf4_encode_body(x, T, n, b0, b1, codes, absmax, st)
+#define NF4E256_CALL(T) nf4_encode_fast256(x, T, n, b0, b1, codes, absmax, st)
+#define NF4E512_CALL(T) nf4_encode_fast512(x, T, n, b0, b1, codes, absmax, st)
 #define I8E_CALL(T) int8_encode_body(x, T, N, K, r0, r1, kseg, q, scale, st)
 #define WIDEN_CALL(T) r = widen_body(x, T, n, out)
 
-INSTANCE(portable, )
+INSTANCE(portable, , NF4E_CALL)
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(ORK_NO_X86_SIMD) /* -DORK_NO_X86_SIMD: portable only */
-#define ORK_HAVE_X86 1
-INSTANCE(avx2, __attribute__((target("avx2"))))
-#ifdef __clang__
-#define ORK_AVX512_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx2"
-#else /* GCC: use the full 512-bit width (its default tuning may prefer 256) */
-#define ORK_AVX512_TARGET "avx512f,avx512bw,avx512vl,avx512dq,avx2,prefer-vector-width=512"
-#endif
-INSTANCE(avx512, __attribute__((target(ORK_AVX512_TARGET))))
+#ifdef ORK_HAVE_X86
+INSTANCE(avx2, T256, NF4E256_CALL)
+INSTANCE(avx512, T512, NF4E512_CALL)
 #endif
 
 static const ork_codec_impl *impl = 0;
@@ -390,12 +719,13 @@ static int best_level(void) {
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
         return ORK_ISA_AVX512;
-    if (__builtin_cpu_supports("avx2")) return ORK_ISA_AVX2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return ORK_ISA_AVX2;
 #endif
     return ORK_ISA_PORTABLE;
 }
 
 int ork_codecs_set_isa(int level) {
+    nf4_bins_init();
     const int best = best_level();
     if (level < 0 || level > best) level = best;
     switch (level) {

@@ -17,6 +17,10 @@
  * SIMD: the same C body is compiled for a portable baseline and, on x86-64
  * with GCC/Clang, for AVX2 and AVX-512 (function target attributes), picked at
  * run time. ork_codecs_set_isa() forces a lower level (tests compare them).
+ * NF4 encode has hand-written AVX-512 (bin tables) and AVX2 (+F16C, binary search)
+ * paths for full, finite blocks; tail blocks and blocks holding a non-finite value go
+ * through the generic body. Same bytes and same stats lane order at every level
+ * (tests/test_codecs_speedpaths.py checks the sums with ==).
  */
 #ifndef ORK_CODECS_H
 #define ORK_CODECS_H
