@@ -200,7 +200,8 @@ def source_provenance(src, opts: BuildOptions) -> dict:
 def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts: BuildOptions) -> dict:
     """Encode one 1-D/2-D slice per its decision into a writer slice dict."""
     if dec.encoding in spec.FLOAT_ENCODINGS:
-        enc = get_codec(FLOAT_ENC[x.dtype]).encode(x)
+        # a copy: the source array lives in a reused read buffer, the part waits for the write thread
+        enc = get_codec(FLOAT_ENC[x.dtype]).encode(np.array(x))
         encoding = FLOAT_ENC[x.dtype]
     else:
         npu_tiles = dec.tier == spec.TIER_NPU and dec.encoding == spec.ENC_INT8
@@ -234,23 +235,28 @@ def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts:
 
 
 def _read_ahead(src, infos: list[TensorInfo], io: ThreadPoolExecutor):
-    """Yield (info, array) in order, reading the next tensor while this one is
-    encoded (pread releases the GIL). The read-ahead is skipped when the two
-    tensors together would exceed the largest tensor as float32, so the memory
-    bound of the module docstring holds for float32 sources too."""
-    cap = 4 * max(i.numel for i in infos)
-    pending = io.submit(src.read, infos[0].name)
+    """Yield (info, array) in order, reading into reused buffers (fresh pages
+    cost page faults: up to 2 s per GB on some VMs).
+
+    When two source tensors fit in the largest tensor as float32 (16-bit
+    sources), the next tensor is read on the I/O thread while this one is
+    encoded, alternating two buffers; otherwise (float32 sources) one buffer
+    and no read-ahead, so the memory bound of the module docstring holds. The
+    caller must not keep a reference to a yielded array past the next step.
+    """
+    biggest = max(i.nbytes for i in infos)
+    ahead = 2 * biggest <= 4 * max(i.numel for i in infos)
+    bufs = [np.empty(biggest, np.uint8) for _ in range(2 if ahead else 1)]
+    if not ahead:
+        for info in infos:
+            yield info, src.read(info.name, out=bufs[0])
+        return
+    pending = io.submit(src.read, infos[0].name, bufs[0])
     for i, info in enumerate(infos):
         arr = pending.result()
-        nxt = infos[i + 1] if i + 1 < len(infos) else None
-        if nxt is not None and info.nbytes + nxt.nbytes <= cap:
-            pending = io.submit(src.read, nxt.name)
-            yield info, arr
-        else:
-            yield info, arr
-            if nxt is not None:
-                del arr
-                pending = io.submit(src.read, nxt.name)
+        if i + 1 < len(infos):
+            pending = io.submit(src.read, infos[i + 1].name, bufs[(i + 1) % 2])
+        yield info, arr
 
 
 def build(

@@ -44,15 +44,27 @@ class Source(Protocol):
 
     def tensors(self) -> list[TensorInfo]: ...
 
-    def read(self, name: str) -> np.ndarray:
+    def read(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
         """The tensor ``name`` (canonical name) as an array the caller owns.
 
         dtype float32 or float16, or uint16 holding BF16 bits; GGUF quantized
         types are dequantized to float32 (with a warning, once per build).
+        ``out``: an optional C-contiguous uint8 buffer of at least the
+        tensor's bytes, reused across reads to spare fresh pages (page
+        faults); the result is then a view of it.
         """
         ...
 
     def close(self) -> None: ...
+
+
+def array_in(out: np.ndarray | None, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """An array of ``shape``/``dtype``: a view of the reusable uint8 buffer ``out`` when it is large enough, else fresh."""
+    dt = np.dtype(dtype)
+    nbytes = math.prod(shape) * dt.itemsize
+    if out is not None and out.dtype == np.uint8 and out.flags.c_contiguous and out.nbytes >= nbytes:
+        return out.reshape(-1)[:nbytes].view(dt).reshape(shape)
+    return np.empty(shape, dtype=dt)
 
 
 def as_float32(a: np.ndarray) -> np.ndarray:

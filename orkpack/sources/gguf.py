@@ -40,7 +40,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueTy
 from gguf import quants as _quants
 
 from ..errors import SourceError, escape_name
-from .base import TensorInfo
+from .base import TensorInfo, array_in
 from .config import facts_from_gguf_kv
 from .names import natural_key
 from .safetensors import read_into
@@ -277,8 +277,8 @@ class GGUFSource:
         else:
             warnings.warn(msg, LossyDequantWarning, stacklevel=3)
 
-    def read(self, name: str) -> np.ndarray:
-        """The tensor as a fresh array in numpy order (see module docstring for dtypes)."""
+    def read(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
+        """The tensor in numpy order (see module docstring for dtypes); raw types land in ``out`` when given."""
         ent = self._entries.get(name)
         if ent is None:
             raise SourceError(f"{escape_name(str(self.root))}: no tensor {escape_name(name)} in this GGUF; "
@@ -287,9 +287,9 @@ class GGUFSource:
             raise SourceError(f"{escape_name(str(self.root))}: source is closed; open it again")
         info, q = ent.info, ent.qtype
         if q.name in ("F32", "F16", "BF16"):
-            out = np.empty(info.shape, dtype={"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[q.name])
-            read_into(self._fd, ent.offset, memoryview(out.reshape(-1).view(np.uint8)), self.root)
-            return out
+            arr = array_in(out, info.shape, {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[q.name])
+            read_into(self._fd, ent.offset, memoryview(arr.reshape(-1).view(np.uint8)), self.root)
+            return arr
         self._warn()
         if info.numel == 0:  # an empty tensor: nothing to dequantize (gguf-py cannot reshape it)
             return np.empty(info.shape, dtype=np.float32)

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SourceError, escape_name
-from .base import TensorInfo
+from .base import TensorInfo, array_in
 from .names import canonical_name, hf_expert, natural_key
 
 HEADER_CAP = 100 * 1024 * 1024
@@ -247,8 +247,8 @@ class SafetensorsSource:
     def tensors(self) -> list[TensorInfo]:
         return [self._entries[n].info for n in self._order]
 
-    def read(self, name: str) -> np.ndarray:
-        """The tensor as a fresh array: float32, float16, or uint16 holding BF16 bits."""
+    def read(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
+        """The tensor as float32, float16, or uint16 holding BF16 bits (in ``out`` when given: see base.Source.read)."""
         ent = self._entries.get(name)
         if ent is None:
             raise SourceError(f"{_fname(self.root)}: no tensor {escape_name(name)} in this checkpoint; "
@@ -256,13 +256,13 @@ class SafetensorsSource:
         if not self._fds:
             raise SourceError(f"{_fname(self.root)}: source is closed; open it again")
         info = ent.info
-        out = np.empty(info.shape, dtype=_NP_DTYPE[info.dtype].newbyteorder("="))
-        flat = out.reshape(-1).view(np.uint8)
+        arr = array_in(out, info.shape, _NP_DTYPE[info.dtype].newbyteorder("="))
+        flat = arr.reshape(-1).view(np.uint8)
         pos = 0
         for p in ent.parts:
             read_into(self._fds[p.file], p.offset, memoryview(flat[pos: pos + p.nbytes]), self.files[p.file])
             pos += p.nbytes
-        return out
+        return arr
 
     def close(self) -> None:
         fds, self._fds = self._fds, []
