@@ -9,6 +9,7 @@ mapped source pages as they go.
 from __future__ import annotations
 
 import math
+import os
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,6 +57,27 @@ class Source(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class FileSource:
+    """close() and the context manager for a reader holding OS file descriptors in ``self._fds``."""
+
+    _fds: list[int]
+
+    def close(self) -> None:
+        fds, self._fds = self._fds, []
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
 
 def array_in(out: np.ndarray | None, shape: tuple[int, ...], dtype) -> np.ndarray:

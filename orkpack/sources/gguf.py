@@ -40,7 +40,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueTy
 from gguf import quants as _quants
 
 from ..errors import SourceError, escape_name
-from .base import TensorInfo, array_in
+from .base import FileSource, TensorInfo, array_in
 from .config import facts_from_gguf_kv
 from .names import natural_key
 from .safetensors import read_into
@@ -191,7 +191,7 @@ def _field_value(field):
     return field.contents()
 
 
-class GGUFSource:
+class GGUFSource(FileSource):
     """A .gguf file (see module docstring)."""
 
     kind = "gguf"
@@ -201,10 +201,10 @@ class GGUFSource:
         self.files = [self.root]
         self._on_warning = on_warning
         self._warned = False
-        self._fd = -1
+        self._fds: list[int] = []
         name = escape_name(str(path))
         try:
-            self._fd = os.open(path, os.O_RDONLY)
+            self._fds.append(os.open(path, os.O_RDONLY))
         except OSError as e:
             raise SourceError(f"{name}: cannot open ({e.strerror}); check the path and its permissions") from None
         try:
@@ -212,6 +212,10 @@ class GGUFSource:
         except BaseException:
             self.close()
             raise
+
+    @property
+    def _fd(self) -> int:
+        return self._fds[0] if self._fds else -1
 
     def _parse(self, name: str) -> None:
         size = os.fstat(self._fd).st_size
@@ -309,16 +313,3 @@ class GGUFSource:
             out[:] = _quants.dequantize(raw.reshape(-1, tsize), q).reshape(-1)
         return out.reshape(info.shape)
 
-    def close(self) -> None:
-        fd, self._fd = self._fd, -1
-        if fd >= 0:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SourceError, escape_name
-from .base import TensorInfo, array_in
+from .base import FileSource, TensorInfo, array_in
 from .names import canonical_name, hf_expert, natural_key
 
 HEADER_CAP = 100 * 1024 * 1024
@@ -154,7 +154,7 @@ def guess_arch(names: list[str]) -> tuple[str, int]:
     return arch, n_layers
 
 
-class SafetensorsSource:
+class SafetensorsSource(FileSource):
     """A single .safetensors file or the shards of an HF folder (see module docstring)."""
 
     kind = "safetensors"
@@ -264,16 +264,3 @@ class SafetensorsSource:
             pos += p.nbytes
         return arr
 
-    def close(self) -> None:
-        fds, self._fds = self._fds, []
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
