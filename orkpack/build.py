@@ -1,10 +1,17 @@
 """`orkpack build`: source checkpoint -> placement -> codecs/layout -> pack writer.
 
-Tensors stream one at a time: the peak memory of a build is about the largest
-source tensor as read (float32 for GGUF quantized types, else its source
-dtype), plus its float32 widening inside the codec (none: the C kernels read
-bf16/f16 directly), plus its encoded parts: at most ~2x the largest tensor as
-float32, plus the interpreter (~100 MB). tests/test_build.py measures it.
+Pipeline: an I/O thread reads the next tensor while this one is encoded (C
+kernels, ``--threads`` of them, reading bf16/f16/f32 directly), and the
+writer's thread writes and checksums the previous tensor's parts; a third
+thread hashes the source files for the provenance. The bytes never depend on
+the timing or the thread count.
+
+Memory: tensors stream one at a time. A build holds at most two reused read
+buffers of the largest source tensor (one when the source is float32), the
+parts being encoded (int8: 1/4 of the float32 size, NF4: ~1/7), and at most
+half the largest tensor as float32 queued for writing: under 2x the largest
+tensor as float32, plus the interpreter (~100 MB). tests/test_build.py and
+bench/bench_build.py measure it.
 """
 from __future__ import annotations
 
