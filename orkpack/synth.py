@@ -1,5 +1,11 @@
 """Seeded synthetic checkpoints: an HF folder and a GGUF holding the same weights.
 
+Every family of :mod:`orkpack.archs` has a tiny config.json in :data:`TINY`
+(its real config keys); ``write_hf_model(folder, config=TINY[family])`` writes
+exactly the tensors the family's entry lists, under their real HF names and
+dtypes: gpt-oss experts as MXFP4 ``*_blocks``/``*_scales`` (U8), DeepSeek-V3
+linear weights as F8_E4M3 with ``weight_scale_inv`` (their releases' form).
+
 ``write_hf_model`` writes ``config.json``, safetensors shards
 (``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json``, or
 one ``model.safetensors`` when ``shards == 1``) under real HF names.
@@ -38,15 +44,91 @@ from pathlib import Path
 
 import numpy as np
 
-from .sources.names import ARCH_TO_GGUF_ARCH
+from . import archs
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+_DT = {"bf16": ("BF16", np.uint16, "bfloat16"), "f16": ("F16", np.float16, "float16"),
+       "f32": ("F32", np.float32, "float32")}
+LEGACY_ARCHS = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
 _HF_CLASS = {
     "llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "mixtral": "MixtralForCausalLM",
 }
-_DT = {"bf16": ("BF16", np.uint16, "bfloat16"), "f16": ("F16", np.float16, "float16"),
-       "f32": ("F32", np.float32, "float32")}
+
+# A tiny config.json per family, with the real config keys (and quantization_config where the
+# family's releases ship quantized): the fixtures every family is built, inspected and verified from.
+_BASE = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128, "max_position_embeddings": 4096,
+         "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu", "torch_dtype": "bfloat16"}
+
+
+def _tiny(model_type: str, cls: str, **kw) -> dict:
+    return {"architectures": [cls], "model_type": model_type, **_BASE, **kw}
+
+
+TINY: dict[str, dict] = {
+    "llama": _tiny("llama", "LlamaForCausalLM", tie_word_embeddings=False, attention_bias=False, mlp_bias=False),
+    "mistral": _tiny("mistral", "MistralForCausalLM", tie_word_embeddings=False, sliding_window=None),
+    "mixtral": _tiny("mixtral", "MixtralForCausalLM", num_local_experts=4, num_experts_per_tok=2,
+                     tie_word_embeddings=False),
+    "qwen2": _tiny("qwen2", "Qwen2ForCausalLM", tie_word_embeddings=True, use_sliding_window=False),
+    "qwen2_moe": _tiny("qwen2_moe", "Qwen2MoeForCausalLM", num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32, shared_expert_intermediate_size=64, decoder_sparse_step=1,
+                       mlp_only_layers=[1], tie_word_embeddings=False),
+    "qwen3": _tiny("qwen3", "Qwen3ForCausalLM", tie_word_embeddings=True, attention_bias=False),
+    "qwen3_moe": _tiny("qwen3_moe", "Qwen3MoeForCausalLM", num_experts=4, num_experts_per_tok=2,
+                       moe_intermediate_size=32, decoder_sparse_step=1, mlp_only_layers=[],
+                       norm_topk_prob=True, tie_word_embeddings=False),
+    "gemma": _tiny("gemma", "GemmaForCausalLM", hidden_act="gelu_pytorch_tanh", num_key_value_heads=1),
+    "gemma2": _tiny("gemma2", "Gemma2ForCausalLM", sliding_window=32, query_pre_attn_scalar=16,
+                    final_logit_softcapping=30.0, attn_logit_softcapping=50.0),
+    "gemma3_text": _tiny("gemma3_text", "Gemma3ForCausalLM", num_hidden_layers=3, sliding_window=32,
+                         sliding_window_pattern=3, query_pre_attn_scalar=16),
+    "gemma3": {"architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3",
+               "text_config": _tiny("gemma3_text", "Gemma3ForCausalLM", num_hidden_layers=3, sliding_window=32,
+                                    sliding_window_pattern=3),
+               "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                                 "num_hidden_layers": 1, "num_attention_heads": 2, "patch_size": 4,
+                                 "image_size": 16, "num_channels": 3},
+               "mm_tokens_per_image": 4, "torch_dtype": "bfloat16"},
+    "phi3": _tiny("phi3", "Phi3ForCausalLM", tie_word_embeddings=False, sliding_window=2047),
+    "internlm2": _tiny("internlm2", "InternLM2ForCausalLM", bias=False, tie_word_embeddings=False),
+    "minicpm": _tiny("minicpm", "MiniCPMForCausalLM", scale_emb=12, dim_model_base=256, scale_depth=1.4),
+    "minicpm3": _tiny("minicpm3", "MiniCPM3ForCausalLM", q_lora_rank=48, kv_lora_rank=32, qk_nope_head_dim=16,
+                      qk_rope_head_dim=16, v_head_dim=16, scale_emb=12, dim_model_base=256, scale_depth=1.4),
+    "chatglm": {"architectures": ["ChatGLMModel"], "model_type": "chatglm", "num_layers": 2, "hidden_size": 64,
+                "ffn_hidden_size": 96, "kv_channels": 16, "num_attention_heads": 4, "multi_query_attention": True,
+                "multi_query_group_num": 2, "padded_vocab_size": 128, "seq_length": 4096, "add_qkv_bias": True,
+                "add_bias_linear": False, "layernorm_epsilon": 1e-5, "rmsnorm": True, "torch_dtype": "bfloat16"},
+    "glm4": _tiny("glm4", "Glm4ForCausalLM", attention_bias=True, tie_word_embeddings=False),
+    "deepseek_v2": _tiny("deepseek_v2", "DeepseekV2ForCausalLM", num_hidden_layers=3, q_lora_rank=None,
+                         kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
+                         n_routed_experts=4, n_shared_experts=2, num_experts_per_tok=2, moe_intermediate_size=32,
+                         first_k_dense_replace=1, moe_layer_freq=1, topk_method="greedy", tie_word_embeddings=False),
+    "deepseek_v3": _tiny("deepseek_v3", "DeepseekV3ForCausalLM", num_hidden_layers=3, q_lora_rank=48,
+                         kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
+                         n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
+                         first_k_dense_replace=1, moe_layer_freq=1, topk_method="noaux_tc",
+                         num_nextn_predict_layers=1, tie_word_embeddings=False,
+                         quantization_config={"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                              "weight_block_size": [128, 128]}),
+    "gpt_oss": _tiny("gpt_oss", "GptOssForCausalLM", intermediate_size=64, num_local_experts=4,
+                     num_experts_per_tok=2, sliding_window=32, layer_types=["sliding_attention", "full_attention"],
+                     tie_word_embeddings=False, attention_bias=True,
+                     quantization_config={"quant_method": "mxfp4",
+                                          "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                                     "model.embed_tokens", "lm_head"]}),
+    "olmoe": _tiny("olmoe", "OlmoeForCausalLM", intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                   num_key_value_heads=4, tie_word_embeddings=False),
+    "granite": _tiny("granite", "GraniteForCausalLM", attention_bias=False, mlp_bias=False,
+                     embedding_multiplier=12.0, residual_multiplier=0.22, logits_scaling=8.0,
+                     attention_multiplier=0.0625, tie_word_embeddings=True),
+    "granitemoe": _tiny("granitemoe", "GraniteMoeForCausalLM", intermediate_size=32, num_local_experts=4,
+                        num_experts_per_tok=2, embedding_multiplier=12.0, residual_multiplier=0.22,
+                        logits_scaling=6.0, attention_multiplier=0.0625, tie_word_embeddings=True),
+    "smollm3": _tiny("smollm3", "SmolLM3ForCausalLM", no_rope_layers=[1, 0], tie_word_embeddings=True),
+    "starcoder2": _tiny("starcoder2", "Starcoder2ForCausalLM", use_bias=True, sliding_window=4096,
+                        norm_epsilon=1e-5, tie_word_embeddings=True),
+}
 
 
 @dataclass(frozen=True)
@@ -56,55 +138,57 @@ class _T:
     shape: tuple[int, ...]  # per HF tensor (per expert)
     kind: str  # "w" matrix, "norm", "bias"
     experts: int = 0  # >0: stacked over this many experts
+    stored: str = ""  # how the release stores it: "" (the float dtype), "MXFP4", "F8_E4M3"
 
 
-def _resolve(arch: str, experts: int, experts_used: int) -> str:
-    if arch not in ARCHS:
-        raise ValueError(f"arch must be one of {ARCHS}, not {arch!r}")
+def _legacy_config(arch: str, layers: int, hidden: int, intermediate: int, heads: int, kv_heads: int, vocab: int,
+                   experts: int, experts_used: int, tied: bool, dtype: str) -> dict:
+    if arch not in LEGACY_ARCHS:
+        raise ValueError(f"arch must be one of {LEGACY_ARCHS} (or pass config=, e.g. synth.TINY[family]), not {arch!r}")
     if experts > 0 and arch == "llama":
         arch = "qwen3_moe"  # documented: experts > 0 on the default arch writes qwen3_moe-style names
     if (experts > 0) != (arch in ("qwen3_moe", "mixtral")):
         raise ValueError(f"arch {arch} needs experts {'> 0' if arch in ('qwen3_moe', 'mixtral') else '== 0'}")
     if experts and not 0 < experts_used <= experts:
         raise ValueError("experts_used must be in 1..experts")
-    return arch
-
-
-def _plan(arch: str, layers: int, hidden: int, intermediate: int, heads: int, kv_heads: int, vocab: int,
-          experts: int, tied: bool) -> list[_T]:
     if hidden % heads or heads % kv_heads:
         raise ValueError("hidden must be a multiple of heads, heads a multiple of kv_heads")
-    hd = hidden // heads
-    out = [_T("token_embd.weight", ("model.embed_tokens.weight",), (vocab, hidden), "w")]
-    for i in range(layers):
-        p, b = f"model.layers.{i}.", f"blk.{i}."
-        out.append(_T(b + "attn_norm.weight", (p + "input_layernorm.weight",), (hidden,), "norm"))
-        for proj, gg, n in (("q", "attn_q", heads * hd), ("k", "attn_k", kv_heads * hd), ("v", "attn_v", kv_heads * hd)):
-            out.append(_T(f"{b}{gg}.weight", (f"{p}self_attn.{proj}_proj.weight",), (n, hidden), "w"))
-            if arch == "qwen2":
-                out.append(_T(f"{b}{gg}.bias", (f"{p}self_attn.{proj}_proj.bias",), (n,), "bias"))
-        out.append(_T(b + "attn_output.weight", (p + "self_attn.o_proj.weight",), (hidden, heads * hd), "w"))
-        if arch in ("qwen3", "qwen3_moe"):
-            out.append(_T(b + "attn_q_norm.weight", (p + "self_attn.q_norm.weight",), (hd,), "norm"))
-            out.append(_T(b + "attn_k_norm.weight", (p + "self_attn.k_norm.weight",), (hd,), "norm"))
-        out.append(_T(b + "ffn_norm.weight", (p + "post_attention_layernorm.weight",), (hidden,), "norm"))
-        if experts:
-            moe = "block_sparse_moe" if arch == "mixtral" else "mlp"
-            names = {"gate": "w1", "up": "w3", "down": "w2"} if arch == "mixtral" else \
-                {"gate": "gate_proj", "up": "up_proj", "down": "down_proj"}
-            out.append(_T(b + "ffn_gate_inp.weight", (f"{p}{moe}.gate.weight",), (experts, hidden), "w"))
-            for proj in ("gate", "up", "down"):
-                shape = (hidden, intermediate) if proj == "down" else (intermediate, hidden)
-                hf = tuple(f"{p}{moe}.experts.{e}.{names[proj]}.weight" for e in range(experts))
-                out.append(_T(f"{b}ffn_{proj}_exps.weight", hf, shape, "w", experts))
+    cfg = {
+        "architectures": [_HF_CLASS[arch]], "model_type": arch, "hidden_size": hidden,
+        "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "head_dim": hidden // heads, "vocab_size": vocab,
+        "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu",
+        "tie_word_embeddings": tied, "torch_dtype": _DT[dtype][2],
+    }
+    if arch == "qwen3_moe":
+        cfg.update(num_experts=experts, num_experts_per_tok=experts_used, moe_intermediate_size=intermediate,
+                   decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
+    elif arch == "mixtral":
+        cfg.update(num_local_experts=experts, num_experts_per_tok=experts_used)
+    return cfg
+
+
+def _plan(cfg: dict) -> list[_T]:
+    """The tensors of a checkpoint with this config (orkpack.archs), grouped: experts stacked under one _T."""
+    facts, tensors = archs.hf_tensors(cfg)
+    L = archs.layers_in_config(cfg)
+    out: list[_T] = []
+    stacks: dict[str, list] = {}
+    from .sources.names import canonical_name, split_expert
+
+    for name, shape, tpl in tensors:
+        canon = canonical_name(name, facts["arch"], L)
+        stored = archs.stored_dtype(cfg, name, "")
+        sp = split_expert(canon)
+        if sp is None:
+            out.append(_T(canon, (name,), tuple(shape), tpl.kind, 0, stored))
+        elif sp[0] not in stacks:
+            stacks[sp[0]] = [name]
+            out.append(_T(sp[0], (), tuple(shape), tpl.kind, 0, stored))
         else:
-            out.append(_T(b + "ffn_gate.weight", (p + "mlp.gate_proj.weight",), (intermediate, hidden), "w"))
-            out.append(_T(b + "ffn_up.weight", (p + "mlp.up_proj.weight",), (intermediate, hidden), "w"))
-            out.append(_T(b + "ffn_down.weight", (p + "mlp.down_proj.weight",), (hidden, intermediate), "w"))
-    out.append(_T("output_norm.weight", ("model.norm.weight",), (hidden,), "norm"))
-    if not tied:
-        out.append(_T("output.weight", ("lm_head.weight",), (vocab, hidden), "w"))
-    return out
+            stacks[sp[0]].append(name)
+    return [_T(t.canonical, tuple(stacks[t.canonical]), t.shape, t.kind, len(stacks[t.canonical]), t.stored)
+            if t.canonical in stacks else t for t in out]
 
 
 def _bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -160,28 +244,65 @@ def _to_dtype(bits: np.ndarray, dtype: str) -> np.ndarray:
     return f32.astype(np.float16) if dtype == "f16" else f32
 
 
-def _config(arch: str, layers: int, hidden: int, intermediate: int, heads: int, kv_heads: int, vocab: int,
-            experts: int, experts_used: int, tied: bool, dtype: str) -> dict:
-    cfg = {
-        "architectures": [_HF_CLASS[arch]], "model_type": arch, "hidden_size": hidden,
-        "intermediate_size": intermediate, "num_hidden_layers": layers, "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads, "head_dim": hidden // heads, "vocab_size": vocab,
-        "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "hidden_act": "silu",
-        "tie_word_embeddings": tied, "torch_dtype": _DT[dtype][2],
-    }
-    if arch == "qwen3_moe":
-        cfg.update(num_experts=experts, num_experts_per_tok=experts_used, moe_intermediate_size=intermediate,
-                   decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
-    elif arch == "mixtral":
-        cfg.update(num_local_experts=experts, num_experts_per_tok=experts_used)
-    return cfg
+def _mxfp4(seed: int, key: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded MXFP4 storage of a (E, N, K) tensor: (blocks (E, N, K/32, 16) u8, scales (E, N, K/32) u8 E8M0)."""
+    if shape[-1] % 32:
+        raise ValueError(f"MXFP4 needs K a multiple of 32, not {shape[-1]}")
+    h = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, h, 4])))
+    blocks = rng.integers(0, 256, (*shape[:-1], shape[-1] // 32, 16), dtype=np.uint8)
+    scales = rng.integers(119, 124, (*shape[:-1], shape[-1] // 32), dtype=np.uint8)  # 2^-8 .. 2^-4
+    return blocks, scales
+
+
+def _fp8(seed: int, key: str, shape: tuple[int, ...], block: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded F8_E4M3 storage of an (N, K) weight: (codes (N, K) u8, weight_scale_inv f32 per block)."""
+    h = int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed & 0xFFFFFFFFFFFFFFFF, h, 8])))
+    n, k = shape
+    exp = np.minimum(rng.geometric(0.35, (n, k)) + 3, 15).astype(np.uint8)  # mostly small magnitudes
+    codes = (rng.integers(0, 2, (n, k), dtype=np.uint8) << 7) | (exp << 3) | rng.integers(0, 8, (n, k), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] &= 0xF7  # 0x7F / 0xFF are NaN in E4M3FN: never written
+    sinv = (rng.uniform(0.5, 2.0, (-(-n // block[0]), -(-k // block[1]))) * 2.0 ** -9).astype(np.float32)
+    return codes, sinv
+
+
+def _hf_entries(plan: list[_T], cfg: dict, seed: int, dtype: str):
+    """(HF name, safetensors dtype, shape, array factory) for every stored tensor, in plan order."""
+    st, _, _ = _DT[dtype]
+    qc = cfg.get("quantization_config") or {}
+    block = tuple(qc.get("weight_block_size") or (128, 128))
+    for t in plan:
+        if t.stored == "MXFP4":  # gpt-oss experts: (E, N, K) as blocks of 32 e2m1 codes + one E8M0 scale
+            blocks = (*t.shape[:-1], t.shape[-1] // 32)
+            yield t.hf[0] + "_blocks", "U8", (*blocks, 16), lambda t=t: _mxfp4(seed, t.canonical, t.shape)[0]
+            yield t.hf[0] + "_scales", "U8", blocks, lambda t=t: _mxfp4(seed, t.canonical, t.shape)[1]
+        elif t.stored.startswith("F8"):
+            for e, name in enumerate(t.hf):
+                key = f"{t.canonical}#{e}" if t.experts else t.canonical
+                nb = (-(-t.shape[0] // block[0]), -(-t.shape[1] // block[1]))
+                yield name, "F8_E4M3", t.shape, lambda key=key, t=t: _fp8(seed, key, t.shape, block)[0]
+                yield name + "_scale_inv", "F32", nb, lambda key=key, t=t: _fp8(seed, key, t.shape, block)[1]
+        elif t.experts:
+            for e, name in enumerate(t.hf):
+                yield name, st, t.shape, lambda t=t, e=e: _to_dtype(_values(seed, f"{t.canonical}#{e}", t.shape, t.kind), dtype)
+        else:
+            yield t.hf[0], st, t.shape, lambda t=t: _to_dtype(_values(seed, t.canonical, t.shape, t.kind), dtype)
+
+
+_ST_ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "U8": 1, "F8_E4M3": 1}
 
 
 def write_hf_model(folder, *, arch: str = "llama", layers: int = 2, hidden: int = 256, intermediate: int = 688,
                    heads: int = 4, kv_heads: int = 2, vocab: int = 512, experts: int = 0, experts_used: int = 0,
-                   shards: int = 2, dtype: str = "bf16", seed: int = 0, tied: bool = False) -> Path:
+                   shards: int = 2, dtype: str = "bf16", seed: int = 0, tied: bool = False,
+                   config: dict | None = None) -> Path:
     """Write an HF folder (config.json, shards, index); returns the folder. dtype: bf16, f16 or f32.
 
+    ``config``: a config.json dict of any family (``TINY[family]`` gives one per family);
+    the tensors are exactly those ``orkpack.archs`` lists for it, under their real HF
+    names, quantized releases (gpt-oss MXFP4, DeepSeek-V3 FP8) in their stored form.
+    Without it, the keyword arguments describe a model of one of :data:`LEGACY_ARCHS`:
     ``experts > 0`` with ``arch="llama"`` writes a qwen3_moe model (per-expert
     ``mlp.experts.E.{gate,up,down}_proj`` and the ``mlp.gate`` router);
     ``arch="mixtral"`` uses ``block_sparse_moe.experts.E.w1/w2/w3``. Expert
@@ -189,14 +310,17 @@ def write_hf_model(folder, *, arch: str = "llama", layers: int = 2, hidden: int 
     """
     if dtype not in _DT:
         raise ValueError(f"dtype must be one of {tuple(_DT)}")
-    arch = _resolve(arch, experts, experts_used)
-    plan = _plan(arch, layers, hidden, intermediate, heads, kv_heads, vocab, experts, tied)
+    if config is None:
+        config = _legacy_config(arch, layers, hidden, intermediate, heads, kv_heads, vocab, experts, experts_used,
+                                tied, dtype)
+    else:
+        config = json.loads(json.dumps(config))
+        config["torch_dtype"] = _DT[dtype][2]
+    plan = _plan(config)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    st, npdt, _ = _DT[dtype]
-    item = np.dtype(npdt).itemsize
-    flat = [(t, i, h) for t in plan for i, h in enumerate(t.hf)]  # (tensor, expert, hf name)
-    sizes = [math.prod(t.shape) * item for t, _, _ in flat]
+    flat = list(_hf_entries(plan, config, seed, dtype))  # (hf name, dtype, shape, factory)
+    sizes = [math.prod(shape) * _ST_ITEMSIZE[st] for _, st, shape, _ in flat]
     total = sum(sizes)
     shards = max(1, min(int(shards), len(flat)))
     groups: list[list[int]] = [[] for _ in range(shards)]
@@ -209,12 +333,11 @@ def write_hf_model(folder, *, arch: str = "llama", layers: int = 2, hidden: int 
     n = len(groups)
     fnames = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
     weight_map = {}
-    arrays = (a for t in plan for a in _arrays(t, seed))  # flat order; shards are contiguous runs of it
     for fname, members in zip(fnames, groups):
         header, off = {"__metadata__": {"format": "pt"}}, 0
         for j in members:
-            t, e, hfname = flat[j]
-            header[hfname] = {"dtype": st, "shape": list(t.shape), "data_offsets": [off, off + sizes[j]]}
+            hfname, st, shape, _ = flat[j]
+            header[hfname] = {"dtype": st, "shape": list(shape), "data_offsets": [off, off + sizes[j]]}
             weight_map[hfname] = fname
             off += sizes[j]
         hb = json.dumps(header, separators=(",", ":")).encode()
@@ -222,11 +345,11 @@ def write_hf_model(folder, *, arch: str = "llama", layers: int = 2, hidden: int 
         with open(folder / fname, "wb") as f:
             f.write(len(hb).to_bytes(8, "little"))
             f.write(hb)
-            for _ in members:
-                arr = next(arrays)
-                f.write(np.ascontiguousarray(_to_dtype(arr, dtype)).data)  # no copy
-    cfg = _config(arch, layers, hidden, intermediate, heads, kv_heads, vocab, experts, experts_used, tied, dtype)
-    (folder / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+            for j in members:
+                arr = np.ascontiguousarray(flat[j][3]())  # one tensor in memory at a time
+                assert arr.nbytes == sizes[j], flat[j][0]
+                f.write(arr.data)
+    (folder / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if n > 1:
         idx = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (folder / "model.safetensors.index.json").write_text(json.dumps(idx, indent=2) + "\n")
@@ -262,40 +385,48 @@ _GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
 def write_gguf_model(path, *, arch: str = "llama", layers: int = 2, hidden: int = 256, intermediate: int = 688,
                      heads: int = 4, kv_heads: int = 2, vocab: int = 512, experts: int = 0, experts_used: int = 0,
                      seed: int = 0, tied: bool = False, tensor_type: str = "F16",
-                     shards: int | None = None, dtype: str | None = None) -> Path:
+                     shards: int | None = None, dtype: str | None = None, config: dict | None = None) -> Path:
     """Write the same model as ``write_hf_model`` (same arguments and seed) as one GGUF; returns the path.
 
     ``tensor_type`` applies to 2-D and 3-D weights (F32, F16, BF16, Q8_0, Q4_0;
     a quantized type falls back to F16 when K is not a multiple of 32); 1-D
     tensors and the router stay F32. HF-only options (``shards``, ``dtype``) are
-    accepted and ignored so one options dict can drive both writers.
+    accepted and ignored so one options dict can drive both writers. ``config``:
+    as for ``write_hf_model``, for a family whose release is stored in float.
     """
     import gguf
 
     if tensor_type not in _GGUF_TYPES:
         raise ValueError(f"tensor_type must be one of {_GGUF_TYPES}")
-    arch = _resolve(arch, experts, experts_used)
-    plan = _plan(arch, layers, hidden, intermediate, heads, kv_heads, vocab, experts, tied)
+    if config is None:
+        config = _legacy_config(arch, layers, hidden, intermediate, heads, kv_heads, vocab, experts, experts_used,
+                                tied, "bf16")
+    plan = _plan(config)
+    if any(t.stored for t in plan):
+        raise ValueError("write_gguf_model writes float releases only (this config is MXFP4/FP8)")
+    f = archs.facts_from_config(config)
+    arch = f["arch"]
     path = Path(path)
-    garch = ARCH_TO_GGUF_ARCH[arch]
-    w = gguf.GGUFWriter(path, garch)
+    w = gguf.GGUFWriter(path, archs.gguf_arch_name(arch))
     w.add_name(f"orkpack synthetic {arch} seed {seed}")
-    w.add_block_count(layers)
+    w.add_block_count(f["n_layers"])
     w.add_context_length(4096)
-    w.add_embedding_length(hidden)
-    w.add_feed_forward_length(intermediate)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv_heads)
-    w.add_key_length(hidden // heads)
-    w.add_value_length(hidden // heads)
+    w.add_embedding_length(f["hidden"])
+    w.add_feed_forward_length(f["intermediate"])
+    w.add_head_count(f["heads"])
+    w.add_head_count_kv(f["kv_heads"])
+    w.add_key_length(f["head_dim"])
+    w.add_value_length(f["head_dim"])
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(10000.0)
-    w.add_vocab_size(vocab)
-    if experts:
-        w.add_expert_count(experts)
-        w.add_expert_used_count(experts_used)
-        if arch == "qwen3_moe":
-            w.add_expert_feed_forward_length(intermediate)
+    w.add_vocab_size(f["vocab"])
+    if f["swa_window"]:
+        w.add_sliding_window(f["swa_window"])
+    if f["n_experts"]:
+        w.add_expert_count(f["n_experts"])
+        w.add_expert_used_count(f["n_experts_used"])
+        if f["moe_intermediate"] != f["intermediate"] or arch != "mixtral":
+            w.add_expert_feed_forward_length(f["moe_intermediate"])
     Q = gguf.GGMLQuantizationType
 
     def qtype(t: _T) -> Q:

@@ -199,7 +199,8 @@ def test_nonfinite_named_and_allowed(tmp_path):
     w[3, 5] = np.nan
     save_file({"model.layers.0.mlp.up_proj.weight": w, "ok": np.ones((8, 8), np.float32)}, str(tmp_path / "m.safetensors"))
     out = tmp_path / "o.orkpack"
-    _bad(["build", tmp_path / "m.safetensors", "-o", out], out, "--no-plan")  # no config.json: the planner needs one
+    # no config.json: a generic plan (said so), then the NaN stops the build, naming the tensor
+    _bad(["build", tmp_path / "m.safetensors", "-o", out], out, "blk.0.ffn_up.weight: 1 NaN")
     _bad(["build", tmp_path / "m.safetensors", "-o", out, "--no-plan"], out, "NaN")
     r = cli("build", tmp_path / "m.safetensors", "-o", out, "--no-plan", "--allow-nonfinite")
     assert r.exit_code == 0, r.output and out.exists()

@@ -17,7 +17,8 @@ from orkpack.tiers.solver import greedy_benefit, solve
 from orkpack.tiers.tiermap import Decision, TierMap, dumps
 
 FACTS = dict(arch="llama", n_layers=1, hidden=64, intermediate=64, heads=1, kv_heads=1, head_dim=32, vocab=32,
-             n_experts=4, n_experts_used=2, moe_intermediate=64, tie_word_embeddings=True)
+             n_experts=4, n_experts_used=2, moe_intermediate=64, tie_word_embeddings=True,
+             attention="gqa", kv_k=32, kv_v=32, swa_window=0, swa_layers=[])
 MOE_CFG = dict(model_type="qwen3_moe", hidden_size=2048, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
                intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
                num_hidden_layers=48, vocab_size=151936, tie_word_embeddings=False)

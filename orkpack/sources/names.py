@@ -2,8 +2,9 @@
 
 Canonical names are GGUF-style (``blk.0.attn_q.weight``) because the runtime,
 a llama.cpp backend, looks tensors up by GGUF name. The mapping itself is
-gguf-py's ``TensorNameMap`` for the GGUF architecture behind each HF
-``model_type`` (mistral and mixtral are ``llama`` in GGUF).
+each family's entry in :mod:`orkpack.archs`: its renames (fused tensors,
+prefixes), then gguf-py's ``TensorNameMap`` for its GGUF architecture
+(mistral and mixtral are ``llama`` in GGUF).
 
 Experts. A GGUF MoE layer stores each projection as one stacked 3-D tensor
 ``blk.N.ffn_{gate,up,down}_exps.weight`` of numpy shape ``(E, N_out, K_in)``.
@@ -26,40 +27,22 @@ from functools import lru_cache
 
 import gguf
 
-# HF model_type -> gguf-py architecture
-_HF_TO_GGUF_ARCH = {
-    "llama": gguf.MODEL_ARCH.LLAMA,
-    "mistral": gguf.MODEL_ARCH.LLAMA,
-    "mixtral": gguf.MODEL_ARCH.LLAMA,
-    "qwen2": gguf.MODEL_ARCH.QWEN2,
-    "qwen3": gguf.MODEL_ARCH.QWEN3,
-    "qwen3_moe": gguf.MODEL_ARCH.QWEN3MOE,
-}
-# GGUF general.architecture -> our arch (HF model_type spelling)
-GGUF_ARCH_TO_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3moe": "qwen3_moe"}
-ARCH_TO_GGUF_ARCH = {
-    "llama": "llama", "mistral": "llama", "mixtral": "llama",
-    "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
-}
-SUPPORTED_ARCHS = tuple(_HF_TO_GGUF_ARCH)
+from .. import archs as _archs
+
+# HF model_types with an entry in orkpack.archs
+SUPPORTED_ARCHS = _archs.SUPPORTED
 
 _PROJ = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down", "w1": "gate", "w3": "up", "w2": "down"}
 _HF_EXPERT = re.compile(
     r"^(?:model\.)?layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\."
     r"(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$"
 )
-_SLICE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)\.(\d+)\.weight$")
-_STACKED = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down)_exps\.weight$")
-
-
-@lru_cache(maxsize=64)
-def _name_map(arch: str, n_layers: int) -> gguf.TensorNameMap | None:
-    a = _HF_TO_GGUF_ARCH.get(arch)
-    return None if a is None else gguf.get_tensor_name_map(a, n_layers)
+_SLICE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)\.(\d+)\.weight$")
+_STACKED = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)_exps\.weight$")
 
 
 def expert_slice_name(layer: int, proj: str, expert: int) -> str:
-    """``blk.{layer}.ffn_{proj}.{expert}.weight`` (proj: gate, up or down)."""
+    """``blk.{layer}.ffn_{proj}.{expert}.weight`` (proj: gate, up, down or gate_up)."""
     return f"blk.{layer}.ffn_{proj}.{expert}.weight"
 
 
@@ -72,7 +55,7 @@ def split_expert(name: str) -> tuple[str, int] | None:
 
 
 def is_stacked_experts(name: str) -> bool:
-    """True for ``blk.N.ffn_{gate,up,down}_exps.weight``."""
+    """True for ``blk.N.ffn_{gate,up,down,gate_up}_exps.weight``."""
     return _STACKED.match(name) is not None
 
 
@@ -85,27 +68,25 @@ def hf_expert(hf_name: str) -> tuple[int, int, str] | None:
 
 
 def canonical_name(hf_name: str, arch: str | None, n_layers: int) -> str:
-    """The GGUF-style name of an HF tensor; unknown names (or archs) come back unchanged."""
+    """The GGUF-style name of an HF tensor; names no rule knows (or unknown archs) come back unchanged."""
     e = hf_expert(hf_name)
     if e is not None:
         return expert_slice_name(e[0], e[2], e[1])
-    tmap = _name_map(arch, int(n_layers)) if arch else None
-    if tmap is None:
-        return hf_name
-    got = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+    got = _archs.canonical_name(hf_name, arch, int(n_layers))
     return hf_name if got is None else got
 
 
 def _is_gguf_name(name: str, arch: str | None, n_layers: int) -> bool:
-    a = _HF_TO_GGUF_ARCH.get(arch) if arch else None
-    if a is None:
+    fam = _archs.FAMILIES.get(arch) if arch else None
+    if fam is None:
         return name.startswith("blk.") or name in ("token_embd.weight", "output.weight", "output_norm.weight")
-    return name in _gguf_names(a, int(n_layers))
+    return name in _gguf_names(fam.gguf, int(n_layers)) or name.startswith("blk.")
 
 
 @lru_cache(maxsize=64)
-def _gguf_names(a: gguf.MODEL_ARCH, n_layers: int) -> frozenset[str]:
+def _gguf_names(gguf_arch: str, n_layers: int) -> frozenset[str]:
     out = set()
+    a = getattr(gguf.MODEL_ARCH, gguf_arch)
     for t in gguf.MODEL_TENSORS.get(a, ()):
         fmt = gguf.TENSOR_NAMES[t]
         for bid in range(n_layers) if "{bid}" in fmt else (None,):

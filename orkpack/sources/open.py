@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 from ..errors import SourceError, escape_name
-from .config import load_hf_config
+from .config import FACT_KEYS, facts_from_hf_config, load_hf_config
 from .gguf import GGUFSource
 from .safetensors import SafetensorsSource
 
@@ -92,3 +92,37 @@ def open_source(path: Path | str, *, on_warning: Callable[[str], None] | None = 
         config = _config(cfg_path) if cfg_path.is_file() else None
         return SafetensorsSource(p, [p], config)
     raise SourceError(f"{_n(p)}: unknown checkpoint type; pass a model folder, a .safetensors or a .gguf file")
+
+
+def model_facts(source_or_config: Any) -> dict:
+    """Facts (``archs.FACT_KEYS``) from a Source, an HF config dict, a config.json path, a model folder or a .gguf.
+
+    A folder is read through its config.json alone. SourceError when the
+    architecture is unknown (``orkpack.archs.generic_facts`` plans those).
+    """
+    obj = source_or_config
+    if isinstance(obj, (str, Path)):
+        p = Path(obj)
+        if p.is_dir() or p.name == "config.json":
+            cfg_path = p / "config.json" if p.is_dir() else p
+            return facts_from_hf_config(load_hf_config(cfg_path), escape_name(str(cfg_path)))
+        src = open_source(p)
+        try:
+            return model_facts(src)
+        finally:
+            src.close()
+    if isinstance(obj, Mapping):
+        if set(FACT_KEYS) <= set(obj):
+            return {k: obj[k] for k in FACT_KEYS}
+        return facts_from_hf_config(obj)
+    cfg = getattr(obj, "config", None)
+    root = escape_name(str(getattr(obj, "root", "source")))
+    if getattr(obj, "kind", None) == "gguf":
+        if cfg is None:
+            raise SourceError(f"{root}: GGUF architecture {escape_name(repr(getattr(obj, 'arch', None)), 40)} "
+                              "is not a known family")
+        return {k: cfg[k] for k in FACT_KEYS}
+    if cfg is None:
+        raise SourceError(f"{root}: no config.json next to the weights; put the model's config.json beside them "
+                          "(orkpack build --no-plan places by rules without one)")
+    return facts_from_hf_config(cfg, root)

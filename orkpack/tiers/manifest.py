@@ -23,11 +23,14 @@ from pathlib import Path
 
 from ..errors import OrkError, escape_name
 from ..sources import names as _names
-from ..sources.config import facts_from_hf_config, load_hf_config
+from .. import archs
+from ..sources.config import load_hf_config
 
 FLOAT_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
 _TORCH_DTYPE = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 KV_TYPES = ("f16", "q8_0")
+# integer and bool tensors (carried raw, never planned)
+NON_FLOAT_DTYPES = frozenset({"BOOL", "U8", "U16", "U32", "U64", "I8", "I16", "I32", "I64", "F64"})
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class Manifest:
     source: str  # file name shown to people (no directories)
     items: list[Item] = field(default_factory=list)
     floats: list[TensorEntry] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # what a generic plan assumed
 
     def __post_init__(self) -> None:
         self.tensors = sorted(self.tensors, key=lambda t: _names.natural_key(t.name))
@@ -93,18 +97,28 @@ class Manifest:
         return self.facts["arch"]
 
     def kv_bytes(self, ctx: int, kv_type: str = "f16") -> int:
-        """KV cache bytes for ``ctx`` positions: K and V, every layer, kv_heads x head_dim per position.
+        """KV cache bytes for ``ctx`` positions, laid out as the runtime (llama.cpp) allocates it.
 
-        f16: 2 bytes an element; q8_0: blocks of 32 elements in 34 bytes (fp16 scale + 32 int8).
+        Per layer and position: ``kv_k`` + ``kv_v`` elements (GQA/MQA: kv_heads x head_dim
+        each; MLA: the compressed latent kv_lora_rank + qk_rope_head_dim, no separate V).
+        Sliding-window layers (``swa_layers``) hold at most ``swa_window`` positions.
+        f16: 2 bytes an element; q8_0: blocks of 32 elements in 34 bytes (fp16 scale + 32 int8),
+        each of K and V padded to whole blocks.
         """
         if kv_type not in KV_TYPES:
             raise OrkError(f"--kv-type {escape_name(str(kv_type))!r} is not supported; use one of {', '.join(KV_TYPES)}")
         if ctx <= 0:
             raise OrkError(f"--ctx must be a positive number of tokens (got {ctx})")
         f = self.facts
-        row = f["kv_heads"] * f["head_dim"]
-        per = 2 * row if kv_type == "f16" else 34 * (-(-row // 32))
-        return 2 * f["n_layers"] * ctx * per
+
+        def row(n: int) -> int:
+            return 2 * n if kv_type == "f16" else 34 * (-(-n // 32))
+
+        per = row(f["kv_k"]) + row(f["kv_v"])
+        swa = set(f.get("swa_layers") or ())
+        win = f.get("swa_window") or 0
+        positions = sum(min(ctx, win) if (i in swa and win) else ctx for i in range(f["n_layers"]))
+        return per * positions
 
     def summary(self) -> dict:
         return {"source": self.source, "origin": self.origin, **self.facts,
@@ -136,7 +150,9 @@ def _items(tensors: list[TensorEntry], facts: dict) -> tuple[list[Item], list[Te
     items: list[Item] = []
     floats: list[TensorEntry] = []
     for t in tensors:
-        if len(t.shape) == 2:
+        if not t.name.endswith(".weight") or t.dtype in NON_FLOAT_DTYPES:
+            floats.append(t)  # biases, sinks, buffers: kept as they are on the host
+        elif len(t.shape) == 2:
             items.append(Item(t.name, None, t.shape[0], t.shape[1], t.dtype, _role(t.name, 2, facts), _layer(t.name)))
         elif len(t.shape) == 3:
             e_count, n, k = t.shape
@@ -152,62 +168,28 @@ def _items(tensors: list[TensorEntry], facts: dict) -> tuple[list[Item], list[Te
 # ---------------------------------------------------------------------------------------------- config -> tensors
 
 def hf_tensor_list(cfg: dict, where: str = "config.json") -> tuple[dict, list[tuple[str, tuple[int, ...]]]]:
-    """(facts, [(HF name, shape)]) an HF checkpoint with this config holds, in no particular order."""
-    f = facts_from_hf_config(cfg, where)
-    arch, H, L, V = f["arch"], f["hidden"], f["n_layers"], f["vocab"]
-    hd, nh, nkv = f["head_dim"], f["heads"], f["kv_heads"]
-    out: list[tuple[str, tuple[int, ...]]] = [("model.embed_tokens.weight", (V, H)), ("model.norm.weight", (H,))]
-    if not f["tie_word_embeddings"]:
-        out.append(("lm_head.weight", (V, H)))
-    sparse_step = int(cfg.get("decoder_sparse_step", 1) or 1)
-    mlp_only = set(cfg.get("mlp_only_layers") or ())
-    for i in range(L):
-        p = f"model.layers.{i}."
-        out += [(p + "input_layernorm.weight", (H,)), (p + "post_attention_layernorm.weight", (H,)),
-                (p + "self_attn.q_proj.weight", (nh * hd, H)), (p + "self_attn.k_proj.weight", (nkv * hd, H)),
-                (p + "self_attn.v_proj.weight", (nkv * hd, H)), (p + "self_attn.o_proj.weight", (H, nh * hd))]
-        if arch == "qwen2" or cfg.get("attention_bias"):
-            out += [(p + "self_attn.q_proj.bias", (nh * hd,)), (p + "self_attn.k_proj.bias", (nkv * hd,)),
-                    (p + "self_attn.v_proj.bias", (nkv * hd,))]
-        if arch in ("qwen3", "qwen3_moe"):
-            out += [(p + "self_attn.q_norm.weight", (hd,)), (p + "self_attn.k_norm.weight", (hd,))]
-        E, I, Im = f["n_experts"], f["intermediate"], f["moe_intermediate"]
-        moe_layer = E > 0 and i not in mlp_only and (i + 1) % sparse_step == 0
-        if arch == "mixtral":
-            q = p + "block_sparse_moe."
-            out.append((q + "gate.weight", (E, H)))
-            for e in range(E):
-                out += [(q + f"experts.{e}.w1.weight", (Im, H)), (q + f"experts.{e}.w3.weight", (Im, H)),
-                        (q + f"experts.{e}.w2.weight", (H, Im))]
-        elif moe_layer:
-            q = p + "mlp."
-            out.append((q + "gate.weight", (E, H)))
-            for e in range(E):
-                out += [(q + f"experts.{e}.gate_proj.weight", (Im, H)), (q + f"experts.{e}.up_proj.weight", (Im, H)),
-                        (q + f"experts.{e}.down_proj.weight", (H, Im))]
-        else:
-            q = p + "mlp."
-            out += [(q + "gate_proj.weight", (I, H)), (q + "up_proj.weight", (I, H)), (q + "down_proj.weight", (H, I))]
-    return f, out
+    """(facts, [(HF name, shape)]) an HF checkpoint with this config holds (``orkpack.archs``), per expert."""
+    facts, tensors = archs.hf_tensors(cfg, where)
+    return facts, [(name, shape) for name, shape, _ in tensors]
 
 
 def manifest_from_config(cfg: dict, source: str = "config.json") -> Manifest:
     """The manifest an HF checkpoint with this config.json would give, from the config alone."""
     facts, hf = hf_tensor_list(cfg, source)
     dtype = _TORCH_DTYPE.get(str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))), "BF16")
-    L = facts["n_layers"]
+    L = archs.layers_in_config(cfg) or facts["n_layers"]
     stacked: dict[str, dict[int, tuple[int, ...]]] = {}
     tensors: list[TensorEntry] = []
     for hf_name, shape in hf:
         name = _names.canonical_name(hf_name, facts["arch"], L)
         sp = _names.split_expert(name)
         if sp is not None:
-            stacked.setdefault(sp[0], {})[sp[1]] = shape
+            stacked.setdefault(sp[0], {})[sp[1]] = (shape, hf_name)
         else:
-            tensors.append(TensorEntry(name, tuple(shape), dtype))
+            tensors.append(TensorEntry(name, tuple(shape), archs.stored_dtype(cfg, hf_name, dtype)))
     for name, per in stacked.items():
-        shape = per[0]
-        tensors.append(TensorEntry(name, (len(per),) + tuple(shape), dtype))
+        shape, hf_name = per[0]
+        tensors.append(TensorEntry(name, (len(per),) + tuple(shape), archs.stored_dtype(cfg, hf_name, dtype)))
     return Manifest(facts, tensors, "config", source)
 
 
@@ -225,15 +207,21 @@ def manifest_from_path(path: str | Path) -> Manifest:
         return manifest_from_config(_load_json(p), _shown(p))
     if p.is_dir() and (p / "config.json").is_file() and not any(p.glob("*.safetensors")):
         return manifest_from_config(_load_json(p / "config.json"), _shown(p / "config.json"))
-    from ..sources.config import model_facts
-    from ..sources.open import open_source
+    from ..sources.open import model_facts, open_source
 
     src = open_source(p)
     try:
         infos = src.tensors()
-        facts = model_facts(src)
         tensors = [TensorEntry(t.name, tuple(int(d) for d in t.shape), t.dtype) for t in infos]
-        return Manifest(facts, tensors, src.kind, p.name)
+        known = src.config is not None and (src.kind == "gguf" or archs.family(src.config.get("model_type")))
+        if known:
+            facts, warnings = model_facts(src), []
+        else:  # no entry for this architecture (or no config.json): the generic plan, said out loud
+            cfg = src.config if src.kind != "gguf" else None
+            facts, warnings = archs.generic_facts(cfg, [t.source_name for t in infos], escape_name(p.name))
+            if src.kind == "gguf":
+                facts["arch"] = getattr(src, "arch", None)
+        return Manifest(facts, tensors, src.kind, p.name, warnings=warnings)
     finally:
         src.close()
 

@@ -276,10 +276,10 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
                "pins": {k: list((pins or {}).get(k) or []) for k in PIN_KINDS},
                "default_keep": list(DEFAULT_KEEP)}
     model = {"source": manifest.source, "origin": manifest.origin, **manifest.facts,
-             "tensors": len(manifest.tensors), "items": len(items)}
+             "tensors": len(manifest.tensors), "items": len(items), "assumptions": list(manifest.warnings)}
     tm = TierMap(decisions, model=model, board=board.to_json(), options=options, objective=objective,
                  budget=budget, prediction=prediction)
-    tm.warnings = pin_warn + list(profile.warnings)
+    tm.warnings = list(manifest.warnings) + pin_warn + list(profile.warnings)
     return tm
 
 

@@ -1,0 +1,823 @@
+"""Architecture knowledge, in one place: one declarative :class:`Family` entry per model family.
+
+An entry says, for one family of Hugging Face checkpoints:
+
+* which ``model_type`` values it covers and which gguf-py architecture its
+  tensors are named by (``gguf``; gguf-py's ``TensorNameMap`` does the HF ->
+  GGUF renaming, ``renames`` add what that map lacks: fused tensors, prefixes);
+* where its config.json keeps each fact (``keys``; :data:`COMMON_KEYS` holds
+  the usual spellings) and the defaults of its transformers config class
+  (``defaults``) for keys a real config.json leaves out;
+* the tensors a checkpoint of it holds (``top`` and per-layer ``layer``
+  templates, each a name, a shape over named dimensions, and a condition);
+* its attention: ``gqa`` (K and V of ``kv_heads x head_dim`` per token and
+  layer) or ``mla`` (the compressed latent, ``kv_lora_rank +
+  qk_rope_head_dim``); which layers use a sliding window (``swa``) and which
+  layers are MoE (``moe``).
+
+Adding a family is one entry here plus a fixture (``orkpack.synth.TINY``).
+Everything else reads these tables: :func:`facts_from_config` (the facts a
+plan needs), :func:`hf_tensors` (the exact tensor list of a checkpoint, from
+its config alone), :func:`canonical_name` (HF name -> GGUF-style name),
+:func:`facts_from_gguf` (the same facts from GGUF metadata).
+
+Fused tensors stay fused (one matmul, one NPU call): phi3 ``qkv_proj`` and
+``gate_up_proj``, internlm2 ``wqkv``, chatglm ``query_key_value`` and
+``dense_h_to_4h``, gpt-oss and granitemoe expert ``gate_up`` (stacked
+``blk.N.ffn_gate_up_exps.weight``). llama.cpp's converter splits some of them;
+orkpack keeps the checkpoint's own matrices.
+
+Facts every source gives (:data:`FACT_KEYS`): arch, n_layers, hidden,
+intermediate, heads, kv_heads, head_dim, vocab, n_experts, n_experts_used,
+moe_intermediate, tie_word_embeddings, and the KV cache layout the runtime
+(llama.cpp) allocates: attention (gqa, mla or unknown), kv_k and kv_v
+(elements per token and layer for K and V), swa_window and swa_layers (the
+layers whose cache holds only the last ``swa_window`` positions).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Callable, Mapping
+
+import gguf
+
+from .errors import SourceError, escape_name
+
+FACT_KEYS = (
+    "arch", "n_layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab",
+    "n_experts", "n_experts_used", "moe_intermediate", "tie_word_embeddings",
+    "attention", "kv_k", "kv_v", "swa_window", "swa_layers",
+)
+
+# Sanity caps (a hostile config must not make a plan enumerate billions of items): far above any real model.
+CAPS = {"n_layers": 4096, "n_experts": 65536, "n_nextn": 16}
+CAP_DEFAULT = 1 << 24
+MAX_EXPERT_SLICES = 1 << 20  # layers x experts (a 48-layer, 128-expert MoE has 6144)
+MAX_TENSORS = 1 << 21  # tensors a config may describe (DeepSeek-V3: ~92k with per-expert names)
+
+# where a config.json keeps each fact; a family's ``keys`` replace single entries
+COMMON_KEYS: dict[str, tuple[str, ...]] = {
+    "n_layers": ("num_hidden_layers",),
+    "hidden": ("hidden_size",),
+    "intermediate": ("intermediate_size",),
+    "heads": ("num_attention_heads",),
+    "kv_heads": ("num_key_value_heads",),
+    "head_dim": ("head_dim",),
+    "vocab": ("vocab_size",),
+    "n_experts": ("num_experts", "num_local_experts", "n_routed_experts"),
+    "n_experts_used": ("num_experts_per_tok",),
+    "moe_intermediate": ("moe_intermediate_size",),
+    "shared_intermediate": ("shared_expert_intermediate_size",),
+    "n_shared": ("n_shared_experts",),
+    "q_lora_rank": ("q_lora_rank",),
+    "kv_lora_rank": ("kv_lora_rank",),
+    "qk_nope": ("qk_nope_head_dim",),
+    "qk_rope": ("qk_rope_head_dim",),
+    "v_head_dim": ("v_head_dim",),
+    "first_dense": ("first_k_dense_replace",),
+    "moe_freq": ("moe_layer_freq",),
+    "sparse_step": ("decoder_sparse_step",),
+    "n_nextn": ("num_nextn_predict_layers",),
+    "sliding_window": ("sliding_window",),
+    "swa_pattern": ("sliding_window_pattern",),
+}
+# facts a family must have (others default to 0 / derived)
+REQUIRED = ("n_layers", "hidden", "heads", "vocab")
+
+
+@dataclass(frozen=True)
+class T:
+    """One tensor template: HF name (``{i}``: layer), shape over named dimensions, condition.
+
+    Shape entries are ints or expressions over dims: ``"nh*hd"``, ``"2*I"``, ``"kvlr+rope"``.
+    ``when``: the names of layer/model flags that must all hold (``!flag``: must not).
+    ``experts``: one HF tensor per expert (``{e}`` in the name), stacked on read.
+    """
+    name: str
+    shape: tuple
+    when: tuple[str, ...] = ()
+    experts: bool = False
+    kind: str = "w"  # w (matrix), norm, bias: what synthetic values look like
+
+
+def t(name: str, *shape, when: str = "", experts: bool = False, kind: str | None = None) -> T:
+    if kind is None:
+        kind = "bias" if name.endswith(".bias") or name.endswith("_bias") else ("norm" if len(shape) == 1 else "w")
+    return T(name, tuple(shape), tuple(w for w in when.split() if w), experts, kind)
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str  # our id: the HF model_type
+    gguf: str  # gguf-py MODEL_ARCH member whose TensorNameMap names the tensors
+    layer: tuple[T, ...]
+    top: tuple[T, ...]
+    model_types: tuple[str, ...] = ()  # other HF model_type spellings
+    gguf_names: tuple[str, ...] = ()  # GGUF general.architecture values read as this family (default: gguf's name)
+    keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    renames: tuple[tuple[str, str], ...] = ()  # (regex on the HF name, replacement), before the gguf map
+    attention: str = "gqa"  # gqa | mla
+    swa: str | None = None  # None | "all" | "even" (every other, from layer 0) | "pattern" (gemma3) | "layer_types"
+    moe: str = "all"  # which layers are MoE when n_experts > 0: all | qwen (sparse step, mlp_only_layers) | deepseek
+    text_config: bool = False  # facts live in config["text_config"] (multimodal wrappers)
+    flags: Callable[[dict, dict], dict] | None = None  # extra model-level flags from (config, dims)
+
+
+# --------------------------------------------------------------------------------------- shared templates
+
+def _llama_top(embed: str = "model.embed_tokens.weight", norm: str = "model.norm.weight",
+               head: str = "lm_head.weight") -> tuple[T, ...]:
+    return (t(embed, "V", "H", kind="w"), t(norm, "H"), t(head, "V", "H", when="!tied"))
+
+
+P = "model.layers.{i}."
+_NORMS = (t(P + "input_layernorm.weight", "H"), t(P + "post_attention_layernorm.weight", "H"))
+_QKVO = (
+    t(P + "self_attn.q_proj.weight", "nh*hd", "H"), t(P + "self_attn.k_proj.weight", "nkv*hd", "H"),
+    t(P + "self_attn.v_proj.weight", "nkv*hd", "H"), t(P + "self_attn.o_proj.weight", "H", "nh*hd"),
+)
+_QKV_BIAS = (t(P + "self_attn.q_proj.bias", "nh*hd", when="qkv_bias"), t(P + "self_attn.k_proj.bias", "nkv*hd", when="qkv_bias"),
+             t(P + "self_attn.v_proj.bias", "nkv*hd", when="qkv_bias"))
+_O_BIAS = (t(P + "self_attn.o_proj.bias", "H", when="o_bias"),)
+_QK_NORM = (t(P + "self_attn.q_norm.weight", "hd"), t(P + "self_attn.k_norm.weight", "hd"))
+_MLP = (t(P + "mlp.gate_proj.weight", "I", "H", when="dense"), t(P + "mlp.up_proj.weight", "I", "H", when="dense"),
+        t(P + "mlp.down_proj.weight", "H", "I", when="dense"))
+_MLP_BIAS = (t(P + "mlp.gate_proj.bias", "I", when="dense mlp_bias"), t(P + "mlp.up_proj.bias", "I", when="dense mlp_bias"),
+             t(P + "mlp.down_proj.bias", "H", when="dense mlp_bias"))
+_EXPERTS = (
+    t(P + "mlp.gate.weight", "E", "H", when="moe"),
+    t(P + "mlp.experts.{e}.gate_proj.weight", "Im", "H", when="moe", experts=True),
+    t(P + "mlp.experts.{e}.up_proj.weight", "Im", "H", when="moe", experts=True),
+    t(P + "mlp.experts.{e}.down_proj.weight", "H", "Im", when="moe", experts=True),
+)
+_LLAMA_LAYER = _NORMS + _QKVO + _QKV_BIAS + _O_BIAS + _MLP + _MLP_BIAS
+_GEMMA2_NORMS = (t(P + "pre_feedforward_layernorm.weight", "H"), t(P + "post_feedforward_layernorm.weight", "H"))
+_MLA = (
+    t(P + "self_attn.q_proj.weight", "nh*(nope+rope)", "H", when="!q_lora"),
+    t(P + "self_attn.q_a_proj.weight", "qlr", "H", when="q_lora"),
+    t(P + "self_attn.q_a_layernorm.weight", "qlr", when="q_lora"),
+    t(P + "self_attn.q_b_proj.weight", "nh*(nope+rope)", "qlr", when="q_lora"),
+    t(P + "self_attn.kv_a_proj_with_mqa.weight", "kvlr+rope", "H"),
+    t(P + "self_attn.kv_a_layernorm.weight", "kvlr"),
+    t(P + "self_attn.kv_b_proj.weight", "nh*(nope+vhd)", "kvlr"),
+    t(P + "self_attn.o_proj.weight", "H", "nh*vhd"),
+)
+_DEEPSEEK_MOE = (
+    t(P + "mlp.gate.weight", "E", "H", when="moe"),
+    t(P + "mlp.gate.e_score_correction_bias", "E", when="moe noaux"),
+    t(P + "mlp.experts.{e}.gate_proj.weight", "Im", "H", when="moe", experts=True),
+    t(P + "mlp.experts.{e}.up_proj.weight", "Im", "H", when="moe", experts=True),
+    t(P + "mlp.experts.{e}.down_proj.weight", "H", "Im", when="moe", experts=True),
+    t(P + "mlp.shared_experts.gate_proj.weight", "Is", "H", when="moe shared"),
+    t(P + "mlp.shared_experts.up_proj.weight", "Is", "H", when="moe shared"),
+    t(P + "mlp.shared_experts.down_proj.weight", "H", "Is", when="moe shared"),
+)
+# DeepSeek-V3's multi-token-prediction layers (model.layers.{n_layers + j}): a decoder layer plus these
+_NEXTN = (
+    t(P + "embed_tokens.weight", "V", "H", when="nextn", kind="w"), t(P + "enorm.weight", "H", when="nextn"),
+    t(P + "hnorm.weight", "H", when="nextn"), t(P + "eh_proj.weight", "H", "2*H", when="nextn"),
+    t(P + "shared_head.norm.weight", "H", when="nextn"), t(P + "shared_head.head.weight", "V", "H", when="nextn"),
+)
+_SIGLIP = "vision_tower.vision_model."
+_SIGLIP_LAYER = tuple(
+    t(_SIGLIP + "encoder.layers.{i}." + n, *s, when="vision")
+    for n, s in (
+        ("layer_norm1.weight", ("vH",)), ("layer_norm1.bias", ("vH",)),
+        ("self_attn.q_proj.weight", ("vH", "vH")), ("self_attn.q_proj.bias", ("vH",)),
+        ("self_attn.k_proj.weight", ("vH", "vH")), ("self_attn.k_proj.bias", ("vH",)),
+        ("self_attn.v_proj.weight", ("vH", "vH")), ("self_attn.v_proj.bias", ("vH",)),
+        ("self_attn.out_proj.weight", ("vH", "vH")), ("self_attn.out_proj.bias", ("vH",)),
+        ("layer_norm2.weight", ("vH",)), ("layer_norm2.bias", ("vH",)),
+        ("mlp.fc1.weight", ("vI", "vH")), ("mlp.fc1.bias", ("vI",)),
+        ("mlp.fc2.weight", ("vH", "vI")), ("mlp.fc2.bias", ("vH",)),
+    )
+)
+
+
+def _qkv_bias_flag(cfg: dict, d: dict) -> dict:
+    return {"qkv_bias": bool(cfg.get("attention_bias")), "o_bias": bool(cfg.get("attention_bias")),
+            "mlp_bias": bool(cfg.get("mlp_bias"))}
+
+
+def _always(*names: str) -> Callable[[dict, dict], dict]:
+    return lambda cfg, d: {n: True for n in names}
+
+
+# --------------------------------------------------------------------------------------------- the families
+
+_F = [
+    Family("llama", "LLAMA", _LLAMA_LAYER, _llama_top(), flags=_qkv_bias_flag,
+           defaults={"tie_word_embeddings": False}),
+    Family("mistral", "LLAMA", _LLAMA_LAYER, _llama_top(), defaults={"tie_word_embeddings": False}),
+    Family("mixtral", "LLAMA", _NORMS + _QKVO + (
+        t(P + "block_sparse_moe.gate.weight", "E", "H", when="moe"),
+        t(P + "block_sparse_moe.experts.{e}.w1.weight", "Im", "H", when="moe", experts=True),
+        t(P + "block_sparse_moe.experts.{e}.w3.weight", "Im", "H", when="moe", experts=True),
+        t(P + "block_sparse_moe.experts.{e}.w2.weight", "H", "Im", when="moe", experts=True),
+    ), _llama_top(), keys={"moe_intermediate": ("intermediate_size",)}, defaults={"tie_word_embeddings": False}),
+    Family("qwen2", "QWEN2", _LLAMA_LAYER, _llama_top(), flags=_always("qkv_bias"),
+           defaults={"tie_word_embeddings": False}),
+    Family("qwen2_moe", "QWEN2MOE", _NORMS + _QKVO + _QKV_BIAS + _MLP + _EXPERTS + (
+        t(P + "mlp.shared_expert.gate_proj.weight", "Is", "H", when="moe shared"),
+        t(P + "mlp.shared_expert.up_proj.weight", "Is", "H", when="moe shared"),
+        t(P + "mlp.shared_expert.down_proj.weight", "H", "Is", when="moe shared"),
+        t(P + "mlp.shared_expert_gate.weight", 1, "H", when="moe shared"),
+    ), _llama_top(), moe="qwen", flags=lambda cfg, d: {"qkv_bias": True, "shared": d["Is"] > 0},
+        defaults={"tie_word_embeddings": False}),
+    Family("qwen3", "QWEN3", _LLAMA_LAYER + _QK_NORM, _llama_top(), flags=_qkv_bias_flag,
+           defaults={"tie_word_embeddings": False}),
+    Family("qwen3_moe", "QWEN3MOE", _NORMS + _QKVO + _QKV_BIAS + _O_BIAS + _QK_NORM + _MLP + _EXPERTS, _llama_top(),
+           moe="qwen", flags=_qkv_bias_flag, defaults={"tie_word_embeddings": False}),
+    Family("gemma", "GEMMA", _NORMS + _QKVO + _MLP, _llama_top(), defaults={"tie_word_embeddings": True}),
+    Family("gemma2", "GEMMA2", _NORMS + _GEMMA2_NORMS + _QKVO + _MLP, _llama_top(), swa="even",
+           defaults={"tie_word_embeddings": True}),
+    # Gemma3TextConfig defaults (a real config.json leaves some of them out)
+    Family("gemma3_text", "GEMMA3", _NORMS + _GEMMA2_NORMS + _QKVO + _QK_NORM + _MLP, _llama_top(), swa="pattern",
+           defaults={"tie_word_embeddings": True, "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+                     "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                     "sliding_window": 4096, "sliding_window_pattern": 6}),
+    # Gemma3ForConditionalGeneration: the text model under language_model., a SigLIP vision tower, a projector
+    Family("gemma3", "GEMMA3", tuple(T(x.name.replace("model.layers.", "language_model.model.layers."), x.shape, x.when,
+                                       x.experts, x.kind)
+                                     for x in _NORMS + _GEMMA2_NORMS + _QKVO + _QK_NORM + _MLP) + _SIGLIP_LAYER,
+           _llama_top("language_model.model.embed_tokens.weight", "language_model.model.norm.weight",
+                      "language_model.lm_head.weight") + (
+               t(_SIGLIP + "embeddings.patch_embedding.weight", "vH", "vC", "vP", "vP", when="vision"),
+               t(_SIGLIP + "embeddings.patch_embedding.bias", "vH", when="vision"),
+               t(_SIGLIP + "embeddings.position_embedding.weight", "vN", "vH", when="vision", kind="w"),
+               t(_SIGLIP + "post_layernorm.weight", "vH", when="vision"),
+               t(_SIGLIP + "post_layernorm.bias", "vH", when="vision"),
+               t("multi_modal_projector.mm_input_projection_weight", "vH", "H", when="vision"),
+               t("multi_modal_projector.mm_soft_emb_norm.weight", "vH", when="vision"),
+           ), swa="pattern", text_config=True,
+           renames=((r"^(?:language_model\.model\.|model\.language_model\.)", "model."),
+                    (r"^language_model\.lm_head\.", "lm_head.")),
+           defaults={"tie_word_embeddings": True, "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
+                     "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                     "sliding_window": 4096, "sliding_window_pattern": 6}),
+    Family("phi3", "PHI3", _NORMS + (
+        t(P + "self_attn.qkv_proj.weight", "(nh+2*nkv)*hd", "H"), t(P + "self_attn.o_proj.weight", "H", "nh*hd"),
+        t(P + "mlp.gate_up_proj.weight", "2*I", "H"), t(P + "mlp.down_proj.weight", "H", "I"),
+    ), _llama_top(), defaults={"tie_word_embeddings": False}),
+    Family("internlm2", "INTERNLM2", (
+        t(P + "attention_norm.weight", "H"), t(P + "ffn_norm.weight", "H"),
+        t(P + "attention.wqkv.weight", "(nh+2*nkv)*hd", "H"), t(P + "attention.wqkv.bias", "(nh+2*nkv)*hd", when="qkv_bias"),
+        t(P + "attention.wo.weight", "H", "nh*hd"), t(P + "attention.wo.bias", "H", when="qkv_bias"),
+        t(P + "feed_forward.w1.weight", "I", "H"), t(P + "feed_forward.w3.weight", "I", "H"),
+        t(P + "feed_forward.w2.weight", "H", "I"),
+    ), _llama_top("model.tok_embeddings.weight", "model.norm.weight", "output.weight"),
+        renames=((r"^model\.layers\.(\d+)\.attention\.wqkv\.", r"blk.\1.attn_qkv."),),
+        flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("bias"))}, defaults={"tie_word_embeddings": False}),
+    Family("minicpm", "MINICPM", _LLAMA_LAYER, _llama_top(), flags=_qkv_bias_flag,
+           defaults={"tie_word_embeddings": True}),
+    Family("minicpm3", "MINICPM3", _NORMS + _MLA + _MLP, _llama_top(), attention="mla",
+           flags=lambda cfg, d: {"q_lora": bool(d["qlr"])}, defaults={"tie_word_embeddings": True}),
+    # ChatGLM3 and GLM-4-9B-chat (model_type chatglm): the transformer.encoder.* layout
+    Family("chatglm", "CHATGLM", (
+        t("transformer.encoder.layers.{i}.input_layernorm.weight", "H"),
+        t("transformer.encoder.layers.{i}.self_attention.query_key_value.weight", "(nh+2*nkv)*hd", "H"),
+        t("transformer.encoder.layers.{i}.self_attention.query_key_value.bias", "(nh+2*nkv)*hd", when="qkv_bias"),
+        t("transformer.encoder.layers.{i}.self_attention.dense.weight", "H", "nh*hd"),
+        t("transformer.encoder.layers.{i}.post_attention_layernorm.weight", "H"),
+        t("transformer.encoder.layers.{i}.mlp.dense_h_to_4h.weight", "2*I", "H"),
+        t("transformer.encoder.layers.{i}.mlp.dense_4h_to_h.weight", "H", "I"),
+    ), (t("transformer.embedding.word_embeddings.weight", "V", "H", kind="w"),
+        t("transformer.encoder.final_layernorm.weight", "H"),
+        t("transformer.output_layer.weight", "V", "H", when="!tied")),
+        keys={"n_layers": ("num_layers",), "intermediate": ("ffn_hidden_size",), "vocab": ("padded_vocab_size",),
+              "head_dim": ("kv_channels",), "kv_heads": ("multi_query_group_num",)},
+        renames=((r"^transformer\.embedding\.word_embeddings\.", "token_embd."),
+                 (r"^transformer\.encoder\.final_layernorm\.", "output_norm."),
+                 (r"^transformer\.output_layer\.", "output."),
+                 (r"^transformer\.encoder\.layers\.(\d+)\.input_layernorm\.", r"blk.\1.attn_norm."),
+                 (r"^transformer\.encoder\.layers\.(\d+)\.self_attention\.query_key_value\.", r"blk.\1.attn_qkv."),
+                 (r"^transformer\.encoder\.layers\.(\d+)\.self_attention\.dense\.", r"blk.\1.attn_output."),
+                 (r"^transformer\.encoder\.layers\.(\d+)\.post_attention_layernorm\.", r"blk.\1.ffn_norm."),
+                 (r"^transformer\.encoder\.layers\.(\d+)\.mlp\.dense_h_to_4h\.", r"blk.\1.ffn_up."),
+                 (r"^transformer\.encoder\.layers\.(\d+)\.mlp\.dense_4h_to_h\.", r"blk.\1.ffn_down.")),
+        flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("add_qkv_bias"))},
+        defaults={"tie_word_embeddings": False}),
+    # GLM-4-0414 (model_type glm4): llama-style names, fused gate_up, sandwich norms
+    Family("glm4", "GLM4", _NORMS + _QKVO + _QKV_BIAS + (
+        t(P + "post_self_attn_layernorm.weight", "H"), t(P + "post_mlp_layernorm.weight", "H"),
+        t(P + "mlp.gate_up_proj.weight", "2*I", "H"), t(P + "mlp.down_proj.weight", "H", "I"),
+    ), _llama_top(), flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("attention_bias"))},
+        defaults={"tie_word_embeddings": False}),
+    Family("deepseek_v2", "DEEPSEEK2", _NORMS + _MLA + _MLP + _DEEPSEEK_MOE, _llama_top(), attention="mla",
+           moe="deepseek", flags=lambda cfg, d: {"q_lora": bool(d["qlr"]), "shared": d["n_shared"] > 0,
+                                                 "noaux": cfg.get("topk_method") == "noaux_tc"},
+           defaults={"tie_word_embeddings": False}),
+    Family("deepseek_v3", "DEEPSEEK2", _NORMS + _MLA + _MLP + _DEEPSEEK_MOE + _NEXTN, _llama_top(), attention="mla",
+           moe="deepseek", flags=lambda cfg, d: {"q_lora": bool(d["qlr"]), "shared": d["n_shared"] > 0,
+                                                 "noaux": cfg.get("topk_method", "noaux_tc") == "noaux_tc"},
+           renames=((r"^model\.layers\.(\d+)\.(embed_tokens|enorm|hnorm|eh_proj)\.", r"blk.\1.nextn.\2."),
+                    (r"^model\.layers\.(\d+)\.shared_head\.norm\.", r"blk.\1.nextn.shared_head_norm."),
+                    (r"^model\.layers\.(\d+)\.shared_head\.head\.", r"blk.\1.nextn.shared_head_head."),
+                    (r"^model\.layers\.(\d+)\.mlp\.gate\.e_score_correction_bias$", r"blk.\1.exp_probs_b.bias")),
+           defaults={"tie_word_embeddings": False}),
+    Family("gpt_oss", "GPT_OSS", _NORMS + _QKVO + (
+        t(P + "self_attn.q_proj.bias", "nh*hd"), t(P + "self_attn.k_proj.bias", "nkv*hd"),
+        t(P + "self_attn.v_proj.bias", "nkv*hd"), t(P + "self_attn.o_proj.bias", "H"),
+        t(P + "self_attn.sinks", "nh", kind="bias"),
+        t(P + "mlp.router.weight", "E", "H"), t(P + "mlp.router.bias", "E"),
+        t(P + "mlp.experts.gate_up_proj", "E", "2*Im", "H"), t(P + "mlp.experts.gate_up_proj_bias", "E", "2*Im"),
+        t(P + "mlp.experts.down_proj", "E", "H", "Im"), t(P + "mlp.experts.down_proj_bias", "E", "H"),
+    ), _llama_top(), swa="layer_types", keys={"moe_intermediate": ("intermediate_size",)},
+        renames=((r"\.mlp\.experts\.gate_up_proj$", ".mlp.experts.gate_up_proj.weight"),
+                 (r"\.mlp\.experts\.down_proj$", ".mlp.experts.down_proj.weight"),
+                 (r"^model\.layers\.(\d+)\.mlp\.experts\.gate_up_proj\.weight$", r"blk.\1.ffn_gate_up_exps.weight"),
+                 (r"^model\.layers\.(\d+)\.mlp\.experts\.gate_up_proj_bias$", r"blk.\1.ffn_gate_up_exps.bias"),
+                 (r"^model\.layers\.(\d+)\.mlp\.experts\.down_proj_bias$", r"blk.\1.ffn_down_exps.bias")),
+        defaults={"tie_word_embeddings": False}),
+    Family("olmoe", "OLMOE", _NORMS + _QKVO + (
+        t(P + "self_attn.q_norm.weight", "nh*hd"), t(P + "self_attn.k_norm.weight", "nkv*hd"),
+    ) + _EXPERTS, _llama_top(), keys={"moe_intermediate": ("intermediate_size",)},
+        defaults={"tie_word_embeddings": False}),
+    Family("granite", "GRANITE", _LLAMA_LAYER, _llama_top(), flags=_qkv_bias_flag,
+           defaults={"tie_word_embeddings": True}),
+    Family("granitemoe", "GRANITE_MOE", _NORMS + _QKVO + (
+        t(P + "block_sparse_moe.router.layer.weight", "E", "H"),
+        t(P + "block_sparse_moe.input_linear.weight", "E", "2*Im", "H"),
+        t(P + "block_sparse_moe.output_linear.weight", "E", "H", "Im"),
+    ), _llama_top(), keys={"moe_intermediate": ("intermediate_size",)},
+        renames=((r"^model\.layers\.(\d+)\.block_sparse_moe\.input_linear\.weight$", r"blk.\1.ffn_gate_up_exps.weight"),),
+        defaults={"tie_word_embeddings": True}),
+    Family("smollm3", "SMOLLM3", _LLAMA_LAYER, _llama_top(), flags=_qkv_bias_flag,
+           defaults={"tie_word_embeddings": True}),
+    Family("starcoder2", "STARCODER2", (
+        t(P + "input_layernorm.weight", "H"), t(P + "input_layernorm.bias", "H"),
+        t(P + "post_attention_layernorm.weight", "H"), t(P + "post_attention_layernorm.bias", "H"),
+    ) + _QKVO + tuple(t(P + f"self_attn.{p}_proj.bias", n, when="use_bias")
+                      for p, n in (("q", "nh*hd"), ("k", "nkv*hd"), ("v", "nkv*hd"), ("o", "H"))) + (
+        t(P + "mlp.c_fc.weight", "I", "H"), t(P + "mlp.c_fc.bias", "I", when="use_bias"),
+        t(P + "mlp.c_proj.weight", "H", "I"), t(P + "mlp.c_proj.bias", "H", when="use_bias"),
+    ), _llama_top() + (t("model.norm.bias", "H"),),
+        flags=lambda cfg, d: {"use_bias": bool(cfg.get("use_bias", True))}, defaults={"tie_word_embeddings": True}),
+]
+
+FAMILIES: dict[str, Family] = {f.name: f for f in _F}
+_BY_MODEL_TYPE: dict[str, Family] = {mt: f for f in _F for mt in (f.name, *f.model_types)}
+SUPPORTED = tuple(sorted(_BY_MODEL_TYPE))
+
+
+def family(model_type: str | None) -> Family | None:
+    """The entry for an HF ``model_type`` (None for an unknown one)."""
+    return _BY_MODEL_TYPE.get(model_type) if isinstance(model_type, str) else None
+
+
+# ------------------------------------------------------------------------------------------- config -> facts
+
+def _int(v: Any, key: str, where: str, *, allow_none: bool = False, cap: int = CAP_DEFAULT) -> int | None:
+    if v is None and allow_none:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise SourceError(f"{where}: '{escape_name(key)}' = {escape_name(repr(v), 40)} is not a non-negative "
+                          "integer; fix the config")
+    if v > cap:
+        raise SourceError(f"{where}: '{escape_name(key)}' = {v} is beyond any real model (cap {cap}); fix the config")
+    return v
+
+
+def _lookup(cfg: Mapping, fam: Family, fact: str) -> tuple[str | None, Any]:
+    """(key found, value) of one fact in a config (family keys first, then the common ones, then defaults)."""
+    keys = fam.keys.get(fact, COMMON_KEYS.get(fact, ()))
+    for k in keys:
+        if k in cfg and cfg[k] is not None:
+            return k, cfg[k]
+    for k in keys:
+        if k in fam.defaults:
+            return k, fam.defaults[k]
+    return (keys[0] if keys else None), None
+
+
+def _text_config(cfg: Mapping, fam: Family, where: str) -> Mapping:
+    if not fam.text_config:
+        return cfg
+    tc = cfg.get("text_config")
+    if tc is None:
+        tc = {}
+    if not isinstance(tc, Mapping):
+        raise SourceError(f"{where}: 'text_config' is not an object; fix the config")
+    return tc
+
+
+def _dims(cfg: Mapping, fam: Family, where: str) -> dict:
+    """Every dimension the templates and the facts use, checked for type and range."""
+    tc = _text_config(cfg, fam, where)
+    d: dict[str, Any] = {}
+
+    def get(fact: str, default: int | None = None, cap: int | None = None) -> int | None:
+        k, v = _lookup(tc, fam, fact)
+        if v is None:
+            if default is None and fact in REQUIRED:
+                raise SourceError(f"{where}: '{k}' is missing; fix the config")
+            return default
+        return _int(v, k or fact, where, cap=cap or CAPS.get(fact, CAP_DEFAULT))
+
+    d["L"] = get("n_layers")
+    d["H"] = get("hidden")
+    d["nh"] = get("heads")
+    d["V"] = get("vocab")
+    if d["nh"] == 0:
+        raise SourceError(f"{where}: '{_lookup(tc, fam, 'heads')[0]}' is 0; fix the config")
+    d["nkv"] = get("kv_heads", d["nh"])
+    if fam.name == "chatglm" and not tc.get("multi_query_attention"):
+        d["nkv"] = d["nh"]
+    d["hd"] = get("head_dim", d["H"] // d["nh"])
+    d["I"] = get("intermediate", 0)
+    d["E"] = get("n_experts", 0)
+    d["top_k"] = get("n_experts_used", 0)
+    d["Im"] = get("moe_intermediate", 0)
+    d["n_shared"] = get("n_shared", 0)
+    d["Is"] = get("shared_intermediate", d["n_shared"] * d["Im"])
+    d["qlr"] = get("q_lora_rank", 0)
+    d["kvlr"] = get("kv_lora_rank", 0)
+    d["nope"] = get("qk_nope", 0)
+    d["rope"] = get("qk_rope", 0)
+    d["vhd"] = get("v_head_dim", 0)
+    d["first_dense"] = get("first_dense", 0)
+    d["moe_freq"] = get("moe_freq", 1) or 1
+    d["sparse_step"] = get("sparse_step", 1) or 1
+    d["n_nextn"] = get("n_nextn", 0) if fam.name == "deepseek_v3" else 0
+    d["window"] = get("sliding_window", 0) if fam.swa else 0
+    d["swa_pattern"] = get("swa_pattern", 0) if fam.swa == "pattern" else 0
+    if fam.attention == "mla" and not (d["kvlr"] and d["rope"] and d["nope"] + d["rope"] and d["vhd"]):
+        raise SourceError(f"{where}: an MLA model needs kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim and "
+                          "v_head_dim; fix the config")
+    if d["E"]:
+        if not 0 < d["top_k"] <= d["E"]:
+            raise SourceError(f"{where}: 'num_experts_per_tok' = {d['top_k']} must be in 1..{d['E']} "
+                              "(the number of experts); fix the config")
+        if d["L"] * d["E"] > MAX_EXPERT_SLICES:
+            raise SourceError(f"{where}: {d['L']} layers x {d['E']} experts is beyond any real model; fix the config")
+    if fam.name == "gemma3":
+        vc = cfg.get("vision_config") or {}
+        if not isinstance(vc, Mapping):
+            raise SourceError(f"{where}: 'vision_config' is not an object; fix the config")
+        vdef = {"hidden_size": 1152, "intermediate_size": 4304, "num_hidden_layers": 27, "patch_size": 14,
+                "image_size": 896, "num_channels": 3}  # SiglipVisionConfig as Gemma3 uses it
+        for key, name in (("hidden_size", "vH"), ("intermediate_size", "vI"), ("num_hidden_layers", "vL"),
+                          ("patch_size", "vP"), ("image_size", "vS"), ("num_channels", "vC")):
+            d[name] = _int(vc.get(key, vdef[key]), "vision_config." + key, where,
+                           cap=4096 if key == "num_hidden_layers" else CAP_DEFAULT)
+        if d["vP"] == 0:
+            raise SourceError(f"{where}: 'vision_config.patch_size' is 0; fix the config")
+        d["vN"] = (d["vS"] // d["vP"]) ** 2
+    tied = tc.get("tie_word_embeddings", cfg.get("tie_word_embeddings", fam.defaults.get("tie_word_embeddings", False)))
+    if not isinstance(tied, bool):
+        raise SourceError(f"{where}: 'tie_word_embeddings' = {escape_name(repr(tied), 40)} is not true or false; "
+                          "fix the config")
+    d["tied"] = tied
+    return d
+
+
+def _moe_layer(fam: Family, d: dict, cfg: Mapping, i: int) -> bool:
+    if not d["E"]:
+        return False
+    if fam.moe == "qwen":
+        mlp_only = cfg.get("mlp_only_layers") or ()
+        return i not in mlp_only and (i + 1) % d["sparse_step"] == 0
+    if fam.moe == "deepseek":
+        return i >= d["first_dense"] and i % d["moe_freq"] == 0
+    return True
+
+
+def _swa_layers(fam: Family, d: dict, cfg: Mapping, where: str) -> list[int]:
+    L, w = d["L"], d["window"]
+    if not fam.swa or not w:
+        return []
+    if fam.swa == "all":
+        return list(range(L))
+    if fam.swa == "even":
+        return [i for i in range(L) if i % 2 == 0]
+    lt = _text_config(cfg, fam, where).get("layer_types")
+    if lt is not None:
+        if not (isinstance(lt, list) and len(lt) == L and all(isinstance(x, str) for x in lt)):
+            raise SourceError(f"{where}: 'layer_types' must list one attention type per layer ({L}); fix the config")
+        return [i for i, x in enumerate(lt) if x == "sliding_attention"]
+    if fam.swa == "layer_types":  # gpt-oss without layer_types: alternating, sliding first
+        return [i for i in range(L) if i % 2 == 0]
+    p = d["swa_pattern"]
+    return [i for i in range(L) if p and (i + 1) % p != 0]
+
+
+def _kv(fam: Family, d: dict) -> tuple[int, int]:
+    if fam.attention == "mla":  # the compressed latent: one row of kv_lora_rank + rope dims, no separate V
+        return d["kvlr"] + d["rope"], 0
+    return d["nkv"] * d["hd"], d["nkv"] * d["hd"]
+
+
+def facts_from_config(cfg: Mapping[str, Any], where: str = "config.json") -> dict:
+    """The plan's facts from a parsed config.json of a known family (SourceError: one line naming the key)."""
+    if not isinstance(cfg, Mapping):
+        raise SourceError(f"{where}: config.json is not a JSON object; restore the original")
+    fam = family(cfg.get("model_type"))
+    if fam is None:
+        raise SourceError(f"{where}: model_type {escape_name(repr(cfg.get('model_type')), 60)} is not a known "
+                          f"architecture; known: {', '.join(SUPPORTED)}. Plan from the weights instead (a folder "
+                          "with safetensors, or a .gguf) for a generic plan")
+    return _facts(fam, cfg, _dims(cfg, fam, where), where)
+
+
+def _facts(fam: Family, cfg: Mapping, d: dict, where: str) -> dict:
+    k, v = _kv(fam, d)
+    return {
+        "arch": fam.name, "n_layers": d["L"], "hidden": d["H"], "intermediate": d["I"], "heads": d["nh"],
+        "kv_heads": d["nkv"] if fam.attention != "mla" else 1, "head_dim": d["hd"], "vocab": d["V"],
+        "n_experts": d["E"], "n_experts_used": d["top_k"] if d["E"] else 0,
+        "moe_intermediate": d["Im"] if d["E"] else 0, "tie_word_embeddings": d["tied"],
+        "attention": fam.attention, "kv_k": k, "kv_v": v,
+        "swa_window": d["window"] if fam.swa else 0, "swa_layers": _swa_layers(fam, d, cfg, where),
+    }
+
+
+# ------------------------------------------------------------------------------------------ config -> tensors
+
+_EXPR = re.compile(r"\s*(\d+|[A-Za-z_]\w*|[-+*()])")
+
+
+def _eval(expr: Any, d: Mapping[str, int]) -> int:
+    """An int, or an expression of dims with + * and parentheses."""
+    if isinstance(expr, int):
+        return expr
+    toks = _EXPR.findall(expr)
+    pos = 0
+
+    def atom() -> int:
+        nonlocal pos
+        tok = toks[pos]
+        pos += 1
+        if tok == "(":
+            v = add()
+            pos += 1  # ')'
+            return v
+        return int(tok) if tok.isdigit() else int(d[tok])
+
+    def mul() -> int:
+        nonlocal pos
+        v = atom()
+        while pos < len(toks) and toks[pos] == "*":
+            pos += 1
+            v *= atom()
+        return v
+
+    def add() -> int:
+        nonlocal pos
+        v = mul()
+        while pos < len(toks) and toks[pos] == "+":
+            pos += 1
+            v += mul()
+        return v
+
+    return add()
+
+
+def _holds(when: tuple[str, ...], flags: Mapping[str, bool]) -> bool:
+    return all((not flags.get(w[1:], False)) if w.startswith("!") else flags.get(w, False) for w in when)
+
+
+def hf_tensors(cfg: Mapping[str, Any], where: str = "config.json") -> tuple[dict, list[tuple[str, tuple[int, ...], T]]]:
+    """(facts, [(HF name, shape, template)]): every tensor a checkpoint of this config holds, per expert.
+
+    Derivable buffers (``inv_freq``, ``position_ids``, masks) are not listed: they are dropped on read.
+    """
+    facts = facts_from_config(cfg, where)
+    fam = FAMILIES[facts["arch"]]
+    d = _dims(cfg, fam, where)
+    base = {"tied": d["tied"], "vision": fam.name == "gemma3"}
+    if fam.flags is not None:
+        base.update(fam.flags(cfg, d))
+    out: list[tuple[str, tuple[int, ...], T]] = []
+
+    def emit(tpl: T, flags: Mapping[str, bool], i: int | None) -> None:
+        if not _holds(tpl.when, flags):
+            return
+        shape = tuple(_eval(s, d) for s in tpl.shape)
+        name = tpl.name if i is None else tpl.name.replace("{i}", str(i))
+        if tpl.experts:
+            for e in range(d["E"]):
+                out.append((name.replace("{e}", str(e)), shape, tpl))
+        else:
+            out.append((name, shape, tpl))
+        if len(out) > MAX_TENSORS:
+            raise SourceError(f"{where}: describes over {MAX_TENSORS} tensors; beyond any real model; fix the config")
+
+    for tpl in fam.top:
+        emit(tpl, base, None)
+    layer_tpls = [x for x in fam.layer if not x.name.startswith(_SIGLIP)]
+    for i in range(d["L"] + d["n_nextn"]):
+        moe = _moe_layer(fam, d, cfg, i)
+        flags = dict(base, moe=moe, dense=not moe, nextn=i >= d["L"])
+        for tpl in layer_tpls:
+            emit(tpl, flags, i)
+    if base["vision"]:
+        for i in range(d["vL"]):
+            for tpl in fam.layer:
+                if tpl.name.startswith(_SIGLIP):
+                    emit(tpl, base, i)
+    return facts, out
+
+
+# --------------------------------------------------------------------------------------------------- names
+
+@lru_cache(maxsize=64)
+def _name_map(gguf_arch: str, n_blocks: int) -> gguf.TensorNameMap:
+    return gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, gguf_arch), n_blocks)
+
+
+@lru_cache(maxsize=64)
+def _renames(arch: str) -> tuple[tuple[re.Pattern, str], ...]:
+    fam = FAMILIES.get(arch)
+    return tuple((re.compile(a), b) for a, b in fam.renames) if fam else ()
+
+
+def canonical_name(hf_name: str, arch: str | None, n_layers: int) -> str | None:
+    """The GGUF-style name of a (non-expert) HF tensor of a known family; None when no rule or map knows it."""
+    fam = FAMILIES.get(arch) if arch else None
+    if fam is None:
+        return None
+    name = hf_name
+    for rx, repl in _renames(fam.name):
+        name = rx.sub(repl, name)
+    if name.startswith("blk.") or name in ("token_embd.weight", "output.weight", "output_norm.weight"):
+        return name
+    # MTP layers sit after the last decoder layer: the map must know their block numbers too
+    got = _name_map(fam.gguf, int(n_layers) + 16).get_name(name, try_suffixes=(".weight", ".bias"))
+    if got is None:  # a llama-style tensor the family's GGUF table leaves out (qwen2_moe's mlp_only_layers)
+        got = _name_map("LLAMA", int(n_layers) + 16).get_name(name, try_suffixes=(".weight", ".bias"))
+    return got
+
+
+def gguf_arch_name(arch: str) -> str:
+    """The GGUF ``general.architecture`` string a family's GGUF files carry."""
+    return gguf.MODEL_ARCH_NAMES[getattr(gguf.MODEL_ARCH, FAMILIES[arch].gguf)]
+
+
+@lru_cache(maxsize=1)
+def _by_gguf_name() -> dict[str, Family]:
+    out: dict[str, Family] = {}
+    for f in _F:  # the first family with a GGUF architecture is the one read for it (llama, not mistral)
+        for g in f.gguf_names or (gguf_arch_name(f.name),):
+            out.setdefault(g, f)
+    return out
+
+
+def family_for_gguf(garch: str | None, has_experts: bool) -> Family | None:
+    """The family a GGUF ``general.architecture`` is read as (a ``llama`` GGUF with experts is mixtral)."""
+    if not isinstance(garch, str):
+        return None
+    fam = _by_gguf_name().get(garch)
+    if fam is not None and fam.name == "llama" and has_experts:
+        return FAMILIES["mixtral"]
+    return fam
+
+
+# ------------------------------------------------------------------------------------------- GGUF -> facts
+
+def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]], where: str) -> dict:
+    """Facts from GGUF metadata (``{arch}.*`` keys) and tensor shapes (numpy order); generic over families."""
+    garch = kv.get("general.architecture")
+    n_exp_raw = kv.get(f"{garch}.expert_count", 0)
+    fam = family_for_gguf(garch, bool(n_exp_raw))
+    if fam is None:
+        raise SourceError(f"{where}: GGUF architecture {escape_name(repr(garch), 40)} is not a known family; "
+                          f"known: {', '.join(sorted(_by_gguf_name()))}")
+
+    def get(key: str, default: Any = None) -> Any:
+        v = kv.get(f"{garch}.{key}", default)
+        return default if v is None else v
+
+    def num(key: str, default: int | None = None, cap: int = CAP_DEFAULT) -> int:
+        v = get(key, default)
+        if v is None:
+            raise SourceError(f"{where}: GGUF key '{escape_name(str(garch))}.{key}' is missing; the file is incomplete")
+        if isinstance(v, (list, tuple)):  # per-layer arrays (e.g. head_count_kv): the largest
+            v = max(v) if v else 0
+        if hasattr(v, "item"):
+            v = v.item()
+        return _int(v, f"{garch}.{key}", where, cap=cap)
+
+    L = num("block_count", cap=CAPS["n_layers"])
+    H = num("embedding_length")
+    nh = num("attention.head_count")
+    nkv = num("attention.head_count_kv", nh)
+    hd = num("attention.key_length", (H // nh) if nh else 0)
+    vd = num("attention.value_length", hd)
+    E = num("expert_count", 0, cap=CAPS["n_experts"])
+    used = num("expert_used_count", 0)
+    ff = num("feed_forward_length", 0)
+    moe = num("expert_feed_forward_length", 0) or (ff if E else 0)
+    if "token_embd.weight" in shapes:
+        vocab = int(shapes["token_embd.weight"][0])
+    elif get("vocab_size") is not None:
+        vocab = num("vocab_size")
+    else:
+        vocab = len(kv.get("tokenizer.ggml.tokens") or ())
+    if fam.attention == "mla":
+        kvlr, rope = num("attention.kv_lora_rank", 0), num("rope.dimension_count", 0)
+        k_dim, v_dim, nkv_f = kvlr + rope, 0, 1
+    else:
+        k_dim, v_dim, nkv_f = nkv * hd, nkv * vd, nkv
+    window = num("attention.sliding_window", 0) if fam.swa else 0
+    if window and fam.swa in ("even", "layer_types"):
+        swa = [i for i in range(L) if i % 2 == 0]
+    elif window and fam.swa == "pattern":
+        p = num("attention.sliding_window_pattern", 6) if not isinstance(get("attention.sliding_window_pattern"), list) \
+            else 0
+        pat = get("attention.sliding_window_pattern")
+        swa = [i for i in range(L) if (pat[i] if isinstance(pat, list) and i < len(pat) else (p and (i + 1) % p != 0))]
+    elif window and fam.swa == "all":
+        swa = list(range(L))
+    else:
+        swa = []
+    return {
+        "arch": fam.name, "n_layers": L, "hidden": H, "intermediate": ff, "heads": nh, "kv_heads": nkv_f,
+        "head_dim": hd, "vocab": vocab, "n_experts": E, "n_experts_used": used if E else 0,
+        "moe_intermediate": moe if E else 0, "tie_word_embeddings": "output.weight" not in shapes,
+        "attention": fam.attention, "kv_k": k_dim, "kv_v": v_dim, "swa_window": window if swa else 0,
+        "swa_layers": swa,
+    }
+
+
+# ------------------------------------------------------------------------------------------ generic (unknown)
+
+def generic_facts(cfg: Mapping[str, Any] | None, names: list[str], where: str) -> tuple[dict, list[str]]:
+    """(facts, warnings) for an architecture no entry describes: every 2-D weight is a dense matmul.
+
+    The KV cache is counted from the usual config keys when they are there
+    (num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
+    hidden_size), else it is left out, and the warnings say so.
+    """
+    cfg = cfg if isinstance(cfg, Mapping) else {}
+    mt = cfg.get("model_type")
+    arch = mt if isinstance(mt, str) and mt else None
+    layers = [int(m.group(1)) for n in names if (m := re.search(r"(?:^|\.)(?:layers|h|blocks?|blk)\.(\d+)\.", n))]
+    warnings = [f"architecture {escape_name(repr(arch), 40) if arch else '(no config.json model_type)'} has no "
+                "entry in orkpack: generic plan, every 2-D weight taken as a dense matmul run once per token, "
+                "no MoE routing; or pass --no-plan to place by rules"]
+
+    def opt(key: str) -> int:
+        v = cfg.get(key)
+        if v is None:
+            return 0
+        return _int(v, key, where, cap=CAPS["n_layers"] if key == "num_hidden_layers" else CAP_DEFAULT) or 0
+
+    L = opt("num_hidden_layers") or (max(layers) + 1 if layers else 0)
+    H, nh = opt("hidden_size"), opt("num_attention_heads")
+    nkv = opt("num_key_value_heads") or nh
+    hd = opt("head_dim") or (H // nh if nh else 0)
+    if not (L and nkv and hd):
+        warnings.append("KV cache not counted: config.json lacks num_hidden_layers / num_attention_heads / "
+                        "hidden_size; leave headroom for it")
+        kk = 0
+    else:
+        kk = nkv * hd
+    return {
+        "arch": arch, "n_layers": L, "hidden": H, "intermediate": opt("intermediate_size"), "heads": nh,
+        "kv_heads": nkv, "head_dim": hd, "vocab": opt("vocab_size"), "n_experts": 0, "n_experts_used": 0,
+        "moe_intermediate": 0, "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "attention": "gqa" if kk else "unknown", "kv_k": kk, "kv_v": kk, "swa_window": 0, "swa_layers": [],
+    }, warnings
+
+
+def param_count(cfg: Mapping[str, Any]) -> int:
+    """Parameters of a checkpoint with this config (every listed tensor's elements)."""
+    return sum(math.prod(s) for _, s, _ in hf_tensors(cfg)[1])
+
+
+def layers_in_config(cfg: Mapping[str, Any] | None) -> int:
+    """Decoder layers (MTP layers included) a config declares, for naming; 0 when unknown or malformed."""
+    fam = family(cfg.get("model_type")) if isinstance(cfg, Mapping) else None
+    if fam is None:
+        v = cfg.get("num_hidden_layers") if isinstance(cfg, Mapping) else None
+        return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= CAPS["n_layers"] else 0
+    try:
+        d = _dims(cfg, fam, "config.json")
+    except SourceError:
+        return 0
+    return d["L"] + d["n_nextn"]
+
+
+_FP8_SKIP = re.compile(r"(?:norm|embed_tokens|lm_head|\.gate\.weight$|router|e_score_correction_bias|\.bias$|sinks)")
+
+
+def stored_dtype(cfg: Mapping[str, Any], hf_name: str, default: str) -> str:
+    """The dtype a tensor of a quantized release is stored in (as the readers report it), else ``default``.
+
+    MXFP4 (gpt-oss): the expert ``gate_up_proj`` / ``down_proj``. FP8 (block or
+    per-channel scales): the linear weights of the decoder layers; embeddings,
+    the head, norms, routers and biases stay in the checkpoint's float type.
+    """
+    qc = cfg.get("quantization_config") if isinstance(cfg, Mapping) else None
+    method = qc.get("quant_method") if isinstance(qc, Mapping) else None
+    if method == "mxfp4":
+        return "MXFP4" if re.search(r"\.mlp\.experts\.(gate_up_proj|down_proj)$", hf_name) else default
+    if method in ("fp8", "compressed-tensors") and ".layers." in hf_name and hf_name.endswith(".weight") \
+            and not _FP8_SKIP.search(hf_name):
+        fmt = qc.get("fmt", "e4m3")
+        return "F8_E5M2" if fmt == "e5m2" else "F8_E4M3"
+    return default

@@ -1,0 +1,182 @@
+"""Every family of orkpack.archs: tensor lists from the config alone equal the checkpoint's, KV layouts,
+builds from each family's fixture, and the generic plan for architectures without an entry."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from orkpack import archs
+from orkpack.cli import app
+from orkpack.sources import open_source
+from orkpack.synth import TINY, write_gguf_model, write_hf_model
+from orkpack.tiers.manifest import manifest_from_config, manifest_from_path
+
+FAMILIES = sorted(TINY)
+runner = CliRunner()
+
+
+def test_every_family_has_a_fixture_and_the_list_is_complete():
+    want = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
+            "gemma3_text", "phi3", "internlm2", "minicpm", "minicpm3", "chatglm", "glm4", "deepseek_v2",
+            "deepseek_v3", "gpt_oss", "olmoe", "granite", "granitemoe", "smollm3", "starcoder2"}
+    assert want <= set(archs.SUPPORTED)
+    assert set(TINY) == set(archs.FAMILIES)
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory):
+    root = tmp_path_factory.mktemp("families")
+    return {f: write_hf_model(root / f, config=TINY[f], shards=2, seed=11) for f in FAMILIES}
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_config_lists_exactly_the_checkpoint_tensors(fixtures, fam):
+    folder = fixtures[fam]
+    cfg = json.loads((folder / "config.json").read_text())
+    from_cfg = manifest_from_config(cfg)
+    from_hdr = manifest_from_path(folder)
+    assert [(t.name, t.shape) for t in from_cfg.tensors] == [(t.name, t.shape) for t in from_hdr.tensors]
+    assert [t.dtype for t in from_cfg.tensors] == [t.dtype for t in from_hdr.tensors]
+    assert from_cfg.facts == from_hdr.facts
+    assert [i.key for i in from_cfg.items] == [i.key for i in from_hdr.items]
+    # every decoder tensor got a GGUF-style name (only a vision tower keeps its HF names)
+    left = [t.name for t in from_hdr.tensors if not (t.name.startswith("blk.") or t.name in
+            ("token_embd.weight", "output.weight", "output_norm.weight", "output_norm.bias"))]
+    assert all(n.startswith(("vision_tower.", "multi_modal_projector.")) for n in left), left
+    # parameters: the logical (dequantized) elements of every tensor
+    assert sum(t.numel for t in from_hdr.tensors) == archs.param_count(cfg)
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_family_builds_inspects_and_verifies(fixtures, fam, tmp_path):
+    out = tmp_path / f"{fam}.orkpack"
+    r = runner.invoke(app, ["build", str(fixtures[fam]), "-o", str(out), "--json", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    r = runner.invoke(app, ["inspect", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    facts = json.loads(r.output)
+    assert facts["provenance"]["arch"] == fam
+    r = runner.invoke(app, ["verify", str(out)])
+    assert r.exit_code == 0, r.output
+
+
+def test_moe_families_place_experts_one_by_one(fixtures):
+    for fam in ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss", "olmoe", "granitemoe"):
+        m = manifest_from_path(fixtures[fam])
+        experts = [i for i in m.items if i.role == "expert"]
+        assert experts and all(i.expert is not None and i.n_experts == m.facts["n_experts"] for i in experts), fam
+        # shared experts are dense, always-active items
+        shared = [i for i in m.items if "shexp" in i.tensor]
+        assert all(i.role == "matmul" and i.expert is None for i in shared)
+        if fam in ("qwen2_moe", "deepseek_v2", "deepseek_v3"):
+            assert shared, fam
+
+
+def test_fused_expert_tensors_are_stacked_gate_up(fixtures):
+    for fam in ("gpt_oss", "granitemoe"):
+        m = manifest_from_path(fixtures[fam])
+        names = {t.name: t.shape for t in m.tensors}
+        E, Im, H = TINY[fam]["num_local_experts"], TINY[fam]["intermediate_size"], TINY[fam]["hidden_size"]
+        assert names["blk.0.ffn_gate_up_exps.weight"] == (E, 2 * Im, H)
+        assert names["blk.0.ffn_down_exps.weight"] == (E, H, Im)
+
+
+# ------------------------------------------------------------------------------------------------ KV cache
+
+def _kv(cfg, ctx, kv_type="f16"):
+    return manifest_from_config(cfg).kv_bytes(ctx, kv_type)
+
+
+def test_kv_gqa_and_chatglm_multi_query_groups():
+    cfg = dict(TINY["llama"])
+    assert _kv(cfg, 100) == 2 * 2 * 100 * (2 * 16) * 2  # layers * (K+V) * ctx * kv_heads*hd * 2 bytes
+    g = dict(TINY["chatglm"])  # multi_query_group_num = 2 KV groups of kv_channels 16
+    assert _kv(g, 100) == 2 * 2 * 100 * (2 * 16) * 2
+    g["multi_query_attention"] = False  # then every head has its own K and V
+    assert _kv(g, 100) == 2 * 2 * 100 * (4 * 16) * 2
+
+
+def test_kv_sliding_window_layers_are_capped():
+    g2 = TINY["gemma2"]  # window 32 on even layers (0), full on odd (1)
+    assert manifest_from_config(g2).facts["swa_layers"] == [0]
+    assert _kv(g2, 1000) == (32 + 1000) * 2 * (2 * 16) * 2
+    assert _kv(g2, 10) == (10 + 10) * 2 * (2 * 16) * 2
+    g3 = TINY["gemma3_text"]  # pattern 3: layers 0, 1 sliding, 2 global
+    assert manifest_from_config(g3).facts["swa_layers"] == [0, 1]
+    oss = TINY["gpt_oss"]  # layer_types: sliding, full
+    assert manifest_from_config(oss).facts["swa_layers"] == [0]
+    assert _kv(oss, 1000) == (32 + 1000) * 2 * (2 * 16) * 2
+
+
+def test_kv_mla_is_the_compressed_latent():
+    for fam in ("deepseek_v2", "deepseek_v3", "minicpm3"):
+        c = TINY[fam]
+        f = manifest_from_config(c).facts
+        assert f["attention"] == "mla" and f["kv_k"] == c["kv_lora_rank"] + c["qk_rope_head_dim"] and f["kv_v"] == 0
+        assert _kv(c, 64) == c["num_hidden_layers"] * 64 * (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * 2
+        assert _kv(c, 64, "q8_0") == c["num_hidden_layers"] * 64 * 34 * math.ceil(
+            (c["kv_lora_rank"] + c["qk_rope_head_dim"]) / 32)
+
+
+# ------------------------------------------------------------------------------------------- GGUF headers
+
+@pytest.mark.parametrize("fam", ["llama", "qwen2", "qwen3_moe", "gemma2", "mixtral"])
+def test_gguf_headers_give_the_same_plan(fixtures, fam, tmp_path):
+    g = write_gguf_model(tmp_path / "m.gguf", config=TINY[fam], seed=11, tensor_type="BF16")
+    a, b = manifest_from_path(g), manifest_from_path(fixtures[fam])
+    assert [(t.name, t.shape) for t in a.tensors] == [(t.name, t.shape) for t in b.tensors]
+    assert a.facts == b.facts
+    assert a.kv_bytes(4096) == b.kv_bytes(4096)
+
+
+# ------------------------------------------------------------------------------------------ generic plans
+
+def test_unknown_architecture_gets_a_generic_plan_with_a_warning(tmp_path):
+    cfg = dict(TINY["llama"], model_type="brand_new_lm", architectures=["BrandNewLMForCausalLM"])
+    folder = write_hf_model(tmp_path / "m", config=TINY["llama"], seed=1)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    r = runner.invoke(app, ["plan", str(folder), "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert any("generic plan" in w for w in d["model"]["assumptions"])
+    assert d["model"]["arch"] == "brand_new_lm" and d["model"]["kv_k"] == 32
+    out = tmp_path / "m.orkpack"
+    r = runner.invoke(app, ["build", str(folder), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "generic plan" in r.output
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+    # from config.json alone an unknown family cannot be enumerated: one line saying what to do
+    r = runner.invoke(app, ["plan", str(folder / "config.json")])
+    assert r.exit_code == 2 and "generic plan" in r.output and "Traceback" not in r.output
+
+
+def test_no_config_records_no_invented_arch(tmp_path):
+    folder = write_hf_model(tmp_path / "m", config=TINY["qwen2"], seed=1, shards=1)
+    (folder / "config.json").unlink()
+    out = tmp_path / "m.orkpack"
+    r = runner.invoke(app, ["build", str(folder / "model.safetensors"), "-o", str(out), "--no-plan"])
+    assert r.exit_code == 0, r.output
+    facts = json.loads(runner.invoke(app, ["inspect", str(out), "--json"]).output)
+    assert facts["provenance"]["arch"] is None
+
+
+# ------------------------------------------------------------------------------------ real configs, counts
+
+CONFIGS = Path(__file__).parent / "fixtures" / "configs"
+
+
+def _published():
+    p = CONFIGS / "params.json"
+    if not p.is_file():
+        return []
+    return sorted((k, v) for k, v in json.loads(p.read_text()).items() if v.get("params"))
+
+
+@pytest.mark.parametrize("fam,rec", _published(), ids=[k for k, _ in _published()])
+def test_real_config_gives_the_published_parameter_count(fam, rec):
+    cfg = json.loads((CONFIGS / f"{fam}.json").read_text())
+    assert archs.param_count(cfg) == rec["params"], rec["source"]
