@@ -405,9 +405,36 @@ def _text_config(cfg: Mapping, fam: Family, where: str) -> Mapping:
     return tc
 
 
+# keys the entries read as true/false, as lists of layer numbers, as names
+BOOL_KEYS = ("attention_bias", "mlp_bias", "bias", "add_qkv_bias", "use_bias", "multi_query_attention",
+             "tie_word_embeddings")
+LAYER_LIST_KEYS = ("mlp_only_layers",)
+STR_KEYS = ("topk_method",)
+
+
+def _check_keys(cfg: Mapping, where: str) -> None:
+    """Type checks of the non-numeric keys the entries read (one line naming the key)."""
+    for k in BOOL_KEYS:
+        v = cfg.get(k)
+        if v is not None and not isinstance(v, bool):
+            raise SourceError(f"{where}: '{k}' = {escape_name(repr(v), 40)} is not true or false; fix the config")
+    for k in LAYER_LIST_KEYS:
+        v = cfg.get(k)
+        if v is not None and not (isinstance(v, list) and len(v) <= CAPS["n_layers"] and
+                                  all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)):
+            raise SourceError(f"{where}: '{k}' must be a list of layer numbers; fix the config")
+    for k in STR_KEYS:
+        v = cfg.get(k)
+        if v is not None and not isinstance(v, str):
+            raise SourceError(f"{where}: '{k}' = {escape_name(repr(v), 40)} is not a string; fix the config")
+
+
 def _dims(cfg: Mapping, fam: Family, where: str) -> dict:
     """Every dimension the templates and the facts use, checked for type and range."""
     tc = _text_config(cfg, fam, where)
+    _check_keys(cfg, where)
+    if tc is not cfg:
+        _check_keys(tc, where + " text_config")
     d: dict[str, Any] = {}
 
     def get(fact: str, default: int | None = None, cap: int | None = None) -> int | None:
@@ -428,6 +455,8 @@ def _dims(cfg: Mapping, fam: Family, where: str) -> dict:
     if fam.name == "chatglm" and not tc.get("multi_query_attention"):
         d["nkv"] = d["nh"]
     d["hd"] = get("head_dim", d["H"] // d["nh"])
+    if fam.attention == "mla":  # the q/k head: its no-rope and rope parts (GGUF key_length)
+        d["hd"] = get("qk_nope", 0) + get("qk_rope", 0)
     d["I"] = get("intermediate", 0)
     d["E"] = get("n_experts", 0)
     d["top_k"] = get("n_experts_used", 0)
@@ -723,17 +752,18 @@ def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
     else:
         k_dim, v_dim, nkv_f = nkv * hd, nkv * vd, nkv
     window = num("attention.sliding_window", 0) if fam.swa else 0
-    if window and fam.swa in ("even", "layer_types"):
-        swa = [i for i in range(L) if i % 2 == 0]
-    elif window and fam.swa == "pattern":
-        p = num("attention.sliding_window_pattern", 6) if not isinstance(get("attention.sliding_window_pattern"), list) \
-            else 0
-        pat = get("attention.sliding_window_pattern")
-        swa = [i for i in range(L) if (pat[i] if isinstance(pat, list) and i < len(pat) else (p and (i + 1) % p != 0))]
-    elif window and fam.swa == "all":
-        swa = list(range(L))
-    else:
+    pat = get("attention.sliding_window_pattern")  # newer GGUFs: one bool per layer
+    if not window:
         swa = []
+    elif isinstance(pat, (list, tuple)):
+        swa = [i for i in range(min(L, len(pat))) if pat[i] is True]
+    elif fam.swa in ("even", "layer_types"):  # llama.cpp: every other layer, from layer 0
+        swa = [i for i in range(L) if i % 2 == 0]
+    elif fam.swa == "pattern":  # llama.cpp's gemma3 default: 5 sliding layers, then a global one
+        p = num("attention.sliding_window_pattern", 6)
+        swa = [i for i in range(L) if p and (i + 1) % p != 0]
+    else:
+        swa = list(range(L))
     return {
         "arch": fam.name, "n_layers": L, "hidden": H, "intermediate": ff, "heads": nh, "kv_heads": nkv_f,
         "head_dim": hd, "vocab": vocab, "n_experts": E, "n_experts_used": used if E else 0,
@@ -821,3 +851,12 @@ def stored_dtype(cfg: Mapping[str, Any], hf_name: str, default: str) -> str:
         fmt = qc.get("fmt", "e4m3")
         return "F8_E5M2" if fmt == "e5m2" else "F8_E4M3"
     return default
+
+
+def dims(cfg: Mapping[str, Any], where: str = "config.json") -> dict:
+    """The named dimensions of a known family's config (``H``, ``nh``, ``kvlr``, ...), checked."""
+    fam = family(cfg.get("model_type"))
+    if fam is None:
+        raise SourceError(f"{where}: model_type {escape_name(repr(cfg.get('model_type')), 60)} is not a known "
+                          "architecture")
+    return _dims(cfg, fam, where)

@@ -12,6 +12,13 @@ parts being encoded (int8: 1/4 of the float32 size, NF4: ~1/7), and at most
 half the largest tensor as float32 queued for writing: under 2x the largest
 tensor as float32, plus the interpreter (~100 MB). tests/test_build.py and
 bench/bench_build.py measure it.
+
+Every source tensor is accounted for: float tensors are placed (tier map or
+rules) and encoded; non-float tensors (bool, integers, f64, c64) are carried
+raw on the host, before any placement is asked (:func:`raw_decision`); buffers
+the config derives (``position_ids``, ``rotary_emb.inv_freq``, GPT-2 causal
+masks: orkpack/sources/derivable.py) are left out by the reader, named in one
+info line and recorded in ``provenance.skipped``.
 """
 from __future__ import annotations
 
@@ -32,7 +39,7 @@ from orkpack.errors import OrkError, SourceError, escape_name
 from orkpack.pack import spec
 from orkpack.pack.writer import PackWriter
 from orkpack.sources import open_source
-from orkpack.sources.base import TensorInfo
+from orkpack.sources.base import RAW_DTYPES, Skipped, TensorInfo, is_raw
 
 # min_m for NPU slices placed by rules (no tier map): the batch size from which
 # the NPU pays for its ~365 us submit cost on typical 4096-wide layers. The tier
@@ -92,6 +99,15 @@ class Decision:
     encoding: str
     tier: str
     min_m: int | None = None
+    dtype: str | None = None  # raw only: the element type (spec.RAW_DTYPES)
+
+
+def raw_decision(info: TensorInfo) -> Decision | None:
+    """Non-float tensors (bool, integers, f64, c64) are carried raw on the host, whatever the pins:
+    never quantized, never on the NPU, never asked of the planner. None for float tensors."""
+    if not is_raw(info.dtype):
+        return None
+    return Decision(spec.ENC_RAW, spec.TIER_HOST, None, RAW_DTYPES[info.dtype])
 
 
 def _match(name: str, gl: list[str]) -> bool:
@@ -107,6 +123,7 @@ class RulePlacement:
     quantizer keeps it at higher precision); the token embedding is NF4 (row
     lookups), or int8 when it doubles as the output head (tied); every other
     2-D or 3-D weight is NF4. All non-NPU tensors live on the host (CPU/GPU).
+    Before all of these: non-float tensors are carried raw (:func:`raw_decision`).
     """
 
     def __init__(self, opts: BuildOptions, infos: list[TensorInfo]):
@@ -115,6 +132,9 @@ class RulePlacement:
         self.tied = "output.weight" not in names
 
     def decide(self, info: TensorInfo, expert: int | None) -> Decision:
+        raw = raw_decision(info)
+        if raw is not None:
+            return raw
         o = self.opts
         names = [info.name] if expert is None else [info.name, f"{info.name}[{expert}]"]
         hit = lambda gl: any(_match(n, gl) for n in names)  # noqa: E731
@@ -147,6 +167,9 @@ class TierMapPlacement:
         self.opts = opts
 
     def decide(self, info: TensorInfo, expert: int | None) -> Decision:
+        raw = raw_decision(info)
+        if raw is not None:  # before the tier map: whatever it says of this tensor, its values are not weights
+            return raw
         enc, tier, min_m = self.tm.decision(info.name, expert)
         if tier == spec.TIER_NPU:
             if self.opts.npu_storage == "nf4":
@@ -178,6 +201,8 @@ class BuildResult:
     by_kind: dict  # (encoding, tier) -> {"tensors": n, "bytes": b}
     worst_sqnr: tuple[str, float] | None
     warnings: list[str]
+    info: list[str] = field(default_factory=list)  # lines for people that are not warnings (dropped buffers)
+    skipped: list[dict] = field(default_factory=list)  # provenance.skipped: derivable buffers left out
 
     @property
     def gbps(self) -> float:
@@ -195,18 +220,47 @@ def hash_file(path: Path, chunk: int = 1 << 22) -> str:
     return h.hexdigest()
 
 
+def skipped_of(src) -> list[Skipped]:
+    """The source's derivable buffers left out of its tensors (sources/derivable.py), from its headers."""
+    fn = getattr(src, "skipped", None)
+    return list(fn()) if fn is not None else []
+
+
+def skipped_line(skipped: list[Skipped], per_reason: int = 4) -> str | None:
+    """One line naming the dropped buffers, grouped by reason (at most ``per_reason`` names each; the
+    pack's provenance.skipped and ``orkpack inspect`` list them all). None when nothing was dropped."""
+    if not skipped:
+        return None
+    groups: dict[str, list[str]] = {}
+    for s in skipped:
+        groups.setdefault(s.reason, []).append(escape_name(s.name, 80))
+    bits = []
+    for reason, names in groups.items():
+        shown = names if len(names) <= per_reason else names[: per_reason - 1] + ["...", names[-1]]
+        what = reason.split(":")[0]
+        bits.append(f"{what}{f' x{len(names)}' if len(names) > 1 else ''}: {', '.join(shown)}")
+    n = len(skipped)
+    return (f"dropped {n} derivable buffer{'s' if n != 1 else ''} (recomputed from the config at load; "
+            f"listed in the pack's provenance.skipped): " + "; ".join(bits))
+
+
 def source_provenance(src, opts: BuildOptions) -> dict:
     return {
         "source_format": src.kind,
         "sources": [{"file": f.name, "size": f.stat().st_size, "xxh3": hash_file(f)} for f in src.files],
         "arch": src.arch,
         "options": opts.recorded(),
+        "skipped": [s.to_json() for s in skipped_of(src)],
     }
 
 
 def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts: BuildOptions) -> dict:
     """Encode one 1-D/2-D slice per its decision into a writer slice dict."""
-    if dec.encoding in spec.FLOAT_ENCODINGS:
+    if dec.encoding == spec.ENC_RAW:
+        # the source bytes verbatim (RawCodec copies them out of the reused read buffer)
+        enc = get_codec(spec.ENC_RAW).encode(x, dtype=dec.dtype)
+        encoding = spec.ENC_RAW
+    elif dec.encoding in spec.FLOAT_ENCODINGS:
         # a copy: the source array lives in a reused read buffer, the part waits for the write thread
         enc = get_codec(FLOAT_ENC[x.dtype]).encode(np.array(x))
         encoding = FLOAT_ENC[x.dtype]
@@ -230,6 +284,8 @@ def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts:
         "sqnr_db": enc.sqnr_db,
         "min_m": dec.min_m if dec.tier == spec.TIER_NPU else None,
     }
+    if encoding == spec.ENC_RAW:
+        s["dtype"] = enc.dtype
     if dec.tier == spec.TIER_NPU and encoding == spec.ENC_NF4:
         q, scale, layout = nf4_to_npu_int8(enc.parts["codes"], enc.parts["absmax"], tuple(x.shape))
         s["inflate"] = {
@@ -285,6 +341,12 @@ def build(
         infos = src.tensors()
         if not infos:
             raise SourceError(f"{escape_name(str(src_path))}: no tensors found")
+        for i in infos:
+            if len(i.shape) > spec.MAX_DIMS:
+                raise SourceError(f"{escape_name(i.source_name)}: {len(i.shape)} dimensions {i.shape}; a pack holds "
+                                  f"tensors of at most {spec.MAX_DIMS} dimensions")
+        skipped = skipped_of(src)
+        info_lines = [line] if (line := skipped_line(skipped)) else []
         tiermap = None
         if opts.plan:
             from orkpack.tiers.command import plan
@@ -315,7 +377,8 @@ def build(
             for info, arr in _read_ahead(src, infos, io):
                 if tuple(arr.shape) != tuple(info.shape):
                     raise SourceError(f"{escape_name(info.name)}: read shape {arr.shape} != header shape {info.shape}")
-                subs = list(enumerate(arr)) if arr.ndim == 3 else [(None, arr)]
+                # a 3-D float tensor is stacked experts (one slice each); a raw tensor is one slice
+                subs = list(enumerate(arr)) if arr.ndim == 3 and not is_raw(info.dtype) else [(None, arr)]
                 slices = []
                 for e, sub in subs:
                     dec = placement.decide(info, e)
@@ -349,4 +412,6 @@ def build(
         by_kind=by_kind,
         worst_sqnr=worst,
         warnings=warnings,
+        info=info_lines,
+        skipped=[s.to_json() for s in skipped],
     )

@@ -126,6 +126,8 @@ def build(
             on_start=lambda total: prog.update(task, total=total),
             on_progress=lambda n, name: prog.update(task, advance=n, tensor=name),
         )
+    for line in r.info:
+        print(f"info: {line}", file=sys.stderr)
     for w in r.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if json_out:
@@ -141,6 +143,8 @@ def build(
                     "by_kind": [{"encoding": e, "tier": t, **d} for (e, t), d in sorted(r.by_kind.items())],
                     "worst_sqnr": None if r.worst_sqnr is None else {"slice": r.worst_sqnr[0], "db": r.worst_sqnr[1]},
                     "warnings": r.warnings,
+                    "info": r.info,
+                    "skipped": r.skipped,
                 },
                 indent=1,
             )

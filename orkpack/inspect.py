@@ -12,6 +12,10 @@ A damaged pack is still shown as far as it can be, never trusted:
 * not a pack at all, a newer major version, a missing file: the error is raised
   (nothing to show).
 
+Raw tensors (non-float, carried verbatim) show ``encoding`` ``raw`` and their
+element type in ``dtype``; ``skipped`` lists the derivable buffers the build
+left out (``provenance.skipped``: name, dtype, shape, reason).
+
 Every key is always present; ``untrusted`` is None and ``exit_code`` 0 for a
 pack whose preamble and header checksums hold. The ``checksums`` entry says
 which checks held (``ok``), failed (``MISMATCH``) or could not run.
@@ -78,6 +82,24 @@ def _clean_provenance(prov) -> dict | None:
     return out
 
 
+def _skipped(prov: dict | None) -> list[dict]:
+    """provenance.skipped (derivable buffers the build left out) as shown: well-typed fields only."""
+    items = (prov or {}).get("skipped")
+    out = []
+    for it in items if isinstance(items, list) else []:
+        if not isinstance(it, dict) or not isinstance(it.get("name"), str):
+            continue
+        shape = it.get("shape")
+        ok_shape = isinstance(shape, list) and len(shape) <= 64 and all(isinstance(d, int) and not isinstance(d, bool) for d in shape)
+        out.append({
+            "name": it["name"],
+            "dtype": it["dtype"] if isinstance(it.get("dtype"), str) else None,
+            "shape": shape if ok_shape else None,
+            "reason": it["reason"] if isinstance(it.get("reason"), str) else None,
+        })
+    return out
+
+
 def _facts(path: Path, p: Preamble, h: dict | None, tensor_glob, checks: dict, untrusted: str | None, code: int) -> dict:
     residency = {t: {"slices": 0, "resident_bytes": 0, "stored_bytes": 0} for t in spec.TIERS}
     encodings: dict[str, dict] = {}
@@ -102,6 +124,7 @@ def _facts(path: Path, p: Preamble, h: dict | None, tensor_glob, checks: dict, u
                 {
                     "expert": s.get("expert"),
                     "encoding": s["encoding"],
+                    "dtype": s.get("dtype") if s["encoding"] == spec.ENC_RAW else None,
                     "tier": s["tier"],
                     "layout": s["layout"]["kind"],
                     "stored_bytes": stored,
@@ -114,6 +137,7 @@ def _facts(path: Path, p: Preamble, h: dict | None, tensor_glob, checks: dict, u
         if tensor_glob and not fnmatch.fnmatchcase(t["name"], tensor_glob):
             continue
         encs = sorted({s["encoding"] for s in slices})
+        dts = sorted({s["dtype"] for s in slices if s["dtype"] is not None})
         tiers = sorted({s["tier"] for s in slices})
         sq = [s["sqnr_db"] for s in slices if s["sqnr_db"] is not None]
         rows.append(
@@ -123,6 +147,7 @@ def _facts(path: Path, p: Preamble, h: dict | None, tensor_glob, checks: dict, u
                 "shape": t["shape"],
                 "source_dtype": t["source_dtype"],
                 "encoding": encs[0] if len(encs) == 1 else ("mixed" if encs else "none"),
+                "dtype": dts[0] if len(dts) == 1 else None,  # raw tensors: the element type (i64, bool, ...)
                 "tier": tiers[0] if len(tiers) == 1 else ("mixed" if tiers else "none"),
                 "stored_bytes": tsum["stored_bytes"],
                 "resident_bytes": tsum["resident_bytes"],
@@ -148,6 +173,7 @@ def _facts(path: Path, p: Preamble, h: dict | None, tensor_glob, checks: dict, u
         "residency": residency,
         "encodings": encodings,
         "tensors": rows,
+        "skipped": _skipped(prov),
         "untrusted": untrusted,
         "exit_code": code,
     }

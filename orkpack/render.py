@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape as markup_escape
 from rich.table import Table
 
 from orkpack.errors import escape_name
@@ -67,7 +68,22 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
         ck = next(iter(first.values())) if first else ""
         if len(r["slices"]) > 1:
             ck += f" (+{len(r['slices']) - 1} slices)"
-        t.add_row(escape_name(r["name"]), "x".join(map(str, r["shape"])), r["encoding"], r["tier"], human_bytes(r["stored_bytes"]), sq, ck)
+        enc = r["encoding"] if r.get("dtype") is None else f"{r['encoding']} {escape_name(str(r['dtype']), 16)}"
+        t.add_row(escape_name(r["name"]), _shape(r["shape"]), enc, r["tier"], human_bytes(r["stored_bytes"]), sq, ck)
     console.print(t)
     if rows_limit is not None and len(f["tensors"]) > rows_limit:
         console.print(f"... {len(f['tensors']) - rows_limit} more tensors (--tensor GLOB to filter, --json for all)")
+    skipped = f.get("skipped") or []
+    if skipped:
+        t = Table(title=f"left out: {len(skipped)} derivable buffer{'s' if len(skipped) != 1 else ''} (recomputed from the config)")
+        for c in ("source name", "dtype", "shape", "why"):
+            t.add_column(c, overflow="fold")
+        for s in skipped:
+            t.add_row(*(markup_escape(c) for c in (escape_name(s["name"]), escape_name(str(s["dtype"]), 16),
+                                                    "?" if s["shape"] is None else _shape(s["shape"]),
+                                                    escape_name(str(s["reason"]), 120))))
+        console.print(t)
+
+
+def _shape(shape) -> str:
+    return "x".join(map(str, shape)) if shape else "scalar"

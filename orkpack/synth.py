@@ -461,3 +461,73 @@ def write_gguf_model(path, *, arch: str = "llama", layers: int = 2, hidden: int 
         w.write_tensor_data(bits if q == Q.BF16 else _convert(bits, q))
     w.close()
     return path
+
+
+def write_gguf_from_hf(folder, path) -> Path:
+    """Write the model in HF ``folder`` (any family) as one GGUF holding the same tensor data.
+
+    Tensors are read through orkpack's own readers (quantized releases dequantized),
+    stored under their canonical names in the type the reader returns (F32, F16 or
+    BF16; experts stacked); the metadata carries the facts of ``orkpack.archs``
+    (MLA ranks, sliding-window pattern). Like :func:`write_gguf_model` it is not
+    what llama.cpp's converter writes (no rope permutation, fused tensors stay fused).
+    One tensor in memory at a time.
+    """
+    import gguf
+
+    from .sources import model_facts, open_source
+
+    src = open_source(folder)
+    try:
+        f = model_facts(src)
+        cfg = src.config
+        fam = archs.FAMILIES[f["arch"]]
+        w = gguf.GGUFWriter(Path(path), archs.gguf_arch_name(f["arch"]))
+        w.add_name(f"orkpack synthetic {f['arch']}")
+        w.add_block_count(f["n_layers"])
+        w.add_context_length(4096)
+        w.add_embedding_length(f["hidden"])
+        w.add_feed_forward_length(f["intermediate"])
+        w.add_head_count(f["heads"])
+        w.add_head_count_kv(f["kv_heads"])
+        w.add_key_length(f["head_dim"])
+        w.add_layer_norm_rms_eps(1e-6)
+        w.add_vocab_size(f["vocab"])
+        if fam.attention == "mla":
+            d = archs.dims(cfg)
+            w.add_value_length(d["vhd"])
+            w.add_kv_lora_rank(d["kvlr"])
+            if d["qlr"]:
+                w.add_q_lora_rank(d["qlr"])
+            w.add_rope_dimension_count(d["rope"])
+        else:
+            w.add_value_length(f["head_dim"])
+        if f["swa_window"]:
+            w.add_sliding_window(f["swa_window"])
+            w.add_sliding_window_pattern([i in f["swa_layers"] for i in range(f["n_layers"])])
+        if f["n_experts"]:
+            w.add_expert_count(f["n_experts"])
+            w.add_expert_used_count(f["n_experts_used"])
+            w.add_expert_feed_forward_length(f["moe_intermediate"])
+        gt = {np.dtype(np.float32): gguf.GGMLQuantizationType.F32, np.dtype(np.float16): gguf.GGMLQuantizationType.F16,
+              np.dtype(np.uint16): gguf.GGMLQuantizationType.BF16}
+        infos = [t for t in src.tensors() if t.dtype not in ("BOOL", "I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64")]
+        kinds = []
+        for t in infos:  # the type each tensor is read as, from its source dtype
+            q = {"F16": np.float16, "BF16": np.uint16}.get(t.dtype, np.float32)
+            kinds.append(gt[np.dtype(q)])
+            item = np.dtype(q).itemsize
+            w.add_tensor_info(t.name, t.shape, np.dtype(np.uint16) if q is np.uint16 else np.dtype(q),
+                              math.prod(t.shape) * item, raw_dtype=gt[np.dtype(q)] if q is np.uint16 else None)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        for t, k in zip(infos, kinds):
+            a = src.read(t.name)
+            if gt[a.dtype] != k:
+                raise ValueError(f"{t.name}: read as {a.dtype}, declared {k.name}")
+            w.write_tensor_data(np.ascontiguousarray(a))
+        w.close()
+    finally:
+        src.close()
+    return Path(path)

@@ -180,3 +180,26 @@ def _published():
 def test_real_config_gives_the_published_parameter_count(fam, rec):
     cfg = json.loads((CONFIGS / f"{fam}.json").read_text())
     assert archs.param_count(cfg) == rec["params"], rec["source"]
+
+
+@pytest.mark.parametrize("fam", FAMILIES)
+def test_family_gguf_plans_and_builds_like_its_hf_checkpoint(fixtures, fam, tmp_path):
+    from orkpack.sources import as_float32
+    from orkpack.synth import write_gguf_from_hf
+
+    g = write_gguf_from_hf(fixtures[fam], tmp_path / "m.gguf")
+    a, b = manifest_from_path(g), manifest_from_path(fixtures[fam])
+    assert [(t.name, t.shape) for t in a.tensors] == [(t.name, t.shape) for t in b.tensors]
+    fa, fb = dict(a.facts), dict(b.facts)
+    # GGUF does not record every HF model_type: mistral is llama, deepseek_v3 deepseek2, gemma3 text-only
+    assert fa.pop("arch") == archs.family_for_gguf(archs.gguf_arch_name(fam), fb["n_experts"] > 0).name
+    fb.pop("arch")
+    assert fa == fb
+    assert a.kv_bytes(4096) == b.kv_bytes(4096)
+    hs, gs = open_source(fixtures[fam]), open_source(g)
+    for t in hs.tensors():  # identical tensor data
+        assert (as_float32(hs.read(t.name)) == as_float32(gs.read(t.name))).all(), t.name
+    out = tmp_path / "g.orkpack"
+    r = runner.invoke(app, ["build", str(g), "-o", str(out), "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0

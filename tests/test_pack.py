@@ -79,6 +79,7 @@ def test_c_header_matches_spec():
     h = (ROOT / "kernels" / "orkpack.h").read_text()
     defs = dict(re.findall(r"#define (ORKPACK_\w+) (.+)", h))
     assert defs["ORKPACK_VERSION_MAJOR"] == str(spec.VERSION_MAJOR)
+    assert defs["ORKPACK_VERSION_MINOR"] == str(spec.VERSION_MINOR)
     assert defs["ORKPACK_PREAMBLE_SIZE"] == str(spec.PREAMBLE_SIZE)
     assert defs["ORKPACK_PREAMBLE_BLOCK"] == str(spec.PREAMBLE_BLOCK)
     assert defs["ORKPACK_ALIGN"] == str(spec.ALIGN)
@@ -194,3 +195,120 @@ def test_missing_output_folder(tmp_path):
 
     with pytest.raises(OrkError, match="does not exist"):
         PackWriter(tmp_path / "nope" / "a.orkpack", provenance={}, config=None, tiermap=None)
+
+
+# ---------------------------------------------------------------- raw slices (format 1.1)
+
+def _raw_slice(arr: np.ndarray, dtype: str, **kw) -> dict:
+    return dict(expert=None, shape=list(arr.shape), encoding="raw", dtype=dtype, tier="host", layout={"kind": "row_major"},
+                parts={"data": np.ascontiguousarray(arr).reshape(-1).view(np.uint8)}, sqnr_db=None, **kw)
+
+
+def write_raw(path: Path) -> dict:
+    """A pack with raw slices (i64 2-D, bool 3-D, f64 0-D) beside an f32 and a stacked int8 tensor."""
+    ids = np.arange(-3, 9, dtype=np.int64).reshape(3, 4)
+    mask = (np.arange(12).reshape(2, 2, 3) % 3 == 0)
+    pi = np.array(np.pi, np.float64)
+    with PackWriter(path, provenance={"source_format": "test", "sources": [], "arch": None, "options": {}, "skipped": []},
+                    config=None, tiermap=None) as w:
+        w.add_tensor("ids", "embeddings.token_type_ids", [3, 4], "I64", [_raw_slice(ids, "i64")])
+        w.add_tensor("mask", "mask", [2, 2, 3], "BOOL", [_raw_slice(mask, "bool")])
+        w.add_tensor("pi", "pi", [], "F64", [_raw_slice(pi, "f64")])
+        q = np.ones((3, 40), np.int8)
+        sc = np.ones(3, np.float32)
+        w.add_tensor("blk.0.ffn_down_exps.weight", "d", [2, 3, 40], "F16", [
+            dict(expert=e, shape=[3, 40], encoding="int8", tier="host", layout={"kind": "row_major"},
+                 parts={"q": q, "scale": sc}, sqnr_db=30.0) for e in range(2)])
+        w.finish()
+    return {"ids": ids, "mask": mask, "pi": pi}
+
+
+def test_raw_roundtrip(tmp_path):
+    p = tmp_path / "r.orkpack"
+    want = write_raw(p)
+    with Pack.open(p) as pack:
+        assert pack.header["version"] == [1, 1] and (pack.preamble.version_major, pack.preamble.version_minor) == (1, 1)
+        seen = 0
+        for t, s in pack.slices():
+            if t["name"] in want:
+                assert s["encoding"] == "raw" and s["tier"] == "host" and "min_m" not in s
+                got = pack.typed_part(s, "data")
+                assert got.dtype == want[t["name"]].dtype and got.tobytes() == want[t["name"]].tobytes()
+                assert list(s)[:4] == ["expert", "shape", "encoding", "dtype"]
+                seen += 1
+        assert seen == 3
+    write_raw(tmp_path / "r2.orkpack")
+    assert (tmp_path / "r2.orkpack").read_bytes() == p.read_bytes()
+
+
+def test_writer_names_raw_dtype_only_for_raw(tmp_path):
+    with PackWriter(tmp_path / "w.orkpack", provenance={}, config=None, tiermap=None) as w:
+        with pytest.raises(ValueError, match="dtype"):
+            w.add_tensor("x", "x", [2], "I64", [{**_raw_slice(np.zeros(2, np.int64), "i64"), "dtype": None}])
+        with pytest.raises(ValueError, match="dtype"):
+            w.add_tensor("x", "x", [2], "I64", [_raw_slice(np.zeros(2, np.int64), "i128")])
+        with pytest.raises(ValueError, match="dtype"):
+            w.add_tensor("x", "x", [2], "F32", [dict(expert=None, shape=[2], encoding="f32", dtype="i32", tier="host",
+                                                   layout={"kind": "row_major"}, parts={"data": np.zeros(2, np.float32)})])
+        w.abort()
+
+
+@pytest.mark.parametrize(
+    "mutate,why",
+    [
+        (lambda h: h["tensors"][0]["slices"][0].update(dtype="i128"), "unknown raw element type"),
+        (lambda h: h["tensors"][0]["slices"][0].pop("dtype"), "unknown raw element type"),
+        (lambda h: h["tensors"][0]["slices"][0].update(dtype=["i64"]), "unknown raw element type"),
+        (lambda h: h["tensors"][0]["slices"][0].update(dtype="i32"), "its shape and encoding say 48"),
+        (lambda h: h["tensors"][0]["slices"][0].update(tier="npu", min_m=32), "raw slices live on the host"),
+        (lambda h: h["tensors"][0]["slices"][0].update(min_m=4), "no min_m"),
+        (lambda h: h["tensors"][0]["slices"][0].update(sqnr_db=40.0), "no min_m, sqnr_db"),
+        (lambda h: h["tensors"][1]["slices"].append(dict(h["tensors"][1]["slices"][0], expert=1)), "raw tensor must have one slice"),
+        (lambda h: h["tensors"][1]["slices"][0].update(shape=[2, 3], expert=0), "shape or expert"),
+        (lambda h: h["tensors"][3]["slices"][1].update(encoding="raw", dtype="i8"), "only slice"),
+        (lambda h: h["tensors"][0]["slices"][0].update(layout={"kind": "npu_int8", "tile_n": 32, "tile_k": 32, "n_pad": 32,
+                                                               "k_segment": 8192, "segments": [[0, 4, 32]]}), "npu_int8"),
+    ],
+)
+def test_inconsistent_raw_refused(tmp_path, mutate, why):
+    p = tmp_path / "r.orkpack"
+    write_raw(p)
+    _rewrite_header(p, mutate)
+    with pytest.raises(PackDamaged, match=why):
+        Pack.open(p)
+
+
+def _set_minor(p: Path, minor: int) -> None:
+    raw = bytearray(p.read_bytes())
+    struct.pack_into("<H", raw, 10, minor)
+    raw[120:128] = bytes(8)
+    struct.pack_into("<Q", raw, 120, xxhash.xxh3_64_intdigest(bytes(raw[:4096])))
+    p.write_bytes(raw)
+
+
+def test_unknown_encoding_from_a_newer_minor_is_not_damage(tmp_path):
+    p = tmp_path / "r.orkpack"
+    write_raw(p)
+    _rewrite_header(p, lambda h: h["tensors"][2]["slices"][0].update(encoding="q3_z"))
+    with pytest.raises(PackDamaged, match="unknown encoding 'q3_z'"):  # same minor: the header is wrong
+        Pack.open(p)
+    _set_minor(p, spec.VERSION_MINOR + 1)
+    with pytest.raises(PackError) as e:
+        Pack.open(p)
+    msg = str(e.value)
+    assert not isinstance(e.value, PackDamaged) and e.value.exit_code == 2
+    assert f"newer orkpack (format 1.{spec.VERSION_MINOR + 1}" in msg and "unknown encoding 'q3_z'" in msg and "upgrade" in msg
+
+
+def test_raw_pack_under_a_reader_without_raw(tmp_path, monkeypatch):
+    """What docs/FORMAT.md 7 promises: a reader that predates an encoding refuses the pack naming it.
+
+    Simulated: this reader with the 1.0 encodings and minor version (the real 1.0 reader, orkpack 0.1.0,
+    says "damaged pack: ...: unknown encoding 'raw'" and exits 1: it had no newer-minor wording)."""
+    p = tmp_path / "r.orkpack"
+    write_raw(p)
+    monkeypatch.setattr(spec, "ENCODINGS", ("f32", "f16", "bf16", "int8", "nf4"))
+    monkeypatch.setattr(spec, "VERSION_MINOR", 0)
+    with pytest.raises(PackError) as e:
+        Pack.open(p)
+    assert e.value.exit_code == 2 and "newer orkpack (format 1.1" in str(e.value) and "unknown encoding 'raw'" in str(e.value)

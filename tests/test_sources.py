@@ -360,7 +360,8 @@ def test_bad_garbage_safetensors(tmp_path):
     ({"dtype": "F32", "shape": [-1], "data_offsets": [0, 16]}, "bad shape"),
     ({"dtype": "F32", "shape": [4], "data_offsets": "x"}, "data_offsets"),
     ({"shape": [4], "data_offsets": [0, 16]}, "no dtype"),
-    ({"dtype": "I64", "shape": [2], "data_offsets": [0, 16]}, "I64 is not supported; supported: F32, F16, BF16"),
+    ({"dtype": "I64", "shape": [3], "data_offsets": [0, 16]}, "do not hold I64 (3,)"),  # raw types: sizes checked too
+    ({"dtype": "X64", "shape": [2], "data_offsets": [0, 16]}, "X64 is not supported; supported: F32, F16, BF16, BOOL"),
     ({"dtype": "F8_E4M3", "shape": [16], "data_offsets": [0, 16]}, "F8_E4M3 is not supported"),
 ])
 def test_bad_safetensors_entries(tmp_path, entry, match):
@@ -423,14 +424,15 @@ def test_bad_gguf_garbage(tmp_path):
 
 
 def test_bad_gguf_unsupported_type(tmp_path):
+    # I8..I64 and F64 are carried raw now (tests/test_raw_and_skipped.py); Q8_1 has no dequantizer
     p = tmp_path / "i.gguf"
     w = gguf.GGUFWriter(p, "llama")
-    w.add_tensor("blk.0.idx.weight", np.arange(32, dtype=np.int32))
+    w.add_tensor("blk.0.idx.weight", np.zeros((2, 40), dtype=np.uint8), raw_dtype=gguf.GGMLQuantizationType.Q8_1)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    msg = _err(p, "I32 is not supported; supported: F32, F16, BF16, Q4_0")
+    msg = _err(p, "Q8_1 is not supported; supported: F32, F16, BF16, I8")
     assert "blk.0.idx.weight" in msg and "Q4_K" in msg
 
 

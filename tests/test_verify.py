@@ -241,3 +241,19 @@ def test_command_with_fake_rknpu(small_pack, monkeypatch):
     # every load is cleaned over exactly its written range: int8 [32,32] -> 1024 B, nf4 [32,64] -> 2048 B
     assert sorted(s[4] for s in syncs) == [1024, 2048, 2048] and all(s[1] == 1 and s[3] == 0 for s in syncs)
     assert dev.objects == {} and dev.closed == [77]
+
+
+def test_fail_line_names_the_pack_once(small_pack, tmp_path):
+    """A pack that fails to open: `FAIL PATH: damaged pack: ...`, not `FAIL PATH: PATH: damaged pack: ...`."""
+    bad = tmp_path / "hdr.orkpack"
+    b = bytearray(small_pack.read_bytes())
+    b[-3] ^= 1  # in the header: header checksum mismatch
+    bad.write_bytes(bytes(b))
+    r = verify_pack(bad)
+    assert r.exit_code == 1 and r.failures == ["damaged pack: header checksum mismatch"]
+    con, buf = _console()
+    assert verify_command([bad], device="host", inflate="direct", threads=1, reference=False,
+                          keep_going=False, json_out=False, console=con) == 1
+    fail = [ln for ln in buf.getvalue().splitlines() if ln.startswith("FAIL")]
+    assert fail == [f"FAIL {bad}: damaged pack: header checksum mismatch"]
+    assert buf.getvalue().count(str(bad)) == 1

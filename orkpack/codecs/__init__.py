@@ -2,7 +2,8 @@
 
 ``get_codec(encoding).encode(x)`` turns one 2-D slice (or a 1-D tensor) into the
 parts that go into the file, in the order ``spec.PARTS[encoding]`` lists them;
-``decode`` turns parts back into float32. Like gguf-py's ``quants.py``, every
+``decode`` turns parts back into float32 (``raw``: bytes verbatim both ways,
+decoded to the element type). Like gguf-py's ``quants.py``, every
 codec has a pure numpy reference (:mod:`orkpack.codecs.reference`,
 :mod:`orkpack.layout`) that defines its bytes; the fast path is the C kernels of
 kernels/codecs.c, which are bit-identical to it (tests/test_codecs.py).
@@ -67,6 +68,7 @@ class Encoded:
     layout: dict = field(default_factory=lambda: {"kind": spec.LAYOUT_ROW_MAJOR})
     sqnr_db: float | None = None  # None for float encodings; SQNR_CAP (999.0) when exact
     nonfinite: int = 0
+    dtype: str | None = None  # raw only: the element type (spec.RAW_DTYPES), the slice record's "dtype"
 
 
 _POOLS: dict[int, ThreadPoolExecutor] = {}
@@ -249,12 +251,56 @@ class Int8Codec(Codec):
         return out.reshape(shape)
 
 
+# numpy dtype -> raw element type; uint16 is ambiguous (BF16 bits in the float path), so U16 sources
+# name their type explicitly (RawCodec.encode(x, dtype="u16")), as the build does
+_RAW_BY_NP = {np.dtype(v): k for k, v in spec.RAW_DTYPES.items()}
+
+
+class RawCodec(Codec):
+    """Non-float tensors (bool, integers, f64, c64): the source bytes verbatim, row-major, host only.
+
+    Nothing is quantized or converted; ``Encoded.dtype`` names the element type
+    (the slice record's ``dtype`` key) and ``decode`` gives back an array of it.
+    """
+
+    encoding = spec.ENC_RAW
+
+    def encode(self, x, *, npu=False, threads=1, dtype: str | None = None):
+        if npu:
+            raise ValueError("raw slices live on the host; the NPU takes int8 tiles only")
+        x = np.asarray(x)
+        if dtype is None:
+            dtype = _RAW_BY_NP.get(x.dtype.newbyteorder("<") if x.dtype.byteorder == ">" else x.dtype)
+            if dtype is None:
+                raise TypeError(f"no raw element type for {x.dtype}; known: {', '.join(spec.RAW_DTYPES)}")
+        if dtype not in spec.RAW_DTYPES:
+            raise ValueError(f"unknown raw element type {dtype!r}; known: {', '.join(spec.RAW_DTYPES)}")
+        want = np.dtype(spec.RAW_DTYPES[dtype])
+        if x.dtype.itemsize != want.itemsize or x.dtype.kind not in "biufc":
+            raise TypeError(f"raw {dtype} keeps the source bytes: give {want.itemsize}-byte elements, not {x.dtype}")
+        if x.dtype.byteorder == ">":  # the format is little-endian
+            x = x.astype(x.dtype.newbyteorder("<"))
+        # a copy: callers' arrays live in reused read buffers
+        data = np.array(np.ascontiguousarray(x).reshape(-1).view(np.uint8))
+        return Encoded({"data": data}, {"kind": spec.LAYOUT_ROW_MAJOR}, None, 0, dtype)
+
+    def decode(self, enc_parts, shape, layout=None, *, dtype: str = "u8"):
+        """The tensor as its own element type (not float32: raw values are not weights)."""
+        dt = np.dtype(spec.RAW_DTYPES[dtype])
+        data = np.ascontiguousarray(enc_parts["data"]).reshape(-1).view(np.uint8)
+        shape = tuple(int(d) for d in shape)
+        if data.size != math.prod(shape) * dt.itemsize:
+            raise ValueError(f"raw {dtype} part of {data.size} bytes does not fit shape {shape}")
+        return data.view(dt).reshape(shape).copy()
+
+
 CODECS: dict[str, Codec] = {
     spec.ENC_F32: FloatCodec(spec.ENC_F32, np.float32),
     spec.ENC_F16: FloatCodec(spec.ENC_F16, np.float16),
     spec.ENC_BF16: FloatCodec(spec.ENC_BF16, np.uint16),
     spec.ENC_INT8: Int8Codec(),
     spec.ENC_NF4: NF4Codec(),
+    spec.ENC_RAW: RawCodec(),
 }
 
 

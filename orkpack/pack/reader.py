@@ -46,6 +46,11 @@ def _itemsize(enc: str) -> int:
     return {spec.ENC_F32: 4, spec.ENC_F16: 2, spec.ENC_BF16: 2}[enc]
 
 
+class _Newer(str):
+    """A header problem a newer minor version explains (an encoding or raw element type this reader
+    does not know): with a larger minor version it means "made by a newer orkpack", not "damaged"."""
+
+
 def _numel(shape) -> int:
     n = 1
     for d in shape:
@@ -53,11 +58,13 @@ def _numel(shape) -> int:
     return n
 
 
-def expected_part_sizes(shape: list[int], encoding: str, layout: dict) -> dict[str, int]:
-    """The byte size of each part of a slice, from its shape, encoding and layout."""
+def expected_part_sizes(shape: list[int], encoding: str, layout: dict, dtype: str | None = None) -> dict[str, int]:
+    """The byte size of each part of a slice, from its shape, encoding and layout (and a raw slice's dtype)."""
     n = _numel(shape)
     if encoding in spec.FLOAT_ENCODINGS:
         return {"data": n * _itemsize(encoding)}
+    if encoding == spec.ENC_RAW:
+        return {"data": n * np.dtype(spec.RAW_DTYPES[dtype]).itemsize}
     if encoding == spec.ENC_NF4:
         return {"codes": (n + 1) // 2, "absmax": 4 * ((n + spec.NF4_BLOCK - 1) // spec.NF4_BLOCK)}
     if encoding == spec.ENC_INT8:
@@ -182,6 +189,11 @@ class Pack:
             raise PackDamaged(f"{label}: damaged pack: header checksum mismatch")
         header = parse_header_json(hb, label)
         problem = validate_header(header, p)
+        if isinstance(problem, _Newer) and p.version_minor > spec.VERSION_MINOR:
+            raise PackError(
+                f"{label}: made by a newer orkpack (format {p.version_major}.{p.version_minor}, this one reads up to "
+                f"{spec.VERSION_MAJOR}.{spec.VERSION_MINOR}): {problem}; upgrade orkpack"
+            )
         if problem:
             raise PackDamaged(f"{label}: damaged pack: {problem}")
         mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
@@ -198,8 +210,11 @@ class Pack:
         return np.frombuffer(self._mm, dtype=np.uint8, count=part_rec["size"], offset=part_rec["offset"])
 
     def typed_part(self, slice_rec: dict, name: str) -> np.ndarray:
-        """One part of a slice as its element type (float32 scales, int8 codes, ...)."""
-        dt = np.dtype(spec.PART_DTYPES[(slice_rec["encoding"], name)])
+        """One part of a slice as its element type (float32 scales, int8 codes, a raw slice's dtype, ...)."""
+        if slice_rec["encoding"] == spec.ENC_RAW:
+            dt = np.dtype(spec.RAW_DTYPES[slice_rec["dtype"]])
+        else:
+            dt = np.dtype(spec.PART_DTYPES[(slice_rec["encoding"], name)])
         return self.part(slice_rec["parts"][name]).view(dt)
 
     def typed_parts(self, slice_rec: dict) -> dict[str, np.ndarray]:
@@ -297,21 +312,34 @@ def validate_header(h, p: Preamble) -> str | None:
         shape = t.get("shape")
         if not isinstance(shape, list) or len(shape) > spec.MAX_DIMS or not all(_is_int(d) and 0 <= d <= MAX_DIM for d in shape):
             return f"{name}: bad shape"
-        if len(shape) == 3:
+        # a raw tensor (any rank, 0-D to 4-D) is one slice; other 3-D tensors are stacked experts
+        raw = bool(t["slices"]) and isinstance(t["slices"][0], dict) and t["slices"][0].get("encoding") == spec.ENC_RAW
+        stacked = len(shape) == 3 and not raw
+        if stacked:
             if len(t["slices"]) != shape[0]:
                 return f"{name}: {len(t['slices'])} slices for {shape[0]} experts"
         elif len(t["slices"]) != 1:
-            return f"{name}: a {len(shape)}-D tensor must have one slice"
+            return f"{name}: a {len(shape)}-D {'raw ' if raw else ''}tensor must have one slice"
         for i, s in enumerate(t["slices"]):
             if not isinstance(s, dict):
                 return f"{name}: malformed slice"
             enc, sshape = s.get("encoding"), s.get("shape")
-            if enc not in spec.ENCODINGS:
-                return f"{name}: unknown encoding {escape_name(repr(enc), 40)}"
+            if not isinstance(enc, str) or enc not in spec.ENCODINGS:
+                return _Newer(f"{name}: unknown encoding {escape_name(repr(enc), 40)}")
             if s.get("tier") not in spec.TIERS:
                 return f"{name}: unknown tier {escape_name(repr(s.get('tier')), 40)}"
-            want_shape = shape[1:] if len(shape) == 3 else shape
-            want_expert = i if len(shape) == 3 else None
+            if enc == spec.ENC_RAW:
+                dt = s.get("dtype")
+                if not isinstance(dt, str) or dt not in spec.RAW_DTYPES:
+                    return _Newer(f"{name}: unknown raw element type {escape_name(repr(dt), 40)}")
+                if not raw:
+                    return f"{name}: a raw slice must be its tensor's only slice"
+                if s["tier"] != spec.TIER_HOST:
+                    return f"{name}: raw slices live on the host (tier {s['tier']!r})"
+                if s.get("min_m") is not None or s.get("sqnr_db") is not None or "inflate" in s:
+                    return f"{name}: a raw slice has no min_m, sqnr_db or inflate record"
+            want_shape = shape[1:] if stacked else shape
+            want_expert = i if stacked else None
             expert = s.get("expert", "missing")
             if sshape != want_shape or expert != want_expert or isinstance(expert, bool):
                 return f"{name}: slice {i} shape or expert index does not match the tensor"
@@ -338,7 +366,7 @@ def validate_header(h, p: Preamble) -> str | None:
             elif s.get("min_m") is not None and not _is_int(s["min_m"]):
                 return f"{name}: min_m is not an integer"
             parts = s.get("parts")
-            sizes = expected_part_sizes(sshape, enc, s["layout"])
+            sizes = expected_part_sizes(sshape, enc, s["layout"], s.get("dtype"))
             if not isinstance(parts, dict) or list(parts) != list(spec.PARTS[enc]):
                 return f"{name}: parts are not {list(spec.PARTS[enc])}"
             for pn, pr in parts.items():

@@ -9,7 +9,7 @@ import struct
 
 MAGIC = b"ORKPACK\0"
 VERSION_MAJOR = 1
-VERSION_MINOR = 0
+VERSION_MINOR = 1  # 1.1: the raw encoding (docs/FORMAT.md 7)
 PREAMBLE_SIZE = 128  # the fixed struct at offset 0
 PREAMBLE_BLOCK = 4096  # bytes [PREAMBLE_SIZE, PREAMBLE_BLOCK) are zero
 ALIGN = 4096  # every data part starts on a 4 KiB boundary (mmap / DMA map)
@@ -33,8 +33,18 @@ MAX_NAME_BYTES = 4096
 ENC_F32, ENC_F16, ENC_BF16 = "f32", "f16", "bf16"
 ENC_INT8 = "int8"
 ENC_NF4 = "nf4"
+ENC_RAW = "raw"  # non-float tensors (integers, bool, f64, c64): the source bytes verbatim, host only
 FLOAT_ENCODINGS = (ENC_F32, ENC_F16, ENC_BF16)
-ENCODINGS = FLOAT_ENCODINGS + (ENC_INT8, ENC_NF4)
+ENCODINGS = FLOAT_ENCODINGS + (ENC_INT8, ENC_NF4, ENC_RAW)
+
+# element types of a raw slice (its "dtype" key) -> numpy dtype (little-endian); bool is one byte, 0 or 1
+RAW_DTYPES = {
+    "bool": "|b1",
+    "u8": "u1", "u16": "<u2", "u32": "<u4", "u64": "<u8",
+    "i8": "i1", "i16": "<i2", "i32": "<i4", "i64": "<i8",
+    "f64": "<f8",
+    "c64": "<c8",  # complex64: float32 real, float32 imaginary
+}
 
 # tiers (engines)
 TIER_NPU = "npu"
@@ -55,6 +65,7 @@ PARTS = {
     ENC_BF16: ("data",),
     ENC_INT8: ("q", "scale"),
     ENC_NF4: ("codes", "absmax"),
+    ENC_RAW: ("data",),
 }
 
 NF4_BLOCK = 64
@@ -68,4 +79,5 @@ PART_DTYPES = {
     (ENC_INT8, "scale"): "<f4",
     (ENC_NF4, "codes"): "u1",
     (ENC_NF4, "absmax"): "<f4",
+    (ENC_RAW, "data"): "u1",  # the bytes; the element type is the slice's "dtype" (RAW_DTYPES)
 }

@@ -170,7 +170,8 @@ class PackWriter:
 
     Each slice is a dict: expert, shape, encoding, tier, layout, parts
     (name -> array, in ``spec.PARTS[encoding]`` order), sqnr_db, and optionally
-    min_m (NPU slices) and inflate (NPU slices stored nf4).
+    min_m (NPU slices), inflate (NPU slices stored nf4) and dtype (raw slices
+    only: the element type, a key of ``spec.RAW_DTYPES``).
     """
 
     def __init__(self, path: Path, *, provenance: dict, config: dict | None, tiermap: dict | None,
@@ -266,10 +267,17 @@ class PackWriter:
             names = spec.PARTS[enc]
             if tuple(s["parts"]) != names:
                 raise ValueError(f"slice of {name}: parts {tuple(s['parts'])} != {names}")
+            if (enc == spec.ENC_RAW) != (s.get("dtype") is not None) or (enc == spec.ENC_RAW and s["dtype"] not in spec.RAW_DTYPES):
+                raise ValueError(f"slice of {name}: a raw slice, and only a raw slice, names its dtype "
+                                 f"({', '.join(spec.RAW_DTYPES)}); got {s.get('dtype')!r} for {enc}")
             rec = {
                 "expert": s.get("expert"),
                 "shape": [int(d) for d in s["shape"]],
                 "encoding": enc,
+            }
+            if enc == spec.ENC_RAW:
+                rec["dtype"] = s["dtype"]
+            rec |= {
                 "tier": s["tier"],
                 "layout": s["layout"],
                 "parts": {p: self._write_part(s["parts"][p]) for p in names},

@@ -5,7 +5,8 @@ Checks, in this order (stopping at the first failure unless ``keep_going``):
 
 1. ``open``       preamble and header checksums, sizes, header consistency (Pack.open)
 2. ``data``       the data-section checksum (every byte between preamble and header)
-3. ``parts``      each part's own checksum (names the tensor a damaged byte belongs to)
+3. ``parts``      each part's own checksum (names the tensor a damaged byte belongs to); raw
+                  slices (non-float tensors carried verbatim) are checked here like any part
 4. ``layout``     offsets in range, aligned, not overlapping; sizes match shape/encoding/layout;
                   NPU slices are 2-D int8 tiles or nf4 with an ``inflate`` record
 5. ``arena``      every NPU slice placed in the IOVA arena within its cap
@@ -122,7 +123,7 @@ def verify_pack(
         pack = Pack.open(path)
     except PackDamaged as e:
         res.checks["open"]["failed"] += 1
-        res.failures.append(str(e))
+        res.failures.append(_without_path(str(e), path))
         res.exit_code = 1
         return res
     except PackError as e:
@@ -145,6 +146,12 @@ def verify_pack(
     st["fill_gbps"] = _gbps(st["bytes_filled"], st["fill_seconds"])
     st["inflate_gbps"] = _gbps(st["bytes_inflated"], st["inflate_seconds"])
     return res
+
+
+def _without_path(line: str, path) -> str:
+    """A reader's message without its leading ``PATH: ``: failures are shown under the pack's path already."""
+    prefix = f"{escape_name(str(Path(path)))}: "  # as Pack.open names it
+    return line[len(prefix):] if line.startswith(prefix) else line
 
 
 def _parts_of(pack: Pack):
@@ -259,7 +266,7 @@ def _layout_problem(pack: Pack, s: dict) -> str | None:
     why = check_layout(shape, enc, layout)
     if why:
         return why
-    sizes = expected_part_sizes(shape, enc, layout)
+    sizes = expected_part_sizes(shape, enc, layout, s.get("dtype"))
     for pn, pr in s["parts"].items():
         off, size = pr["offset"], pr["size"]
         if off % spec.ALIGN:

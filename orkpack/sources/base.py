@@ -21,13 +21,43 @@ import numpy as np
 # raw 16 bits in a uint16 array (widening to float32 is a 16-bit shift).
 FLOAT_DTYPES = ("F32", "F16", "BF16")
 
+# Source element types carried through unchanged (the pack's ``raw`` encoding,
+# docs/FORMAT.md 3): source dtype name (safetensors spelling; GGUF's I8..I64 and
+# F64 are spelled the same) -> the raw slice's element type. Readers hand them
+# out as numpy arrays of that type (BOOL as np.bool_, one byte each). F64 is
+# carried raw because float32 cannot hold it losslessly.
+RAW_DTYPES = {
+    "BOOL": "bool",
+    "U8": "u8", "U16": "u16", "U32": "u32", "U64": "u64",
+    "I8": "i8", "I16": "i16", "I32": "i32", "I64": "i64",
+    "F64": "f64", "C64": "c64",
+}
+
+
+def is_raw(dtype: str) -> bool:
+    """True for a source dtype that is carried raw (not quantized, never planned)."""
+    return dtype in RAW_DTYPES
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A source tensor a reader leaves out because the config derives it (see orkpack.sources.derivable)."""
+
+    name: str  # the name in the source file
+    dtype: str  # source dtype
+    shape: tuple[int, ...]
+    reason: str  # why it is derivable, for people
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "reason": self.reason}
+
 
 @dataclass(frozen=True)
 class TensorInfo:
     name: str  # canonical name: GGUF-style (blk.0.attn_q.weight) where the architecture is known
     source_name: str  # the name in the source file
     shape: tuple[int, ...]  # numpy order
-    dtype: str  # source dtype: F32, F16, BF16, or a GGUF quantized type name (Q4_0, Q8_0, ...)
+    dtype: str  # source dtype: F32, F16, BF16, a raw type (RAW_DTYPES), or a GGUF quantized type name (Q4_0, ...)
     file: str  # file name within the source (no directory)
     nbytes: int  # bytes in the source file
 
@@ -45,11 +75,16 @@ class Source(Protocol):
 
     def tensors(self) -> list[TensorInfo]: ...
 
+    def skipped(self) -> list[Skipped]:
+        """Source tensors left out of ``tensors()`` because they are derivable (from the headers; no data read)."""
+        ...
+
     def read(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
         """The tensor ``name`` (canonical name) as an array the caller owns.
 
         dtype float32 or float16, or uint16 holding BF16 bits; GGUF quantized
-        types are dequantized to float32 (with a warning, once per build).
+        types are dequantized to float32 (with a warning, once per build);
+        raw types (RAW_DTYPES) come back as their own numpy type, bytes as stored.
         ``out``: an optional C-contiguous uint8 buffer of at least the
         tensor's bytes, reused across reads to spare fresh pages (page
         faults); the result is then a view of it.
@@ -63,6 +98,10 @@ class FileSource:
     """close() and the context manager for a reader holding OS file descriptors in ``self._fds``."""
 
     _fds: list[int]
+    _skipped: tuple = ()  # a reader sets its own list
+
+    def skipped(self) -> list[Skipped]:
+        return list(self._skipped)
 
     def close(self) -> None:
         fds, self._fds = self._fds, []

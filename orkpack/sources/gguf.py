@@ -13,7 +13,12 @@ order (reversed), so a linear layer is ``(N_out, K_in)`` and stacked experts
 Names are GGUF names already: they are the canonical names.
 
 Exactness: F32 and F16 come back bit-exact as float32 / float16; BF16 as its
-raw bits in a uint16 array. Quantized types that ``gguf.quants.dequantize``
+raw bits in a uint16 array; I8, I16, I32, I64 and F64 as numpy arrays of their
+own type, bytes as stored (a build carries them raw: :data:`RAW_TYPES`).
+
+Derivable buffers: llama.cpp's converter already dropped them, and a GGUF's
+tensor set is what llama.cpp loads, so this reader drops nothing
+(``skipped()`` is empty). Quantized types that ``gguf.quants.dequantize``
 implements (:data:`DEQUANT_TYPES`) come back as float32, exactly what
 gguf-py computes, dequantized in row chunks of about 4 MB so temporaries stay
 small; the first such read of a source reports once, through the
@@ -40,7 +45,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueTy
 from gguf import quants as _quants
 
 from ..errors import SourceError, escape_name
-from .base import FileSource, TensorInfo, array_in
+from ..pack import spec
+from .base import RAW_DTYPES, FileSource, TensorInfo, array_in
 from .config import facts_from_gguf_kv
 from .names import natural_key
 from .safetensors import read_into
@@ -168,7 +174,9 @@ def prescan(buf, size: int, name: str) -> None:
 
 
 DEQUANT_TYPES = _dequant_types()
-SUPPORTED_TYPES = ("F32", "F16", "BF16") + DEQUANT_TYPES
+# integer and F64 tensors are carried raw (base.RAW_DTYPES), like safetensors' non-float types
+RAW_TYPES = tuple(t.name for t in GGMLQuantizationType if t.name in RAW_DTYPES)
+SUPPORTED_TYPES = ("F32", "F16", "BF16") + RAW_TYPES + DEQUANT_TYPES
 _CHUNK = 4 << 20
 
 
@@ -292,6 +300,10 @@ class GGUFSource(FileSource):
         info, q = ent.info, ent.qtype
         if q.name in ("F32", "F16", "BF16"):
             arr = array_in(out, info.shape, {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[q.name])
+            read_into(self._fd, ent.offset, memoryview(arr.reshape(-1).view(np.uint8)), self.root)
+            return arr
+        if q.name in RAW_TYPES:  # bytes as stored, as their own numpy type
+            arr = array_in(out, info.shape, np.dtype(spec.RAW_DTYPES[RAW_DTYPES[q.name]]).newbyteorder("="))
             read_into(self._fd, ent.offset, memoryview(arr.reshape(-1).view(np.uint8)), self.root)
             return arr
         self._warn()

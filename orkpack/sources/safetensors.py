@@ -9,7 +9,12 @@ numel x itemsize of the dtype.
 
 Exactness: F32 and F16 come back as float32 / float16 arrays of the stored bits;
 BF16 comes back as the raw 16 bits in a uint16 array (``base.as_float32`` widens
-exactly). No torch, no ml_dtypes.
+exactly). No torch, no ml_dtypes. BOOL, U8-U64, I8-I64, F64 and C64 come back as
+numpy arrays of their own type, bytes as stored (a build carries them raw).
+
+Derivable buffers (``position_ids``, ``rotary_emb.inv_freq``, GPT-2 causal
+masks; the table is :mod:`orkpack.sources.derivable`) are left out of
+``tensors()`` and listed by ``skipped()`` instead, from the header alone.
 
 Experts: per-expert HF tensors (``model.layers.N.mlp.experts.E.gate_proj.weight``,
 mixtral ``block_sparse_moe.experts.E.w1``) are listed once per layer and
@@ -41,7 +46,9 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import SourceError, escape_name
-from .base import FileSource, TensorInfo, array_in
+from ..pack import spec
+from .base import RAW_DTYPES, FileSource, TensorInfo, array_in
+from .derivable import split_derivable
 from .names import canonical_name, hf_expert, natural_key
 
 HEADER_CAP = 100 * 1024 * 1024
@@ -50,8 +57,13 @@ MAX_NAME_BYTES = 4096  # a tensor name (real ones are < 200)
 MAX_DIMS = 8  # numpy allows 64; checkpoints use <= 4
 MAX_ELEMENTS = 1 << 56  # product of the non-zero dims (numpy refuses > 2**63 bytes even for an empty array)
 MAX_LAYERS = 4096  # num_hidden_layers / layer index in a name (real models: <= 200)
-SUPPORTED_DTYPES = ("F32", "F16", "BF16")
-_NP_DTYPE = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+# Float weights (quantized or kept float), then the types carried raw (base.RAW_DTYPES: bool, integers,
+# F64, C64). Hook for quantized releases: F8_E4M3, F8_E5M2, F8_E8M0, the FNUZ fp8s, F4 and F6 are not
+# here; a dequantizing reader (orkpack/sources/quantized.py) adds them. Until then they are refused.
+FLOAT_DTYPES = ("F32", "F16", "BF16")
+_NP_DTYPE = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
+             **{k: np.dtype(spec.RAW_DTYPES[v]) for k, v in RAW_DTYPES.items()}}
+SUPPORTED_DTYPES = FLOAT_DTYPES + tuple(RAW_DTYPES)
 
 
 def _fname(p: Path | str) -> str:
@@ -207,6 +219,7 @@ class SafetensorsSource(FileSource):
         if n_layers > MAX_LAYERS:
             raise SourceError(f"{_fname(self.root)}: {n_layers} layers (from config.json or the tensor names) is over "
                               f"the cap of {MAX_LAYERS}; the checkpoint is damaged")
+        raw, self._skipped = split_derivable(raw)  # derivable buffers (position_ids, ...): listed, not read
         self._entries: dict[str, _Entry] = {}
         groups: dict[tuple[int, str], dict[int, tuple]] = {}
         for r in raw:
@@ -248,7 +261,8 @@ class SafetensorsSource(FileSource):
         return [self._entries[n].info for n in self._order]
 
     def read(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
-        """The tensor as float32, float16, or uint16 holding BF16 bits (in ``out`` when given: see base.Source.read)."""
+        """The tensor as float32, float16, uint16 holding BF16 bits, or a raw type's own numpy dtype
+        (BOOL as np.bool_; in ``out`` when given: see base.Source.read)."""
         ent = self._entries.get(name)
         if ent is None:
             raise SourceError(f"{_fname(self.root)}: no tensor {escape_name(name)} in this checkpoint; "

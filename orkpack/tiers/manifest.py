@@ -29,6 +29,7 @@ from ..sources.config import load_hf_config
 FLOAT_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
 _TORCH_DTYPE = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 KV_TYPES = ("f16", "q8_0")
+VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
 # integer and bool tensors (carried raw, never planned)
 NON_FLOAT_DTYPES = frozenset({"BOOL", "U8", "U16", "U32", "U64", "I8", "I16", "I32", "I64", "F64"})
 
@@ -56,7 +57,7 @@ class Item:
     n: int  # rows = output channels
     k: int  # columns = input features
     dtype: str
-    role: str  # "matmul", "expert", "router", "embedding", "output"
+    role: str  # "matmul", "expert", "router", "embedding", "output", "vision" (an image encoder)
     layer: int | None
     n_experts: int = 0  # experts in this item's layer (role "expert")
     n_experts_used: int = 0
@@ -132,6 +133,8 @@ def _role(name: str, ndim: int, facts: dict) -> str:
         return "output"
     if ".ffn_gate_inp." in name:
         return "router"
+    if name.startswith(VISION_PREFIXES):
+        return "vision"  # runs once per image, not per prompt token
     if ndim == 3 and _names.is_stacked_experts(name):
         return "expert"
     return "matmul"
@@ -150,8 +153,8 @@ def _items(tensors: list[TensorEntry], facts: dict) -> tuple[list[Item], list[Te
     items: list[Item] = []
     floats: list[TensorEntry] = []
     for t in tensors:
-        if not t.name.endswith(".weight") or t.dtype in NON_FLOAT_DTYPES:
-            floats.append(t)  # biases, sinks, buffers: kept as they are on the host
+        if t.name.endswith((".bias", "_bias")) or t.dtype in NON_FLOAT_DTYPES:
+            floats.append(t)  # biases (gpt-oss has 2-D expert biases), integer buffers: kept as they are
         elif len(t.shape) == 2:
             items.append(Item(t.name, None, t.shape[0], t.shape[1], t.dtype, _role(t.name, 2, facts), _layer(t.name)))
         elif len(t.shape) == 3:

@@ -106,7 +106,7 @@ def _unknown(unknown: list[str], where: str, ignore: bool, warnings: list[str]) 
 # --------------------------------------------------------------------------------------------- analytic
 
 def _analytic_m(it: Item, prefill_m: int, routing: float | None) -> float:
-    if it.role == "embedding":
+    if it.role in ("embedding", "vision"):  # a row lookup; an image encoder that text prefill never runs
         return 0.0
     if it.role == "output":
         return 1.0
