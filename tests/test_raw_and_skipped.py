@@ -384,3 +384,23 @@ def test_tensor_over_four_dims_is_one_line(tmp_path):
     errors = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert r.exit_code == 2 and len(errors) == 1 and "ids: 5 dimensions" in errors[0] and "Traceback" not in r.output
     assert not (tmp_path / "x.orkpack").exists()
+
+
+def test_tier_map_lists_raw_tensors_raw_with_their_real_size():
+    from orkpack.tiers.board import load_board
+    from orkpack.tiers.manifest import Manifest, TensorEntry
+    from orkpack.tiers.profile import analytic
+    from orkpack.tiers.solver import solve
+
+    facts = dict(arch=None, n_layers=1, hidden=64, intermediate=64, heads=1, kv_heads=1, head_dim=64, vocab=32,
+                 n_experts=0, n_experts_used=0, moe_intermediate=0, tie_word_embeddings=True, attention="gqa",
+                 kv_k=64, kv_v=64, swa_window=0, swa_layers=[])
+    man = Manifest(facts, [TensorEntry("blk.0.ffn_up.weight", (64, 64), "BF16"),
+                           TensorEntry("embeddings.token_type_ids", (1, 512), "I64"),
+                           TensorEntry("blk.0.mask", (4, 4), "BOOL")], "test", "test")
+    assert [i.tensor for i in man.items] == ["blk.0.ffn_up.weight"]
+    b = load_board("rk3588-32g")
+    tm = solve(man, b, analytic(man, b, 512), ctx=64)
+    d = {x.tensor: x for x in tm.decisions}
+    assert (d["embeddings.token_type_ids"].encoding, d["embeddings.token_type_ids"].bytes) == ("raw", 512 * 8)
+    assert (d["blk.0.mask"].encoding, d["blk.0.mask"].bytes) == ("raw", 16)

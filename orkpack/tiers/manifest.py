@@ -23,15 +23,27 @@ from pathlib import Path
 
 from ..errors import OrkError, escape_name
 from ..sources import names as _names
+import numpy as np
+
 from .. import archs
+from ..pack import spec
+from ..sources.base import RAW_DTYPES, is_raw
 from ..sources.config import load_hf_config
 
 FLOAT_ITEMSIZE = {"F32": 4, "F16": 2, "BF16": 2}
+
+
+def _itemsize(dtype: str) -> int:
+    """Bytes an element of a tensor kept as it is: float types as stored (quantized types widen to f32),
+    raw types (integers, bool, f64, c64) as their own element."""
+    if is_raw(dtype):
+        return np.dtype(spec.RAW_DTYPES[RAW_DTYPES[dtype]]).itemsize
+    return FLOAT_ITEMSIZE.get(dtype, 4)
 _TORCH_DTYPE = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
 KV_TYPES = ("f16", "q8_0")
 VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.")
 # integer and bool tensors (carried raw, never planned)
-NON_FLOAT_DTYPES = frozenset({"BOOL", "U8", "U16", "U32", "U64", "I8", "I16", "I32", "I64", "F64"})
+NON_FLOAT_DTYPES = frozenset(RAW_DTYPES)  # carried raw, never planned
 
 
 @dataclass(frozen=True)
@@ -47,7 +59,7 @@ class TensorEntry:
     @property
     def float_bytes(self) -> int:
         """Bytes of this tensor kept float (source float dtype; quantized GGUF types widen to f32)."""
-        return self.numel * FLOAT_ITEMSIZE.get(self.dtype, 4)
+        return self.numel * _itemsize(self.dtype)
 
 
 @dataclass(frozen=True)
@@ -76,7 +88,7 @@ class Item:
 
     @property
     def float_bytes(self) -> int:
-        return self.numel * FLOAT_ITEMSIZE.get(self.dtype, 4)
+        return self.numel * _itemsize(self.dtype)
 
 
 @dataclass

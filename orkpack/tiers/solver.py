@@ -31,7 +31,7 @@ from .. import globs
 from ..sources import names as _names
 from . import cost, knapsack
 from .board import Board
-from .manifest import Item, Manifest
+from .manifest import NON_FLOAT_DTYPES, Item, Manifest
 from .profile import Profile
 from .tiermap import Decision, TierMap
 
@@ -239,7 +239,8 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
             host_w["nf4"] += nb
         decisions.append(Decision(it.tensor, it.expert, shape, enc, "host", profile.min_m[i], nb, 0.0, r.pin))
     for t in manifest.floats:
-        decisions.append(Decision(t.name, None, t.shape, _FLOAT_ENC.get(t.dtype, "f32"), "host", cost.MIN_M_NEVER,
+        enc = "raw" if t.dtype in NON_FLOAT_DTYPES else _FLOAT_ENC.get(t.dtype, "f32")
+        decisions.append(Decision(t.name, None, t.shape, enc, "host", cost.MIN_M_NEVER,
                                   t.float_bytes, 0.0, None))
         host_w["float"] += t.float_bytes
     order = {n: j for j, n in enumerate(sorted({d.tensor for d in decisions}, key=_names.natural_key))}

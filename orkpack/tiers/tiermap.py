@@ -19,7 +19,7 @@ from .cost import MIN_M_FLOOR
 
 TIERMAP_SCHEMA = "orkpack.tiermap"
 TIERMAP_VERSION = 1
-ENCODINGS = ("f32", "f16", "bf16", "int8", "nf4")
+ENCODINGS = ("f32", "f16", "bf16", "int8", "nf4", "raw")  # raw: integer/bool tensors carried as stored (host only)
 TIERS = ("npu", "host")
 
 
