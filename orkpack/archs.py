@@ -124,6 +124,8 @@ class Family:
     swa: str | None = None  # None | "all" | "even" (every other, from layer 0) | "pattern" (gemma3) | "layer_types"
     moe: str = "all"  # which layers are MoE when n_experts > 0: all | qwen (sparse step, mlp_only_layers) | deepseek
     text_config: bool = False  # facts live in config["text_config"] (multimodal wrappers)
+    classes: tuple[str, ...] = ()  # HF ``architectures`` class names, for configs without a model_type
+    head_stored_when_tied: bool = False  # the release stores lm_head.weight even with tied embeddings
     flags: Callable[[dict, dict], dict] | None = None  # extra model-level flags from (config, dims)
 
 
@@ -228,8 +230,9 @@ _F = [
         t(P + "mlp.shared_expert_gate.weight", 1, "H", when="moe shared"),
     ), _llama_top(), moe="qwen", flags=lambda cfg, d: {"qkv_bias": True, "shared": d["Is"] > 0},
         defaults={"tie_word_embeddings": False}),
+    # Qwen3's tied releases (0.6B, 1.7B, 4B) store lm_head.weight anyway (Qwen3-0.6B: 751,632,384 params)
     Family("qwen3", "QWEN3", _LLAMA_LAYER + _QK_NORM, _llama_top(), flags=_qkv_bias_flag,
-           defaults={"tie_word_embeddings": False}),
+           defaults={"tie_word_embeddings": False}, head_stored_when_tied=True),
     Family("qwen3_moe", "QWEN3MOE", _NORMS + _QKVO + _QKV_BIAS + _O_BIAS + _QK_NORM + _MLP + _EXPERTS, _llama_top(),
            moe="qwen", flags=_qkv_bias_flag, defaults={"tie_word_embeddings": False}),
     Family("gemma", "GEMMA", _NORMS + _QKVO + _MLP, _llama_top(), defaults={"tie_word_embeddings": True}),
@@ -271,11 +274,14 @@ _F = [
         t(P + "feed_forward.w2.weight", "H", "I"),
     ), _llama_top("model.tok_embeddings.weight", "model.norm.weight", "output.weight"),
         renames=((r"^model\.layers\.(\d+)\.attention\.wqkv\.", r"blk.\1.attn_qkv."),),
-        flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("bias"))}, defaults={"tie_word_embeddings": False}),
+        flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("bias"))}, defaults={"tie_word_embeddings": False},
+        classes=("InternLM2ForCausalLM",)),
+    # MiniCPM-2B's config.json has no model_type: its architectures class names it
     Family("minicpm", "MINICPM", _LLAMA_LAYER, _llama_top(), flags=_qkv_bias_flag,
-           defaults={"tie_word_embeddings": True}),
+           defaults={"tie_word_embeddings": True}, classes=("MiniCPMForCausalLM",)),
     Family("minicpm3", "MINICPM3", _NORMS + _MLA + _MLP, _llama_top(), attention="mla",
-           flags=lambda cfg, d: {"q_lora": bool(d["qlr"])}, defaults={"tie_word_embeddings": True}),
+           flags=lambda cfg, d: {"q_lora": bool(d["qlr"])}, defaults={"tie_word_embeddings": True},
+           classes=("MiniCPM3ForCausalLM",)),
     # ChatGLM3 and GLM-4-9B-chat (model_type chatglm): the transformer.encoder.* layout
     Family("chatglm", "CHATGLM", (
         t("transformer.encoder.layers.{i}.input_layernorm.weight", "H"),
@@ -300,7 +306,7 @@ _F = [
                  (r"^transformer\.encoder\.layers\.(\d+)\.mlp\.dense_h_to_4h\.", r"blk.\1.ffn_up."),
                  (r"^transformer\.encoder\.layers\.(\d+)\.mlp\.dense_4h_to_h\.", r"blk.\1.ffn_down.")),
         flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("add_qkv_bias"))},
-        defaults={"tie_word_embeddings": False}),
+        defaults={"tie_word_embeddings": False}, classes=("ChatGLMModel", "ChatGLMForConditionalGeneration")),
     # GLM-4-0414 (model_type glm4): llama-style names, fused gate_up, sandwich norms
     Family("glm4", "GLM4", _NORMS + _QKVO + _QKV_BIAS + (
         t(P + "post_self_attn_layernorm.weight", "H"), t(P + "post_mlp_layernorm.weight", "H"),
@@ -364,9 +370,23 @@ _BY_MODEL_TYPE: dict[str, Family] = {mt: f for f in _F for mt in (f.name, *f.mod
 SUPPORTED = tuple(sorted(_BY_MODEL_TYPE))
 
 
+_BY_CLASS: dict[str, Family] = {c: f for f in _F for c in f.classes}
+
+
 def family(model_type: str | None) -> Family | None:
     """The entry for an HF ``model_type`` (None for an unknown one)."""
     return _BY_MODEL_TYPE.get(model_type) if isinstance(model_type, str) else None
+
+
+def config_family(cfg: Mapping[str, Any]) -> Family | None:
+    """The entry for a config.json: by ``model_type``, else (no model_type) by its ``architectures`` class."""
+    mt = cfg.get("model_type")
+    if mt is not None:
+        return family(mt)
+    arch = cfg.get("architectures")
+    if isinstance(arch, list) and arch and isinstance(arch[0], str):
+        return _BY_CLASS.get(arch[0])
+    return None
 
 
 # ------------------------------------------------------------------------------------------- config -> facts
@@ -468,6 +488,8 @@ def _dims(cfg: Mapping, fam: Family, where: str) -> dict:
     d["nope"] = get("qk_nope", 0)
     d["rope"] = get("qk_rope", 0)
     d["vhd"] = get("v_head_dim", 0)
+    if fam.attention == "mla" and not d["vhd"]:  # MiniCPM3's config has none: its model uses hidden / heads
+        d["vhd"] = d["H"] // d["nh"]
     d["first_dense"] = get("first_dense", 0)
     d["moe_freq"] = get("moe_freq", 1) or 1
     d["sparse_step"] = get("sparse_step", 1) or 1
@@ -544,7 +566,7 @@ def facts_from_config(cfg: Mapping[str, Any], where: str = "config.json") -> dic
     """The plan's facts from a parsed config.json of a known family (SourceError: one line naming the key)."""
     if not isinstance(cfg, Mapping):
         raise SourceError(f"{where}: config.json is not a JSON object; restore the original")
-    fam = family(cfg.get("model_type"))
+    fam = config_family(cfg)
     if fam is None:
         raise SourceError(f"{where}: model_type {escape_name(repr(cfg.get('model_type')), 60)} is not a known "
                           f"architecture; known: {', '.join(SUPPORTED)}. Plan from the weights instead (a folder "
@@ -558,7 +580,8 @@ def _facts(fam: Family, cfg: Mapping, d: dict, where: str) -> dict:
         "arch": fam.name, "n_layers": d["L"], "hidden": d["H"], "intermediate": d["I"], "heads": d["nh"],
         "kv_heads": d["nkv"] if fam.attention != "mla" else 1, "head_dim": d["hd"], "vocab": d["V"],
         "n_experts": d["E"], "n_experts_used": d["top_k"] if d["E"] else 0,
-        "moe_intermediate": d["Im"] if d["E"] else 0, "tie_word_embeddings": d["tied"],
+        # tied = no separate output tensor (the GGUF meaning): a release that stores the head is not
+        "moe_intermediate": d["Im"] if d["E"] else 0, "tie_word_embeddings": d["tied"] and not fam.head_stored_when_tied,
         "attention": fam.attention, "kv_k": k, "kv_v": v,
         "swa_window": d["window"] if fam.swa else 0, "swa_layers": _swa_layers(fam, d, cfg, where),
     }
@@ -617,7 +640,7 @@ def hf_tensors(cfg: Mapping[str, Any], where: str = "config.json") -> tuple[dict
     facts = facts_from_config(cfg, where)
     fam = FAMILIES[facts["arch"]]
     d = _dims(cfg, fam, where)
-    base = {"tied": d["tied"], "vision": fam.name == "gemma3"}
+    base = {"tied": d["tied"] and not fam.head_stored_when_tied, "vision": fam.name == "gemma3"}
     if fam.flags is not None:
         base.update(fam.flags(cfg, d))
     out: list[tuple[str, tuple[int, ...], T]] = []
@@ -821,7 +844,7 @@ def param_count(cfg: Mapping[str, Any]) -> int:
 
 def layers_in_config(cfg: Mapping[str, Any] | None) -> int:
     """Decoder layers (MTP layers included) a config declares, for naming; 0 when unknown or malformed."""
-    fam = family(cfg.get("model_type")) if isinstance(cfg, Mapping) else None
+    fam = config_family(cfg) if isinstance(cfg, Mapping) else None
     if fam is None:
         v = cfg.get("num_hidden_layers") if isinstance(cfg, Mapping) else None
         return v if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= CAPS["n_layers"] else 0
@@ -855,7 +878,7 @@ def stored_dtype(cfg: Mapping[str, Any], hf_name: str, default: str) -> str:
 
 def dims(cfg: Mapping[str, Any], where: str = "config.json") -> dict:
     """The named dimensions of a known family's config (``H``, ``nh``, ``kvlr``, ...), checked."""
-    fam = family(cfg.get("model_type"))
+    fam = config_family(cfg)
     if fam is None:
         raise SourceError(f"{where}: model_type {escape_name(repr(cfg.get('model_type')), 60)} is not a known "
                           "architecture")

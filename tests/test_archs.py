@@ -203,3 +203,25 @@ def test_family_gguf_plans_and_builds_like_its_hf_checkpoint(fixtures, fam, tmp_
     r = runner.invoke(app, ["build", str(g), "-o", str(out), "--threads", "1"])
     assert r.exit_code == 0, r.output
     assert runner.invoke(app, ["verify", str(out)]).exit_code == 0
+
+
+def test_chatglm_checkpoint_with_its_stored_inv_freq_builds(tmp_path):
+    """chatglm3-6b stores transformer.rotary_pos_emb.inv_freq (fp16 [32]): dropped as derivable."""
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    folder = write_hf_model(tmp_path / "glm", config=TINY["chatglm"], shards=1, seed=2, dtype="f32")
+    t = load_file(str(folder / "model.safetensors"))
+    t["transformer.rotary_pos_emb.inv_freq"] = np.ones(8, np.float16)
+    save_file(t, str(folder / "model.safetensors"))
+    src = open_source(folder)
+    assert [s.name for s in src.skipped()] == ["transformer.rotary_pos_emb.inv_freq"]
+    m = manifest_from_path(folder)
+    assert [x.name for x in m.tensors] == [x.name for x in manifest_from_config(TINY["chatglm"]).tensors]
+    r = runner.invoke(app, ["build", str(folder), "-o", str(tmp_path / "g.orkpack")])
+    assert r.exit_code == 0 and "inv_freq" in r.output, r.output
+
+
+def test_config_without_model_type_is_known_by_its_class():
+    cfg = {k: v for k, v in TINY["minicpm"].items() if k != "model_type"}
+    assert archs.facts_from_config(cfg)["arch"] == "minicpm"

@@ -29,7 +29,7 @@ RULES: tuple[tuple[re.Pattern, Callable[[str, tuple[int, ...]], bool], str], ...
     (re.compile(r"(?:^|\.)position_ids$"),
      lambda dt, sh: len(sh) <= 2,  # I64 normally; some old CLIP checkpoints hold them as F32
      "position indices 0..n-1 (BERT-style buffer): arange(max_position_embeddings)"),
-    (re.compile(r"(?:^|\.)rotary_emb\.inv_freq$"),
+    (re.compile(r"(?:^|\.)(?:rotary_emb|rotary_pos_emb)\.inv_freq$"),  # rotary_pos_emb: ChatGLM3
      lambda dt, sh: len(sh) == 1,
      "RoPE inverse frequencies: 1 / rope_theta ** (arange(0, head_dim, 2) / head_dim)"),
     (re.compile(r"(?:^|\.)(?:attn|attention)\.bias$"),

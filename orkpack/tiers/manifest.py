@@ -228,7 +228,7 @@ def manifest_from_path(path: str | Path) -> Manifest:
     try:
         infos = src.tensors()
         tensors = [TensorEntry(t.name, tuple(int(d) for d in t.shape), t.dtype) for t in infos]
-        known = src.config is not None and (src.kind == "gguf" or archs.family(src.config.get("model_type")))
+        known = src.config is not None and (src.kind == "gguf" or archs.config_family(src.config))
         if known:
             facts, warnings = model_facts(src), []
         else:  # no entry for this architecture (or no config.json): the generic plan, said out loud
