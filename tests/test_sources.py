@@ -362,7 +362,7 @@ def test_bad_garbage_safetensors(tmp_path):
     ({"shape": [4], "data_offsets": [0, 16]}, "no dtype"),
     ({"dtype": "I64", "shape": [3], "data_offsets": [0, 16]}, "do not hold I64 (3,)"),  # raw types: sizes checked too
     ({"dtype": "X64", "shape": [2], "data_offsets": [0, 16]}, "X64 is not supported; supported: F32, F16, BF16, BOOL"),
-    ({"dtype": "F8_E4M3", "shape": [16], "data_offsets": [0, 16]}, "F8_E4M3 is not supported"),
+    ({"dtype": "F8_E4M3", "shape": [16], "data_offsets": [0, 16]}, "F8_E4M3 weight with no scale tensor"),  # quantized.py
 ])
 def test_bad_safetensors_entries(tmp_path, entry, match):
     p = _st_file(tmp_path / "e.safetensors", {"w": entry}, b"\0" * 16)

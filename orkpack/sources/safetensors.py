@@ -11,6 +11,9 @@ Exactness: F32 and F16 come back as float32 / float16 arrays of the stored bits;
 BF16 comes back as the raw 16 bits in a uint16 array (``base.as_float32`` widens
 exactly). No torch, no ml_dtypes. BOOL, U8-U64, I8-I64, F64 and C64 come back as
 numpy arrays of their own type, bytes as stored (a build carries them raw).
+Quantized releases (FP8 weights with their scales, gpt-oss MXFP4 blocks and
+scales) are listed under the weight's name with the source dtype (F8_E4M3, ...,
+MXFP4) and read as float32, dequantized exactly: orkpack/sources/quantized.py.
 
 Derivable buffers (``position_ids``, ``rotary_emb.inv_freq``, GPT-2 causal
 masks; the table is :mod:`orkpack.sources.derivable`) are left out of
@@ -49,6 +52,7 @@ from ..errors import SourceError, escape_name
 from ..pack import spec
 from .base import RAW_DTYPES, FileSource, TensorInfo, array_in
 from .derivable import split_derivable
+from . import quantized
 from .names import canonical_name, hf_expert, natural_key
 
 HEADER_CAP = 100 * 1024 * 1024
@@ -59,11 +63,13 @@ MAX_ELEMENTS = 1 << 56  # product of the non-zero dims (numpy refuses > 2**63 by
 MAX_LAYERS = 4096  # num_hidden_layers / layer index in a name (real models: <= 200)
 # Float weights (quantized or kept float), then the types carried raw (base.RAW_DTYPES: bool, integers,
 # F64, C64). Hook for quantized releases: F8_E4M3, F8_E5M2, F8_E8M0, the FNUZ fp8s, F4 and F6 are not
-# here; a dequantizing reader (orkpack/sources/quantized.py) adds them. Until then they are refused.
+# here; orkpack/sources/quantized.py adds the FP8 and E8M0 ones below (dequantized on read) and refuses F4/F6.
 FLOAT_DTYPES = ("F32", "F16", "BF16")
 _NP_DTYPE = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"),
              **{k: np.dtype(spec.RAW_DTYPES[v]) for k, v in RAW_DTYPES.items()}}
 SUPPORTED_DTYPES = FLOAT_DTYPES + tuple(RAW_DTYPES)
+_NP_DTYPE.update({k: np.dtype("u1") for k in quantized.STORAGE_DTYPES})
+SUPPORTED_DTYPES += quantized.STORAGE_DTYPES
 
 
 def _fname(p: Path | str) -> str:
@@ -128,6 +134,8 @@ def parse_header(path: Path, fd: int, size: int) -> tuple[dict, int]:
         dtype, shape, offs = e.get("dtype"), e.get("shape"), e.get("data_offsets")
         if not isinstance(dtype, str):
             raise SourceError(f"{tn}: no dtype in the header; the file is damaged; download it again")
+        if dtype in quantized.REFUSED_DTYPES:  # F4, F6: sub-byte floats of no scheme orkpack reads
+            raise SourceError(f"{tn}: {quantized.REFUSED_DTYPES[dtype]} is not supported; {quantized.DEQUANTIZE_FIRST}")
         if dtype not in SUPPORTED_DTYPES:
             raise SourceError(f"{tn}: dtype {escape_name(dtype)} is not supported; supported: "
                               f"{', '.join(SUPPORTED_DTYPES)} (convert the checkpoint to one of them)")
@@ -220,6 +228,8 @@ class SafetensorsSource(FileSource):
             raise SourceError(f"{_fname(self.root)}: {n_layers} layers (from config.json or the tensor names) is over "
                               f"the cap of {MAX_LAYERS}; the checkpoint is damaged")
         raw, self._skipped = split_derivable(raw)  # derivable buffers (position_ids, ...): listed, not read
+        q = quantized.prepare(raw, self.config, self.root, self.files, self._skipped)  # FP8 + scales, MXFP4 pairs
+        raw, self._skipped, self._recipes = q.raw, q.skipped, q.recipes
         self._entries: dict[str, _Entry] = {}
         groups: dict[tuple[int, str], dict[int, tuple]] = {}
         for r in raw:
@@ -270,6 +280,9 @@ class SafetensorsSource(FileSource):
         if not self._fds:
             raise SourceError(f"{_fname(self.root)}: source is closed; open it again")
         info = ent.info
+        if info.dtype in quantized.DEQUANTIZED_DTYPES:  # FP8, MXFP4: float32, dequantized in chunks
+            return quantized.dequantize(info.shape, [self._recipes[(p.file, p.offset, p.nbytes)] for p in ent.parts],
+                                        lambda fi, off, mv: read_into(self._fds[fi], off, mv, self.files[fi]), out)
         arr = array_in(out, info.shape, _NP_DTYPE[info.dtype].newbyteorder("="))
         flat = arr.reshape(-1).view(np.uint8)
         pos = 0
