@@ -20,6 +20,23 @@ from orkpack.synth import write_gguf_model, write_hf_model
 TINY = dict(layers=1, hidden=64, intermediate=96, heads=2, kv_heads=1, vocab=64)
 
 
+def _dual_tiermap(model: Path, path: Path) -> Path:
+    """A tier map with two NPU items, both dual-resident (NPU int8 tiles + a host NF4 copy, format 1.2)."""
+    from dataclasses import replace
+
+    from orkpack.tiers.command import plan
+    from orkpack.tiers.tiermap import TierMap, dumps
+
+    pins = {"npu": ["blk.0.attn_q.weight", "blk.0.ffn_up.weight"], "cpu": [], "int8": [], "nf4": [], "keep": []}
+    tm, _, _ = plan(model, pins=pins)
+    nf4 = lambda n: (n + 1) // 2 + 4 * -(-n // 64)  # noqa: E731
+    decs = [replace(d, host_copy="nf4", host_copy_bytes=nf4(d.shape[0] * d.shape[1])) if d.tier == "npu" else d
+            for d in tm.decisions]
+    path.write_text(dumps(TierMap(decs, model=tm.model, board=tm.board, options=tm.options, objective=tm.objective,
+                                  budget=tm.budget, prediction=tm.prediction)))
+    return path
+
+
 def main(out: Path) -> None:
     for sub in ("pack", "safetensors", "gguf"):
         (out / sub).mkdir(parents=True, exist_ok=True)
@@ -32,6 +49,7 @@ def main(out: Path) -> None:
             build(hf, td / "b.orkpack", BuildOptions(threads=1, npu=["blk.0.ffn_up.weight"], npu_storage="nf4",
                                                      keep=["token_embd.weight"])).path,
             build(moe, td / "c.orkpack", BuildOptions(threads=1, int8=["blk.0.ffn_down_exps.weight"])).path,
+            build(hf, td / "d.orkpack", BuildOptions(threads=1, tiermap=_dual_tiermap(hf, td / "dual.json"))).path,
         ]
         for i, p in enumerate(packs):
             raw = p.read_bytes()

@@ -6,7 +6,7 @@
 
 #define ORKPACK_MAGIC "ORKPACK\0"
 #define ORKPACK_VERSION_MAJOR 1
-#define ORKPACK_VERSION_MINOR 1
+#define ORKPACK_VERSION_MINOR 2
 #define ORKPACK_PREAMBLE_SIZE 128
 #define ORKPACK_PREAMBLE_BLOCK 4096
 #define ORKPACK_ALIGN 4096
@@ -21,7 +21,7 @@
 typedef struct {
     char magic[8];           /* "ORKPACK\0" */
     uint16_t version_major;  /* 1: a reader refuses a larger major */
-    uint16_t version_minor;  /* 1 (1.1: raw encoding): a reader accepts any minor of its major */
+    uint16_t version_minor;  /* 2 (1.1: raw encoding; 1.2: host copies): a reader accepts any minor of its major */
     uint32_t preamble_size;  /* 128 */
     uint64_t file_size;      /* exact size of the file */
     uint64_t data_offset;    /* 4096 */

@@ -8,7 +8,8 @@ the timing or the thread count.
 
 Memory: tensors stream one at a time. A build holds at most two reused read
 buffers of the largest source tensor (one when the source is float32), the
-parts being encoded (int8: 1/4 of the float32 size, NF4: ~1/7), and at most
+parts being encoded (int8: 1/4 of the float32 size, NF4: ~1/7; both for a
+dual-resident slice: int8 tiles plus its host NF4 copy), and at most
 half the largest tensor as float32 queued for writing: under 2x the largest
 tensor as float32, plus the interpreter (~100 MB). tests/test_build.py and
 bench/bench_build.py measure it.
@@ -68,6 +69,9 @@ class BuildOptions:
     prefill_m: int = 512
     ignore_unknown: bool = False
     timestamp: bool = False  # record provenance.created (the only time a header may hold)
+    # a tier-map JSON file (orkpack plan -o FILE, or edited by hand) to follow instead of planning;
+    # the only source of dual-resident slices (NPU tiles + a host copy)
+    tiermap: Path | None = None
 
     def resolved_threads(self) -> int:
         return self.threads if self.threads > 0 else (os.cpu_count() or 1)
@@ -88,7 +92,7 @@ class BuildOptions:
             "ctx": self.ctx,
             "kv_type": self.kv_type,
             "prefill_m": self.prefill_m,
-        }
+        } | ({} if self.tiermap is None else {"tiermap": Path(self.tiermap).name})
 
     def pins(self) -> dict[str, list[str]]:
         return {"npu": list(self.npu), "cpu": list(self.cpu), "int8": list(self.int8), "nf4": list(self.nf4), "keep": list(self.keep)}
@@ -100,6 +104,7 @@ class Decision:
     tier: str
     min_m: int | None = None
     dtype: str | None = None  # raw only: the element type (spec.RAW_DTYPES)
+    host_copy: str | None = None  # NPU only: also keep a host copy in this encoding (spec.HOST_COPY_ENCODINGS)
 
 
 def raw_decision(info: TensorInfo) -> Decision | None:
@@ -159,7 +164,8 @@ class TierMapPlacement:
     """Precision and placement from a solved tier map (the default).
 
     The rule flags became the solver's pins. ``--npu-storage nf4`` stores the
-    NPU's int8 items 4-bit, to be inflated to int8 tiles at load.
+    NPU's int8 items 4-bit, to be inflated to int8 tiles at load. An NPU item
+    the map gives a host copy (dual residency) keeps it, whatever the storage.
     """
 
     def __init__(self, tm, opts: BuildOptions):
@@ -170,14 +176,93 @@ class TierMapPlacement:
         raw = raw_decision(info)
         if raw is not None:  # before the tier map: whatever it says of this tensor, its values are not weights
             return raw
-        enc, tier, min_m = self.tm.decision(info.name, expert)
+        d = self.tm.get(info.name, expert)
+        enc, tier, min_m = d.encoding, d.tier, d.min_m
         if tier == spec.TIER_NPU:
             if self.opts.npu_storage == "nf4":
                 enc = spec.ENC_NF4
-            return Decision(enc, tier, min_m)
+            return Decision(enc, tier, min_m, host_copy=getattr(d, "host_copy", None))
         if enc in spec.FLOAT_ENCODINGS:
             enc = FLOAT_ENC_BY_DTYPE.get(info.dtype, spec.ENC_F32)
         return Decision(enc, tier)
+
+
+# a tier map embeds in the pack header, so it can be no larger than the header's cap
+MAX_TIERMAP_BYTES = spec.MAX_HEADER_SIZE
+
+
+def _no_constant(name):
+    raise ValueError(f"{name} is not allowed")
+
+
+def load_tiermap(path: Path, infos: list[TensorInfo]) -> tuple["TierMap", list[str]]:  # noqa: F821
+    """The tier map in the JSON file ``path`` (``orkpack plan -o``), checked against the source:
+    every float tensor (every expert of a stacked one) must have a decision of its shape.
+    Returns (tier map, warning lines). Raises OrkError with one line otherwise."""
+    import json
+    import math
+
+    from orkpack.tiers.tiermap import TierMap
+
+    label = escape_name(str(path))
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_TIERMAP_BYTES:
+                raise OrkError(f"tier map {label}: {size} bytes, over the {MAX_TIERMAP_BYTES}-byte cap")
+            text = f.read(MAX_TIERMAP_BYTES + 1)
+    except FileNotFoundError:
+        raise OrkError(f"tier map {label}: no such file (write one with `orkpack plan SOURCE -o FILE`)") from None
+    except IsADirectoryError:
+        raise OrkError(f"tier map {label}: is a folder, not a tier-map JSON file") from None
+    except OSError as e:
+        raise OrkError(f"tier map {label}: cannot read ({e.strerror})") from None
+    try:
+        d = json.loads(text.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise OrkError(f"tier map {label}: not valid JSON ({escape_name(str(e), 120)})") from None
+    except RecursionError:
+        raise OrkError(f"tier map {label}: JSON nests too deep") from None
+    try:
+        tm = TierMap.from_json(d)
+    except OrkError as e:
+        raise OrkError(f"tier map {label}: {e}") from None
+    if not all(math.isfinite(x.benefit_us) for x in tm.decisions):
+        raise OrkError(f"tier map {label}: a benefit_us is not a finite number; plan again")
+    missing, wrong, used = [], [], set()
+    for info in infos:
+        if is_raw(info.dtype):  # carried raw whatever the map says (raw_decision)
+            continue
+        stacked = len(info.shape) == 3
+        want = tuple(info.shape[1:] if stacked else info.shape)
+        for e in (range(info.shape[0]) if stacked else [None]):
+            item = info.name if e is None else f"{info.name}[{e}]"
+            try:
+                dec = tm.get(info.name, e)
+            except OrkError:
+                missing.append(item)
+                continue
+            used.add(id(dec))
+            if tuple(dec.shape) != want:
+                wrong.append(f"{escape_name(item)} is {list(dec.shape)} in the map, {list(want)} in the source")
+            elif dec.encoding == spec.ENC_RAW:
+                wrong.append(f"{escape_name(item)} is raw in the map but a float tensor in the source")
+            elif dec.tier == spec.TIER_NPU and len(want) != 2:
+                wrong.append(f"{escape_name(item)} is on the NPU in the map but is not a matrix")
+    if missing:
+        shown = ", ".join(escape_name(m, 80) for m in missing[:4]) + (", ..." if len(missing) > 4 else "")
+        raise OrkError(f"tier map {label} does not cover {len(missing)} item{'s' if len(missing) != 1 else ''} of the "
+                       f"source ({shown}); plan this source again (orkpack plan SOURCE -o FILE)")
+    if wrong:
+        raise OrkError(f"tier map {label} does not fit this source: {wrong[0]}"
+                       f"{f' (and {len(wrong) - 1} more)' if len(wrong) > 1 else ''}; plan this source again")
+    warnings = list(getattr(tm, "warnings", []))
+    extra = [x.name for x in tm.decisions if id(x) not in used and x.encoding != spec.ENC_RAW]
+    if extra:
+        shown = ", ".join(escape_name(m, 80) for m in extra[:4]) + (", ..." if len(extra) > 4 else "")
+        warnings.append(f"tier map {label} lists {len(extra)} item{'s' if len(extra) != 1 else ''} the source "
+                        f"does not have ({shown}); ignored")
+    return tm, warnings
 
 
 def unmatched_globs(opts: BuildOptions, infos: list[TensorInfo]) -> list[str]:
@@ -198,7 +283,7 @@ class BuildResult:
     source_bytes: int
     pack_bytes: int
     seconds: float
-    by_kind: dict  # (encoding, tier) -> {"tensors": n, "bytes": b}
+    by_kind: dict  # (encoding, tier) -> {"slices": n, "bytes": b}; host copies under (encoding, "host copy")
     worst_sqnr: tuple[str, float] | None
     warnings: list[str]
     info: list[str] = field(default_factory=list)  # lines for people that are not warnings (dropped buffers)
@@ -294,6 +379,14 @@ def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts:
             "q_xxh3": xxhash.xxh3_64_hexdigest(np.ascontiguousarray(q)),
             "scale_xxh3": xxhash.xxh3_64_hexdigest(np.ascontiguousarray(scale)),
         }
+    if dec.host_copy is not None and dec.tier == spec.TIER_NPU:
+        # dual residency (docs/FORMAT.md 8): the same source slice through the host codec, so the
+        # copy is bit-identical to a host slice of that encoding; an NPU slice stored nf4 already is one
+        if dec.host_copy not in spec.HOST_COPY_ENCODINGS:
+            raise OrkError(f"{escape_name(name)}: host copy encoding {escape_name(str(dec.host_copy))!r}; "
+                           f"a host copy is {', '.join(spec.HOST_COPY_ENCODINGS)}")
+        hc = enc if encoding == dec.host_copy else get_codec(dec.host_copy).encode(x, threads=threads)
+        s["host_copy"] = {"encoding": dec.host_copy, "layout": hc.layout, "parts": hc.parts, "sqnr_db": hc.sqnr_db}
     return s
 
 
@@ -333,6 +426,11 @@ def build(
     """Build ``out_path`` from the checkpoint at ``src_path``. Raises OrkError on bad input."""
     t0 = time.perf_counter()
     out_path = Path(out_path)
+    if opts.tiermap is not None and not opts.plan:
+        raise OrkError("--tiermap and --no-plan contradict each other: a tier map places every item; drop one")
+    if opts.tiermap is not None and any(opts.pins().values()):
+        raise OrkError("--tiermap with --npu/--cpu/--int8/--nf4/--keep: pins shape a plan, and a given tier map is "
+                       "followed as it is; re-plan with the pins (orkpack plan ... -o FILE) or edit the map")
     if not out_path.parent.is_dir():
         raise OrkError(f"{escape_name(str(out_path.parent))}: output folder does not exist; create it first")
     threads = opts.resolved_threads()
@@ -348,7 +446,11 @@ def build(
         skipped = skipped_of(src)
         info_lines = [line] if (line := skipped_line(skipped)) else []
         tiermap = None
-        if opts.plan:
+        if opts.tiermap is not None:
+            tm, warnings = load_tiermap(Path(opts.tiermap), infos)
+            placement = TierMapPlacement(tm, opts)
+            tiermap = tm.to_json()
+        elif opts.plan:
             from orkpack.tiers.command import plan
 
             tm, _solve_s, _ = plan(
@@ -390,6 +492,10 @@ def build(
                     d = by_kind.setdefault(k, {"slices": 0, "bytes": 0})
                     d["slices"] += 1
                     d["bytes"] += nbytes
+                    if s.get("host_copy") is not None:
+                        hc = by_kind.setdefault((s["host_copy"]["encoding"], "host copy"), {"slices": 0, "bytes": 0})
+                        hc["slices"] += 1
+                        hc["bytes"] += sum(int(p.nbytes) for p in s["host_copy"]["parts"].values())
                     if s["sqnr_db"] is not None and (worst is None or s["sqnr_db"] < worst[1]):
                         worst = (info.name if e is None else f"{info.name}[{e}]", float(s["sqnr_db"]))
                 w.add_tensor(info.name, info.source_name, info.shape, info.dtype, slices)

@@ -97,6 +97,7 @@ def build(
     prefill_m: int = typer.Option(512, "--prefill-m", help="Prefill chunk size M for the analytic hotness."),
     ignore_unknown: bool = typer.Option(False, "--ignore-unknown", help="Go on when the profile names tensors the model lacks."),
     no_plan: bool = typer.Option(False, "--no-plan", help="Place by rules alone (NF4 bulk, int8 head, --npu pins): no tier map."),
+    tiermap: Optional[Path] = typer.Option(None, "--tiermap", metavar="FILE", help="Follow this tier-map JSON (orkpack plan -o FILE, or edited) instead of planning; it must cover every tensor of SOURCE."),
     threads: int = typer.Option(0, "--threads", "-t", help="Encoder threads (0: all cores). The output does not depend on it."),
     allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite", help="Encode NaN/Inf weights as 0 instead of stopping."),
     timestamp: bool = typer.Option(False, "--timestamp", help="Record the build time (UTC, or SOURCE_DATE_EPOCH) as provenance.created; off by default so builds are byte-reproducible."),
@@ -116,6 +117,7 @@ def build(
     opts = BuildOptions(
         threads=threads, int8=int8, nf4=nf4, keep=keep, npu=npu, cpu=cpu, npu_storage=npu_storage, allow_nonfinite=allow_nonfinite,
         timestamp=timestamp, plan=not no_plan, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, ignore_unknown=ignore_unknown,
+        tiermap=tiermap,
     )
     with _progress(not json_out) as prog:
         task = prog.add_task("build", total=None, tensor="")

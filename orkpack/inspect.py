@@ -16,6 +16,14 @@ Raw tensors (non-float, carried verbatim) show ``encoding`` ``raw`` and their
 element type in ``dtype``; ``skipped`` lists the derivable buffers the build
 left out (``provenance.skipped``: name, dtype, shape, reason).
 
+Dual residency (format 1.2): an NPU slice with a host copy keeps ``tier``
+``npu`` and shows the copy in ``host_copy`` (encoding, layout, stored bytes,
+SQNR, part checksums); its tensor row's ``tier`` reads ``npu+host nf4``. The
+NPU bytes count on the NPU (``residency.npu``), the copy's bytes on the host
+(``residency.host``, whose ``host_copies`` counts them), and ``encodings``
+counts the copies under their encoding (``host_copies``). A tensor row's
+bytes include its host copies.
+
 Every key is always present; ``untrusted`` is None and ``exit_code`` 0 for a
 pack whose preamble and header checksums hold. The ``checksums`` entry says
 which checks held (``ok``), failed (``MISMATCH``) or could not run.
@@ -44,6 +52,12 @@ def slice_resident_bytes(s: dict) -> int:
         rows = s["shape"][0] if len(s["shape"]) == 2 else 1
         return s["inflate"]["q_size"] + 4 * rows
     return stored
+
+
+def tier_label(s: dict) -> str:
+    """Where a slice lives: its tier, or ``npu+host nf4`` for an NPU slice with an nf4 host copy."""
+    hc = s.get("host_copy")
+    return s["tier"] if not isinstance(hc, dict) else f"{s['tier']}+host {hc.get('encoding')}"
 
 
 def pack_facts(path: Path, tensor_glob: str | None = None) -> dict:
@@ -101,7 +115,7 @@ def _skipped(prov: dict | None) -> list[dict]:
 
 
 def _facts(path: Path, p: Preamble, h: dict | None, tensor_glob, checks: dict, untrusted: str | None, code: int) -> dict:
-    residency = {t: {"slices": 0, "resident_bytes": 0, "stored_bytes": 0} for t in spec.TIERS}
+    residency = {t: {"slices": 0, "host_copies": 0, "resident_bytes": 0, "stored_bytes": 0} for t in spec.TIERS}
     encodings: dict[str, dict] = {}
     rows = []
     tensors = h["tensors"] if h else []
@@ -115,30 +129,52 @@ def _facts(path: Path, p: Preamble, h: dict | None, tensor_glob, checks: dict, u
             r["slices"] += 1
             r["resident_bytes"] += res
             r["stored_bytes"] += stored
-            e = encodings.setdefault(s["encoding"], {"slices": 0, "stored_bytes": 0})
+            e = encodings.setdefault(s["encoding"], {"slices": 0, "host_copies": 0, "stored_bytes": 0})
             e["slices"] += 1
             e["stored_bytes"] += stored
             tsum["stored_bytes"] += stored
             tsum["resident_bytes"] += res
+            hc, copy = s.get("host_copy"), None
+            if isinstance(hc, dict):  # dual residency: the copy is host memory, stored as is
+                hb = sum(pp["size"] for pp in hc["parts"].values())
+                host = residency[spec.TIER_HOST]
+                host["host_copies"] += 1
+                host["resident_bytes"] += hb
+                host["stored_bytes"] += hb
+                e = encodings.setdefault(hc["encoding"], {"slices": 0, "host_copies": 0, "stored_bytes": 0})
+                e["host_copies"] += 1
+                e["stored_bytes"] += hb
+                tsum["stored_bytes"] += hb
+                tsum["resident_bytes"] += hb
+                copy = {
+                    "encoding": hc["encoding"],
+                    "layout": hc["layout"]["kind"],
+                    "stored_bytes": hb,
+                    "resident_bytes": hb,
+                    "sqnr_db": hc.get("sqnr_db"),
+                    "xxh3": {k: v["xxh3"] for k, v in hc["parts"].items()},
+                }
             slices.append(
                 {
                     "expert": s.get("expert"),
                     "encoding": s["encoding"],
                     "dtype": s.get("dtype") if s["encoding"] == spec.ENC_RAW else None,
                     "tier": s["tier"],
+                    "placement": tier_label(s),  # tier, or "npu+host nf4" with a host copy
                     "layout": s["layout"]["kind"],
                     "stored_bytes": stored,
                     "resident_bytes": res,
                     "sqnr_db": s.get("sqnr_db"),
                     "min_m": s.get("min_m"),
                     "xxh3": {k: v["xxh3"] for k, v in s["parts"].items()},
+                    "host_copy": copy,
                 }
             )
         if tensor_glob and not fnmatch.fnmatchcase(t["name"], tensor_glob):
             continue
         encs = sorted({s["encoding"] for s in slices})
         dts = sorted({s["dtype"] for s in slices if s["dtype"] is not None})
-        tiers = sorted({s["tier"] for s in slices})
+        tiers = sorted({s["placement"] for s in slices})
         sq = [s["sqnr_db"] for s in slices if s["sqnr_db"] is not None]
         rows.append(
             {

@@ -55,7 +55,8 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
     res.add_column("resident", justify="right")
     res.add_column("stored", justify="right")
     for tier, d in f["residency"].items():
-        res.add_row(tier + (" (int8 tiles)" if tier == "npu" else " (CPU/GPU, as stored)"), str(d["slices"]), human_bytes(d["resident_bytes"]), human_bytes(d["stored_bytes"]))
+        n = str(d["slices"]) + (f" + {d['host_copies']} host copies" if d.get("host_copies") else "")
+        res.add_row(tier + (" (int8 tiles)" if tier == "npu" else " (CPU/GPU, as stored)"), n, human_bytes(d["resident_bytes"]), human_bytes(d["stored_bytes"]))
     console.print(res)
 
     t = Table(title="tensors")

@@ -227,7 +227,7 @@ def test_raw_roundtrip(tmp_path):
     p = tmp_path / "r.orkpack"
     want = write_raw(p)
     with Pack.open(p) as pack:
-        assert pack.header["version"] == [1, 1] and (pack.preamble.version_major, pack.preamble.version_minor) == (1, 1)
+        assert pack.header["version"] == [1, 2] and (pack.preamble.version_major, pack.preamble.version_minor) == (1, 2)
         seen = 0
         for t, s in pack.slices():
             if t["name"] in want:
@@ -307,8 +307,9 @@ def test_raw_pack_under_a_reader_without_raw(tmp_path, monkeypatch):
     says "damaged pack: ...: unknown encoding 'raw'" and exits 1: it had no newer-minor wording)."""
     p = tmp_path / "r.orkpack"
     write_raw(p)
+    written = spec.VERSION_MINOR
     monkeypatch.setattr(spec, "ENCODINGS", ("f32", "f16", "bf16", "int8", "nf4"))
     monkeypatch.setattr(spec, "VERSION_MINOR", 0)
     with pytest.raises(PackError) as e:
         Pack.open(p)
-    assert e.value.exit_code == 2 and "newer orkpack (format 1.1" in str(e.value) and "unknown encoding 'raw'" in str(e.value)
+    assert e.value.exit_code == 2 and f"newer orkpack (format 1.{written}" in str(e.value) and "unknown encoding 'raw'" in str(e.value)

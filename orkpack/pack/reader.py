@@ -3,6 +3,8 @@ check without touching the data: the preamble and its checksum, the sizes, the
 header checksum, and every part's offset, alignment, overlap and size against
 the slice's shape, encoding and layout. Every length and offset is checked
 against the file size and the format's caps before anything is allocated.
+An NPU slice's host copy (format 1.2, docs/FORMAT.md 8) is checked the same
+way; ``Pack.host_copy_parts`` and :func:`host_copy_slice` read it.
 
 Errors: :class:`PackError` (exit 2) for a file that is not a pack, is
 truncated, or comes from a newer major version; :class:`PackDamaged` (exit 1)
@@ -220,6 +222,22 @@ class Pack:
     def typed_parts(self, slice_rec: dict) -> dict[str, np.ndarray]:
         return {k: self.typed_part(slice_rec, k) for k in slice_rec["parts"]}
 
+    def host_copy_parts(self, slice_rec: dict) -> dict[str, np.ndarray] | None:
+        """The typed parts of an NPU slice's host copy (nf4: codes uint8, absmax float32), or None."""
+        hs = host_copy_slice(slice_rec)
+        return None if hs is None else self.typed_parts(hs)
+
+    def all_parts(self) -> Iterator[tuple[dict, dict, str, dict]]:
+        """(tensor, slice, label, part record) for every part in the file, host copies included;
+        label is the part name, "host copy codes" for a host copy's part."""
+        for t, s in self.slices():
+            for pn, pr in s["parts"].items():
+                yield t, s, pn, pr
+            hc = s.get("host_copy")
+            if hc is not None:
+                for pn, pr in hc["parts"].items():
+                    yield t, s, f"host copy {pn}", pr
+
     def data_view(self) -> np.ndarray:
         p = self.preamble
         return np.frombuffer(self._mm, dtype=np.uint8, count=p.data_size, offset=p.data_offset)
@@ -380,8 +398,57 @@ def validate_header(h, p: Preamble) -> str | None:
                 if off % spec.ALIGN or off < lo or off + size > hi:
                     return f"{name}: part {pn} at {off}+{size} is outside the data section or unaligned"
                 spans.append((off, off + size, name))
+            if "host_copy" in s:
+                why = _check_host_copy(s, name, lo, hi, spans)
+                if why:
+                    return why
     spans.sort()
     for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):
         if b0 < a1:
             return f"parts of {an} and {bn} overlap"
     return None
+
+
+def _check_host_copy(s: dict, name: str, lo: int, hi: int, spans: list) -> str | None:
+    """Why an NPU slice's host copy record (format 1.2, docs/FORMAT.md 8) is inconsistent, or None;
+    its parts join ``spans`` so that the overlap check covers them like any part."""
+    hc = s["host_copy"]
+    if not isinstance(hc, dict):
+        return f"{name}: host_copy is not an object"
+    enc = hc.get("encoding")
+    if not isinstance(enc, str) or enc not in spec.HOST_COPY_ENCODINGS:
+        return _Newer(f"{name}: unknown host copy encoding {escape_name(repr(enc), 40)}")
+    if s["tier"] != spec.TIER_NPU:
+        return f"{name}: a {s['tier']} slice has a host copy (only NPU slices have one)"
+    if s["encoding"] not in (spec.ENC_INT8, spec.ENC_NF4) or len(s["shape"]) != 2:
+        return f"{name}: a host copy belongs to a 2-D int8 or nf4 NPU slice"
+    if hc.get("layout") != {"kind": spec.LAYOUT_ROW_MAJOR}:
+        return f"{name}: host copy layout must be row_major"
+    if hc.get("sqnr_db") is not None and not _is_num(hc["sqnr_db"]):
+        return f"{name}: host copy sqnr_db is not a number"
+    parts = hc.get("parts")
+    if not isinstance(parts, dict) or list(parts) != list(spec.PARTS[enc]):
+        return f"{name}: host copy parts are not {list(spec.PARTS[enc])}"
+    sizes = expected_part_sizes(s["shape"], enc, hc["layout"])
+    for pn, pr in parts.items():
+        if not isinstance(pr, dict) or not _is_int(pr.get("offset")) or not _is_int(pr.get("size")):
+            return f"{name}: malformed host copy part {pn}"
+        if not _is_hex16(pr.get("xxh3")):
+            return f"{name}: host copy part {pn} has no checksum"
+        off, size = pr["offset"], pr["size"]
+        if size != sizes[pn]:
+            return f"{name}: host copy part {pn} is {size} bytes, its shape and encoding say {sizes[pn]}"
+        if off % spec.ALIGN or off < lo or off + size > hi:
+            return f"{name}: host copy part {pn} at {off}+{size} is outside the data section or unaligned"
+        spans.append((off, off + size, f"{name} (host copy)"))
+    return None
+
+
+def host_copy_slice(s: dict) -> dict | None:
+    """An NPU slice's host copy as a host slice record (expert, shape, encoding, tier "host", layout,
+    parts, sqnr_db), for code that reads slices; None when the slice has no host copy."""
+    hc = s.get("host_copy")
+    if hc is None:
+        return None
+    return {"expert": s.get("expert"), "shape": s["shape"], "encoding": hc["encoding"], "tier": spec.TIER_HOST,
+            "layout": hc["layout"], "parts": hc["parts"], "sqnr_db": hc.get("sqnr_db")}

@@ -9,7 +9,7 @@ import struct
 
 MAGIC = b"ORKPACK\0"
 VERSION_MAJOR = 1
-VERSION_MINOR = 1  # 1.1: the raw encoding (docs/FORMAT.md 7)
+VERSION_MINOR = 2  # 1.1: the raw encoding; 1.2: host copies of NPU slices (docs/FORMAT.md 7)
 PREAMBLE_SIZE = 128  # the fixed struct at offset 0
 PREAMBLE_BLOCK = 4096  # bytes [PREAMBLE_SIZE, PREAMBLE_BLOCK) are zero
 ALIGN = 4096  # every data part starts on a 4 KiB boundary (mmap / DMA map)
@@ -50,6 +50,10 @@ RAW_DTYPES = {
 TIER_NPU = "npu"
 TIER_HOST = "host"  # CPU or GPU: the same UMA memory, consumed natively by either
 TIERS = (TIER_NPU, TIER_HOST)
+
+# dual residency (1.2): an NPU slice may carry a "host_copy" record, a second copy of the same
+# source slice in host memory that the CPU reads at decode (M = 1 never goes to the NPU)
+HOST_COPY_ENCODINGS = (ENC_NF4,)
 
 # layouts
 LAYOUT_ROW_MAJOR = "row_major"

@@ -170,8 +170,10 @@ class PackWriter:
 
     Each slice is a dict: expert, shape, encoding, tier, layout, parts
     (name -> array, in ``spec.PARTS[encoding]`` order), sqnr_db, and optionally
-    min_m (NPU slices), inflate (NPU slices stored nf4) and dtype (raw slices
-    only: the element type, a key of ``spec.RAW_DTYPES``).
+    min_m (NPU slices), inflate (NPU slices stored nf4), dtype (raw slices
+    only: the element type, a key of ``spec.RAW_DTYPES``) and host_copy (NPU
+    slices only: a dict encoding "nf4", layout, parts, sqnr_db; its parts are
+    written right after the slice's own).
     """
 
     def __init__(self, path: Path, *, provenance: dict, config: dict | None, tiermap: dict | None,
@@ -287,6 +289,8 @@ class PackWriter:
                 rec["min_m"] = int(s["min_m"])
             if s.get("inflate") is not None:
                 rec["inflate"] = s["inflate"]
+            if s.get("host_copy") is not None:
+                rec["host_copy"] = self._host_copy(name, s)
             recs.append(rec)
         t = {
             "name": name,
@@ -297,6 +301,23 @@ class PackWriter:
         }
         self._tensors.append(t)
         return t
+
+    def _host_copy(self, name: str, s: dict) -> dict:
+        """The record of an NPU slice's host copy (docs/FORMAT.md 8); its parts follow the slice's own."""
+        hc = s["host_copy"]
+        enc = hc["encoding"]
+        if s["tier"] != spec.TIER_NPU or enc not in spec.HOST_COPY_ENCODINGS:
+            raise ValueError(f"slice of {name}: only an NPU slice has a host copy, encoded as "
+                             f"{', '.join(spec.HOST_COPY_ENCODINGS)}; got a {enc!r} copy of a {s['tier']} slice")
+        names = spec.PARTS[enc]
+        if tuple(hc["parts"]) != names:
+            raise ValueError(f"host copy of {name}: parts {tuple(hc['parts'])} != {names}")
+        return {
+            "encoding": enc,
+            "layout": hc.get("layout") or {"kind": spec.LAYOUT_ROW_MAJOR},
+            "parts": {p: self._write_part(hc["parts"][p]) for p in names},
+            "sqnr_db": None if hc.get("sqnr_db") is None else round(float(hc["sqnr_db"]), 3),
+        }
 
     def finish(self) -> Path:
         self._drain()

@@ -9,6 +9,7 @@ JSON output (``--json``), stable keys::
                 "checks": {"open"|"data"|"parts"|"layout"|"arena"|"load"|"min_m"|"reference":
                            {"passed", "failed", "run"}},
                 "stats": {"device", "inflate", "threads", "slices", "npu_slices",
+                          "dual_slices", "host_copy_bytes",
                           "bytes_filled", "fill_seconds", "fill_gbps",
                           "bytes_inflated", "inflate_seconds", "inflate_gbps",
                           "arena_used", "arena_cap", "arena_cap_source"}}]}
@@ -93,7 +94,7 @@ def _render(console, results, device: str) -> None:
             console.print(f"[red]FAIL[/red] {label}: {escape(line)}", highlight=False)
     method = results[0].stats.get("inflate", "") if results else ""
     table = Table(title=f"orkpack verify (device {device}, inflate {method})")
-    for col in ("pack", "result", "checks", "NPU", "filled", "fill GB/s", "inflated", "infl GB/s", "arena used/cap"):
+    for col in ("pack", "result", "checks", "NPU", "dual", "filled", "fill GB/s", "inflated", "infl GB/s", "arena used/cap"):
         table.add_column(col, justify="left" if col in ("pack", "result") else "right")
     for r in results:
         st = r.stats
@@ -106,6 +107,7 @@ def _render(console, results, device: str) -> None:
             result,
             f"{passed}/{passed + failed}",
             str(st.get("npu_slices", "-")),
+            str(st.get("dual_slices", "-")),
             _size(st.get("bytes_filled")),
             "-" if st.get("fill_gbps") is None else f"{st['fill_gbps']:.2f}",
             _size(st.get("bytes_inflated")),

@@ -6,15 +6,20 @@ Checks, in this order (stopping at the first failure unless ``keep_going``):
 1. ``open``       preamble and header checksums, sizes, header consistency (Pack.open)
 2. ``data``       the data-section checksum (every byte between preamble and header)
 3. ``parts``      each part's own checksum (names the tensor a damaged byte belongs to); raw
-                  slices (non-float tensors carried verbatim) are checked here like any part
+                  slices (non-float tensors carried verbatim) and the host copies of dual-resident
+                  NPU slices (format 1.2) are checked here like any part
 4. ``layout``     offsets in range, aligned, not overlapping; sizes match shape/encoding/layout;
-                  NPU slices are 2-D int8 tiles or nf4 with an ``inflate`` record
+                  NPU slices are 2-D int8 tiles or nf4 with an ``inflate`` record; a host copy is
+                  nf4, row_major, on an NPU slice
 5. ``arena``      every NPU slice placed in the IOVA arena within its cap
 6. ``load``       every NPU slice through its load path (int8: fill; nf4: direct or two-step
                   inflate) into a backend buffer, cleaned, equals its recorded image checksums
 7. ``min_m``      every NPU slice has min_m >= 2 (M = 1 never goes to the NPU)
 8. ``reference``  (``reference=True``) each quantized slice decoded by the numpy reference and
-                  by the C path, compared byte for byte
+                  by the C path, compared byte for byte; each host copy likewise, and checked against
+                  its NPU copy (:func:`_reference_host_copy`): byte-identical to an NPU copy stored
+                  nf4; for int8 tiles, every element's two codes could come from one source value
+                  and each row's scale is its blocks' absmax / 127 when K is a multiple of 64
 
 Exit codes: 0 all passed, 1 a check failed (a damaged pack), 2 unusable input (not a pack,
 truncated, newer version).
@@ -112,7 +117,7 @@ def verify_pack(
     res = Result(str(path))
     res.stats = {
         "device": backend.name, "inflate": inflate, "threads": int(threads),
-        "slices": 0, "npu_slices": 0,
+        "slices": 0, "npu_slices": 0, "dual_slices": 0, "host_copy_bytes": 0,
         "bytes_filled": 0, "fill_seconds": 0.0, "fill_gbps": None,
         "bytes_inflated": 0, "inflate_seconds": 0.0, "inflate_gbps": None,
         "arena_used": 0, "arena_cap": None, "arena_cap_source": None,
@@ -155,9 +160,9 @@ def _without_path(line: str, path) -> str:
 
 
 def _parts_of(pack: Pack):
-    for t, s in pack.slices():
-        for pn, pr in s["parts"].items():
-            yield t, s, pn, pr
+    """(tensor, slice, part label, part record) for every part, host copies' parts included
+    (labelled "host copy codes", ...)."""
+    yield from pack.all_parts()
 
 
 def _checks(pack: Pack, run: _Run, backend, method: str, pool, reference: bool) -> None:
@@ -166,6 +171,9 @@ def _checks(pack: Pack, run: _Run, backend, method: str, pool, reference: bool) 
     res.stats["slices"] = len(slices)
     npu = [(t, s) for t, s in slices if s.get("tier") == spec.TIER_NPU]
     res.stats["npu_slices"] = len(npu)
+    dual = [s for _, s in slices if isinstance(s.get("host_copy"), dict)]
+    res.stats["dual_slices"] = len(dual)
+    res.stats["host_copy_bytes"] = sum(pr["size"] for s in dual for pr in s["host_copy"]["parts"].values())
 
     # 2. data section
     run.start("data")
@@ -192,7 +200,7 @@ def _checks(pack: Pack, run: _Run, backend, method: str, pool, reference: bool) 
     run.start("layout")
     bad = set()  # slices whose layout is wrong are not loaded (keep_going)
     for t, s in slices:
-        why = _layout_problem(pack, s)
+        why = _layout_problem(pack, s) or _host_copy_problem(pack, s)
         if why:
             bad.add(id(s))
             run.fail("layout", f"{slice_label(t, s)}: {why}")
@@ -246,6 +254,12 @@ def _checks(pack: Pack, run: _Run, backend, method: str, pool, reference: bool) 
                 run.fail("reference", f"{slice_label(t, s)}: {why}")
             else:
                 run.ok("reference")
+            if s.get("host_copy") is not None:
+                why = _reference_host_copy(pack, s)
+                if why:
+                    run.fail("reference", f"{slice_label(t, s)}: host copy: {why}")
+                else:
+                    run.ok("reference")
 
 
 def _npu_size(s: dict) -> int:
@@ -299,6 +313,32 @@ def _layout_problem(pack: Pack, s: dict) -> str | None:
         return f"inflate q_size {rec.get('q_size')!r} is not the tiled size {inf.tiled_size(n, k, ks)}"
     if not (_is_hex16(rec.get("q_xxh3")) and _is_hex16(rec.get("scale_xxh3"))):
         return "inflate record lacks its image checksums"
+    return None
+
+
+def _host_copy_problem(pack: Pack, s: dict) -> str | None:
+    """Re-assert the host copy's structure (docs/FORMAT.md 8; Pack.open checks the same)."""
+    if "host_copy" not in s:
+        return None
+    hc = s["host_copy"]
+    if not isinstance(hc, dict) or hc.get("encoding") not in spec.HOST_COPY_ENCODINGS:
+        return "host copy is not an nf4 record"
+    if s["tier"] != spec.TIER_NPU:
+        return f"a {s['tier']} slice has a host copy (only NPU slices have one)"
+    if hc.get("layout") != {"kind": spec.LAYOUT_ROW_MAJOR}:
+        return "host copy layout is not row_major"
+    p = pack.preamble
+    sizes = expected_part_sizes(s["shape"], hc["encoding"], hc["layout"])
+    if list(hc.get("parts", {})) != list(sizes):
+        return f"host copy parts are not {list(sizes)}"
+    for pn, pr in hc["parts"].items():
+        off, size = pr["offset"], pr["size"]
+        if off % spec.ALIGN:
+            return f"host copy part {pn} offset {off} is not {spec.ALIGN}-aligned"
+        if off < p.data_offset or off + size > p.header_offset:
+            return f"host copy part {pn} at {off}+{size} lies outside the data section"
+        if size != sizes[pn]:
+            return f"host copy part {pn} is {size} bytes, its shape and encoding say {sizes[pn]}"
     return None
 
 
@@ -398,4 +438,94 @@ def _reference_one(pack: Pack, s: dict, backend, method: str, pool) -> str | Non
         lay = s["layout"]
         if not np.array_equal(tile_int8(untile_int8(q, n, k, lay), lay["k_segment"]), q):
             return "int8 tiles are not a valid npu_int8 image (non-zero padding)"
+    return None
+
+
+# NF4 code c holds the scaled values in (MIDPOINTS[c-1], MIDPOINTS[c]], the ends closed at -1 and 1
+_NF4_LO = None
+_NF4_HI = None
+# relative slack for float32 rounding in the encoders (their error is ~1e-7 of the block / row maximum)
+_SLACK = 1e-5
+# blocks / rows with a maximum this small are not checked: the encoders clamp their reciprocals there
+_TINY = 1e-30
+_CHUNK = 1 << 18  # elements per step of the consistency check (bounds its memory)
+
+
+def _nf4_edges():
+    global _NF4_LO, _NF4_HI
+    if _NF4_LO is None:
+        from orkpack.codecs.reference import MIDPOINTS
+
+        mid = MIDPOINTS.astype(np.float64)
+        _NF4_LO = np.concatenate([[-1.0], mid])
+        _NF4_HI = np.concatenate([mid, [1.0]])
+    return _NF4_LO, _NF4_HI
+
+
+def _reference_host_copy(pack: Pack, s: dict) -> str | None:
+    """What ``--reference`` proves of an NPU slice's host copy (there is no source at verify time):
+
+    * its C nf4 decode equals the numpy reference (as for any host nf4 slice), absmax finite, >= 0;
+    * NPU copy stored nf4: the host copy is byte-identical to it (both are the NF4 encoding of the
+      same source slice, docs/FORMAT.md 8);
+    * NPU copy as int8 tiles: the two copies are consistent, i.e. for every element there is a
+      source value that NF4 codes to the host copy's code (under its block absmax) and int8 codes to
+      the tile's value (under its row scale), within a float32 rounding slack of 1e-5 of the block /
+      row maximum; and when K is a multiple of 64 (blocks never straddle rows) each row's int8 scale
+      is exactly float32(max of the row's block absmaxes / 127). A host copy of another tensor or
+      expert, or a changed code, fails this; requantizing the host copy to int8 would not give the
+      tiles (one NF4 step spans 10 to 40 int8 steps), so that is not what is compared.
+    """
+    from orkpack.codecs.reference import nf4_decode
+    from orkpack.pack.reader import host_copy_slice
+
+    hs = host_copy_slice(s)
+    n, k = s["shape"]
+    numel = n * k
+    codes, ab = pack.part(hs["parts"]["codes"]), pack.part(hs["parts"]["absmax"])
+    absmax = ab.view(np.float32)
+    if not np.all(np.isfinite(absmax)) or np.any(absmax < 0):
+        return "nf4 absmax values are negative or not finite"
+    want = nf4_decode(codes, absmax, (numel,))
+    got = inf.nf4_decode_c(codes, ab, numel)
+    if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
+        return "C nf4 decode differs from the numpy reference"
+    del want, got
+    if s["encoding"] == spec.ENC_NF4:
+        for pn in ("codes", "absmax"):
+            if not np.array_equal(pack.part(s["parts"][pn]), pack.part(hs["parts"][pn])):
+                return f"part {pn} differs from the NPU copy's (both are the nf4 encoding of one source slice)"
+        return None
+    # int8 tiles
+    q2 = untile_int8(pack.part(s["parts"]["q"]).view(np.int8), n, k, s["layout"])
+    scale = pack.part(s["parts"]["scale"]).view(np.float32)
+    if not np.all(np.isfinite(scale)) or np.any(scale < 0):
+        return "int8 scales of the NPU copy are negative or not finite"
+    if k % spec.NF4_BLOCK == 0:
+        row_amax = absmax.reshape(n, k // spec.NF4_BLOCK).max(axis=1)
+        want_scale = (row_amax / np.float32(127)).astype(np.float32)
+        off = np.flatnonzero(want_scale.view(np.uint32) != scale.view(np.uint32))
+        if off.size:
+            r = int(off[0])
+            return (f"row {r}: the NPU copy's int8 scale {float(scale[r])!r} is not the host copy's row absmax / 127 "
+                    f"({float(want_scale[r])!r}): the copies are not of one source slice")
+    lo_edge, hi_edge = _nf4_edges()
+    rows = max(1, _CHUNK // k)
+    for r0 in range(0, n, rows):
+        r1 = min(n, r0 + rows)
+        idx = np.arange(r0 * k, r1 * k, dtype=np.int64)
+        byte = codes[idx >> 1]
+        c = np.where(idx & 1, byte & 15, byte >> 4)
+        a = absmax[idx // spec.NF4_BLOCK].astype(np.float64)
+        n_lo, n_hi = lo_edge[c] * a, hi_edge[c] * a
+        sc = np.repeat(scale[r0:r1].astype(np.float64), k)
+        qv = q2[r0:r1].ravel().astype(np.float64)
+        i_lo, i_hi = (qv - 0.5) * sc, (qv + 0.5) * sc
+        slack = _SLACK * (a + 127.0 * sc)
+        bad = (np.maximum(n_lo, i_lo) > np.minimum(n_hi, i_hi) + slack) & (a > _TINY) & (sc * 127.0 > _TINY)
+        if bad.any():
+            j = int(np.flatnonzero(bad)[0])
+            r, col = r0 + j // k, j % k
+            return (f"element [{r}, {col}]: nf4 code {int(c[j])} (values {n_lo[j]:.6g}..{n_hi[j]:.6g}) and int8 tile "
+                    f"{int(qv[j])} (values {i_lo[j]:.6g}..{i_hi[j]:.6g}) cannot come from one source value")
     return None
