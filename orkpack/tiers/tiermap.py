@@ -21,6 +21,7 @@ TIERMAP_SCHEMA = "orkpack.tiermap"
 TIERMAP_VERSION = 1
 ENCODINGS = ("f32", "f16", "bf16", "int8", "nf4", "raw")  # raw: integer/bool tensors carried as stored (host only)
 TIERS = ("npu", "host")
+HOST_COPY_ENCODINGS = ("nf4",)  # an NPU slice's second copy, read by the CPU at decode
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class Decision:
     bytes: int  # resident bytes (NPU tiles + scales for NPU, stored bytes for host)
     benefit_us: float  # prefill time the NPU saves per chunk (0 for host / float)
     pin: str | None  # the pin flag that forced it, if any
+    # dual residency: an NPU slice that also keeps a host copy in this encoding ("nf4"), which the
+    # CPU reads at decode (M = 1); None: the CPU decodes from the NPU's int8 tiles
+    host_copy: str | None = None
+    host_copy_bytes: int = 0
 
     @property
     def name(self) -> str:
@@ -50,6 +55,9 @@ def _check(d: Decision) -> None:
         raise OrkError(f"tier map: {escape_name(d.name)} has unknown tier {escape_name(str(d.tier))!r}")
     if d.tier == "npu" and d.encoding not in ("int8", "nf4"):
         raise OrkError(f"tier map: {escape_name(d.name)} is on the NPU as {d.encoding}; the NPU holds int8 only")
+    if d.host_copy is not None and (d.tier != "npu" or d.host_copy not in HOST_COPY_ENCODINGS):
+        raise OrkError(f"tier map: {escape_name(d.name)} has a host copy {escape_name(str(d.host_copy))!r}; only an "
+                       f"NPU slice may have one, encoded as {', '.join(HOST_COPY_ENCODINGS)}")
 
 
 class TierMap:
@@ -102,6 +110,8 @@ class TierMap:
                 "expert": d.expert, "shape": list(d.shape), "encoding": d.encoding, "tier": d.tier,
                 "min_m": d.min_m, "bytes": d.bytes, "benefit_us": round(d.benefit_us, 3), "pin": d.pin,
             })
+            if d.host_copy is not None:  # only dual-resident slices carry the keys (older maps stay as they were)
+                t["slices"][-1].update(host_copy=d.host_copy, host_copy_bytes=d.host_copy_bytes)
         return {
             "schema": TIERMAP_SCHEMA, "version": TIERMAP_VERSION,
             "model": self.model, "board": self.board, "options": self.options,
@@ -123,7 +133,8 @@ class TierMap:
                     if e is not None and (not isinstance(e, int) or isinstance(e, bool) or e < 0):
                         raise TypeError
                     decisions.append(Decision(str(t["name"]), e, tuple(int(x) for x in s["shape"]), s["encoding"],
-                                              s["tier"], s["min_m"], int(s["bytes"]), float(s["benefit_us"]), s.get("pin")))
+                                              s["tier"], s["min_m"], int(s["bytes"]), float(s["benefit_us"]), s.get("pin"),
+                                              s.get("host_copy"), int(s.get("host_copy_bytes", 0))))
             return cls(decisions, model=dict(d["model"]), board=dict(d["board"]), options=dict(d["options"]),
                        objective=dict(d["objective"]), budget=dict(d["budget"]), prediction=dict(d["prediction"]))
         except (KeyError, TypeError, ValueError):
