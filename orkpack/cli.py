@@ -248,6 +248,21 @@ def demo(
     raise typer.Exit(code)
 
 
+@app.command()
+@_fail_cleanly
+def calibrate(
+    times: Path = typer.Argument(..., help="Timings measured on your board: a CSV of matmul, prefill, ttft and decode rows (docs/CALIBRATION.md)."),
+    output: Path = typer.Option(..., "-o", "--output", help="The board TOML to write (atomically); its file name becomes the board's name."),
+    board: str = typer.Option("rk3588-32g", "--board", help="The board the unfitted values come from (name or TOML file)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the fit as JSON."),
+):
+    """Fit the board's cost-model constants to timings measured on your board and write a board TOML for --board."""
+    from orkpack.tiers.calibrate import calibrate as run_calibrate, report_json, report_text
+
+    f, _ = run_calibrate(times, output, board=board)
+    print(json.dumps(report_json(f, str(output)), indent=1) if json_out else report_text(f, str(output)))
+
+
 def main() -> None:
     app()
 
