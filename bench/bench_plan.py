@@ -1,7 +1,8 @@
-"""Tier-map solver figures for issue 3: solve times on the shipped real
-architectures, and for the MoE the NPU benefit of the exact plan against a
+"""Tier-map solver figures: solve times on the shipped real architectures, the
+predicted decode / prefill / TTFT of the default plan against the all-NF4 and
+all-int8 CPU baselines, and the NPU benefit of the plan's NPU set against a
 greedy fill in model order (what llama.cpp -ngl / accelerate do) and against
-top-k by hotness alone.
+top-k by hotness alone (both filling the NPU with no regard to RAM or decode).
 
     python bench/bench_plan.py [--reps 5] [--json]
 """
@@ -43,18 +44,22 @@ def run(reps: int) -> list[dict]:
             s = time.perf_counter()
             tm = solve(man, board, p, ctx=8192)
             times.append(time.perf_counter() - s)
-        ours = tm.objective["npu_benefit_us"] / 1e3
+        ours = sum(p.benefit[i] for i, it in enumerate(man.items) if tm.get(it.tensor, it.expert).tier == "npu") * 1e3
         g_model = greedy_benefit(man, board, p, "model") * 1e3
         g_hot = greedy_benefit(man, board, p, "hotness") * 1e3
         bu = tm.budget
         rows.append({
             "model": model, "profile": "routing-example" if prof else "analytic", "items": len(man.items),
             "prepare_ms": round(prep * 1e3, 1), "solve_median_ms": round(statistics.median(times) * 1e3, 1),
-            "solve_max_ms": round(max(times) * 1e3, 1), "status": tm.objective["stage1"]["status"],
+            "solve_max_ms": round(max(times) * 1e3, 1), "status": tm.objective["status"], "groups": tm.objective["groups"],
             "benefit_ms": round(ours, 2), "greedy_model_order_ms": round(g_model, 2), "topk_hotness_ms": round(g_hot, 2),
             "npu_used_gib": round(bu["npu"]["used"] / 2**30, 3), "npu_cap_gib": round(bu["npu"]["cap"] / 2**30, 3),
             "ram_used_gib": round(bu["ram"]["used"] / 2**30, 2), "ram_cap_gib": round(bu["ram"]["cap"] / 2**30, 2),
-            "speedup": tm.prediction["speedup"],
+            "decode_tok_s": tm.prediction["decode_tok_s"], "prefill_tok_s": tm.prediction["prefill_tok_s"],
+            "ttft_s": tm.prediction["ttft_s"],
+            "nf4_decode_tok_s": tm.prediction["baselines"]["cpu_nf4"]["decode_tok_s"],
+            "nf4_prefill_tok_s": tm.prediction["baselines"]["cpu_nf4"]["prefill_tok_s"],
+            "int8_decode_tok_s": tm.prediction["baselines"]["cpu_int8"]["decode_tok_s"],
         })
     return rows
 
@@ -69,13 +74,16 @@ def main() -> None:
         print(json.dumps(rows, indent=1))
         return
     t = Table(title="tier-map solver, rk3588-32g, ctx 8192, prefill M 512")
-    for c in ("model", "profile", "items", "solve median", "status", "NPU benefit", "greedy model order", "top-k hotness", "NPU used/cap", "RAM used/cap", "speedup"):
+    for c in ("model", "profile", "items", "solve median", "status", "NPU benefit", "greedy model order", "top-k hotness",
+              "NPU used/cap", "RAM used/cap", "decode tok/s (NF4 / int8 CPU)", "prefill tok/s (NF4 CPU)", "TTFT 512"):
         t.add_column(c)
     for r in rows:
         t.add_row(r["model"], r["profile"], str(r["items"]), f"{r['solve_median_ms']} ms (max {r['solve_max_ms']})", r["status"],
                   f"{r['benefit_ms']} ms", f"{r['greedy_model_order_ms']} ms ({100 * r['greedy_model_order_ms'] / r['benefit_ms']:.1f}%)",
                   f"{r['topk_hotness_ms']} ms ({100 * r['topk_hotness_ms'] / r['benefit_ms']:.2f}%)",
-                  f"{r['npu_used_gib']}/{r['npu_cap_gib']} GiB", f"{r['ram_used_gib']}/{r['ram_cap_gib']} GiB", f"{r['speedup']}x")
+                  f"{r['npu_used_gib']}/{r['npu_cap_gib']} GiB", f"{r['ram_used_gib']}/{r['ram_cap_gib']} GiB",
+                  f"{r['decode_tok_s']} ({r['nf4_decode_tok_s']} / {r['int8_decode_tok_s']})",
+                  f"{r['prefill_tok_s']} ({r['nf4_prefill_tok_s']})", f"{r['ttft_s']} s")
     Console(width=220).print(t)
 
 

@@ -22,7 +22,7 @@ STAGES = [
     ("encode", ("ork_nf4", "ork_int8", "ork_widen", "ork_count")),
     ("checksum", ("xxh3",)),
     ("write", ("write", "fsync", "replace", "flock")),
-    ("plan", ("solver.py", "knapsack.py", "manifest.py", "profile.py", "cost.py")),
+    ("plan", ("solver.py", "milp.py", "manifest.py", "profile.py", "cost.py")),
 ]
 
 

@@ -72,6 +72,12 @@ class BuildOptions:
     # a tier-map JSON file (orkpack plan -o FILE, or edited by hand) to follow instead of planning;
     # the only source of dual-resident slices (NPU tiles + a host copy)
     tiermap: Path | None = None
+    # what the plan optimizes (orkpack.tiers.solver.Goal)
+    goal: str = "balanced"
+    min_decode_tok_s: float | None = None
+    min_prefill_tok_s: float | None = None
+    max_ram: int | None = None
+    prompt: int = 512
 
     def resolved_threads(self) -> int:
         return self.threads if self.threads > 0 else (os.cpu_count() or 1)
@@ -92,6 +98,11 @@ class BuildOptions:
             "ctx": self.ctx,
             "kv_type": self.kv_type,
             "prefill_m": self.prefill_m,
+            "goal": self.goal,
+            "min_decode_tok_s": self.min_decode_tok_s,
+            "min_prefill_tok_s": self.min_prefill_tok_s,
+            "max_ram": self.max_ram,
+            "prompt": self.prompt,
         } | ({} if self.tiermap is None else {"tiermap": Path(self.tiermap).name})
 
     def pins(self) -> dict[str, list[str]]:
@@ -325,8 +336,8 @@ def skipped_line(skipped: list[Skipped], per_reason: int = 4) -> str | None:
         what = reason.split(":")[0]
         bits.append(f"{what}{f' x{len(names)}' if len(names) > 1 else ''}: {', '.join(shown)}")
     n = len(skipped)
-    return (f"dropped {n} derivable buffer{'s' if n != 1 else ''} (recomputed from the config at load; "
-            f"listed in the pack's provenance.skipped): " + "; ".join(bits))
+    return (f"dropped {n} tensor{'s' if n != 1 else ''} that are not weights (buffers the runtime derives from "
+            f"the config, activation scales; listed in the pack's provenance.skipped): " + "; ".join(bits))
 
 
 def source_provenance(src, opts: BuildOptions) -> dict:
@@ -400,7 +411,12 @@ def _read_ahead(src, infos: list[TensorInfo], io: ThreadPoolExecutor):
     and no read-ahead, so the memory bound of the module docstring holds. The
     caller must not keep a reference to a yielded array past the next step.
     """
-    biggest = max(i.nbytes for i in infos)
+    # the array a read returns: the stored bytes for float and raw tensors, float32 for dequantized ones
+    # (FP8, MXFP4, GGUF quantized types), which are 2-8x their stored bytes
+    def out_bytes(i: TensorInfo) -> int:
+        return i.nbytes if i.dtype in ("F32", "F16", "BF16") or is_raw(i.dtype) else 4 * i.numel
+
+    biggest = max(out_bytes(i) for i in infos)
     ahead = 2 * biggest <= 4 * max(i.numel for i in infos)
     bufs = [np.empty(biggest, np.uint8) for _ in range(2 if ahead else 1)]
     if not ahead:
@@ -453,9 +469,12 @@ def build(
         elif opts.plan:
             from orkpack.tiers.command import plan
 
+            from orkpack.tiers.solver import Goal
+
             tm, _solve_s, _ = plan(
                 Path(src_path), board=opts.board, profile=opts.profile, ctx=opts.ctx, kv_type=opts.kv_type,
                 prefill_m=opts.prefill_m, pins=opts.pins(), ignore_unknown=opts.ignore_unknown,
+                goal=Goal(opts.goal, opts.min_decode_tok_s, opts.min_prefill_tok_s, opts.max_ram), prompt=opts.prompt,
             )
             placement = TierMapPlacement(tm, opts)
             tiermap = tm.to_json()

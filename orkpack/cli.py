@@ -32,6 +32,24 @@ out = Console() if sys.stdout.isatty() else Console(width=160)
 err = Console(stderr=True, highlight=False)
 
 
+GOAL_HELP = ("balanced (default): decode within 5% of the best this board allows, then the most prefill, then "
+             "the best quality; decode, prefill or quality: that first.")
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000 ** 2, "mb": 1000 ** 2, "mib": 1 << 20,
+          "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1000 ** 4, "tb": 1000 ** 4, "tib": 1 << 40}
+
+
+def parse_bytes(text: str | None, flag: str) -> int | None:
+    """'24GiB', '20G', '21474836480' -> bytes (None stays None); OrkError on anything else."""
+    if text is None:
+        return None
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS or float(m.group(1)) <= 0:
+        raise OrkError(f"{flag} {text!r}: give a size such as 24GiB, 20G or 21474836480")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
 def _fail_cleanly(fn):
     @functools.wraps(fn)
     def wrapper(*a, **kw):
@@ -97,6 +115,11 @@ def build(
     prefill_m: int = typer.Option(512, "--prefill-m", help="Prefill chunk size M for the analytic hotness."),
     ignore_unknown: bool = typer.Option(False, "--ignore-unknown", help="Go on when the profile names tensors the model lacks."),
     no_plan: bool = typer.Option(False, "--no-plan", help="Place by rules alone (NF4 bulk, int8 head, --npu pins): no tier map."),
+    goal: str = typer.Option("balanced", "--goal", help=GOAL_HELP),
+    min_decode_tok_s: Optional[float] = typer.Option(None, "--min-decode-tok-s", metavar="X", help="Only plans that decode at least X tokens/s."),
+    min_prefill_tok_s: Optional[float] = typer.Option(None, "--min-prefill-tok-s", metavar="X", help="Only plans that prefill at least X tokens/s."),
+    max_ram: Optional[str] = typer.Option(None, "--max-ram", metavar="BYTES", help="Use at most this much RAM (e.g. 24GiB)."),
+    prompt: int = typer.Option(512, "--prompt", metavar="N", help="Prompt length the TTFT and decode predictions are for."),
     tiermap: Optional[Path] = typer.Option(None, "--tiermap", metavar="FILE", help="Follow this tier-map JSON (orkpack plan -o FILE, or edited) instead of planning; it must cover every tensor of SOURCE."),
     threads: int = typer.Option(0, "--threads", "-t", help="Encoder threads (0: all cores). The output does not depend on it."),
     allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite", help="Encode NaN/Inf weights as 0 instead of stopping."),
@@ -117,7 +140,8 @@ def build(
     opts = BuildOptions(
         threads=threads, int8=int8, nf4=nf4, keep=keep, npu=npu, cpu=cpu, npu_storage=npu_storage, allow_nonfinite=allow_nonfinite,
         timestamp=timestamp, plan=not no_plan, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, ignore_unknown=ignore_unknown,
-        tiermap=tiermap,
+        tiermap=tiermap, goal=goal, min_decode_tok_s=min_decode_tok_s, min_prefill_tok_s=min_prefill_tok_s,
+        max_ram=parse_bytes(max_ram, "--max-ram"), prompt=prompt,
     )
     with _progress(not json_out) as prog:
         task = prog.add_task("build", total=None, tensor="")
@@ -192,14 +216,25 @@ def plan(
     nf4: List[str] = typer.Option([], "--nf4", metavar="GLOB", help="Pin matching items to NF4."),
     keep: List[str] = typer.Option([], "--keep", metavar="GLOB", help="Keep matching tensors float on the host."),
     ignore_unknown: bool = typer.Option(False, "--ignore-unknown", help="Go on when the profile names tensors the model lacks."),
+    goal: str = typer.Option("balanced", "--goal", help=GOAL_HELP),
+    min_decode_tok_s: Optional[float] = typer.Option(None, "--min-decode-tok-s", metavar="X", help="Only plans that decode at least X tokens/s."),
+    min_prefill_tok_s: Optional[float] = typer.Option(None, "--min-prefill-tok-s", metavar="X", help="Only plans that prefill at least X tokens/s."),
+    max_ram: Optional[str] = typer.Option(None, "--max-ram", metavar="BYTES", help="Use at most this much RAM (e.g. 24GiB, 20G, 21474836480)."),
+    prompt: int = typer.Option(512, "--prompt", metavar="N", help="Prompt length the TTFT and decode predictions are for."),
+    frontier: bool = typer.Option(False, "--frontier", help="Print the Pareto set of (decode, prefill, quality) plans; with -o DIR, write each as DIR/frontier-K.json."),
     json_out: bool = typer.Option(False, "--json", help="Print the tier map as JSON."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the tier map JSON here."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the tier map JSON here (a folder with --frontier)."),
 ):
-    """Solve the tier map (which tensors go int8 on the NPU, which NF4 on the host) without converting anything."""
+    """Solve the tier map (what goes int8 on the NPU, with or without a host NF4 copy; what stays NF4 or int8
+    on the host) and predict decode tok/s, prefill tok/s and TTFT, without converting anything."""
     from orkpack.tiers.command import plan_command
+    from orkpack.tiers.solver import Goal
 
     pins = {"npu": npu, "cpu": cpu, "int8": int8, "nf4": nf4, "keep": keep}
-    code = plan_command(model, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, pins=pins, ignore_unknown=ignore_unknown, json_out=json_out, output=output, console=out)
+    g = Goal(goal, min_decode_tok_s, min_prefill_tok_s, parse_bytes(max_ram, "--max-ram"))
+    code = plan_command(model, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, pins=pins,
+                        ignore_unknown=ignore_unknown, json_out=json_out, output=output, console=out, goal=g,
+                        prompt=prompt, frontier_out=frontier)
     raise typer.Exit(code)
 
 

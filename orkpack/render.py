@@ -76,7 +76,7 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
         console.print(f"... {len(f['tensors']) - rows_limit} more tensors (--tensor GLOB to filter, --json for all)")
     skipped = f.get("skipped") or []
     if skipped:
-        t = Table(title=f"left out: {len(skipped)} derivable buffer{'s' if len(skipped) != 1 else ''} (recomputed from the config)")
+        t = Table(title=f"left out: {len(skipped)} tensor{'s' if len(skipped) != 1 else ''} that are not weights (see why)")
         for c in ("source name", "dtype", "shape", "why"):
             t.add_column(c, overflow="fold")
         for s in skipped:

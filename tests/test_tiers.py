@@ -275,8 +275,8 @@ def test_plan_command_json_output_and_tables(moe, tmp_path):
     plan_command(folder / "config.json", board=str(board), profile=None, ctx=1024, kv_type="f16", prefill_m=512,
                  pins={"cpu": ["blk.0.attn_q.weight"]}, ignore_unknown=False, json_out=False, output=None, console=con)
     text = con.export_text()
-    for want in ("Budget per engine", "NPU (IOVA)", "RAM (UMA)", "Hottest", "optimal", "Predicted prefill",
-                 "Fell off the NPU", "pinned --cpu"):
+    for want in ("Budget per engine", "NPU (IOVA)", "RAM (UMA)", "Hottest", "optimal", "Predicted speed",
+                 "CPU only, all NF4", "CPU only, all int8", "decode tok/s", "TTFT", "Fell off the NPU", "pinned --cpu"):
         assert want in text, want
     with pytest.raises(OrkError, match="does not exist"):
         plan_command(folder, board="rk3588-32g", profile=None, ctx=1024, kv_type="f16", prefill_m=512, pins={},
@@ -298,7 +298,10 @@ def test_shipped_tier_maps_facts():
     assert len(maps) >= 3
     for name, js in maps.items():
         tm = TierMap.from_json(js)
-        assert js["objective"]["stage1"]["status"] == "optimal"
+        assert js["objective"]["status"] == "optimal"
+        p = js["prediction"]  # decode within 5 % of the board's best (every item NF4 on the host)
+        assert p["decode_tok_s"] >= 0.95 * p["baselines"]["cpu_nf4"]["decode_tok_s"] * (1 - 1e-4)
+        assert p["prefill_tok_s"] >= p["baselines"]["cpu_nf4"]["prefill_tok_s"]
         assert all(d.min_m >= 2 for d in tm.decisions)
         assert js["budget"]["npu"]["used"] <= js["budget"]["npu"]["cap"]
         assert js["budget"]["ram"]["used"] <= js["budget"]["ram"]["cap"]

@@ -48,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import archs
 from ..errors import SourceError, escape_name
 from ..pack import spec
 from .base import RAW_DTYPES, FileSource, TensorInfo, array_in
@@ -216,14 +217,16 @@ class SafetensorsSource(FileSource):
                 if where.get(t) != shard:
                     raise SourceError(f"{_fname(self.root)}: the index puts tensor {escape_name(t)} in "
                                       f"{escape_name(shard)} but that shard does not hold it; download the shard again")
+        # the architecture names the tensors; without config.json it is guessed from the
+        # names for naming only (self.arch stays None: provenance records no guess)
+        name_arch, n_layers = guess_arch(names)
+        self.arch = None
         if self.config is not None:
-            arch = self.config.get("model_type")
+            fam = archs.config_family(self.config)
+            arch = fam.name if fam is not None else self.config.get("model_type")
             self.arch = arch if isinstance(arch, str) else None
-            n_layers = self.config.get("num_hidden_layers")
-            if not isinstance(n_layers, int) or isinstance(n_layers, bool) or n_layers < 0:
-                n_layers = guess_arch(names)[1]
-        else:
-            self.arch, n_layers = guess_arch(names)
+            name_arch = self.arch
+            n_layers = max(n_layers, archs.layers_in_config(self.config))
         if n_layers > MAX_LAYERS:
             raise SourceError(f"{_fname(self.root)}: {n_layers} layers (from config.json or the tensor names) is over "
                               f"the cap of {MAX_LAYERS}; the checkpoint is damaged")
@@ -239,7 +242,7 @@ class SafetensorsSource(FileSource):
                 layer, e, proj = ex
                 groups.setdefault((layer, proj), {})[e] = r
                 continue
-            self._add(canonical_name(t, self.arch, n_layers), t, dtype, tuple(shape), [_Part(fi, off, nb)])
+            self._add(canonical_name(t, name_arch, n_layers), t, dtype, tuple(shape), [_Part(fi, off, nb)])
         for (layer, proj), experts in groups.items():
             name = f"blk.{layer}.ffn_{proj}_exps.weight"
             first = experts[min(experts)]

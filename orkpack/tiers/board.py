@@ -18,7 +18,7 @@ from ..errors import OrkError, escape_name
 
 BOARD_DIR = Path(__file__).resolve().parent.parent / "data" / "boards"
 BOARD_SCHEMA = "orkpack.board"
-BOARD_VERSION = 1
+BOARD_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -36,15 +36,25 @@ class Board:
     npu_cores: int
     npu_ops_per_s_per_core: float
     npu_efficiency: float
+    npu_k_ref: int
+    npu_k_falloff: float
     submit_overhead_s: float
-    cpu_ops_per_s: float
-    mem_bandwidth: float
+    cpu_int8_ops_per_s: float
+    cpu_nf4_ops_per_s: float
+    cpu_float_ops_per_s: float
+    decode_bandwidth: float
+    decode_token_s: float
+    tile_read_factor: float
     source: str = field(default="", compare=False)
 
     @property
     def npu_ops_per_s(self) -> float:
-        """Sustained int8 ops/s of the whole NPU (cores x per-core peak x efficiency)."""
+        """Sustained int8 ops/s of the whole NPU for K <= k_ref (cores x per-core peak x efficiency)."""
         return self.npu_cores * self.npu_ops_per_s_per_core * self.npu_efficiency
+
+    def cpu_ops(self, encoding: str) -> float:
+        """Prefill GEMM ops/s of the host path for weights in ``encoding`` (int8, nf4, or a float one)."""
+        return {"int8": self.cpu_int8_ops_per_s, "nf4": self.cpu_nf4_ops_per_s}.get(encoding, self.cpu_float_ops_per_s)
 
     def align(self, nbytes: int) -> int:
         """``nbytes`` rounded up to the allocation granularity."""
@@ -59,8 +69,11 @@ class Board:
             "alloc_granularity": self.alloc_granularity, "k_align": self.k_align, "n_align": self.n_align,
             "k_segment": self.k_segment, "npu_cores": self.npu_cores,
             "npu_ops_per_s_per_core": self.npu_ops_per_s_per_core, "npu_efficiency": self.npu_efficiency,
-            "submit_overhead_s": self.submit_overhead_s, "cpu_ops_per_s": self.cpu_ops_per_s,
-            "mem_bandwidth_bytes_per_s": self.mem_bandwidth,
+            "npu_k_ref": self.npu_k_ref, "npu_k_falloff": self.npu_k_falloff,
+            "submit_overhead_s": self.submit_overhead_s, "cpu_int8_ops_per_s": self.cpu_int8_ops_per_s,
+            "cpu_nf4_ops_per_s": self.cpu_nf4_ops_per_s, "cpu_float_ops_per_s": self.cpu_float_ops_per_s,
+            "decode_bandwidth_bytes_per_s": self.decode_bandwidth, "decode_token_s": self.decode_token_s,
+            "tile_read_factor": self.tile_read_factor,
         }
 
 
@@ -84,10 +97,10 @@ def parse_board(data: dict, where: str) -> Board:
     if data.get("schema", BOARD_SCHEMA) != BOARD_SCHEMA or data.get("version", 1) != BOARD_VERSION:
         raise OrkError(f"{where}: not an orkpack board v{BOARD_VERSION} file (schema/version); "
                        "start from tiermaps/boards/rk3588-32g.toml")
-    for sec in ("memory", "npu", "cpu"):
+    for sec in ("memory", "npu", "cpu", "decode"):
         if not isinstance(data.get(sec), dict):
             raise OrkError(f"{where}: section [{sec}] is missing; start from tiermaps/boards/rk3588-32g.toml")
-    mem, npu, cpu = data["memory"], data["npu"], data["cpu"]
+    mem, npu, cpu, dec = data["memory"], data["npu"], data["cpu"], data["decode"]
     engines = data.get("engines", ["npu", "cpu"])
     if not isinstance(engines, list) or not all(isinstance(e, str) for e in engines):
         raise OrkError(f"{where}: 'engines' must be a list of names (npu, cpu, gpu)")
@@ -104,9 +117,14 @@ def parse_board(data: dict, where: str) -> Board:
         k_segment=_num(npu, "k_segment", where), npu_cores=_num(npu, "cores", where),
         npu_ops_per_s_per_core=_num(npu, "int8_ops_per_s_per_core", where, float),
         npu_efficiency=_num(npu, "efficiency", where, float),
+        npu_k_ref=_num(npu, "k_ref", where), npu_k_falloff=_num(npu, "k_falloff", where, float, positive=False),
         submit_overhead_s=_num(npu, "submit_overhead_s", where, float, positive=False),
-        cpu_ops_per_s=_num(cpu, "ops_per_s", where, float),
-        mem_bandwidth=_num(cpu, "mem_bandwidth_bytes_per_s", where, float),
+        cpu_int8_ops_per_s=_num(cpu, "int8_ops_per_s", where, float),
+        cpu_nf4_ops_per_s=_num(cpu, "nf4_ops_per_s", where, float),
+        cpu_float_ops_per_s=_num(cpu, "float_ops_per_s", where, float),
+        decode_bandwidth=_num(dec, "bandwidth_bytes_per_s", where, float),
+        decode_token_s=_num(dec, "token_fixed_s", where, float, positive=False),
+        tile_read_factor=_num(dec, "tile_read_factor", where, float),
         source=where,
     )
     if "npu" not in b.engines:

@@ -10,7 +10,7 @@ from ..errors import OrkError, escape_name
 from .board import load_board
 from .manifest import manifest_from_path
 from .profile import load_profile
-from .solver import GiB, solve
+from .solver import GiB, Goal, solve
 from .tiermap import TierMap, dumps
 
 
@@ -43,14 +43,69 @@ def write_atomic(path: Path, text: str) -> None:
 
 def plan(model: Path, *, board: str = "rk3588-32g", profile: Path | None = None, ctx: int = 8192,
          kv_type: str = "f16", prefill_m: int = 512, pins: dict[str, list[str]] | None = None,
-         ignore_unknown: bool = False) -> tuple[TierMap, float, list]:
+         ignore_unknown: bool = False, goal: Goal | None = None, prompt: int = 512) -> tuple[TierMap, float, list]:
     """(tier map, solve seconds, [manifest, board, profile]) for the build and for ``plan_command``."""
     b = load_board(board)
     man = manifest_from_path(model)
     prof = load_profile(profile, man, b, prefill_m, ignore_unknown=ignore_unknown)
     t0 = time.perf_counter()
-    tm = solve(man, b, prof, ctx=ctx, kv_type=kv_type, pins=pins)
+    tm = solve(man, b, prof, ctx=ctx, kv_type=kv_type, pins=pins, goal=goal, prompt=prompt)
     return tm, time.perf_counter() - t0, [man, b, prof]
+
+
+# the frontier's decode floors: the fraction of the best decode tok/s each point must keep
+FRONTIER_FLOORS = (1.0, 0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.0)
+
+
+def frontier(man, b, prof, *, ctx: int, kv_type: str, pins, goal: Goal, prompt: int) -> list[TierMap]:
+    """Pareto-optimal tier maps over (decode tok/s, prefill tok/s, quality).
+
+    Each point is exact for its decode floor (epsilon-constraint): the most prefill with decode
+    >= floor x the best, then the best quality; plus the quality-first plan. Dominated and
+    repeated points are dropped; the rest are sorted by decode, fastest first.
+    """
+    pts: list[TierMap] = []
+    for f in FRONTIER_FLOORS:
+        g = Goal("balanced", goal.min_decode_tok_s, goal.min_prefill_tok_s, goal.max_ram, decode_floor=f)
+        try:
+            pts.append(solve(man, b, prof, ctx=ctx, kv_type=kv_type, pins=pins, goal=g, prompt=prompt))
+        except OrkError:
+            continue
+    try:
+        pts.append(solve(man, b, prof, ctx=ctx, kv_type=kv_type, pins=pins,
+                         goal=Goal("quality", goal.min_decode_tok_s, goal.min_prefill_tok_s, goal.max_ram), prompt=prompt))
+    except OrkError:
+        pass
+
+    def key(tm: TierMap) -> tuple[float, float, float]:
+        p = tm.prediction
+        q = next((x["value"] for x in tm.objective["stages"] if x["metric"] == "quality"), 0.0)
+        return (p["decode_tok_s"], p["prefill_tok_s"], round(q, 6))
+
+    keys = [key(t) for t in pts]
+    keep: list[TierMap] = []
+    seen = set()
+    for i, (tm, k) in enumerate(zip(pts, keys)):
+        dominated = any(all(o[j] >= k[j] for j in range(3)) and o != k for o in keys)
+        if dominated or k in seen:
+            continue
+        seen.add(k)
+        keep.append(tm)
+    keep.sort(key=lambda t: (-key(t)[0], -key(t)[1], -key(t)[2]))
+    for j, tm in enumerate(keep):
+        tm.objective["frontier_point"] = j
+    return keep
+
+
+def _pred_table(console, rows: list[tuple[str, dict]], prompt: int) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"Predicted speed (prompt {prompt} tokens; decode at that position)")
+    for c in ("plan", "decode tok/s", "prefill tok/s", f"TTFT ({prompt})"):
+        t.add_column(c, justify="left" if c == "plan" else "right")
+    for name, p in rows:
+        t.add_row(name, f"{p['decode_tok_s']:.2f}", f"{p['prefill_tok_s']:.1f}", f"{p['ttft_s']:.2f} s")
+    console.print(t)
 
 
 def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
@@ -61,15 +116,18 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
     m = d["model"]
     console.print(f"[bold]{escape_name(m['source'])}[/]: {m['arch']}, {m['n_layers']} layers, "
                   f"{m['items']} items; board [bold]{d['board']['name']}[/], ctx {d['options']['ctx']} "
-                  f"({d['options']['kv_type']} KV), profile {escape_name(str(d['options']['profile']))}")
+                  f"({d['options']['kv_type']} KV), profile {escape_name(str(d['options']['profile']))}, "
+                  f"goal {ob['goal']['goal']}")
     t = Table(title="Budget per engine")
     for c in ("engine", "used", "cap", "headroom", "what"):
         t.add_column(c, justify="left" if c in ("engine", "what") else "right")
     n, r = bu["npu"], bu["ram"]
-    t.add_row("NPU (IOVA)", _b(n["used"]), _b(n["cap"]), _b(n["headroom"]), f"{n['items']} int8 items")
+    dual = sum(1 for x in tm.decisions if x.host_copy)
+    t.add_row("NPU (IOVA)", _b(n["used"]), _b(n["cap"]), _b(n["headroom"]),
+              f"{n['items']} int8 items ({dual} with a host NF4 copy for decode)")
     t.add_row("RAM (UMA)", _b(r["used"]), _b(r["cap"]), _b(r["headroom"]),
-              f"NPU {_b(r['npu_weights'])}, int8 {_b(r['host_int8'])}, NF4 {_b(r['host_nf4'])}, "
-              f"float {_b(r['host_float'])}, KV {_b(r['kv_cache'])}, reserve {_b(r['reserve'])}")
+              f"NPU {_b(r['npu_weights'])}, host copies {_b(r['host_copy_nf4'])}, int8 {_b(r['host_int8'])}, "
+              f"NF4 {_b(r['host_nf4'])}, float {_b(r['host_float'])}, KV {_b(r['kv_cache'])}, reserve {_b(r['reserve'])}")
     console.print(t)
     ben = getattr(tm, "benefits", {})  # the profile's benefit of every item, NPU or not
     hot = sorted((x for x in tm.decisions if ben.get(x.name, x.benefit_us) > 0),
@@ -81,7 +139,8 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
         for c in ("item", "benefit", "encoding", "tier", "min_m"):
             t.add_column(c, justify="left" if c == "item" else "right")
         for x in hot:
-            t.add_row(escape_name(x.name, 60), f"{ben.get(x.name, x.benefit_us) / 1e3:.3f} ms", x.encoding, x.tier,
+            tier = x.tier + (f"+host {x.host_copy}" if x.host_copy else "")
+            t.add_row(escape_name(x.name, 60), f"{ben.get(x.name, x.benefit_us) / 1e3:.3f} ms", x.encoding, tier,
                       str(x.min_m) if x.min_m < (1 << 30) else "never")
         console.print(t)
     fell = [x for x in tm.decisions if x.tier == "host" and ben.get(x.name, 0) > 0]
@@ -96,29 +155,76 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
                    "the resident set saves more in total")
             t.add_row(escape_name(x.name, 60), f"{ben[x.name] / 1e3:.3f} ms", why)
         console.print(t)
-    s1 = ob["stage1"]
-    proof = ("optimal (bound = value)" if s1["status"] == "optimal"
-             else f"gap {s1['gap']:.1f} us (bound {s1['bound']:.1f})")
-    console.print(f"NPU benefit {ob['npu_benefit_us'] / 1e3:.1f} ms per chunk: {proof}; "
-                  f"{s1['items']} candidates in {s1['groups']} groups, {s1['nodes']} nodes; solved in {solve_s * 1e3:.0f} ms")
-    console.print(f"Predicted prefill: {pr['planned_tok_s']} tok/s vs CPU-only {pr['cpu_only_tok_s']} tok/s "
-                  f"([bold]{pr['speedup']}x[/]); decode (M = 1) always runs on the CPU")
+    _pred_table(console, [("this plan", pr), ("CPU only, all NF4", pr["baselines"]["cpu_nf4"]),
+                          ("CPU only, all int8 (like llama.cpp Q8_0)", pr["baselines"]["cpu_int8"])], pr["prompt"])
+    proof = "optimal" if ob["status"] == "optimal" else "within the proven gaps: " + ", ".join(
+        f"{x['metric']} {abs(x['value'] - x['bound']):.3g} {x['unit']}" for x in ob["stages"] if x["status"] != "optimal")
+    console.print(f"Objective: {' then '.join(ob['order'])}; {proof}; {ob['items']} items in {ob['groups']} groups "
+                  f"({ob['variables']} variables); solved in {solve_s * 1e3:.0f} ms")
+    best_dec = next((x["value"] for x in ob["stages"] if x["metric"] == "decode"), None)
+    if ob.get("decode_slack") and best_dec:
+        console.print(f"Decode is kept within {ob['decode_slack']:.0%} of the best this board allows "
+                      f"({1 / best_dec:.2f} tok/s); decode (M = 1) always runs on the CPU")
     for w in getattr(tm, "warnings", []):
         console.print(f"[yellow]warning:[/] {w}")
 
 
+def render_frontier(points: list[TierMap], console, solve_s: float) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"Pareto frontier: {len(points)} optimal plans (decode, prefill, quality)")
+    for c in ("#", "decode tok/s", "prefill tok/s", "TTFT", "quality", "NPU items", "host copies", "host int8"):
+        t.add_column(c, justify="right")
+    for j, tm in enumerate(points):
+        p, bu = tm.prediction, tm.budget
+        q = next((x["value"] for x in tm.objective["stages"] if x["metric"] == "quality"), 0.0)
+        t.add_row(str(j), f"{p['decode_tok_s']:.2f}", f"{p['prefill_tok_s']:.1f}", f"{p['ttft_s']:.2f} s", f"{q:.4g}",
+                  str(bu["npu"]["items"]), _b(bu["ram"]["host_copy_nf4"]), _b(bu["ram"]["host_int8"]))
+    console.print(t)
+    console.print(f"solved in {solve_s:.2f} s; build one with: orkpack plan ... --frontier -o DIR, then "
+                  "orkpack build SOURCE --tiermap DIR/frontier-K.json")
+
+
 def plan_command(model: Path, *, board: str = "rk3588-32g", profile: Path | None = None, ctx: int = 8192,
                  kv_type: str = "f16", prefill_m: int = 512, pins: dict[str, list[str]] | None = None,
-                 ignore_unknown: bool = False, json_out: bool = False, output: Path | None = None, console=None) -> int:
+                 ignore_unknown: bool = False, json_out: bool = False, output: Path | None = None, console=None,
+                 goal: Goal | None = None, prompt: int = 512, frontier_out: bool = False) -> int:
     """The whole ``orkpack plan``: returns the exit code; raises OrkError for bad input."""
     if console is None:
         from rich.console import Console
 
         console = Console()
+    goal = goal or Goal()
+    if frontier_out:
+        if output is not None and not Path(output).is_dir():
+            raise OrkError(f"{escape_name(str(output))}: with --frontier, -o names a folder (one tier map per point); "
+                           "create it first")
+        b = load_board(board)
+        man = manifest_from_path(model)
+        prof = load_profile(profile, man, b, prefill_m, ignore_unknown=ignore_unknown)
+        t0 = time.perf_counter()
+        pts = frontier(man, b, prof, ctx=ctx, kv_type=kv_type, pins=pins, goal=goal, prompt=prompt)
+        dt = time.perf_counter() - t0
+        if not pts:
+            raise OrkError("no plan meets the constraints on this board; relax --min-*-tok-s / --max-ram")
+        if output is not None:
+            for j, tm in enumerate(pts):
+                write_atomic(Path(output) / f"frontier-{j}.json", dumps(tm))
+        if json_out:
+            import json
+
+            text = json.dumps({"frontier": [tm.to_json() for tm in pts]}, separators=(",", ":")) + "\n"
+            console.file.write(text) if hasattr(console, "file") else print(text, end="")
+        else:
+            render_frontier(pts, console, dt)
+            if output is not None:
+                console.print(f"{len(pts)} tier maps written to {escape_name(str(output))}/frontier-K.json")
+        return 0
     if output is not None and not Path(output).parent.is_dir():
         raise OrkError(f"{escape_name(str(output))}: folder {escape_name(str(Path(output).parent))} does not exist; create it first")
     tm, solve_s, (man, b, prof) = plan(Path(model), board=board, profile=profile, ctx=ctx, kv_type=kv_type,
-                                       prefill_m=prefill_m, pins=pins, ignore_unknown=ignore_unknown)
+                                       prefill_m=prefill_m, pins=pins, ignore_unknown=ignore_unknown, goal=goal,
+                                       prompt=prompt)
     tm.benefits = {it.name: prof.benefit[i] * 1e6 for i, it in enumerate(man.items)}
     from . import cost
 

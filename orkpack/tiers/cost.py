@@ -1,4 +1,4 @@
-"""Byte sizes and the analytic cost model (docs/TIERMAP.md "Cost model").
+"""Byte sizes and the cost model of both phases (docs/TIERMAP.md "Cost model"; constants: the board TOML).
 
 Byte sizes (docs/FORMAT.md):
   NPU int8   align(Np * sum(kp over K segments)) + align(4 * N)   (Np, kp: N and each
@@ -7,15 +7,20 @@ Byte sizes (docs/FORMAT.md):
   host nf4   ceil(N*K/2) + 4*ceil(N*K/64)
   float      the source bytes
 
-Times for one item at M rows of activations:
-  t_npu(M) = calls * submit_overhead + 2*M*Np*Kp / (cores * per_core * efficiency)
-             (one call per K segment)
-  t_cpu(M) = max(2*M*N*K / cpu_ops, nf4_bytes / mem_bandwidth)   (compute or bandwidth, whichever binds)
-  min_m    = the smallest integer M >= 2 with t_npu(M) < t_cpu(M); MIN_M_NEVER if there is none.
+Prefill, one item at M rows of activations:
+  t_npu(M)      = calls * submit_overhead + sum over K segments of 2*M*Np*kp / npu_ops(kp)
+                  npu_ops(kp) = cores * per_core * efficiency * min(1, (k_ref / kp) ** k_falloff)
+  t_cpu(M, enc) = max(2*M*N*K / cpu_ops[enc], weight bytes[enc] / decode bandwidth)
+  min_m         = the smallest integer M >= 2 with t_npu(M) < t_cpu(M, host copy's encoding);
+                  MIN_M_NEVER if there is none. M = 1 never goes to the NPU.
+Decode, one token (M = 1, always the CPU): the bytes of the copy the CPU reads
+  (decode_bytes: host nf4 / int8 as stored, an NPU-only item's int8 tiles x
+  tile_read_factor) over the decode bandwidth, plus a fixed per-token cost.
 """
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 from .board import Board
 
@@ -56,37 +61,94 @@ def host_nf4_bytes(n: int, k: int) -> int:
     return -(-nk // 2) + 4 * (-(-nk // 64))
 
 
-def t_cpu(n: int, k: int, m: float, board: Board) -> float:
+# An item's placements (docs/TIERMAP.md "Choices"): host NF4, host int8, NPU int8 tiles (the CPU
+# decodes from the tiles), NPU int8 tiles plus a host NF4 copy that the CPU reads at decode.
+CHOICES = ("nf4", "int8", "npu", "npu+nf4")
+
+
+def npu_ops(kp: int, board: Board) -> float:
+    """Sustained int8 ops/s of one call with ``kp`` (padded) columns: falls beyond k_ref."""
+    f = 1.0 if kp <= board.npu_k_ref else (board.npu_k_ref / kp) ** board.npu_k_falloff
+    return board.npu_ops_per_s * f
+
+
+def host_bytes(n: int, k: int, encoding: str) -> int:
+    """Stored bytes of an N x K weight on the host in ``encoding`` (a float encoding: 2 bytes an element)."""
+    if encoding == "int8":
+        return host_int8_bytes(n, k)
+    if encoding == "nf4":
+        return host_nf4_bytes(n, k)
+    return 4 * n * k if encoding == "f32" else 2 * n * k
+
+
+def t_cpu(n: int, k: int, m: float, board: Board, encoding: str = "nf4") -> float:
+    """Host GEMM time at M rows for weights in ``encoding``: compute, or streaming the weights, whichever binds."""
     if m <= 0:
         return 0.0
-    return max(2.0 * m * n * k / board.cpu_ops_per_s, host_nf4_bytes(n, k) / board.mem_bandwidth)
+    return max(2.0 * m * n * k / board.cpu_ops(encoding), host_bytes(n, k, encoding) / board.decode_bandwidth)
 
 
 def t_npu(n: int, k: int, m: float, board: Board) -> float:
     if m <= 0:
         return 0.0
-    np_, kp, calls = npu_padded(n, k, board)
-    return calls * board.submit_overhead_s + 2.0 * m * np_ * kp / board.npu_ops_per_s
+    np_ = _pad(n, board.n_align)
+    segs = k_segments(k, board)
+    return len(segs) * board.submit_overhead_s + sum(2.0 * m * np_ * kp / npu_ops(kp, board) for _, _, kp in segs)
 
 
-def min_m(n: int, k: int, board: Board) -> int:
-    """Smallest M >= 2 at which the NPU beats the CPU for an N x K weight (never below 2)."""
+@lru_cache(maxsize=4096)
+def min_m(n: int, k: int, board: Board, encoding: str = "nf4") -> int:
+    """Smallest M >= 2 at which the NPU beats the host path (weights in ``encoding``); never below 2."""
     if "npu" not in board.engines or board.npu_ops_per_s <= 0:
         return MIN_M_NEVER
-    m = MIN_M_FLOOR
-    if t_npu(n, k, m, board) < t_cpu(n, k, m, board):
-        return m
-    np_, kp, calls = npu_padded(n, k, board)
-    a = 2.0 * n * k / board.cpu_ops_per_s  # cpu slope
-    b = 2.0 * np_ * kp / board.npu_ops_per_s  # npu slope
+    if t_npu(n, k, MIN_M_FLOOR, board) < t_cpu(n, k, MIN_M_FLOOR, board, encoding):
+        return MIN_M_FLOOR
+    # both are affine in M beyond the bandwidth floor: t_npu = c + b*M, t_cpu = a*M
+    np_ = _pad(n, board.n_align)
+    segs = k_segments(k, board)
+    a = 2.0 * n * k / board.cpu_ops(encoding)
+    b = sum(2.0 * np_ * kp / npu_ops(kp, board) for _, _, kp in segs)
     if a <= b:
         return MIN_M_NEVER
-    c = calls * board.submit_overhead_s
+    c = len(segs) * board.submit_overhead_s
     m = max(MIN_M_FLOOR, int(math.floor(c / (a - b))) - 2)
-    while not t_npu(n, k, m, board) < t_cpu(n, k, m, board):
+    while not t_npu(n, k, m, board) < t_cpu(n, k, m, board, encoding):
         m += 1
         if m >= MIN_M_NEVER:
             return MIN_M_NEVER
-    while m > MIN_M_FLOOR and t_npu(n, k, m - 1, board) < t_cpu(n, k, m - 1, board):
+    while m > MIN_M_FLOOR and t_npu(n, k, m - 1, board) < t_cpu(n, k, m - 1, board, encoding):
         m -= 1
     return m
+
+
+def npu_tile_bytes(n: int, k: int, board: Board) -> int:
+    """Bytes of an item's int8 tiles and scales (unaligned): what the CPU streams decoding from the NPU copy."""
+    np_, kp, _ = npu_padded(n, k, board)
+    return np_ * kp + 4 * n
+
+
+def decode_bytes(n: int, k: int, choice: str, board: Board) -> float:
+    """Bytes the CPU reads for one token of this item under ``choice`` (CHOICES)."""
+    if choice in ("nf4", "npu+nf4"):
+        return float(host_nf4_bytes(n, k))
+    if choice == "int8":
+        return float(host_int8_bytes(n, k))
+    if choice == "npu":
+        return npu_tile_bytes(n, k, board) * board.tile_read_factor
+    raise ValueError(choice)
+
+
+def t_prefill(n: int, k: int, m: float, choice: str, board: Board) -> float:
+    """One item's time in a prefill chunk where it sees M rows, under ``choice``.
+
+    NPU choices run on the NPU when M >= min_m (against the host path they would
+    otherwise take), else on the CPU from their host copy (NF4) or from the tiles (int8).
+    """
+    if m <= 0:
+        return 0.0
+    if choice in ("nf4", "int8"):
+        return t_cpu(n, k, m, board, choice)
+    host = "nf4" if choice == "npu+nf4" else "int8"
+    if m >= min_m(n, k, board, host):
+        return t_npu(n, k, m, board)
+    return t_cpu(n, k, m, board, host)

@@ -1,23 +1,23 @@
-"""The fit-by-partition solver: every item to NPU int8, host int8 or host NF4.
+"""The phase-aware solver: every item to host NF4, host int8, NPU int8 tiles, or NPU tiles + a host NF4 copy.
 
-Constraints (docs/TIERMAP.md "Solver"):
+Constraints (docs/TIERMAP.md "The solver and the objectives"):
   NPU    sum of NPU bytes (int8 tiles with padding + scales, each part aligned) <= iova_usable
-  RAM    reserve + KV cache + float tensors + every item's resident bytes <= total
-         (an NPU item counts its NPU bytes once: UMA)
-  pins   --npu (force NPU), --cpu (force host), --int8, --nf4 (force the encoding),
-         --keep (float on the host); fnmatch globs against the tensor name, the item
-         name ``name[e]`` and the expert-slice name ``blk.N.ffn_gate.E.weight``.
+  RAM    reserve + KV cache + float tensors + every item's resident bytes <= total (or --max-ram)
+         (an NPU item counts its NPU bytes once: UMA; a host copy counts too)
+  speed  --min-decode-tok-s, --min-prefill-tok-s on the predicted speeds
+  pins   --npu, --cpu, --int8, --nf4, --keep narrow an item's choices; fnmatch globs against the
+         tensor name, the item name ``name[e]`` and the expert-slice name ``blk.N.ffn_gate.E.weight``.
          An exact name always matches itself (so ``name[3]`` needs no escaping).
          The MoE router (``*.ffn_gate_inp.weight``) stays float unless a pin says otherwise.
 
-Objective, lexicographic:
-  1. maximize the NPU benefit (prefill seconds saved per chunk, integer picoseconds),
-     subject to NPU and RAM (host items counted at their smallest allowed encoding);
-  2. with that NPU set, maximize the int8 sensitivity of host items (NF4 -> int8
-     promotions) within the RAM left.
-Both stages are exact knapsacks over groups of identical-weight items (knapsack.py):
-the result is optimal, or carries the proven gap. Ties: items sorted by (-value,
-name) inside a group, so equal items are chosen by name; everything is deterministic.
+Costs per item and choice come from the board's cost model (cost.py) and the hotness
+profile: decode seconds per token (the bytes the CPU reads), prefill seconds per chunk,
+RAM and NPU bytes, quality (the profile's sensitivity where the CPU decodes int8).
+
+Objectives (Goal), lexicographic, each stage an exact integer program over groups of
+identical items (milp.py, HiGHS): balanced (the default) = decode within 5 % of the
+best, then prefill, then quality; or decode / prefill / quality first. The result is
+optimal or carries the proven gap; deterministic.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import OrkError, escape_name
 from .. import globs
 from ..sources import names as _names
-from . import cost, knapsack
+from . import cost, milp
 from .board import Board
 from .manifest import NON_FLOAT_DTYPES, Item, Manifest
 from .profile import Profile
@@ -141,97 +141,292 @@ def _no_fit(manifest: Manifest, board: Board, rows: list[_Row], need: int, cap: 
                     f"({_fmt(short)}) at ctx {ctx} with {kv_type} KV{what}")
 
 
-def _groups(idx: list[int], weights: list[tuple[int, ...]], values: list[int], names: list[str]):
-    """Group items with identical weight vectors; members sorted by (-value, name)."""
-    by: dict[tuple[int, ...], list[int]] = {}
-    for i, w, v in zip(idx, weights, values):
-        by.setdefault(w, []).append(i)
-    keys = sorted(by)
-    members, ws, vs = [], [], []
-    vmap = dict(zip(idx, values))
-    for w in keys:
-        m = sorted(by[w], key=lambda i: (-vmap[i], names[i]))
-        members.append(m)
-        ws.append(w)
-        vs.append(np.array([vmap[i] for i in m], dtype=np.int64))
-    return members, ws, vs
+GOALS = ("balanced", "decode", "prefill", "quality")
+DECODE_SLACK = 0.05  # the default goal keeps decode within 5 % of the best the board allows
 
 
-def _knap(idx, weights, values, names, caps, node_limit):
-    members, ws, vs = _groups(idx, weights, values, names)
-    res = knapsack.solve(ws, vs, caps, node_limit=node_limit)
-    chosen = set()
-    for g, k in enumerate(res.counts):
-        chosen.update(members[g][:k])
-    return chosen, res, len(members)
+@dataclass
+class Goal:
+    """What the user asks of a plan (docs/TIERMAP.md "Objectives").
+
+    balanced (default): decode within ``DECODE_SLACK`` of the best achievable, then the
+    most prefill, then the best quality. decode / prefill / quality: that first, then
+    the other two in the order decode, prefill, quality. Constraints hold in every stage.
+    """
+    name: str = "balanced"
+    min_decode_tok_s: float | None = None
+    min_prefill_tok_s: float | None = None
+    max_ram: int | None = None
+    decode_floor: float | None = None  # frontier: decode tok/s >= this fraction of the best
+
+    def __post_init__(self) -> None:
+        if self.name not in GOALS:
+            raise OrkError(f"--goal {escape_name(str(self.name))!r} is not one of {', '.join(GOALS)}")
+        for k in ("min_decode_tok_s", "min_prefill_tok_s"):
+            v = getattr(self, k)
+            if v is not None and not (isinstance(v, (int, float)) and v > 0 and np.isfinite(v)):
+                raise OrkError(f"--{k.replace('_', '-')} must be a positive number of tokens per second")
+        if self.max_ram is not None and (not isinstance(self.max_ram, int) or self.max_ram <= 0):
+            raise OrkError("--max-ram must be a positive number of bytes")
+
+    def to_json(self) -> dict:
+        return {"goal": self.name, "min_decode_tok_s": self.min_decode_tok_s,
+                "min_prefill_tok_s": self.min_prefill_tok_s, "max_ram": self.max_ram,
+                "decode_floor": self.decode_floor}
 
 
-def _status(res: knapsack.KnapResult, groups: int, n: int, scale: float, unit: str) -> dict:
-    return {"status": "optimal" if res.optimal else "gap", "value": round(res.value * scale, 3),
-            "bound": round(res.bound * scale, 3), "gap": round((res.bound - res.value) * scale, 3), "unit": unit,
-            "items": n, "groups": groups, "nodes": res.nodes,
-            "method": "branch and bound over identical-weight groups, LP (fractional greedy) bounds"}
+@dataclass
+class _Model:
+    """Per item and choice: the linear costs the MILP sees, and the constants around them."""
+    allowed: list[tuple[str, ...]]
+    ram: list[tuple[float, ...]]
+    npu: list[tuple[float, ...]]
+    dec: list[tuple[float, ...]]  # seconds per decode token
+    pre: list[tuple[float, ...]]  # seconds per prefill chunk of prefill_m tokens
+    qual: list[tuple[float, ...]]
+    share: list[float]  # decode: how often a token reads the item (routing share, 1 for dense)
+    dec_const: float  # seconds per token besides the items (fixed cost, floats, KV read)
+    pre_const: float  # seconds per chunk besides the items (forced floats, attention, fixed cost)
+
+
+def _share(it: Item, m_eff: float, prefill_m: int, tied: bool) -> float:
+    """How much of the item one decode token reads (1 = all of it)."""
+    if it.role == "expert":
+        return m_eff / prefill_m if prefill_m else 0.0
+    if it.role == "embedding":  # one row per token; all of it when it doubles as the output head
+        return 1.0 / max(it.n, 1) + (1.0 if tied else 0.0)
+    if it.role == "vision":
+        return 0.0
+    return 1.0
+
+
+def _allowed(r: _Row, it: Item) -> tuple[str, ...]:
+    if r.forced_enc == "float":
+        return ("float",)
+    if r.forced_tier == "npu":
+        return ("npu",) if r.forced_enc == "int8" else ("npu", "npu+nf4")
+    npu = r.eligible and r.forced_tier != "host"
+    if r.forced_enc == "int8":
+        return ("int8", "npu") if npu else ("int8",)
+    if r.forced_enc == "nf4":
+        return ("nf4", "npu", "npu+nf4") if npu else ("nf4",)
+    return ("nf4", "int8", "npu", "npu+nf4") if npu else ("nf4", "int8")
+
+
+def _attention_s(manifest: Manifest, rows: int, pos: float, board: Board) -> float:
+    """Attention score and value products of ``rows`` tokens at average position ``pos``, on the CPU."""
+    f = manifest.facts
+    width = f.get("heads", 0) * f.get("head_dim", 0)
+    return 4.0 * rows * pos * width * f.get("n_layers", 0) / board.cpu_float_ops_per_s
+
+
+def _item_cost(it: Item, r: _Row, c: str, mi: float, t4: float, benefit: float, sens: float, share: float,
+               board: Board) -> tuple[float, float, float, float, float]:
+    """(RAM bytes, NPU bytes, decode s/token, prefill s/chunk, quality) of one item under choice ``c``.
+
+    The profile's CPU time ``t4`` is the host NF4 path (measured, for a timing CSV); the other host
+    paths scale from it by the cost model's ratio; an NPU path saves the profile's ``benefit``.
+    """
+    bw = board.decode_bandwidth
+    model4 = cost.t_cpu(it.n, it.k, mi, board, "nf4")
+    ratio = (t4 / model4) if model4 > 0 else 1.0
+    if c == "float":
+        return (float(r.fl), 0.0, share * r.fl / bw, ratio * cost.t_cpu(it.n, it.k, mi, board, "f16"), sens)
+    ram = {"nf4": r.n4, "int8": r.i8, "npu": r.npu, "npu+nf4": r.npu + r.n4}[c]
+    npu = r.npu if c.startswith("npu") else 0
+    dec = share * cost.decode_bytes(it.n, it.k, c, board) / bw
+    if c == "nf4":
+        pre = t4
+    elif c == "int8":
+        pre = ratio * cost.t_cpu(it.n, it.k, mi, board, "int8")
+    else:
+        host = "nf4" if c == "npu+nf4" else "int8"
+        t_host = t4 if host == "nf4" else ratio * cost.t_cpu(it.n, it.k, mi, board, "int8")
+        if mi >= cost.min_m(it.n, it.k, board, host) and benefit > 0:
+            pre = min(t_host, max(0.0, t4 - benefit))
+        else:
+            pre = t_host
+    return (float(ram), float(npu), dec, pre, sens if c in ("int8", "npu") else 0.0)
+
+
+def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row], prompt: int, kv_type: str,
+           allowed: list[tuple[str, ...]] | None = None) -> _Model:
+    """The linear costs of every item's allowed choices (``allowed`` overrides the pins' choices)."""
+    m = profile.prefill_m
+    out = _Model([], [], [], [], [], [], [], 0.0, 0.0)
+    memo: dict[tuple, tuple] = {}  # identical items (every expert of a uniform MoE) are computed once
+    tied = not any(it.role == "output" for it in manifest.items)
+    head = 0.0  # a tied head: the embedding matrix times the last row of each chunk, on the CPU
+    for i, it in enumerate(manifest.items):
+        r = rows[i]
+        share = _share(it, profile.m_eff[i], m, tied)
+        if tied and it.role == "embedding":
+            head = cost.t_cpu(it.n, it.k, 1, board, "nf4")
+        al = _allowed(r, it) if allowed is None else allowed[i]
+        mi = profile.m_eff[i]
+        key = (it.n, it.k, mi, share, al, profile.t_cpu[i], profile.benefit[i], profile.sensitivity[i], r.fl)
+        vals = memo.get(key)
+        if vals is None:
+            costs = [_item_cost(it, r, c, mi, profile.t_cpu[i], profile.benefit[i], profile.sensitivity[i], share, board)
+                     for c in al]
+            vals = memo[key] = (al,) + tuple(tuple(x[j] for x in costs) for j in range(5)) + (share,)
+        for lst, v in zip((out.allowed, out.ram, out.npu, out.dec, out.pre, out.qual, out.share), vals):
+            lst.append(v)
+    dec_bytes = sum(t.float_bytes for t in manifest.floats) + manifest.kv_bytes(max(prompt, 1), kv_type)
+    out.dec_const = board.decode_token_s + dec_bytes / board.decode_bandwidth
+    out.pre_const = board.decode_token_s + _attention_s(manifest, m, m / 2.0, board) + head
+    return out
+
+
+def evaluate(manifest: Manifest, board: Board, profile: Profile, choices: list[str], *, prompt: int = 512,
+             kv_type: str = "f16") -> dict:
+    """Predicted prefill tok/s, decode tok/s and TTFT of an assignment (one of CHOICES or "float" per item).
+
+    No budget is checked: this is how a given configuration would run (e.g. llama.cpp with
+    every weight Q8_0: choices all "int8"). Used for the baselines and docs/CALIBRATION.md.
+    """
+    rows = _rows(manifest, board, {})
+    md = _model(manifest, board, profile, rows, prompt, kv_type, allowed=[(c,) for c in choices])
+    return _phase(md, [0] * len(choices), profile.prefill_m, ttft_s(manifest, board, profile, choices, prompt), prompt)
+
+
+def _totals(md: _Model, pick: list[int]) -> tuple[float, float, float, float, float]:
+    """(ram, npu, decode s/token, prefill s/chunk, quality) of an assignment (choice index per item)."""
+    ram = sum(md.ram[i][c] for i, c in enumerate(pick))
+    npu = sum(md.npu[i][c] for i, c in enumerate(pick))
+    dec = md.dec_const + sum(md.dec[i][c] for i, c in enumerate(pick))
+    pre = md.pre_const + sum(md.pre[i][c] for i, c in enumerate(pick))
+    q = sum(md.qual[i][c] for i, c in enumerate(pick))
+    return ram, npu, dec, pre, q
+
+
+def _baseline(md: _Model, enc: str) -> list[int]:
+    return [a.index(enc) if enc in a else 0 for a in md.allowed]
+
+
+def ttft_s(manifest: Manifest, board: Board, profile: Profile, choices: list[str], prompt: int) -> float:
+    """Seconds to process a ``prompt``-token prompt in chunks of prefill_m (the first token's wait)."""
+    m = profile.prefill_m
+    total, done = 0.0, 0
+    while done < prompt:
+        rows = min(m, prompt - done)
+        f = rows / m
+        t = board.decode_token_s + _attention_s(manifest, rows, done + rows / 2.0, board)
+        if not any(it.role == "output" for it in manifest.items):  # a tied head: the last row's logits
+            t += sum(cost.t_cpu(it.n, it.k, 1, board, "nf4") for it in manifest.items if it.role == "embedding")
+        memo: dict[tuple, float] = {}
+        for i, it in enumerate(manifest.items):
+            key = (it.n, it.k, profile.m_eff[i], profile.t_cpu[i], choices[i])
+            v = memo.get(key)
+            if v is None:
+                c = choices[i]
+                mi = profile.m_eff[i] * f
+                model4 = cost.t_cpu(it.n, it.k, profile.m_eff[i], board, "nf4")
+                ratio = (profile.t_cpu[i] / model4) if model4 > 0 else 1.0
+                v = memo[key] = ratio * (cost.t_cpu(it.n, it.k, mi, board, "f16") if c == "float"
+                                         else cost.t_prefill(it.n, it.k, mi, c, board))
+            t += v
+        total += t
+        done += rows
+    return total
 
 
 def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192, kv_type: str = "f16",
-          pins: dict[str, list[str]] | None = None, node_limit: int = 200_000) -> TierMap:
-    """The optimal tier map for ``manifest`` on ``board`` (see the module docstring)."""
+          pins: dict[str, list[str]] | None = None, goal: Goal | None = None, prompt: int = 512,
+          time_limit: float = 10.0) -> TierMap:
+    """The optimal tier map for ``manifest`` on ``board`` under ``goal`` (see the module docstring)."""
+    goal = goal or Goal()
+    if not isinstance(prompt, int) or prompt < 1:
+        raise OrkError(f"--prompt must be a positive number of tokens (got {prompt!r})")
     pinmap, pin_warn = match_pins(manifest, pins)
     items = manifest.items
     rows = _rows(manifest, board, pinmap)
     names = [it.name for it in items]
     kv = manifest.kv_bytes(ctx, kv_type)
     float_1d = sum(t.float_bytes for t in manifest.floats)
-    g = board.alloc_granularity
+    md = _model(manifest, board, profile, rows, min(prompt, ctx), kv_type)
 
     pinned_npu = [i for i, r in enumerate(rows) if r.forced_tier == "npu"]
     npu_pinned_bytes = sum(rows[i].npu for i in pinned_npu)
-    base_items = sum(rows[i].npu if rows[i].forced_tier == "npu" else _host_min(rows[i]) for i in range(len(items)))
+    base_items = int(sum(min(md.ram[i]) for i in range(len(items))))
     fixed_no_kv = board.reserve_bytes + float_1d + base_items
     need = fixed_no_kv + kv
-    if need > board.total_bytes:
-        raise _no_fit(manifest, board, rows, need, board.total_bytes, kv, ctx, kv_type, fixed_no_kv)
+    cap_total = board.total_bytes if goal.max_ram is None else min(board.total_bytes, goal.max_ram)
+    if need > cap_total:
+        raise _no_fit(manifest, board, rows, need, cap_total, kv, ctx, kv_type, fixed_no_kv)
     if npu_pinned_bytes > board.iova_usable_bytes:
         raise OrkError(f"--npu pins need {npu_pinned_bytes} bytes ({_fmt(npu_pinned_bytes)}) of NPU memory; "
                        f"{board.name} allows {board.iova_usable_bytes} ({_fmt(board.iova_usable_bytes)}); pin fewer tensors")
-    ram_free = board.total_bytes - need
+    ram_items_cap = cap_total - board.reserve_bytes - float_1d - kv
 
-    # ---- stage 1: NPU set
-    ben_ps = [int(round(b * 1e12)) for b in profile.benefit]
-    cand = [i for i, r in enumerate(rows) if r.eligible and r.forced_tier is None and ben_ps[i] > 0]
-    deltas = {i: rows[i].npu - _host_min(rows[i]) for i in cand}
-    iova_units = (board.iova_usable_bytes - npu_pinned_bytes) // g
-    ram_binding = sum(deltas.values()) > ram_free
-    wts = [((rows[i].npu // g, deltas[i]) if ram_binding else (rows[i].npu // g,)) for i in cand]
-    caps = (iova_units, ram_free) if ram_binding else (iova_units,)
-    npu_set, res1, ng1 = _knap(cand, wts, [ben_ps[i] for i in cand], names, caps, node_limit)
-    npu_set |= set(pinned_npu)
-    ram_free -= sum(deltas[i] for i in npu_set if i in deltas)
-
-    # ---- stage 2: int8 on the host where RAM allows
-    host_free = [i for i, r in enumerate(rows) if i not in npu_set and r.forced_enc is None]
-    smax = max((profile.sensitivity[i] for i in host_free), default=0.0)
-    sens = {i: (int(round(profile.sensitivity[i] / smax * 1e12)) if smax > 0 else 0) for i in host_free}
-    cand2 = [i for i in host_free if sens[i] > 0]
-    w2 = [(rows[i].i8 - rows[i].n4,) for i in cand2]
-    int8_set, res2, ng2 = _knap(cand2, w2, [sens[i] for i in cand2], names, (ram_free,), node_limit)
-    ram_free -= sum(rows[i].i8 - rows[i].n4 for i in int8_set)
+    prob = milp.Problem(("ram", "npu", "dec", "pre", "q"), list(md.allowed),
+                        {"ram": list(md.ram), "npu": list(md.npu), "dec": list(md.dec), "pre": list(md.pre),
+                         "q": list(md.qual)}, names)
+    prob.prune({"ram": "min", "npu": "min", "dec": "min", "pre": "min", "q": "max"})
+    prob.group()
+    caps = {"ram": float(ram_items_cap), "npu": float(board.iova_usable_bytes)}
+    m = profile.prefill_m
+    if goal.min_decode_tok_s:
+        caps["dec"] = 1.0 / goal.min_decode_tok_s - md.dec_const
+    if goal.min_prefill_tok_s:
+        caps["pre"] = m / goal.min_prefill_tok_s - md.pre_const
+    for k in ("dec", "pre"):
+        if k in caps and caps[k] < 0:
+            raise _unreachable(goal, md, k)
+    stages_json = []
+    try:
+        if goal.name in ("balanced",) or goal.decode_floor is not None:
+            # the best decode first, then allow the slack (or the frontier's floor) and optimize the rest
+            best, st0 = milp.lexicographic(prob, [("dec", "min")], caps, time_limit=time_limit)
+            prob.cost.pop("-q", None)
+            d_best = md.dec_const + st0[0].value
+            frac = (1.0 - DECODE_SLACK) if goal.decode_floor is None else goal.decode_floor
+            caps2 = dict(caps)
+            if frac > 0:
+                caps2["dec"] = min(caps.get("dec", np.inf), d_best / frac - md.dec_const)
+            pick, st = milp.lexicographic(prob, [("pre", "min"), ("q", "max")], caps2, time_limit=time_limit)
+            st = st0 + st
+        else:
+            order = {"decode": [("dec", "min"), ("pre", "min"), ("q", "max")],
+                     "prefill": [("pre", "min"), ("dec", "min"), ("q", "max")],
+                     "quality": [("q", "max"), ("dec", "min"), ("pre", "min")]}[goal.name]
+            pick, st = milp.lexicographic(prob, order, caps, time_limit=time_limit)
+    except OrkError as e:
+        if str(e) == "infeasible":
+            raise _unreachable(goal, md, None) from None
+        raise
+    for s_ in st:
+        unit = {"dec": "s/token", "pre": "s/chunk", "q": "sensitivity"}[s_.metric]
+        const = {"dec": md.dec_const, "pre": md.pre_const, "q": 0.0}[s_.metric]
+        stages_json.append({"metric": {"dec": "decode", "pre": "prefill", "q": "quality"}[s_.metric],
+                            "sense": s_.sense, "value": round(s_.value + const, 9), "bound": round(s_.bound + const, 9),
+                            "status": s_.status, "unit": unit, "nodes": s_.nodes})
+    choice = [pick[i] for i in range(len(items))]
+    idx = [md.allowed[i].index(c) for i, c in enumerate(choice)]  # md keeps every allowed choice
 
     # ---- decisions
-    decisions, npu_used, host_w = [], 0, {"int8": 0, "nf4": 0, "float": 0}
+    decisions, npu_used, host_w = [], 0, {"int8": 0, "nf4": 0, "float": 0, "host_copy_nf4": 0}
+    n_npu = 0
     for i, it in enumerate(items):
-        r = rows[i]
+        r, c = rows[i], choice[i]
         shape = (it.n, it.k)
-        if i in npu_set:
+        if c.startswith("npu"):
             enc = "nf4" if r.forced_enc == "nf4" else "int8"
-            decisions.append(Decision(it.tensor, it.expert, shape, enc, "npu", profile.min_m[i], r.npu,
-                                      profile.benefit[i] * 1e6, r.pin))
+            mm = cost.min_m(it.n, it.k, board, "nf4" if c == "npu+nf4" else "int8")
+            if profile.kind != "analytic":
+                mm = max(mm, profile.min_m[i]) if profile.min_m[i] < cost.MIN_M_NEVER else mm
+            dual = c == "npu+nf4"
+            decisions.append(Decision(it.tensor, it.expert, shape, enc, "npu", mm, r.npu,
+                                      profile.benefit[i] * 1e6, r.pin, "nf4" if dual else None, r.n4 if dual else 0))
             npu_used += r.npu
+            n_npu += 1
+            if dual:
+                host_w["host_copy_nf4"] += r.n4
             continue
-        if r.forced_enc == "float":
+        if c == "float":
             enc, nb = _FLOAT_ENC.get(it.dtype, "f32"), r.fl
             host_w["float"] += nb
-        elif r.forced_enc == "int8" or i in int8_set:
+        elif c == "int8":
             enc, nb = "int8", r.i8
             host_w["int8"] += nb
         else:
@@ -247,33 +442,28 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
     decisions.sort(key=lambda d: (order[d.tensor], -1 if d.expert is None else d.expert))
 
     ram_used = board.reserve_bytes + kv + npu_used + sum(host_w.values())
-    assert npu_used <= board.iova_usable_bytes and ram_used <= board.total_bytes  # the knapsack guarantees both
-    captured = sum(profile.benefit[i] for i in npu_set)
-    cpu_only = sum(profile.t_cpu)
-    planned = max(cpu_only - captured, 1e-12)
-    m = profile.prefill_m
+    if npu_used > board.iova_usable_bytes or ram_used > cap_total:  # the MILP's constraints guarantee both
+        raise OrkError(f"internal: plan exceeds a budget (NPU {npu_used}, RAM {ram_used}); please report")
     objective = {
-        "order": ["npu_benefit_us (max)", "host_int8_sensitivity (max, given the NPU set)"],
-        "npu_benefit_us": round(captured * 1e6, 3),
-        "npu_benefit_us_pinned": round(sum(profile.benefit[i] for i in pinned_npu) * 1e6, 3),
-        "stage1": _status(res1, ng1, len(cand), 1e-6, "us"),
-        "stage2": {**_status(res2, ng2, len(cand2), smax / 1e12 if smax > 0 else 0.0, "sensitivity")},
-        "ties": "items of equal weight are taken by (-value, name)",
+        "goal": goal.to_json(),
+        "order": [f"{x['metric']} ({'min' if x['sense'] == 'min' else 'max'})" for x in stages_json],
+        "decode_slack": DECODE_SLACK if goal.name == "balanced" and goal.decode_floor is None else None,
+        "stages": stages_json,
+        "status": "optimal" if all(x["status"] == "optimal" for x in stages_json) else "gap",
+        "method": "lexicographic MILP over groups of identical items (HiGHS via scipy.optimize.milp)",
+        "items": len(items), "groups": len(prob.groups), "variables": len(prob.cols),
+        "ties": "members of a group of identical items take choices in name order",
     }
     budget = {
         "npu": {"used": npu_used, "cap": board.iova_usable_bytes, "headroom": board.iova_usable_bytes - npu_used,
-                "items": len(npu_set)},
-        "ram": {"used": ram_used, "cap": board.total_bytes, "headroom": board.total_bytes - ram_used,
+                "items": n_npu},
+        "ram": {"used": ram_used, "cap": cap_total, "headroom": cap_total - ram_used,
                 "npu_weights": npu_used, "host_int8": host_w["int8"], "host_nf4": host_w["nf4"],
-                "host_float": host_w["float"], "kv_cache": kv, "reserve": board.reserve_bytes},
+                "host_copy_nf4": host_w["host_copy_nf4"], "host_float": host_w["float"], "kv_cache": kv,
+                "reserve": board.reserve_bytes},
     }
-    prediction = {
-        "prefill_m": m, "cpu_only_s_per_chunk": round(cpu_only, 6), "planned_s_per_chunk": round(planned, 6),
-        "cpu_only_tok_s": round(m / cpu_only, 2) if cpu_only > 0 else None,
-        "planned_tok_s": round(m / planned, 2), "speedup": round(cpu_only / planned, 3) if cpu_only > 0 else 1.0,
-        "model": "analytic cost model of the board (docs/TIERMAP.md); matmuls only",
-    }
-    options = {"ctx": ctx, "kv_type": kv_type, "prefill_m": m, "profile": profile.source,
+    prediction = _prediction(manifest, board, profile, md, idx, choice, prompt)
+    options = {"ctx": ctx, "kv_type": kv_type, "prefill_m": m, "prompt": prompt, "profile": profile.source,
                "pins": {k: list((pins or {}).get(k) or []) for k in PIN_KINDS},
                "default_keep": list(DEFAULT_KEEP)}
     model = {"source": manifest.source, "origin": manifest.origin, **manifest.facts,
@@ -282,6 +472,40 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
                  budget=budget, prediction=prediction)
     tm.warnings = list(manifest.warnings) + pin_warn + list(profile.warnings)
     return tm
+
+
+def _unreachable(goal: Goal, md: _Model, which: str | None) -> OrkError:
+    asked = []
+    if goal.min_decode_tok_s:
+        asked.append(f"--min-decode-tok-s {goal.min_decode_tok_s:g}")
+    if goal.min_prefill_tok_s:
+        asked.append(f"--min-prefill-tok-s {goal.min_prefill_tok_s:g}")
+    if goal.max_ram:
+        asked.append(f"--max-ram {goal.max_ram}")
+    best_dec = 1.0 / (md.dec_const + sum(min(d) for d in md.dec))
+    return OrkError(f"no plan meets {' and '.join(asked) or 'the constraints'} on this board "
+                    f"(decode can reach at most {best_dec:.2f} tok/s); relax a constraint "
+                    "(orkpack plan --frontier shows what is reachable)")
+
+
+def _phase(md: _Model, idx: list[int], prefill_m: int, ttft: float, prompt: int) -> dict:
+    _, _, dec, pre, _ = _totals(md, idx)
+    return {"prefill_tok_s": round(prefill_m / pre, 3), "decode_tok_s": round(1.0 / dec, 3),
+            "ttft_s": round(ttft, 4), "prefill_s_per_chunk": round(pre, 9), "decode_s_per_token": round(dec, 9)}
+
+
+def _prediction(manifest, board, profile, md: _Model, idx, choice, prompt) -> dict:
+    m = profile.prefill_m
+    out = _phase(md, idx, m, ttft_s(manifest, board, profile, choice, prompt), prompt)
+    base = {}
+    for enc in ("nf4", "int8"):
+        bi = _baseline(md, enc)
+        bc = [md.allowed[i][c] for i, c in enumerate(bi)]
+        base[f"cpu_{enc}"] = _phase(md, bi, m, ttft_s(manifest, board, profile, bc, prompt), prompt)
+    out.update(prefill_m=m, prompt=prompt, baselines=base,
+               model="cost model of the board (docs/TIERMAP.md; constants and their sources: the board TOML, "
+                     "checked in docs/CALIBRATION.md); decode at the prompt's position, every item's CPU copy")
+    return out
 
 
 # ---------------------------------------------------------------------------------- baselines for the report
