@@ -382,6 +382,37 @@ def _convert(bits: np.ndarray, q) -> np.ndarray:
 _GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
 
 
+def _gguf_header(w, cfg: dict, f: dict, name: str) -> None:
+    """The GGUF metadata of a model with these facts (``orkpack.archs``): what llama.cpp's loader reads."""
+    w.add_name(name)
+    w.add_block_count(f["n_layers"])
+    w.add_context_length(4096)
+    w.add_embedding_length(f["hidden"])
+    w.add_feed_forward_length(f["intermediate"])
+    w.add_head_count(f["heads"])
+    w.add_head_count_kv(f["kv_heads"])
+    w.add_key_length(f["head_dim"])
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000.0)
+    w.add_vocab_size(f["vocab"])
+    if f["attention"] == "mla":
+        d = archs.dims(cfg)
+        w.add_value_length(d["vhd"])
+        w.add_kv_lora_rank(d["kvlr"])
+        if d["qlr"]:
+            w.add_q_lora_rank(d["qlr"])
+        w.add_rope_dimension_count(d["rope"])
+    else:
+        w.add_value_length(f["head_dim"])
+    if f["swa_window"]:
+        w.add_sliding_window(f["swa_window"])
+        w.add_sliding_window_pattern([i in f["swa_layers"] for i in range(f["n_layers"])])
+    if f["n_experts"]:
+        w.add_expert_count(f["n_experts"])
+        w.add_expert_used_count(f["n_experts_used"])
+        w.add_expert_feed_forward_length(f["moe_intermediate"])
+
+
 def write_gguf_model(path, *, arch: str = "llama", layers: int = 2, hidden: int = 256, intermediate: int = 688,
                      heads: int = 4, kv_heads: int = 2, vocab: int = 512, experts: int = 0, experts_used: int = 0,
                      seed: int = 0, tied: bool = False, tensor_type: str = "F16",
@@ -408,25 +439,7 @@ def write_gguf_model(path, *, arch: str = "llama", layers: int = 2, hidden: int 
     arch = f["arch"]
     path = Path(path)
     w = gguf.GGUFWriter(path, archs.gguf_arch_name(arch))
-    w.add_name(f"orkpack synthetic {arch} seed {seed}")
-    w.add_block_count(f["n_layers"])
-    w.add_context_length(4096)
-    w.add_embedding_length(f["hidden"])
-    w.add_feed_forward_length(f["intermediate"])
-    w.add_head_count(f["heads"])
-    w.add_head_count_kv(f["kv_heads"])
-    w.add_key_length(f["head_dim"])
-    w.add_value_length(f["head_dim"])
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000.0)
-    w.add_vocab_size(f["vocab"])
-    if f["swa_window"]:
-        w.add_sliding_window(f["swa_window"])
-    if f["n_experts"]:
-        w.add_expert_count(f["n_experts"])
-        w.add_expert_used_count(f["n_experts_used"])
-        if f["moe_intermediate"] != f["intermediate"] or arch != "mixtral":
-            w.add_expert_feed_forward_length(f["moe_intermediate"])
+    _gguf_header(w, config, f, f"orkpack synthetic {arch} seed {seed}")
     Q = gguf.GGMLQuantizationType
 
     def qtype(t: _T) -> Q:
@@ -481,34 +494,8 @@ def write_gguf_from_hf(folder, path) -> Path:
     try:
         f = model_facts(src)
         cfg = src.config
-        fam = archs.FAMILIES[f["arch"]]
         w = gguf.GGUFWriter(Path(path), archs.gguf_arch_name(f["arch"]))
-        w.add_name(f"orkpack synthetic {f['arch']}")
-        w.add_block_count(f["n_layers"])
-        w.add_context_length(4096)
-        w.add_embedding_length(f["hidden"])
-        w.add_feed_forward_length(f["intermediate"])
-        w.add_head_count(f["heads"])
-        w.add_head_count_kv(f["kv_heads"])
-        w.add_key_length(f["head_dim"])
-        w.add_layer_norm_rms_eps(1e-6)
-        w.add_vocab_size(f["vocab"])
-        if fam.attention == "mla":
-            d = archs.dims(cfg)
-            w.add_value_length(d["vhd"])
-            w.add_kv_lora_rank(d["kvlr"])
-            if d["qlr"]:
-                w.add_q_lora_rank(d["qlr"])
-            w.add_rope_dimension_count(d["rope"])
-        else:
-            w.add_value_length(f["head_dim"])
-        if f["swa_window"]:
-            w.add_sliding_window(f["swa_window"])
-            w.add_sliding_window_pattern([i in f["swa_layers"] for i in range(f["n_layers"])])
-        if f["n_experts"]:
-            w.add_expert_count(f["n_experts"])
-            w.add_expert_used_count(f["n_experts_used"])
-            w.add_expert_feed_forward_length(f["moe_intermediate"])
+        _gguf_header(w, cfg, f, f"orkpack synthetic {f['arch']}")
         gt = {np.dtype(np.float32): gguf.GGMLQuantizationType.F32, np.dtype(np.float16): gguf.GGMLQuantizationType.F16,
               np.dtype(np.uint16): gguf.GGMLQuantizationType.BF16}
         infos = [t for t in src.tensors() if t.dtype not in ("BOOL", "I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64")]
