@@ -69,7 +69,9 @@ static int check_one(const char *path, int dump) {
         if (rc == ORKPACK_E_DAMAGED) {
             printf("FAIL ");
             print_path(path);
-            printf(": open: %s\n", err.msg);
+            size_t L = strlen(path);
+            const char *m = (strncmp(err.msg, path, L) == 0 && strncmp(err.msg + L, ": ", 2) == 0) ? err.msg + L + 2 : err.msg;
+            printf(": open: %s\n", m);
             return 1;
         }
         printf("unusable %s\n", err.msg);

@@ -1,0 +1,366 @@
+"""The C reader (kernels/reader: liborkpack + orkpack-check) against the Python one, differentially.
+
+For every pack the Python side makes, good and bad, ``orkpack verify`` (verify_pack) and
+``orkpack-check`` must agree on the exit code (0 passed, 1 a check failed, 2 unusable); for good
+packs the bytes the C reader returns for every part, and the NPU images it loads through the real
+paths, must hash to what the Python reader returns. Bad packs: a sample of single bit flips,
+truncations, and hostile headers with valid checksums (the forging helpers and mutation lists of
+tests/test_pack.py, tests/test_reliability_hostile.py, plus cases of Python's JSON semantics that a C
+reader easily gets wrong: duplicate keys, 1 == 1.0 == true, NUL and lone surrogates in names).
+
+Skips (saying why) without cc, make, or the libcjson-dev / libxxhash-dev headers.
+"""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import xxhash
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "fuzz"))
+import harness  # noqa: E402
+
+from orkpack.pack import spec  # noqa: E402
+from orkpack.pack.reader import Pack  # noqa: E402
+from orkpack.pack.writer import header_bytes, preamble_bytes  # noqa: E402
+from orkpack.runtime.backends import HostBackend  # noqa: E402
+from orkpack.runtime.verify import _load, verify_pack  # noqa: E402
+
+import test_pack  # noqa: E402
+import test_reliability_hostile  # noqa: E402
+from test_pack import write_raw, write_small  # noqa: E402
+from test_verify import build as build_verify  # noqa: E402
+
+INSTALL = "apt-get install -y libcjson-dev libxxhash-dev"
+
+
+def _missing() -> str | None:
+    if not shutil.which("make"):
+        return "make not found"
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        return "no C compiler (cc)"
+    for h in ("/usr/include/cjson/cJSON.h", "/usr/include/xxhash.h"):
+        if not Path(h).exists():
+            return f"{h} missing ({INSTALL})"
+    return None
+
+
+@pytest.fixture(scope="module")
+def check(tmp_path_factory) -> Path:
+    why = _missing()
+    if why:
+        pytest.skip(f"C reader not built: {why}")
+    out = tmp_path_factory.mktemp("creader")
+    res = subprocess.run(["make", "-s", "-C", str(ROOT / "kernels" / "reader"), f"O={out}"], capture_output=True, text=True)
+    if res.returncode != 0 and ("cJSON.h" in res.stderr or "xxhash.h" in res.stderr or "-lcjson" in res.stderr
+                                or "-lxxhash" in res.stderr):
+        pytest.skip(f"C reader not built: libraries missing ({INSTALL}): {res.stderr.strip()[-300:]}")
+    assert res.returncode == 0, res.stderr
+    return out / "orkpack-check"
+
+
+def c_codes(check: Path, paths: list[Path]) -> list[int]:
+    """orkpack-check on many packs in one run: one line per pack, its first word the result."""
+    res = subprocess.run([str(check), "--", *map(str, paths)], capture_output=True, text=True, timeout=300)
+    lines = res.stdout.splitlines()
+    assert len(lines) == len(paths), res.stdout + res.stderr
+    codes = [{"ok": 0, "FAIL": 1, "unusable": 2}[ln.split(" ", 1)[0]] for ln in lines]
+    assert res.returncode == max(codes, default=0)
+    return codes
+
+
+def agree(check: Path, paths: list[Path]) -> None:
+    got = c_codes(check, paths)
+    bad = []
+    for p, c in zip(paths, got):
+        py = verify_pack(p).exit_code
+        if py != c:
+            one = subprocess.run([str(check), str(p)], capture_output=True, text=True).stdout.strip()
+            bad.append(f"{p.name}: python {py}, C {c}: {one}")
+    assert not bad, "\n".join(bad)
+
+
+# ---------------------------------------------------------------- packs
+
+def _rewrite(src: Path, dst: Path, mutate=None, raw_header: bytes | None = None, minor: int | None = None) -> Path:
+    """dst = src with its header mutated (or replaced) and every checksum recomputed."""
+    raw = src.read_bytes()
+    pre = struct.unpack_from(spec.PREAMBLE_FMT, raw)
+    data_size, hoff = pre[6], pre[7]
+    if raw_header is None:
+        h = json.loads(raw[hoff:])
+        mutate(h)
+        hb = header_bytes(h)
+    else:
+        hb = raw_header
+    data = raw[4096:hoff]
+    block = bytearray(preamble_bytes(file_size=hoff + len(hb), data_size=data_size, header_size=len(hb),
+                                     data_xxh3=xxhash.xxh3_64_intdigest(data), header_xxh3=xxhash.xxh3_64_intdigest(hb)))
+    if minor is not None:
+        struct.pack_into("<H", block, 10, minor)
+        block[120:128] = bytes(8)
+        struct.pack_into("<Q", block, 120, xxhash.xxh3_64_intdigest(bytes(block[:4096])))
+    dst.write_bytes(bytes(block) + data + hb)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("good")
+    packs = {}
+    for storage in ("int8", "nf4", "both", "experts"):
+        packs[storage] = build_verify(d / f"{storage}.orkpack", storage=storage)
+    packs["big"] = build_verify(d / "big.orkpack", big=True)  # K > 8192: two segments, N not a multiple of 32
+    write_small(d / "small.orkpack")
+    packs["small"] = d / "small.orkpack"
+    write_raw(d / "raw.orkpack")
+    packs["raw"] = d / "raw.orkpack"
+    try:
+        import test_dual_residency as tdr
+
+        if "host_copy" in tdr.Decision.__dataclass_fields__:
+            from orkpack.build import BuildOptions, build
+            from orkpack.synth import write_hf_model
+
+            model = write_hf_model(d / "model", seed=3, **tdr.MODEL)
+            tmf = tdr.write_tiermap(d / "map.json", tdr.hand_tiermap(model))
+            packs["dual_int8"] = build(model, d / "dual_int8.orkpack", BuildOptions(threads=1, tiermap=tmf)).path
+            packs["dual_nf4"] = build(model, d / "dual_nf4.orkpack",
+                                      BuildOptions(threads=1, tiermap=tmf, npu_storage="nf4")).path
+            packs["moe_rules"] = build(model, d / "moe.orkpack", BuildOptions(threads=1)).path
+    except ImportError:
+        pass
+    return packs
+
+
+def test_good_packs_pass_in_both(check, good):
+    paths = list(good.values())
+    assert c_codes(check, paths) == [0] * len(paths)
+    assert [verify_pack(p).exit_code for p in paths] == [0] * len(paths)
+    if "dual_int8" not in good:
+        pytest.skip("dual-residency packs not built (needs Decision.host_copy in orkpack/tiers/tiermap.py)")
+
+
+def test_c_bytes_equal_python_bytes(check, good):
+    """Every part's bytes and every NPU image loaded by the C paths hash as the Python reader's do."""
+    backend = HostBackend()
+    for name, p in good.items():
+        res = subprocess.run([str(check), "--dump", str(p)], capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout
+        parts, npu = {}, {}
+        for ln in res.stdout.splitlines():
+            f = ln.split("\t")
+            if f[0] in ("part", "host"):
+                parts[(f[0], int(f[1]), int(f[2]), f[3])] = (int(f[4]), int(f[5]), f[6])
+            elif f[0] == "npu":
+                npu[(int(f[1]), int(f[2]))] = (int(f[3]), f[4], f[5])
+        want_parts, want_npu = {}, {}
+        with Pack.open(p) as pack:
+            for ti, t in enumerate(pack.tensors):
+                for si, s in enumerate(t["slices"]):
+                    for pn, pr in s["parts"].items():
+                        want_parts[("part", ti, si, pn)] = (pr["offset"], pr["size"], xxhash.xxh3_64_hexdigest(pack.part(pr)))
+                    for pn, pr in (s.get("host_copy") or {}).get("parts", {}).items():
+                        want_parts[("host", ti, si, pn)] = (pr["offset"], pr["size"], xxhash.xxh3_64_hexdigest(pack.part(pr)))
+                    if s["tier"] == "npu":
+                        buf, q, scale = _load(pack, s, backend, "direct", None, {"fill_seconds": 0.0, "bytes_filled": 0,
+                                                                                 "inflate_seconds": 0.0, "bytes_inflated": 0})
+                        want_npu[(ti, si)] = (q.nbytes, xxhash.xxh3_64_hexdigest(q), xxhash.xxh3_64_hexdigest(scale))
+                        del q
+                        backend.free(buf)
+        assert parts == want_parts, name
+        assert npu == want_npu, name
+    backend.close()
+
+
+def test_bit_flips_agree(check, good, tmp_path):
+    """A sample of single bit flips (every preamble field bit, header and data bytes): both exit 1."""
+    rnd = random.Random(11)
+    paths = []
+    for name in ("both", "experts", "raw", "small") + (("dual_nf4",) if "dual_nf4" in good else ()):
+        data = good[name].read_bytes()
+        hoff = int.from_bytes(data[40:48], "little")
+        spots = [(i, b) for i in range(0, 128) for b in range(8) if rnd.random() < 0.15]
+        spots += [(rnd.randrange(128, 4096), rnd.randrange(8)) for _ in range(5)]
+        spots += [(rnd.randrange(4096, hoff), rnd.randrange(8)) for _ in range(25)]
+        spots += [(rnd.randrange(hoff, len(data)), rnd.randrange(8)) for _ in range(40)]
+        for i, b in spots:
+            bad = bytearray(data)
+            bad[i] ^= 1 << b
+            q = tmp_path / f"{name}-{i}-{b}.orkpack"
+            q.write_bytes(bad)
+            paths.append(q)
+    agree(check, paths)
+
+
+def test_truncations_agree(check, good, tmp_path):
+    data = good["both"].read_bytes()
+    hoff = int.from_bytes(data[40:48], "little")
+    paths = []
+    for cut in (0, 1, 7, 8, 100, 4095, 4096, 5000, hoff, hoff + 1, len(data) - 1):
+        q = tmp_path / f"cut{cut}.orkpack"
+        q.write_bytes(data[:cut])
+        paths.append(q)
+    q = tmp_path / "long.orkpack"
+    q.write_bytes(data + b"\0")
+    paths.append(q)
+    q = tmp_path / "notpack.safetensors"
+    q.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      " + bytes(5000))
+    paths.append(q)
+    agree(check, paths)
+
+
+def _marked(fn) -> list:
+    """The (mutate, why) cases of a parametrized test of another module."""
+    for m in getattr(fn, "pytestmark", []):
+        if m.name == "parametrize":
+            return [v[0] for v in m.args[1]]
+    return []
+
+
+def _set(path, value):
+    def f(h):
+        o = h
+        for k in path[:-1]:
+            o = o[k]
+        o[path[-1]] = value
+    return f
+
+
+S = ("tensors", 0, "slices", 0)  # first slice of the "both" pack: blk.0.attn_q.weight, NPU int8 [32, 32]
+N = ("tensors", 1, "slices", 0)  # blk.0.ffn_up.weight, NPU nf4 [32, 64]
+
+HOSTILE_BOTH = [
+    _set(S + ("parts", "q", "offset"), 10 ** 12),              # offset past the data
+    _set(S + ("parts", "q", "offset"), -4096),
+    _set(S + ("parts", "q", "offset"), 2 ** 70),
+    _set(S + ("parts", "q", "offset"), 4096.0),               # a float offset
+    _set(S + ("parts", "q", "size"), True),
+    _set(N + ("parts", "codes", "offset"), 4096),             # overlapping parts
+    _set(("tensors", 0, "shape"), [2 ** 47, 2 ** 47]),        # huge shape
+    _set(("tensors", 0, "shape"), [-32, 32]),                 # negative shape
+    _set(("tensors", 0, "shape"), [2 ** 64, 1]),
+    _set(S + ("encoding",), "int3"),                          # unknown encoding
+    _set(S + ("encoding",), ["int8"]),
+    _set(S + ("min_m",), 1),                                  # min_m < 2 on an NPU slice
+    _set(S + ("min_m",), 2.0),
+    _set(S + ("min_m",), True),
+    _set(S + ("min_m",), 10 ** 30),                           # a huge min_m is valid
+    _set(S + ("min_m",), -10 ** 30),
+    _set(S + ("layout", "k_segment"), 96),
+    _set(S + ("layout", "n_pad"), 32.0),                      # 32.0 == 32: valid
+    _set(S + ("layout", "n_pad"), 32.5),
+    _set(S + ("layout", "segments"), [[False, 32, 32]]),       # False == 0: valid
+    _set(S + ("layout", "segments"), [[0, 32, 32], [32, 32, 0]]),
+    _set(S + ("layout", "tile_n"), True),
+    _set(S + ("shape",), [32.0, True * 32]),                  # slice shape equal to the tensor's: valid
+    _set(S + ("shape",), [32, 31]),
+    _set(S + ("expert",), 0),
+    _set(S + ("expert",), False),
+    _set(S + ("sqnr_db",), "40"),
+    _set(S + ("sqnr_db",), 1e300),
+    _set(S + ("tier",), "host"),                              # npu_int8 layout off the NPU
+    _set(S + ("tier",), None),
+    _set(S + ("parts", "q", "xxh3"), "ABCDEF0123456789"),
+    _set(S + ("parts", "q", "xxh3"), "abcdef012345678"),
+    _set(N + ("inflate", "q_size"), 1024),                    # verify's layout check: not the tiled size
+    _set(N + ("inflate", "q_size"), -1),
+    _set(N + ("inflate", "layout", "k_segment"), 64),
+    _set(N + ("inflate", "layout", "k_segment"), 8192.0),
+    _set(N + ("inflate", "q_xxh3"), "0" * 16),                # the inflated image differs
+    _set(N + ("inflate",), None),
+    _set(N + ("tier",), "host"),                              # a host nf4 slice with a stray inflate: valid
+    _set(("tensors", 0, "name"), "\x00" * 4097),
+    _set(("tensors", 0, "name"), "\x00" * 4096),
+    _set(("tensors", 0, "name"), "\ud800" * 1365),            # lone surrogates, 3 bytes each: 4095
+    _set(("tensors", 0, "name"), "\ud800" * 1366),
+    _set(("tensors", 1, "slices", 0, "host_copy"), None),
+    _set(("tensors", 1, "slices", 0, "host_copy"), {"encoding": "nf5"}),
+    _set(("tiermap",), {"board": {"iova_usable_bytes": 4096}}),  # arena: the NPU slices do not fit
+    _set(("tiermap",), {"board": {"iova_usable_bytes": 2 ** 33}, "npu": {"cap": 100}}),
+    _set(("tiermap",), {"npu": {"cap": True}}),
+    _set(("tiermap",), 3),
+    _set(("config",), []),
+    _set(("format",), "orkpack2"),
+    _set(("tensors",), {}),
+]
+
+RAW_HEADERS = [
+    b"[" * 100000 + b"]" * 100000,                            # deep JSON
+    b"[" * 50 + b"]" * 50,
+    b'{"format": "orkpack", "tensors": [], "x": NaN}',        # NaN in JSON
+    b'{"format": "orkpack", "tensors": [], "x": Infinity}',
+    b'{"format": "orkpack", "tensors": [], "x": -Infinity}',
+    b'{"format": "orkpack", "tensors": [], "x": 1e400}',      # inf from a number: Python accepts
+    b'{"format": "orkpack", "tensors": [], "x": 01}',
+    b'{"format": "orkpack", "tensors": [], "x": 1.}',
+    b'{"format": "orkpack", "tensors": [], "x": .5}',
+    b'{"format": "orkpack", "tensors": [], "x": -}',
+    b'{"format": "orkpack", "tensors": [], "x": 1' + b"0" * 100 + b"}",
+    b'{"format": "orkpack", "tensors": [], "x": 1' + b"0" * 4300 + b"}",  # 4301 digits: Python refuses
+    b'{"format": "orkpack", "tensors": [], "x": "\\ud800"}',
+    b'{"format": "orkpack", "tensors": [], "x": "\\udc00\\ud800"}',
+    b'{"format": "orkpack", "tensors": [], "x": "a\tb"}',     # a raw tab in a string
+    b'{"format": "orkpack", "tensors": [], "x": "\\x"}',
+    b'{"format": "orkpack", "tensors": []}\x0c',             # form feed is not JSON whitespace
+    b'{"format": "orkpack", "tensors": []}   \n',
+    b'{"format": "orkpack", "tensors": [],}',
+    b'{"format": "orkpack", "tensors": []} {}',
+    b'{"format": "orkpack", "tensors": [], "format": "x"}',  # duplicate key: the last wins
+    b'{"format": "x", "tensors": [], "format": "orkpack"}',
+    b'{"format": "orkpack", "tensors": [], "x": "\xc3\xa9"}',  # not ASCII
+    b'{"format": "orkpack", "tensors": [], "x": "\\u00e9\\u0000"}',
+    b'{"format": "orkpack", "tensors": [], "x": tru}',
+    b'{"format": "orkpack", "tensors": [], "x": [1, 2,]}',
+    b'"orkpack"',
+    b" ",
+]
+
+
+def test_hostile_headers_agree(check, good, tmp_path):
+    both, raw, small = good["both"], good["raw"], good["small"]
+    paths = []
+    k = 0
+
+    def add(src, **kw):
+        nonlocal k
+        k += 1
+        paths.append(_rewrite(src, tmp_path / f"h{k}.orkpack", **kw))
+
+    for fn in HOSTILE_BOTH:
+        add(both, mutate=fn)
+    for fn in _marked(test_pack.test_inconsistent_header_refused):
+        add(small, mutate=fn)
+    for fn in _marked(test_pack.test_inconsistent_raw_refused):
+        add(raw, mutate=fn)
+    for fn in _marked(test_reliability_hostile.test_crafted_header_is_damage_not_a_crash):
+        add(small, mutate=fn)
+    for hb in RAW_HEADERS:
+        add(both, raw_header=hb)
+    # duplicate keys inside a slice: Python keeps the last value at the first key's place
+    hb = (good["both"].read_bytes()[int.from_bytes(good["both"].read_bytes()[40:48], "little"):])
+    add(both, raw_header=hb.replace(b'"min_m": 32', b'"min_m": 1, "min_m": 32', 1))
+    add(both, raw_header=hb.replace(b'"min_m": 32', b'"min_m": 32, "min_m": 1', 1))
+    add(both, raw_header=hb.replace(b'"parts": {"q": ', b'"parts": {"scale": 0, "q": ', 1))
+    # an unknown encoding (slice, raw dtype, host copy) from a newer minor version: unusable (2), not damage
+    add(both, mutate=_set(S + ("encoding",), "q3_z"), minor=spec.VERSION_MINOR + 1)
+    add(raw, mutate=_set(("tensors", 0, "slices", 0, "dtype"), "i128"), minor=spec.VERSION_MINOR + 1)
+    add(both, mutate=_set(N + ("host_copy",), {"encoding": "nf5"}), minor=spec.VERSION_MINOR + 1)
+    # ... unless the header is damaged before that slice
+    add(both, mutate=lambda h: (h["tensors"][0].update(shape=[-1, 1]), h["tensors"][1]["slices"][0].update(encoding="q3_z")),
+        minor=spec.VERSION_MINOR + 1)
+    add(both, mutate=_set(S + ("encoding",), "q3_z"), minor=0)
+    # wrapped arbitrary headers around zero pages (the fuzz harness's mode 2)
+    for hb in (b"{}", b'{"format": "orkpack", "tensors": []}', b"[]"):
+        k += 1
+        q = tmp_path / f"w{k}.orkpack"
+        q.write_bytes(harness.wrap_pack(hb, 0))
+        paths.append(q)
+    agree(check, paths)
