@@ -364,3 +364,64 @@ def test_hostile_headers_agree(check, good, tmp_path):
         q.write_bytes(harness.wrap_pack(hb, 0))
         paths.append(q)
     agree(check, paths)
+
+
+@pytest.fixture(scope="module")
+def check_aarch64(tmp_path_factory, check) -> Path:
+    """orkpack-check cross-built for aarch64, run under qemu (a wrapper script)."""
+    cc = shutil.which("aarch64-linux-gnu-gcc")
+    qemu = shutil.which("qemu-aarch64-static") or shutil.which("qemu-aarch64")
+    libs = [Path("/usr/lib/aarch64-linux-gnu") / n for n in ("libcjson.so", "libxxhash.so")]
+    if not cc or not qemu or not all(p.exists() for p in libs):
+        pytest.skip("aarch64 C reader not checked: needs aarch64-linux-gnu-gcc, qemu-aarch64 and the arm64 libraries "
+                    "(dpkg --add-architecture arm64; apt-get install gcc-aarch64-linux-gnu libc6-dev-arm64-cross "
+                    "qemu-user-static libcjson-dev:arm64 libxxhash-dev:arm64)")
+    out = tmp_path_factory.mktemp("creader-aarch64")
+    res = subprocess.run(["make", "-s", "-C", str(ROOT / "kernels" / "reader"), f"O={out}", "CROSS=aarch64-linux-gnu-"],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    wrapper = out / "run.sh"
+    wrapper.write_text(f"#!/bin/sh\nQEMU_LD_PREFIX=/usr/aarch64-linux-gnu LD_LIBRARY_PATH=/usr/lib/aarch64-linux-gnu "
+                       f"exec {qemu} {out / 'orkpack-check'} \"$@\"\n")
+    wrapper.chmod(0o755)
+    return wrapper
+
+
+def test_aarch64_build_agrees(check, check_aarch64, good, tmp_path):
+    """The aarch64 build (NEON inflate) returns the same part bytes and NPU images, and the same exit codes."""
+    for name, p in good.items():
+        x86 = subprocess.run([str(check), "--dump", str(p)], capture_output=True, text=True)
+        arm = subprocess.run([str(check_aarch64), "--dump", str(p)], capture_output=True, text=True)
+        assert arm.returncode == x86.returncode == 0, arm.stdout + arm.stderr
+        assert arm.stdout.splitlines()[:-1] == x86.stdout.splitlines()[:-1], name  # all but the timing line
+    data = good["both"].read_bytes()
+    paths = []
+    for i, cut in enumerate((0, 100, 4096, len(data) - 1)):
+        q = tmp_path / f"cut{i}.orkpack"
+        q.write_bytes(data[:cut])
+        paths.append(q)
+    for i in (9, 60, 200, 5000, len(data) - 3):
+        q = tmp_path / f"flip{i}.orkpack"
+        b = bytearray(data)
+        b[i] ^= 4
+        q.write_bytes(b)
+        paths.append(q)
+    assert c_codes(check_aarch64, paths) == c_codes(check, paths)
+
+
+def test_readme_example_loads_a_tensor(check, good, tmp_path):
+    """The example of docs/READER.md compiles against the library and loads an NPU tensor."""
+    import re
+
+    text = (ROOT / "docs" / "READER.md").read_text()
+    src = re.search(r"## Example: load one NPU tensor\n\n```c\n(.*?)```", text, re.S).group(1)
+    (tmp_path / "example.c").write_text(src)
+    lib = check.parent / "liborkpack.a"
+    cc = shutil.which("cc") or shutil.which("gcc")
+    res = subprocess.run([cc, "-std=c99", f"-I{ROOT / 'kernels' / 'reader'}", str(tmp_path / "example.c"), str(lib),
+                          "-lcjson", "-lxxhash", "-lm", "-lpthread", "-o", str(tmp_path / "example")],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    for name in ("blk.0.attn_q.weight", "blk.0.ffn_up.weight"):  # int8 tiles (fill), nf4 (inflate)
+        run = subprocess.run([str(tmp_path / "example"), str(good["both"]), name], capture_output=True, text=True)
+        assert run.returncode == 0 and f"{name} [32, " in run.stdout, run.stdout + run.stderr
