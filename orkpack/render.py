@@ -47,6 +47,10 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
     if f.get("tiermap"):
         tm = f["tiermap"]
         head.add_row("tier map", escape_name(str(tm.get("board", {}).get("name") if isinstance(tm.get("board"), dict) else tm.get("board"))))
+        pr = tm.get("prediction")
+        line = _prediction_line(pr) if isinstance(pr, dict) else None
+        if line:
+            head.add_row("predicted", line)
     console.print(head)
 
     res = Table(title="residency per engine")
@@ -88,3 +92,14 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
 
 def _shape(shape) -> str:
     return "x".join(map(str, shape)) if shape else "scalar"
+
+
+def _prediction_line(pr: dict) -> str | None:
+    """The tier map's predicted speeds beside the all-NF4 CPU baseline, or None for an older map without them."""
+    try:
+        base = pr["baselines"]["cpu_nf4"]
+        return (f"decode {float(pr['decode_tok_s']):.2f} tok/s, prefill {float(pr['prefill_tok_s']):.1f} tok/s, "
+                f"TTFT {float(pr['ttft_s']):.2f} s at {int(pr['prompt'])} tokens (CPU only, all NF4: decode "
+                f"{float(base['decode_tok_s']):.2f}, prefill {float(base['prefill_tok_s']):.1f})")
+    except (KeyError, TypeError, ValueError):
+        return None

@@ -100,3 +100,13 @@ def test_a_frontier_point_builds_with_tiermap(tmp_path):
 
         with Pack.open(out) as p:
             assert TierMap.from_json(p.header["tiermap"]).to_json()["tensors"] == tm.to_json()["tensors"]
+
+
+def test_a_planned_pack_shows_its_predictions(tmp_path):
+    folder = write_hf_model(tmp_path / "m", config=TINY["llama"], seed=2)
+    out = tmp_path / "m.orkpack"
+    assert runner.invoke(app, ["build", str(folder), "-o", str(out)]).exit_code == 0
+    text = runner.invoke(app, ["inspect", str(out)]).stdout
+    assert "predicted" in text and "tok/s" in text and "CPU only, all NF4" in text
+    d = json.loads(runner.invoke(app, ["inspect", str(out), "--json"]).stdout)
+    assert d["tiermap"]["prediction"]["decode_tok_s"] > 0
