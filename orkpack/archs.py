@@ -53,9 +53,15 @@ FACT_KEYS = (
 )
 
 # Sanity caps (a hostile config must not make a plan enumerate billions of items): far above any real model.
-CAPS = {"n_layers": 4096, "n_experts": 65536, "n_nextn": 16}
+# A matrix side (hidden, intermediate, heads x head_dim, LoRA ranks): the widest real ones are 18432 (hidden) and
+# 73728 (intermediate). The plan's cost model walks K in NPU segments, so this cap also keeps a plan quick.
+MAX_WIDTH = 1 << 18
+CAPS = {"n_layers": 4096, "n_experts": 65536, "n_nextn": 16, **{f: MAX_WIDTH for f in (
+    "hidden", "intermediate", "head_dim", "moe_intermediate", "shared_intermediate", "q_lora_rank", "kv_lora_rank",
+    "qk_nope", "qk_rope", "v_head_dim")}}
 CAP_DEFAULT = 1 << 24
-MAX_EXPERT_SLICES = 1 << 20  # layers x experts (a 48-layer, 128-expert MoE has 6144)
+# layers x experts: Kimi K2 has 61 x 384 = 23424; a config at the cap plans in ~10 s on a 2-core box
+MAX_EXPERT_SLICES = 1 << 16
 MAX_TENSORS = 1 << 21  # tensors a config may describe (DeepSeek-V3: ~92k with per-expert names)
 
 # where a config.json keeps each fact; a family's ``keys`` replace single entries
@@ -432,6 +438,20 @@ LAYER_LIST_KEYS = ("mlp_only_layers",)
 STR_KEYS = ("topk_method",)
 
 
+def _finite(cfg: Any, where: str) -> None:
+    """No NaN or Infinity anywhere in a config (Python's json reads them; a pack header cannot hold them)."""
+    stack: list[tuple[str, Any]] = [("", cfg)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v):
+            raise SourceError(f"{where}: '{escape_name(path, 80)}' = {v!r} is not a finite number (NaN and Infinity "
+                              "are not JSON); fix the config")
+        if isinstance(v, Mapping):
+            stack.extend((f"{path}.{k}" if path else str(k), x) for k, x in v.items())
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{i}]", x) for i, x in enumerate(v))
+
+
 def _check_keys(cfg: Mapping, where: str) -> None:
     """Type checks of the non-numeric keys the entries read (one line naming the key)."""
     for k in BOOL_KEYS:
@@ -499,6 +519,13 @@ def _dims(cfg: Mapping, fam: Family, where: str) -> dict:
     if fam.attention == "mla" and not (d["kvlr"] and d["rope"] and d["nope"] + d["rope"] and d["vhd"]):
         raise SourceError(f"{where}: an MLA model needs kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim and "
                           "v_head_dim; fix the config")
+    heads, kvh = _lookup(tc, fam, "heads")[0], _lookup(tc, fam, "kv_heads")[0]
+    hdk = "qk_nope_head_dim + qk_rope_head_dim" if fam.attention == "mla" else _lookup(tc, fam, "head_dim")[0]
+    for what, w in ((f"'{heads}' x '{hdk}'", d["nh"] * d["hd"]), (f"'{kvh}' x '{hdk}'", d["nkv"] * d["hd"]),
+                    (f"'{heads}' x 'v_head_dim'", d["nh"] * d["vhd"]),
+                    ("'n_shared_experts' x 'moe_intermediate_size'", d["Is"])):
+        if w > MAX_WIDTH:
+            raise SourceError(f"{where}: {what} = {w} is beyond any real model (cap {MAX_WIDTH}); fix the config")
     if d["E"]:
         if not 0 < d["top_k"] <= d["E"]:
             raise SourceError(f"{where}: 'num_experts_per_tok' = {d['top_k']} must be in 1..{d['E']} "
@@ -514,7 +541,8 @@ def _dims(cfg: Mapping, fam: Family, where: str) -> dict:
         for key, name in (("hidden_size", "vH"), ("intermediate_size", "vI"), ("num_hidden_layers", "vL"),
                           ("patch_size", "vP"), ("image_size", "vS"), ("num_channels", "vC")):
             d[name] = _int(vc.get(key, vdef[key]), "vision_config." + key, where,
-                           cap=4096 if key == "num_hidden_layers" else CAP_DEFAULT)
+                           cap=4096 if key == "num_hidden_layers" else
+                           MAX_WIDTH if key in ("hidden_size", "intermediate_size") else CAP_DEFAULT)
         if d["vP"] == 0:
             raise SourceError(f"{where}: 'vision_config.patch_size' is 0; fix the config")
         d["vN"] = (d["vS"] // d["vP"]) ** 2
@@ -571,6 +599,7 @@ def facts_from_config(cfg: Mapping[str, Any], where: str = "config.json") -> dic
         raise SourceError(f"{where}: model_type {escape_name(repr(cfg.get('model_type')), 60)} is not a known "
                           f"architecture; known: {', '.join(SUPPORTED)}. Plan from the weights instead (a folder "
                           "with safetensors, or a .gguf) for a generic plan")
+    _finite(cfg, where)
     return _facts(fam, cfg, _dims(cfg, fam, where), where)
 
 
@@ -806,6 +835,7 @@ def generic_facts(cfg: Mapping[str, Any] | None, names: list[str], where: str) -
     hidden_size), else it is left out, and the warnings say so.
     """
     cfg = cfg if isinstance(cfg, Mapping) else {}
+    _finite(cfg, where)
     mt = cfg.get("model_type")
     arch = mt if isinstance(mt, str) and mt else None
     layers = [int(m.group(1)) for n in names if (m := re.search(r"(?:^|\.)(?:layers|h|blocks?|blk)\.(\d+)\.", n))]
@@ -843,7 +873,13 @@ def param_count(cfg: Mapping[str, Any]) -> int:
 
 
 def layers_in_config(cfg: Mapping[str, Any] | None) -> int:
-    """Decoder layers (MTP layers included) a config declares, for naming; 0 when unknown or malformed."""
+    """Decoder layers (MTP layers included) a config declares, for naming; 0 when unknown or malformed.
+
+    SourceError for NaN or Infinity anywhere in it: every reader of a config.json beside weights calls this,
+    and such a config could not go into a pack's header.
+    """
+    if isinstance(cfg, Mapping):
+        _finite(cfg, "config.json")
     fam = config_family(cfg) if isinstance(cfg, Mapping) else None
     if fam is None:
         v = cfg.get("num_hidden_layers") if isinstance(cfg, Mapping) else None
@@ -883,3 +919,21 @@ def dims(cfg: Mapping[str, Any], where: str = "config.json") -> dict:
         raise SourceError(f"{where}: model_type {escape_name(repr(cfg.get('model_type')), 60)} is not a known "
                           "architecture")
     return _dims(cfg, fam, where)
+
+
+def gguf_generic_config(kv: Mapping[str, Any]) -> dict:
+    """The config.json keys :func:`generic_facts` reads, from the GGUF metadata of an architecture
+    without an entry (``{arch}.block_count`` ... are the same keys for every GGUF architecture)."""
+    garch = kv.get("general.architecture")
+    out: dict[str, Any] = {"model_type": garch if isinstance(garch, str) else None}
+    for hf, key in (("num_hidden_layers", "block_count"), ("hidden_size", "embedding_length"),
+                    ("num_attention_heads", "attention.head_count"), ("num_key_value_heads", "attention.head_count_kv"),
+                    ("head_dim", "attention.key_length"), ("intermediate_size", "feed_forward_length")):
+        v = kv.get(f"{garch}.{key}")
+        if isinstance(v, (list, tuple)):  # per-layer arrays: the largest
+            v = max(v) if v else None
+        if hasattr(v, "item"):
+            v = v.item()
+        if isinstance(v, int) and not isinstance(v, bool):
+            out[hf] = v
+    return out
