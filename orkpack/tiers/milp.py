@@ -21,6 +21,9 @@ that fraction), else the gap is recorded.
 """
 from __future__ import annotations
 
+import os
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -84,6 +87,28 @@ class Stage:
     nodes: int
 
 
+@contextmanager
+def _quiet_stdout():
+    """HiGHS writes some messages straight to file descriptor 1 (ERGO-Code/HiGHS#2783), which would
+    corrupt `orkpack plan --json`: point fd 1 at /dev/null while it runs."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError, AttributeError):  # no real stdout (a test's captured stream): nothing to guard
+        yield
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, 1)
+        finally:
+            os.close(devnull)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _solve(p: Problem, c: np.ndarray, caps: dict[str, float], time_limit: float):
     n = len(p.cols)
     # one equality per group (its members are all placed), then one row per capped metric
@@ -105,10 +130,11 @@ def _solve(p: Problem, c: np.ndarray, caps: dict[str, float], time_limit: float)
     cons = LinearConstraint(A, np.concatenate(lo), np.concatenate(hi))
     ub = np.array([len(p.groups[g]) for g, _ in p.cols], dtype=np.float64)
     scale = max(1e-300, float(np.abs(c).max(initial=0.0)))
-    res = milp(c / scale, integrality=np.ones(n), bounds=(np.zeros(n), ub), constraints=cons,
-               options={"mip_rel_gap": REL_GAP, "time_limit": time_limit,
-                        # presolve costs 10x the whole solve on these models (18k groups: 19 s vs 2.3 s)
-                        "presolve": False})
+    with _quiet_stdout():
+        res = milp(c / scale, integrality=np.ones(n), bounds=(np.zeros(n), ub), constraints=cons,
+                   options={"mip_rel_gap": REL_GAP, "time_limit": time_limit,
+                            # presolve costs 10x the whole solve on these models (18k groups: 19 s vs 2.3 s)
+                            "presolve": False})
     return res, scale
 
 
