@@ -225,3 +225,28 @@ def test_chatglm_checkpoint_with_its_stored_inv_freq_builds(tmp_path):
 def test_config_without_model_type_is_known_by_its_class():
     cfg = {k: v for k, v in TINY["minicpm"].items() if k != "model_type"}
     assert archs.facts_from_config(cfg)["arch"] == "minicpm"
+
+
+def test_unknown_gguf_architecture_plans_generically_from_its_metadata(tmp_path):
+    import gguf
+    import numpy as np
+
+    p = tmp_path / "f.gguf"
+    w = gguf.GGUFWriter(p, "falcon")
+    w.add_block_count(2)
+    w.add_embedding_length(64)
+    w.add_head_count(4)
+    w.add_head_count_kv(1)
+    for name, shape in (("token_embd.weight", (100, 64)), ("blk.0.attn_qkv.weight", (96, 64)),
+                        ("blk.1.attn_qkv.weight", (96, 64)), ("blk.0.attn_norm.weight", (64,)), ("output.weight", (100, 64))):
+        w.add_tensor(name, np.ones(shape, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    m = manifest_from_path(p)
+    assert m.facts["arch"] == "falcon" and m.facts["kv_k"] == 16 and m.kv_bytes(10) == 2 * 10 * 2 * 16 * 2
+    assert any("'falcon' has no entry" in x for x in m.warnings)
+    out = tmp_path / "f.orkpack"
+    assert runner.invoke(app, ["build", str(p), "-o", str(out)]).exit_code == 0
+    assert runner.invoke(app, ["verify", str(out)]).exit_code == 0

@@ -232,10 +232,8 @@ def manifest_from_path(path: str | Path) -> Manifest:
         if known:
             facts, warnings = model_facts(src), []
         else:  # no entry for this architecture (or no config.json): the generic plan, said out loud
-            cfg = src.config if src.kind != "gguf" else None
+            cfg = src.config if src.kind != "gguf" else archs.gguf_generic_config(getattr(src, "metadata", {}))
             facts, warnings = archs.generic_facts(cfg, [t.source_name for t in infos], escape_name(p.name))
-            if src.kind == "gguf":
-                facts["arch"] = getattr(src, "arch", None)
         return Manifest(facts, tensors, src.kind, p.name, warnings=warnings)
     finally:
         src.close()
