@@ -211,6 +211,13 @@ def _qkv_bias_flag(cfg: dict, d: dict) -> dict:
             "mlp_bias": bool(cfg.get("mlp_bias"))}
 
 
+def _deepseek_flags(default_topk_method: str) -> Callable[[dict, dict], dict]:
+    """DeepSeek-V2/V3: a q LoRA when q_lora_rank is set, shared experts, and the routing bias of noaux_tc
+    (``topk_method``: V2's default is greedy, V3's noaux_tc)."""
+    return lambda cfg, d: {"q_lora": bool(d["qlr"]), "shared": d["n_shared"] > 0,
+                           "noaux": cfg.get("topk_method", default_topk_method) == "noaux_tc"}
+
+
 def _always(*names: str) -> Callable[[dict, dict], dict]:
     return lambda cfg, d: {n: True for n in names}
 
@@ -320,12 +327,10 @@ _F = [
     ), _llama_top(), flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("attention_bias"))},
         defaults={"tie_word_embeddings": False}),
     Family("deepseek_v2", "DEEPSEEK2", _NORMS + _MLA + _MLP + _DEEPSEEK_MOE, _llama_top(), attention="mla",
-           moe="deepseek", flags=lambda cfg, d: {"q_lora": bool(d["qlr"]), "shared": d["n_shared"] > 0,
-                                                 "noaux": cfg.get("topk_method") == "noaux_tc"},
+           moe="deepseek", flags=_deepseek_flags("greedy"),
            defaults={"tie_word_embeddings": False}),
     Family("deepseek_v3", "DEEPSEEK2", _NORMS + _MLA + _MLP + _DEEPSEEK_MOE + _NEXTN, _llama_top(), attention="mla",
-           moe="deepseek", flags=lambda cfg, d: {"q_lora": bool(d["qlr"]), "shared": d["n_shared"] > 0,
-                                                 "noaux": cfg.get("topk_method", "noaux_tc") == "noaux_tc"},
+           moe="deepseek", flags=_deepseek_flags("noaux_tc"),
            renames=((r"^model\.layers\.(\d+)\.(embed_tokens|enorm|hnorm|eh_proj)\.", r"blk.\1.nextn.\2."),
                     (r"^model\.layers\.(\d+)\.shared_head\.norm\.", r"blk.\1.nextn.shared_head_norm."),
                     (r"^model\.layers\.(\d+)\.shared_head\.head\.", r"blk.\1.nextn.shared_head_head."),
