@@ -128,9 +128,11 @@ def build(
 ):
     """Quantize a checkpoint into one .orkpack file, placed by the tier map (or by rules with --no-plan).
 
-    The tier map puts the items that save the most prefill time on the NPU as
-    int8 tiles (within its IOVA cap), then gives int8 to the host tensors where
-    RAM allows and NF4 to the rest. --npu/--cpu/--int8/--nf4/--keep pin items.
+    The tier map (see `orkpack plan`) keeps decode within 5% of the best the
+    board allows, then puts the items that save the most prefill time on the NPU
+    as int8 tiles (with a host NF4 copy for decode where it pays), then spends
+    what is left on int8 quality; --goal and the --min-*/--max-ram constraints
+    change that. --npu/--cpu/--int8/--nf4/--keep pin items.
     """
     from orkpack.build import BuildOptions, build as run_build
     from orkpack.render import build_summary
