@@ -14,6 +14,8 @@ target decodes its input in one of three modes (first byte, mod 3):
   a pack with a correct preamble, so mutations reach ``validate_header``.
 
 Used by fuzz/fuzz.py (atheris) and tests/test_fuzz_properties.py (hypothesis).
+The structure-aware fuzzer of both readers (fuzz/fuzz_structure.py) and its test forge packs
+around mutated headers with ``split_pack``, ``forge_pack`` and ``refresh_part_checksums``.
 """
 from __future__ import annotations
 
@@ -66,6 +68,63 @@ def fix_checksums(raw: bytes) -> bytes:
     b[120:128] = bytes(8)
     struct.pack_into("<Q", b, 120, xxhash.xxh3_64_intdigest(bytes(b[:spec.PREAMBLE_BLOCK])))
     return bytes(b)
+
+
+def split_pack(raw: bytes) -> tuple[bytes, bytes, int]:
+    """(header bytes, data section bytes, version minor) of a well-formed pack file."""
+    f = struct.unpack_from(spec.PREAMBLE_FMT, raw)
+    data_off, data_size, hoff, hsize = f[5], f[6], f[7], f[8]
+    return raw[hoff:hoff + hsize], raw[data_off:data_off + data_size], f[2]
+
+
+def forge_pack(header: bytes, data: bytes = b"", minor: int | None = None) -> bytes:
+    """A pack file around a header and a data section (a multiple of 4096 bytes), every checksum
+    (preamble, header, data) correct; ``minor`` sets the version minor (the preamble's checksum is
+    recomputed), so that whatever the header says reaches the header validation and the checks after it.
+    The forging helper of fuzz/fuzz_structure.py and tests/test_fuzz_structure.py."""
+    raw = wrap_pack(header, len(data) // spec.ALIGN, data)
+    if minor is None:
+        return raw
+    b = bytearray(raw)
+    struct.pack_into("<H", b, 10, minor)
+    b[120:128] = bytes(8)
+    struct.pack_into("<Q", b, 120, xxhash.xxh3_64_intdigest(bytes(b[:spec.PREAMBLE_BLOCK])))
+    return bytes(b)
+
+
+def part_records(header) -> list[dict]:
+    """Every part record of a (possibly mangled) parsed header: the slices' parts and the host copies'."""
+    out = []
+    tensors = header.get("tensors") if isinstance(header, dict) else None
+    for t in tensors if isinstance(tensors, list) else []:
+        slices = t.get("slices") if isinstance(t, dict) else None
+        for s in slices if isinstance(slices, list) else []:
+            if not isinstance(s, dict):
+                continue
+            hc = s.get("host_copy")
+            for parts in (s.get("parts"), hc.get("parts") if isinstance(hc, dict) else None):
+                if isinstance(parts, dict):
+                    out.extend(pr for pr in parts.values() if isinstance(pr, dict))
+    return out
+
+
+def refresh_part_checksums(header, data: bytes, data_offset: int = spec.PREAMBLE_BLOCK) -> int:
+    """Recompute the ``xxh3`` of every part record whose offset and size are ints (not bools) pointing
+    inside ``data`` (the data section, at file offset ``data_offset``), so that a part moved onto
+    other bytes, or bytes changed under it, passes its checksum and reaches the checks after it.
+    Returns how many records changed."""
+    n = 0
+    for pr in part_records(header):
+        off, size = pr.get("offset"), pr.get("size")
+        if type(off) is not int or type(size) is not int or size < 0 or off < data_offset:
+            continue
+        if off - data_offset + size > len(data):
+            continue
+        h = xxhash.xxh3_64_hexdigest(data[off - data_offset:off - data_offset + size])
+        if pr.get("xxh3") != h:
+            pr["xxh3"] = h
+            n += 1
+    return n
 
 
 def pack_input(data: bytes) -> bytes:

@@ -887,7 +887,9 @@ int orkpack_load_npu(const orkpack_t *pk, const orkpack_slice_t *s, void *q, siz
         return ORKPACK_OK;
     }
     if (s->encoding == ORKPACK_ENC_NF4 && s->has_inflate && s->inflate_k_segment >= 32) {
-        int64_t ks = s->inflate_k_segment;
+        /* a k_segment >= k is one segment: hand the runtime the same tiling with a width its int64
+         * arithmetic (k + ks - 1) cannot overflow, as verify.py does (reader.runtime_k_segment) */
+        int64_t ks = s->inflate_k_segment < k ? s->inflate_k_segment : (k + 63) / 64 * 64;
         size_t need = ork_rt_tiled_size(n, k, ks);
         if (!need || q_size < need) return seterr(err, ORKPACK_E_ARGS, "orkpack_load_npu: q buffer too small");
         const orkpack_part_t *cp = &s->parts[0], *ap = &s->parts[1];

@@ -107,6 +107,28 @@ def check_layout(shape: list[int], encoding: str, layout: dict) -> str | None:
     return None
 
 
+# The widest k_segment a reader takes in an nf4 slice's inflate record: the load paths (kernels/runtime.c,
+# liborkpack) take it as an int64. A wider one is a damaged record, as liborkpack says (exit 1).
+MAX_INFLATE_K_SEGMENT = (1 << 63) - 1
+
+
+def inflate_k_segment(rec) -> int | None:
+    """The k_segment of an NPU nf4 slice's inflate record (docs/FORMAT.md 5) when it is one the load paths
+    take (an int, a multiple of 32, 32 <= k_segment < 2**63), else None."""
+    lay = rec.get("layout") if isinstance(rec, dict) else None
+    ks = lay.get("k_segment") if isinstance(lay, dict) else None
+    if not _is_int(ks) or ks < spec.NPU_TILE_K or ks % spec.NPU_TILE_K or ks > MAX_INFLATE_K_SEGMENT:
+        return None
+    return ks
+
+
+def runtime_k_segment(k: int, ks: int) -> int:
+    """The k_segment to hand the C load paths for a slice of K = k columns: ``ks`` itself, or, when it is
+    at least k (one segment either way), the same single-segment tiling with a width that cannot overflow
+    the runtime's int64 arithmetic (k + ks - 1)."""
+    return ks if ks < k else max(spec.NPU_TILE_K, -(-int(k) // 64) * 64)
+
+
 class Pack:
     """An open pack: ``Pack.open(path)``; use as a context manager."""
 
@@ -365,9 +387,13 @@ def validate_header(h, p: Preamble) -> str | None:
                 return f"{name}: shape {sshape} cannot fit in the data section"
             if s.get("sqnr_db") is not None and not _is_num(s["sqnr_db"]):
                 return f"{name}: sqnr_db is not a number"
-            why = check_layout(sshape, enc, s.get("layout"))
+            why = check_layout(sshape, enc, s.get("layout"))  # (it wants the slice's own shape values ints)
             if why:
                 return f"{name}: {why}"
+            # the shape and expert index equal the tensor's by Python's == (64.0, 6.4e1 and true pass): from
+            # here on, hold the tensor's ints, as liborkpack does, so that nothing is sized from a float
+            sshape = s["shape"] = list(want_shape)
+            s["expert"] = want_expert
             if enc == spec.ENC_INT8 and len(sshape) > 2:
                 return f"{name}: int8 slices are 1-D or 2-D"
             if s["layout"]["kind"] == spec.LAYOUT_NPU_INT8 and (enc != spec.ENC_INT8 or s["tier"] != spec.TIER_NPU):

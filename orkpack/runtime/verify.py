@@ -37,7 +37,8 @@ import xxhash
 from orkpack.errors import PackError, escape_name
 from orkpack.layout import npu_layout, untile_int8, tile_int8
 from orkpack.pack import spec
-from orkpack.pack.reader import Pack, PackDamaged, check_layout, expected_part_sizes
+from orkpack.pack.reader import (Pack, PackDamaged, check_layout, expected_part_sizes, inflate_k_segment,
+                                 runtime_k_segment)
 from orkpack.runtime import inflate as inf
 from orkpack.runtime.arena import Arena, ArenaFull, cap_from_header
 from orkpack.runtime.backends import HostBackend
@@ -273,6 +274,13 @@ def _is_hex16(v) -> bool:
     return isinstance(v, str) and len(v) == 16 and all(c in "0123456789abcdef" for c in v)
 
 
+def _npu_layout_of(s: dict) -> dict:
+    """An int8 NPU slice's layout record rebuilt from its shape and k_segment: equal (==) to the record,
+    which check_layout has compared, but with ints where the record may hold 32.0 or true."""
+    n, k = s["shape"]
+    return npu_layout(n, k, s["layout"]["k_segment"])
+
+
 def _layout_problem(pack: Pack, s: dict) -> str | None:
     """Re-assert what the load paths rely on (Pack.open checks the same; a verifier trusts no one)."""
     p = pack.preamble
@@ -304,13 +312,14 @@ def _layout_problem(pack: Pack, s: dict) -> str | None:
     if not isinstance(rec, dict):
         return "NPU nf4 slice has no inflate record"
     lay = rec.get("layout")
-    ks = lay.get("k_segment") if isinstance(lay, dict) else None
-    if not isinstance(ks, int) or ks < 32 or ks % 32:
+    ks = inflate_k_segment(rec)  # an int64 multiple of 32 (liborkpack refuses a wider one too)
+    if ks is None:
         return "inflate layout has no valid k_segment"
     if lay != npu_layout(n, k, ks):
         return "inflate layout does not match the slice shape"
-    if rec.get("q_size") != inf.tiled_size(n, k, ks):
-        return f"inflate q_size {rec.get('q_size')!r} is not the tiled size {inf.tiled_size(n, k, ks)}"
+    size = inf.tiled_size(n, k, runtime_k_segment(k, ks))
+    if rec.get("q_size") != size:
+        return f"inflate q_size {rec.get('q_size')!r} is not the tiled size {size}"
     if not (_is_hex16(rec.get("q_xxh3")) and _is_hex16(rec.get("scale_xxh3"))):
         return "inflate record lacks its image checksums"
     return None
@@ -358,7 +367,7 @@ def _load(pack: Pack, s: dict, backend, method: str, pool, stats: dict):
             stats["bytes_filled"] += size
             scale = np.frombuffer(pack.part(s["parts"]["scale"]).tobytes(), dtype=np.float32)
         else:
-            ks = s["inflate"]["layout"]["k_segment"]
+            ks = runtime_k_segment(k, s["inflate"]["layout"]["k_segment"])
             scale = np.empty(n, dtype=np.float32)
             codes, ab = pack.part(s["parts"]["codes"]), pack.part(s["parts"]["absmax"])
             t0 = time.perf_counter()
@@ -403,7 +412,7 @@ def _reference_one(pack: Pack, s: dict, backend, method: str, pool) -> str | Non
     enc, shape = s["encoding"], s["shape"]
     if enc == spec.ENC_NF4 and s["tier"] == spec.TIER_NPU:
         n, k = shape
-        ks = s["inflate"]["layout"]["k_segment"]
+        ks = runtime_k_segment(k, s["inflate"]["layout"]["k_segment"])
         codes, ab = pack.part(s["parts"]["codes"]), pack.part(s["parts"]["absmax"])
         rq, rs, _ = inf.inflate_reference(codes, ab.view(np.float32), (n, k), ks)
         buf, q, scale = _load(pack, s, backend, method, pool, {"inflate_seconds": 0.0, "bytes_inflated": 0})
@@ -435,7 +444,7 @@ def _reference_one(pack: Pack, s: dict, backend, method: str, pool) -> str | Non
         return "int8 scales are negative or not finite"
     if s["layout"].get("kind") == spec.LAYOUT_NPU_INT8:
         n, k = shape
-        lay = s["layout"]
+        lay = _npu_layout_of(s)
         if not np.array_equal(tile_int8(untile_int8(q, n, k, lay), lay["k_segment"]), q):
             return "int8 tiles are not a valid npu_int8 image (non-zero padding)"
     return None
@@ -497,7 +506,7 @@ def _reference_host_copy(pack: Pack, s: dict) -> str | None:
                 return f"part {pn} differs from the NPU copy's (both are the nf4 encoding of one source slice)"
         return None
     # int8 tiles
-    q2 = untile_int8(pack.part(s["parts"]["q"]).view(np.int8), n, k, s["layout"])
+    q2 = untile_int8(pack.part(s["parts"]["q"]).view(np.int8), n, k, _npu_layout_of(s))
     scale = pack.part(s["parts"]["scale"]).view(np.float32)
     if not np.all(np.isfinite(scale)) or np.any(scale < 0):
         return "int8 scales of the NPU copy are negative or not finite"
