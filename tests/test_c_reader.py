@@ -38,34 +38,6 @@ import test_reliability_hostile  # noqa: E402
 from test_pack import write_raw, write_small  # noqa: E402
 from test_verify import build as build_verify  # noqa: E402
 
-INSTALL = "apt-get install -y libcjson-dev libxxhash-dev"
-
-
-def _missing() -> str | None:
-    if not shutil.which("make"):
-        return "make not found"
-    if not (shutil.which("cc") or shutil.which("gcc")):
-        return "no C compiler (cc)"
-    for h in ("/usr/include/cjson/cJSON.h", "/usr/include/xxhash.h"):
-        if not Path(h).exists():
-            return f"{h} missing ({INSTALL})"
-    return None
-
-
-@pytest.fixture(scope="module")
-def check(tmp_path_factory) -> Path:
-    why = _missing()
-    if why:
-        pytest.skip(f"C reader not built: {why}")
-    out = tmp_path_factory.mktemp("creader")
-    res = subprocess.run(["make", "-s", "-C", str(ROOT / "kernels" / "reader"), f"O={out}"], capture_output=True, text=True)
-    if res.returncode != 0 and ("cJSON.h" in res.stderr or "xxhash.h" in res.stderr or "-lcjson" in res.stderr
-                                or "-lxxhash" in res.stderr):
-        pytest.skip(f"C reader not built: libraries missing ({INSTALL}): {res.stderr.strip()[-300:]}")
-    assert res.returncode == 0, res.stderr
-    return out / "orkpack-check"
-
-
 def c_codes(check: Path, paths: list[Path]) -> list[int]:
     """orkpack-check on many packs in one run: one line per pack, its first word the result."""
     res = subprocess.run([str(check), "--", *map(str, paths)], capture_output=True, text=True, timeout=300)

@@ -14,8 +14,6 @@ libxxhash-dev); the Python side runs regardless.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,33 +24,8 @@ sys.path.insert(0, str(ROOT / "fuzz"))
 import fuzz_structure as fs  # noqa: E402
 import harness  # noqa: E402
 
-INSTALL = "apt-get install -y libcjson-dev libxxhash-dev"
 REGRESSIONS = sorted(fs.REGRESSIONS.glob("*.orkpack"))
 CORPUS = sorted(fs.CORPUS.glob("*.orkpack"))
-
-
-def _missing() -> str | None:
-    if not shutil.which("make"):
-        return "make not found"
-    if not (shutil.which("cc") or shutil.which("gcc")):
-        return "no C compiler (cc)"
-    for h in ("/usr/include/cjson/cJSON.h", "/usr/include/xxhash.h"):
-        if not Path(h).exists():
-            return f"{h} missing ({INSTALL})"
-    return None
-
-
-@pytest.fixture(scope="module")
-def check(tmp_path_factory) -> Path:
-    why = _missing()
-    if why:
-        pytest.skip(f"C reader not built: {why}")
-    out = tmp_path_factory.mktemp("creader")
-    res = subprocess.run(["make", "-s", "-C", str(ROOT / "kernels" / "reader"), f"O={out}"], capture_output=True, text=True)
-    if res.returncode != 0 and any(s in res.stderr for s in ("cJSON.h", "xxhash.h", "-lcjson", "-lxxhash")):
-        pytest.skip(f"C reader not built: libraries missing ({INSTALL}): {res.stderr.strip()[-300:]}")
-    assert res.returncode == 0, res.stderr
-    return out / "orkpack-check"
 
 
 def _expect(p: Path) -> int:

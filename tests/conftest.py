@@ -1,0 +1,37 @@
+"""Fixtures shared by test files: the C reader (kernels/reader) built once per session."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+INSTALL = "apt-get install -y libcjson-dev libxxhash-dev"
+
+
+def _missing() -> str | None:
+    if not shutil.which("make"):
+        return "make not found"
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        return "no C compiler (cc)"
+    for h in ("/usr/include/cjson/cJSON.h", "/usr/include/xxhash.h"):
+        if not Path(h).exists():
+            return f"{h} missing ({INSTALL})"
+    return None
+
+
+@pytest.fixture(scope="session")
+def check(tmp_path_factory) -> Path:
+    """orkpack-check, built from kernels/reader in a temp folder (skips, saying why, without cc or the libraries)."""
+    why = _missing()
+    if why:
+        pytest.skip(f"C reader not built: {why}")
+    out = tmp_path_factory.mktemp("creader")
+    res = subprocess.run(["make", "-s", "-C", str(ROOT / "kernels" / "reader"), f"O={out}"], capture_output=True, text=True)
+    if res.returncode != 0 and ("cJSON.h" in res.stderr or "xxhash.h" in res.stderr or "-lcjson" in res.stderr
+                                or "-lxxhash" in res.stderr):
+        pytest.skip(f"C reader not built: libraries missing ({INSTALL}): {res.stderr.strip()[-300:]}")
+    assert res.returncode == 0, res.stderr
+    return out / "orkpack-check"
