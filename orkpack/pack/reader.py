@@ -413,17 +413,9 @@ def validate_header(h, p: Preamble) -> str | None:
             sizes = expected_part_sizes(sshape, enc, s["layout"], s.get("dtype"))
             if not isinstance(parts, dict) or list(parts) != list(spec.PARTS[enc]):
                 return f"{name}: parts are not {list(spec.PARTS[enc])}"
-            for pn, pr in parts.items():
-                if not isinstance(pr, dict) or not _is_int(pr.get("offset")) or not _is_int(pr.get("size")):
-                    return f"{name}: malformed part {pn}"
-                if not _is_hex16(pr.get("xxh3")):
-                    return f"{name}: part {pn} has no checksum"
-                off, size = pr["offset"], pr["size"]
-                if size != sizes[pn]:
-                    return f"{name}: part {pn} is {size} bytes, its shape and encoding say {sizes[pn]}"
-                if off % spec.ALIGN or off < lo or off + size > hi:
-                    return f"{name}: part {pn} at {off}+{size} is outside the data section or unaligned"
-                spans.append((off, off + size, name))
+            why = _check_parts(parts, sizes, name, "", name, lo, hi, spans)
+            if why:
+                return why
             if "host_copy" in s:
                 why = _check_host_copy(s, name, lo, hi, spans)
                 if why:
@@ -456,17 +448,25 @@ def _check_host_copy(s: dict, name: str, lo: int, hi: int, spans: list) -> str |
     if not isinstance(parts, dict) or list(parts) != list(spec.PARTS[enc]):
         return f"{name}: host copy parts are not {list(spec.PARTS[enc])}"
     sizes = expected_part_sizes(s["shape"], enc, hc["layout"])
+    return _check_parts(parts, sizes, name, "host copy ", f"{name} (host copy)", lo, hi, spans)
+
+
+def _check_parts(parts: dict, sizes: dict, name: str, what: str, span_name: str, lo: int, hi: int,
+                 spans: list) -> str | None:
+    """Why a parts record (``what``: "" for a slice's own, "host copy " for its copy) is inconsistent, or
+    None; each part must be well-typed, checksummed, the size its shape and encoding give, aligned and
+    inside the data section [lo, hi). Its spans join ``spans`` for the overlap check."""
     for pn, pr in parts.items():
         if not isinstance(pr, dict) or not _is_int(pr.get("offset")) or not _is_int(pr.get("size")):
-            return f"{name}: malformed host copy part {pn}"
+            return f"{name}: malformed {what}part {pn}"
         if not _is_hex16(pr.get("xxh3")):
-            return f"{name}: host copy part {pn} has no checksum"
+            return f"{name}: {what}part {pn} has no checksum"
         off, size = pr["offset"], pr["size"]
         if size != sizes[pn]:
-            return f"{name}: host copy part {pn} is {size} bytes, its shape and encoding say {sizes[pn]}"
+            return f"{name}: {what}part {pn} is {size} bytes, its shape and encoding say {sizes[pn]}"
         if off % spec.ALIGN or off < lo or off + size > hi:
-            return f"{name}: host copy part {pn} at {off}+{size} is outside the data section or unaligned"
-        spans.append((off, off + size, f"{name} (host copy)"))
+            return f"{name}: {what}part {pn} at {off}+{size} is outside the data section or unaligned"
+        spans.append((off, off + size, span_name))
     return None
 
 
