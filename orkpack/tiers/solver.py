@@ -8,7 +8,7 @@ Constraints (docs/TIERMAP.md "The solver and the objectives"):
   pins   --npu, --cpu, --int8, --nf4, --keep narrow an item's choices; fnmatch globs against the
          tensor name, the item name ``name[e]`` and the expert-slice name ``blk.N.ffn_gate.E.weight``.
          An exact name always matches itself (so ``name[3]`` needs no escaping).
-         The MoE router (``*.ffn_gate_inp.weight``) stays float unless a pin says otherwise.
+         What always stays float (MoE routers, biases, rank < 2: orkpack/keepfloat.py) is no item.
 
 Costs per item and choice come from the board's cost model (cost.py) and the hotness
 profile: decode seconds per token (the bytes the CPU reads), prefill seconds per chunk,
@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import OrkError, escape_name
 from .. import globs
+from ..keepfloat import FLOAT_GLOBS, pin_warnings
 from ..sources import names as _names
 from . import cost, milp
 from .board import Board
@@ -36,7 +37,7 @@ from .profile import Profile
 from .tiermap import Decision, TierMap
 
 PIN_KINDS = ("npu", "cpu", "int8", "nf4", "keep")
-DEFAULT_KEEP = ("*.ffn_gate_inp.weight",)  # MoE routers stay float (llama.cpp does the same)
+DEFAULT_KEEP = FLOAT_GLOBS  # what always stays float besides rank < 2 (orkpack/keepfloat.py): never items
 _FLOAT_ENC = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 GiB = 1 << 30
 
@@ -69,6 +70,7 @@ def match_pins(manifest: Manifest, pins: dict[str, list[str]] | None) -> tuple[d
                     hit = True
             if not hit and not any(fnmatch.fnmatchcase(n, glob) for n in float_names):
                 warnings.append(globs.no_match_warning(kind, glob, sorted({ns[0] for ns in names} | float_names)))
+    warnings += pin_warnings(pins, [(t.name, t.shape) for t in manifest.tensors if t.dtype not in NON_FLOAT_DTYPES])
     for i, ks in out.items():
         it = manifest.items[i]
         for a, b in (("npu", "cpu"), ("npu", "keep"), ("int8", "nf4"), ("int8", "keep"), ("nf4", "keep")):
@@ -96,12 +98,11 @@ def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]]) -> list[_
     has_npu = "npu" in board.engines and board.iova_usable_bytes > 0
     for i, it in enumerate(manifest.items):
         ks = pins.get(i, set())
-        default_keep = it.role == "router" and not (ks & {"npu", "int8", "nf4"})
-        keep = "keep" in ks or default_keep
+        keep = "keep" in ks
         forced_tier = "npu" if "npu" in ks else ("host" if ("cpu" in ks or keep) else None)
         forced_enc = "float" if keep else ("int8" if "int8" in ks else ("nf4" if "nf4" in ks else None))
         eligible = has_npu and it.role != "embedding" and forced_tier != "host"
-        pin = ",".join(f"--{k}" for k in PIN_KINDS if k in ks) or ("default-keep" if default_keep else None)
+        pin = ",".join(f"--{k}" for k in PIN_KINDS if k in ks) or None
         if forced_tier == "npu" and not has_npu:
             raise OrkError(f"{escape_name(it.name)}: pinned --npu but board {board.name} has no NPU")
         rows.append(_Row(cost.npu_bytes(it.n, it.k, board), cost.host_int8_bytes(it.n, it.k),
