@@ -79,6 +79,9 @@ class BuildOptions:
     min_prefill_tok_s: float | None = None
     max_ram: int | None = None
     prompt: int = 512
+    # the options the user gave explicitly (the CLI fills it), so that --tiermap can refuse the planning
+    # options it would ignore even when they equal their defaults (:func:`refuse_ignored_plan_options`)
+    given: frozenset = frozenset()
 
     def resolved_threads(self) -> int:
         return self.threads if self.threads > 0 else (os.cpu_count() or 1)
@@ -135,7 +138,7 @@ class RulePlacement:
     """Precision and placement from rules alone (``--no-plan``).
 
     Precedence: --keep (stay float), --npu (int8 tiles on the NPU), --int8,
-    --nf4, then the defaults: what always stays float (orkpack/keepfloat.py: rank < 2, biases of any
+    --nf4, then the defaults: what always stays float (orkpack/keepfloat.py: ranks other than 2 and 3, biases of any
     rank, MoE routers; before every pin) stays float; the output head is int8
     (it is the most quantization-sensitive matrix, which is why llama.cpp's
     quantizer keeps it at higher precision); the token embedding is NF4 (row
@@ -285,6 +288,27 @@ def load_tiermap(path: Path, infos: list[TensorInfo]) -> tuple["TierMap", list[s
         warnings.append(f"tier map {label} lists {len(extra)} item{'s' if len(extra) != 1 else ''} the source "
                         f"does not have ({shown}); ignored")
     return tm, warnings
+
+
+# the options that shape a plan, which a given tier map makes meaningless: field -> flag
+PLAN_OPTIONS = {"board": "--board", "profile": "--profile", "ctx": "--ctx", "kv_type": "--kv-type",
+                "prefill_m": "--prefill-m", "ignore_unknown": "--ignore-unknown", "goal": "--goal",
+                "min_decode_tok_s": "--min-decode-tok-s", "min_prefill_tok_s": "--min-prefill-tok-s",
+                "max_ram": "--max-ram", "prompt": "--prompt"}
+
+
+def refuse_ignored_plan_options(opts: BuildOptions) -> None:
+    """With --tiermap, the map is followed as it is: refuse (one line) the planning options it would
+    silently ignore, those given explicitly (``opts.given``) and those that differ from their defaults."""
+    if opts.tiermap is None:
+        return
+    default = BuildOptions()
+    flags = [flag for f, flag in PLAN_OPTIONS.items() if f in opts.given or getattr(opts, f) != getattr(default, f)]
+    if flags:
+        raise OrkError(f"--tiermap with {', '.join(flags)}: a given tier map is followed as it is, so "
+                       f"{'this option' if len(flags) == 1 else 'these options'} would be ignored; drop "
+                       f"{'it' if len(flags) == 1 else 'them'}, or plan with {'it' if len(flags) == 1 else 'them'} "
+                       "(orkpack plan SOURCE ... -o FILE)")
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -502,6 +526,7 @@ def build(
     if opts.tiermap is not None and any(opts.pins().values()):
         raise OrkError("--tiermap with --npu/--cpu/--int8/--nf4/--keep: pins shape a plan, and a given tier map is "
                        "followed as it is; re-plan with the pins (orkpack plan ... -o FILE) or edit the map")
+    refuse_ignored_plan_options(opts)
     if not out_path.parent.is_dir():
         raise OrkError(f"{escape_name(str(out_path.parent))}: output folder does not exist; create it first")
     threads = opts.resolved_threads()

@@ -65,6 +65,12 @@ def _fail_cleanly(fn):
     return wrapper
 
 
+def _given(context: typer.Context) -> frozenset:
+    """The parameters given on the command line (not left at their defaults)."""
+    names = (p.name for p in context.command.params)
+    return frozenset(n for n in names if getattr(context.get_parameter_source(n), "name", None) == "COMMANDLINE")
+
+
 def _warn_line(message, category, filename, lineno, file=None, line=None):
     print(f"warning: {message}", file=sys.stderr)
 
@@ -100,6 +106,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=version_call
 @app.command()
 @_fail_cleanly
 def build(
+    context: typer.Context,
     source: Path = typer.Argument(..., help="An HF folder (config.json + safetensors), a .safetensors file, or a .gguf file."),
     output: Path = typer.Option(..., "-o", "--output", help="The .orkpack file to write (atomically)."),
     int8: List[str] = typer.Option([], "--int8", metavar="GLOB", help="Store matching tensors as int8 (per-channel)."),
@@ -143,7 +150,7 @@ def build(
         threads=threads, int8=int8, nf4=nf4, keep=keep, npu=npu, cpu=cpu, npu_storage=npu_storage, allow_nonfinite=allow_nonfinite,
         timestamp=timestamp, plan=not no_plan, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, ignore_unknown=ignore_unknown,
         tiermap=tiermap, goal=goal, min_decode_tok_s=min_decode_tok_s, min_prefill_tok_s=min_prefill_tok_s,
-        max_ram=parse_bytes(max_ram, "--max-ram"), prompt=prompt,
+        max_ram=parse_bytes(max_ram, "--max-ram"), prompt=prompt, given=_given(context),
     )
     with _progress(not json_out) as prog:
         task = prog.add_task("build", total=None, tensor="")

@@ -16,7 +16,8 @@ from .errors import escape_name
 
 # (what it is, canonical-name globs; None: by rank). A tensor stays float when any row matches.
 ALWAYS_FLOAT: tuple[tuple[str, tuple[str, ...] | None], ...] = (
-    # norms, 1-D biases, gpt-oss's attention sinks (blk.N.attn_sinks), scalars: not matmul weights
+    # norms, 1-D biases, gpt-oss's attention sinks (blk.N.attn_sinks), scalars, 4-D convolution kernels
+    # (SigLIP's patch embedding): not a matrix (2-D) or a stack of expert matrices (3-D)
     ("not a matrix", None),
     # added, not multiplied, whatever the rank: gpt-oss's stacked expert biases [E, N]
     # (blk.N.ffn_gate_up_exps.bias, blk.N.ffn_down_exps.bias), DeepSeek-V3's exp_probs_b.bias
@@ -26,7 +27,7 @@ ALWAYS_FLOAT: tuple[tuple[str, tuple[str, ...] | None], ...] = (
     ("an MoE router", ("*.ffn_gate_inp.*", "*.ffn_gate_inp_*")),
 )
 
-# the globs recorded in a tier map's options ("default_keep"); tensors of rank < 2 besides
+# the globs recorded in a tier map's options ("default_keep"); tensors of rank other than 2 and 3 besides
 FLOAT_GLOBS: tuple[str, ...] = tuple(g for _, gl in ALWAYS_FLOAT if gl for g in gl)
 
 
@@ -34,7 +35,7 @@ def why_float(name: str, shape) -> str | None:
     """Why the float tensor ``name`` of ``shape`` always stays float (a row of ALWAYS_FLOAT), or None."""
     for what, gl in ALWAYS_FLOAT:
         if gl is None:
-            if len(shape) < 2:
+            if len(shape) not in (2, 3):
                 return what
         elif any(globs.matches(name, g) for g in gl):
             return what

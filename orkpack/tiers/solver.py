@@ -8,7 +8,7 @@ Constraints (docs/TIERMAP.md "The solver and the objectives"):
   pins   --npu, --cpu, --int8, --nf4, --keep narrow an item's choices; fnmatch globs against the
          tensor name, the item name ``name[e]`` and the expert-slice name ``blk.N.ffn_gate.E.weight``.
          An exact name always matches itself (so ``name[3]`` needs no escaping).
-         What always stays float (MoE routers, biases, rank < 2: orkpack/keepfloat.py) is no item.
+         What always stays float (MoE routers, biases, ranks other than 2 and 3: orkpack/keepfloat.py) is no item.
 
 Costs per item and choice come from the board's cost model (cost.py) and the hotness
 profile: decode seconds per token (the bytes the CPU reads), prefill seconds per chunk,
@@ -37,7 +37,7 @@ from .profile import Profile
 from .tiermap import Decision, TierMap
 
 PIN_KINDS = ("npu", "cpu", "int8", "nf4", "keep")
-DEFAULT_KEEP = FLOAT_GLOBS  # what always stays float besides rank < 2 (orkpack/keepfloat.py): never items
+DEFAULT_KEEP = FLOAT_GLOBS  # what always stays float besides ranks other than 2, 3 (orkpack/keepfloat.py): never items
 _FLOAT_ENC = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 GiB = 1 << 30
 
