@@ -26,6 +26,7 @@ ALWAYS_FLOAT: tuple[tuple[str, tuple[str, ...] | None], ...] = (
     # experts; llama.cpp never quantizes ffn_gate_inp either
     ("an MoE router", ("*.ffn_gate_inp.*", "*.ffn_gate_inp_*")),
 )
+ROUTER = ALWAYS_FLOAT[2][0]  # the planner still prices a router's matmul at prefill (tiers/solver.py)
 
 # the globs recorded in a tier map's options ("default_keep"); tensors of rank other than 2 and 3 besides
 FLOAT_GLOBS: tuple[str, ...] = tuple(g for _, gl in ALWAYS_FLOAT if gl for g in gl)

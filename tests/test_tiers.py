@@ -98,7 +98,8 @@ def test_kv_cache_bytes_and_shipped_configs():
     cfg = json.loads((TM / "configs" / "qwen3-30b-a3b" / "config.json").read_text())
     m = manifest_from_config(cfg)
     assert m.facts["n_experts"] == 128 and m.facts["n_experts_used"] == 8
-    assert len(m.items) == 48 * (4 + 1 + 3 * 128) + 2  # attn q,k,v,o + router + experts; embd + output
+    assert len(m.items) == 48 * (4 + 3 * 128) + 2  # attn q,k,v,o + experts; embd + output (routers stay float)
+    assert sum(t.name.endswith(".ffn_gate_inp.weight") for t in m.floats) == 48
     assert m.kv_bytes(8192) == 2 * 48 * 8192 * 4 * 128 * 2
     assert m.kv_bytes(8192, "q8_0") == 2 * 48 * 8192 * (4 * 128 // 32) * 34
     with pytest.raises(OrkError, match="kv-type"):

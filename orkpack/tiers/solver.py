@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import OrkError, escape_name
 from .. import globs
-from ..keepfloat import FLOAT_GLOBS, pin_warnings
+from ..keepfloat import FLOAT_GLOBS, ROUTER, pin_warnings, why_float
 from ..sources import names as _names
 from . import cost, milp
 from .board import Board
@@ -250,6 +250,13 @@ def _item_cost(it: Item, r: _Row, c: str, mi: float, t4: float, benefit: float, 
     return (float(ram), float(npu), dec, pre, sens if c in ("int8", "npu") else 0.0)
 
 
+def _float_matmuls_s(manifest: Manifest, rows: float, board: Board) -> float:
+    """Prefill seconds of the matmuls that always stay float and so are no items (MoE routers,
+    orkpack/keepfloat.py), at ``rows`` rows on the CPU at the float rate, as a float-kept item."""
+    return sum(cost.t_cpu(t.shape[0], t.shape[1], rows, board, "f16") for t in manifest.floats
+               if len(t.shape) == 2 and t.dtype not in NON_FLOAT_DTYPES and why_float(t.name, t.shape) == ROUTER)
+
+
 def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row], prompt: int, kv_type: str,
            allowed: list[tuple[str, ...]] | None = None) -> _Model:
     """The linear costs of every item's allowed choices (``allowed`` overrides the pins' choices)."""
@@ -275,7 +282,7 @@ def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row],
             lst.append(v)
     dec_bytes = sum(t.float_bytes for t in manifest.floats) + manifest.kv_bytes(max(prompt, 1), kv_type)
     out.dec_const = board.decode_token_s + dec_bytes / board.decode_bandwidth
-    out.pre_const = board.decode_token_s + _attention_s(manifest, m, m / 2.0, board) + head
+    out.pre_const = board.decode_token_s + _attention_s(manifest, m, m / 2.0, board) + head + _float_matmuls_s(manifest, m, board)
     return out
 
 
@@ -312,7 +319,7 @@ def ttft_s(manifest: Manifest, board: Board, profile: Profile, choices: list[str
     while done < prompt:
         rows = min(m, prompt - done)
         f = rows / m
-        t = board.decode_token_s + _attention_s(manifest, rows, done + rows / 2.0, board)
+        t = board.decode_token_s + _attention_s(manifest, rows, done + rows / 2.0, board) + _float_matmuls_s(manifest, rows, board)
         if not any(it.role == "output" for it in manifest.items):  # a tied head: the last row's logits
             t += sum(cost.t_cpu(it.n, it.k, 1, board, "nf4") for it in manifest.items if it.role == "embedding")
         memo: dict[tuple, float] = {}
