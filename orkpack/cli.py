@@ -127,7 +127,7 @@ def build(
     min_prefill_tok_s: Optional[float] = typer.Option(None, "--min-prefill-tok-s", metavar="X", help="Only plans that prefill at least X tokens/s."),
     max_ram: Optional[str] = typer.Option(None, "--max-ram", metavar="BYTES", help="Use at most this much RAM (e.g. 24GiB)."),
     prompt: int = typer.Option(512, "--prompt", metavar="N", help="Prompt length the TTFT and decode predictions are for."),
-    tiermap: Optional[Path] = typer.Option(None, "--tiermap", metavar="FILE", help="Follow this tier-map JSON (orkpack plan -o FILE, or edited) instead of planning; it must cover every tensor of SOURCE."),
+    tiermap: Optional[Path] = typer.Option(None, "--tiermap", metavar="FILE", help="Follow this tier-map JSON (orkpack plan -o FILE, or edited) instead of planning; it must cover every tensor of SOURCE. The planning options (--board, --ctx, --profile, --goal, ...) are refused with it: give them to orkpack plan."),
     threads: int = typer.Option(0, "--threads", "-t", help="Encoder threads (0: all cores). The output does not depend on it."),
     allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite", help="Encode NaN/Inf weights as 0 instead of stopping."),
     timestamp: bool = typer.Option(False, "--timestamp", help="Record the build time (UTC, or SOURCE_DATE_EPOCH) as provenance.created; off by default so builds are byte-reproducible."),
