@@ -298,17 +298,21 @@ PLAN_OPTIONS = {"board": "--board", "profile": "--profile", "ctx": "--ctx", "kv_
 
 
 def refuse_ignored_plan_options(opts: BuildOptions) -> None:
-    """With --tiermap, the map is followed as it is: refuse (one line) the planning options it would
-    silently ignore, those given explicitly (``opts.given``) and those that differ from their defaults."""
-    if opts.tiermap is None:
+    """With --tiermap (the map is followed as it is) or --no-plan (no plan at all), refuse in one line the
+    planning options the build would silently ignore: those given explicitly (``opts.given``) and those
+    that differ from their defaults."""
+    if opts.tiermap is None and opts.plan:
         return
     default = BuildOptions()
     flags = [flag for f, flag in PLAN_OPTIONS.items() if f in opts.given or getattr(opts, f) != getattr(default, f)]
-    if flags:
-        raise OrkError(f"--tiermap with {', '.join(flags)}: a given tier map is followed as it is, so "
-                       f"{'this option' if len(flags) == 1 else 'these options'} would be ignored; drop "
-                       f"{'it' if len(flags) == 1 else 'them'}, or plan with {'it' if len(flags) == 1 else 'them'} "
-                       "(orkpack plan SOURCE ... -o FILE)")
+    if not flags:
+        return
+    it, these = ("it", "this option") if len(flags) == 1 else ("them", "these options")
+    if opts.tiermap is not None:
+        head, why, alt = "--tiermap", "a given tier map is followed as it is", f"plan with {it} (orkpack plan SOURCE ... -o FILE)"
+    else:
+        head, why, alt = "--no-plan", "no tier map is solved", "drop --no-plan"
+    raise OrkError(f"{head} with {', '.join(flags)}: {why}, so {these} would be ignored; drop {it}, or {alt}")
 
 
 def _identity(path: Path) -> tuple[int, int] | None:

@@ -260,6 +260,14 @@ def test_tiermap_refuses_the_plan_options_it_would_ignore(sharded, tmp_path, ext
     assert not out.exists() and not list(tmp_path.glob("*" + PARTIAL_SUFFIX))
 
 
+def test_no_plan_refuses_the_plan_options_too(sharded, tmp_path):
+    out = tmp_path / "m.orkpack"
+    r = _cli("build", sharded, "-o", out, "--no-plan", "--board", "rk3588-32g", "--max-ram", "8G", "--json")
+    assert r.returncode == 2 and r.stderr.startswith("error: --no-plan with --board, --max-ram: "), r.stderr
+    assert not out.exists()
+    assert _cli("build", sharded, "-o", out, "--no-plan", "--threads", "1", "--json").returncode == 0
+
+
 def test_tiermap_takes_the_options_that_still_apply(sharded, tmp_path):
     tm = tmp_path / "map.json"
     assert _cli("plan", sharded, "-o", tm).returncode == 0
