@@ -289,6 +289,8 @@ def test_plan_command_json_output_and_tables(moe, tmp_path):
 def test_shipped_tier_maps_are_in_sync_with_the_code():
     from orkpack.tiers.regenerate import expected
 
+    assert all(m["objective"]["status"] == "optimal" for m in
+               (json.loads(p.read_text()) for p in (TM / "compiled").glob("*.json")))
     for path, text in expected().items():
         assert path.is_file(), f"missing {path}: run python -m orkpack.tiers.regenerate"
         assert path.read_text(encoding="utf-8") == text, f"{path} is stale: run python -m orkpack.tiers.regenerate"
