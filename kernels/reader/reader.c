@@ -495,8 +495,8 @@ static int validate(V *v, const cJSON *h) {
     const cJSON *tensors = get(j, h, "tensors");
     if (!cJSON_IsObject(h) || !str_eq(j, get(j, h, "format"), "orkpack") || !cJSON_IsArray(tensors))
         return prob(v, 0, "header is not an orkpack header");
-    static const char *const objkeys[] = {"tool", "provenance", "config", "tiermap"};
-    for (int i = 0; i < 4; i++) {
+    static const char *const objkeys[] = {"tool", "provenance", "config", "model", "tiermap"};
+    for (int i = 0; i < 5; i++) {
         const cJSON *x = get(j, h, objkeys[i]);
         if (!is_none(x) && !cJSON_IsObject(x)) return prob(v, 0, "header key '%s' is not an object", objkeys[i]);
     }
