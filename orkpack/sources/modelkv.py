@@ -192,6 +192,7 @@ def _rope_scaling(c: Mapping, garch: str, kv: list, warn: Callable[[str], None])
 
 def _tokenizer(folder: Path, kv: list, warn: Callable[[str], None]) -> None:
     """tokenizer.ggml.* as llama.cpp's converter writes them, plus tokenizer.json as tokenizer.huggingface.json."""
+    import gguf
     from gguf.vocab import SentencePieceVocab, SpecialVocab
 
     tj = folder / "tokenizer.json"
@@ -239,11 +240,15 @@ def _tokenizer(folder: Path, kv: list, warn: Callable[[str], None]) -> None:
     special = SpecialVocab(folder, load_merges=(tok_model == "gpt2"), n_vocab=None)
     if special.merges:
         kv.append(["tokenizer.ggml.merges", "array[string]", [str(m) for m in special.merges]])
+    keys = gguf.Keys.Tokenizer  # the GGUF key of each special token type, as SpecialVocab.add_to_gguf names it
     for typ, tid in sorted(special.special_token_ids.items()):
-        if isinstance(tid, int) and not isinstance(tid, bool) and 0 <= tid < 2**32:
-            kv.append([f"tokenizer.ggml.{typ}_token_id", "uint32", tid])
+        key = getattr(keys, f"{typ.upper()}_ID", None)
+        if key and isinstance(tid, int) and not isinstance(tid, bool) and 0 <= tid < 2**32:
+            kv.append([key, "uint32", tid])
     for typ, flag in sorted(special.add_special_token.items()):
-        kv.append([f"tokenizer.ggml.add_{typ}_token", "bool", bool(flag)])
+        key = getattr(keys, f"ADD_{typ.upper()}", None)
+        if key:
+            kv.append([key, "bool", bool(flag)])
     tmpl = special.chat_template
     if isinstance(tmpl, str):
         kv.append(["tokenizer.chat_template", "string", tmpl])
