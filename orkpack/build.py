@@ -579,7 +579,9 @@ def build(
         worst: tuple[str, float] | None = None
         # parts wait for the write thread up to half the largest tensor as float32
         write_behind = max(16 << 20, 2 * max(i.numel for i in infos))
-        with PackWriter(out_path, provenance=None, config=src.config, tiermap=tiermap, write_behind=write_behind) as w:
+        model = src.model_metadata(warnings.append)
+        with PackWriter(out_path, provenance=None, config=src.config, tiermap=tiermap, write_behind=write_behind,
+                        model=model) as w:
             for info, arr in _read_ahead(src, infos, io):
                 if tuple(arr.shape) != tuple(info.shape):
                     raise SourceError(f"{escape_name(info.name)}: read shape {arr.shape} != header shape {info.shape}")

@@ -177,7 +177,7 @@ class PackWriter:
     """
 
     def __init__(self, path: Path, *, provenance: dict, config: dict | None, tiermap: dict | None,
-                 write_behind: int = 64 << 20):
+                 write_behind: int = 64 << 20, model: dict | None = None):
         self.path = Path(path)
         folder = self.path.parent if str(self.path.parent) else Path(".")
         if not folder.is_dir():
@@ -201,6 +201,7 @@ class PackWriter:
             "tool": {"name": "orkpack", "version": __version__},
             "provenance": provenance,
             "config": config,
+            "model": model,
             "tiermap": tiermap,
         }
         self._tensors: list[dict] = []
