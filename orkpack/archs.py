@@ -260,7 +260,7 @@ def _always(*names: str) -> Callable[[dict, dict], dict]:
 
 # the forward passes shared by several entries (orkpack.model reads them)
 _NO_QWEN_SWA = (("use_sliding_window", "Qwen2-style sliding-window layers (use_sliding_window)"),)
-_FWD_LLAMA = Forward(gguf_permuted_qk=True)
+_FWD_LLAMA = Forward(gguf_permuted_qk=True, window="config")  # a mistral GGUF says llama: its window applies
 _GEMMA = dict(norm_offset=1.0, act="gelu_tanh", act_key="hidden_activation", embed_scale="sqrt_hidden")
 _FWD_GEMMA2 = Forward(block="sandwich", attn_scale="qpas", **_GEMMA)
 _FWD_GEMMA3 = Forward(block="sandwich", attn_scale="qpas", qk_norm="head", swa_rope_base=10000.0, **_GEMMA)
@@ -273,7 +273,7 @@ _F = [
            defaults={"tie_word_embeddings": False},
            forward=_FWD_LLAMA),
     Family("mistral", "LLAMA", _LLAMA_LAYER, _llama_top(), defaults={"tie_word_embeddings": False},
-           forward=Forward(gguf_permuted_qk=True, window="config")),
+           forward=_FWD_LLAMA),
     Family("mixtral", "LLAMA", _NORMS + _QKVO + (
         t(P + "block_sparse_moe.gate.weight", "E", "H", when="moe"),
         t(P + "block_sparse_moe.experts.{e}.w1.weight", "Im", "H", when="moe", experts=True),

@@ -524,12 +524,15 @@ def write_gguf_from_hf(folder, path, *, llama_cpp: bool = False) -> Path:
         f = model_facts(src)
         cfg = src.config
         fam = archs.FAMILIES[f["arch"]]
-        extra, fix = None, (lambda name, a: a)
+        extra, fix, added = None, (lambda name, a: a), {}
         if llama_cpp:
-            from .model.hparams import from_config, to_gguf
+            from .model.hparams import from_config, rope_factors, to_gguf
 
-            extra = to_gguf(from_config(cfg))
+            hp = from_config(cfg)
+            extra = to_gguf(hp)
             fix = _llama_cpp_fix(fam, f)
+            if rope_factors(hp) is not None:  # llama3 RoPE: llama.cpp's converter writes the factors as a tensor
+                added["rope_freqs.weight"] = rope_factors(hp)
         w = gguf.GGUFWriter(Path(path), archs.gguf_arch_name(f["arch"]))
         _gguf_header(w, cfg, f, f"orkpack synthetic {f['arch']}", extra)
         gt = {np.dtype(np.float32): gguf.GGMLQuantizationType.F32, np.dtype(np.float16): gguf.GGMLQuantizationType.F16,
@@ -544,6 +547,8 @@ def write_gguf_from_hf(folder, path, *, llama_cpp: bool = False) -> Path:
             item = np.dtype(q).itemsize
             w.add_tensor_info(t.name, t.shape, np.dtype(np.uint16) if q is np.uint16 else np.dtype(q),
                               math.prod(t.shape) * item, raw_dtype=gt[np.dtype(q)] if q is np.uint16 else None)
+        for name, a in added.items():
+            w.add_tensor_info(name, a.shape, np.dtype(np.float32), a.nbytes)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
@@ -554,6 +559,8 @@ def write_gguf_from_hf(folder, path, *, llama_cpp: bool = False) -> Path:
             if gt[a.dtype] != k:
                 raise ValueError(f"{t.name}: read as {a.dtype}, declared {k.name}")
             w.write_tensor_data(np.ascontiguousarray(a))
+        for a in added.values():
+            w.write_tensor_data(a)
         w.close()
     finally:
         src.close()

@@ -60,19 +60,21 @@ CASES: dict[str, dict] = {
                     logits_scaling=4.0, attention_bias=True),
     "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, embedding_multiplier=6.0,
                        residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=4.0),
-    "smollm3": dict(no_rope_layers=[1, 0], tie_word_embeddings=True),
+    "smollm3": dict(no_rope_layers=[1, 0], tie_word_embeddings=True, pad_token_id=0, bos_token_id=1, eos_token_id=2),
     "starcoder2": dict(sliding_window=16, use_bias=True, norm_epsilon=1e-5),
     "glm4": dict(attention_bias=True, partial_rotary_factor=0.5, pad_token_id=0),
     "deepseek_v2": dict(num_hidden_layers=3, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16,
-                        qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=4, n_shared_experts=1,
-                        num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
-                        routed_scaling_factor=1.5, topk_method="group_limited_greedy", n_group=2, topk_group=1),
+                        qk_rope_head_dim=8, head_dim=8, num_key_value_heads=4, v_head_dim=16, n_routed_experts=4,
+                        n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
+                        first_k_dense_replace=1, routed_scaling_factor=1.5, topk_method="group_limited_greedy",
+                        n_group=2, topk_group=1),
     "deepseek_v3": dict(num_hidden_layers=3, q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16,
-                        qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=8, n_shared_experts=1,
-                        num_experts_per_tok=2, moe_intermediate_size=32, first_k_dense_replace=1,
-                        routed_scaling_factor=2.5, n_group=4, topk_group=2, norm_topk_prob=True),
-    "minicpm3": dict(q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
-                     scale_emb=6.0, dim_model_base=16, scale_depth=1.4),
+                        qk_rope_head_dim=8, head_dim=8, num_key_value_heads=4, v_head_dim=16, n_routed_experts=8,
+                        n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
+                        first_k_dense_replace=1, routed_scaling_factor=2.5, n_group=4, topk_group=2,
+                        norm_topk_prob=True),
+    "minicpm3": dict(q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, head_dim=8,
+                     num_key_value_heads=4, v_head_dim=16, scale_emb=6.0, dim_model_base=16, scale_depth=1.4),
 }
 
 
@@ -82,7 +84,7 @@ def _build(name: str, folder) -> tuple[np.ndarray, np.ndarray]:
     mt = kw.pop("model_type", name)
     cfg = transformers.AutoConfig.for_model(mt, **kw)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for pname, p in model.named_parameters():

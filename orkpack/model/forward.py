@@ -33,7 +33,8 @@ def model_hparams(source) -> Hparams:
             raise NotEvaluable(f"{where}: GGUF architecture {escape_name(repr(source.arch), 40)} is not evaluable "
                                "yet: orkpack has no entry for it")
         names = {t.name for t in source.tensors()}
-        return _hp.from_gguf(source.metadata, source.config, "rope_freqs.weight" in names, where)
+        freqs = source.read("rope_freqs.weight") if "rope_freqs.weight" in names else None
+        return _hp.from_gguf(source.metadata, source.config, freqs, where)
     if source.config is None:
         raise SourceError(f"{where}: no config.json beside the weights; the forward pass needs the model's config")
     return _hp.from_config(source.config, where + "/config.json" if Path(source.root).is_dir() else where)
@@ -199,7 +200,7 @@ def _mlp(x: np.ndarray, w: Weights, p: str, sfx: str, hp: Hparams, expert: int |
 
 def _route(logits: np.ndarray, p: str, hp: Hparams, w: Weights) -> tuple[np.ndarray, np.ndarray]:
     """(expert ids, weights), each (T, top_k), as the family's router picks them."""
-    if hp.fwd.router == "sigmoid":
+    if hp.router == "sigmoid":
         scores = np.float32(1) / (np.float32(1) + np.exp(-logits))
     else:
         scores = _softmax(logits.copy())
@@ -207,19 +208,19 @@ def _route(logits: np.ndarray, p: str, hp: Hparams, w: Weights) -> tuple[np.ndar
     T, E = scores.shape
     if hp.n_group > 1:
         grouped = choice.reshape(T, hp.n_group, E // hp.n_group)
-        if hp.fwd.router_groups == "top2sum":
+        if hp.router_groups == "top2sum":
             gs = np.sort(grouped, -1)[..., -2:].sum(-1)
         else:
             gs = grouped.max(-1)
         keep = np.argsort(-gs, -1, kind="stable")[:, : hp.topk_group]
         mask = np.zeros((T, hp.n_group), dtype=bool)
         np.put_along_axis(mask, keep, True, -1)
-        fill = np.float32(-np.inf) if hp.fwd.router_groups == "top2sum" else np.float32(0)
+        fill = np.float32(-np.inf) if hp.router_groups == "top2sum" else np.float32(0)
         choice = np.where(np.repeat(mask, E // hp.n_group, -1), choice, fill)
     idx = np.argsort(-choice, -1, kind="stable")[:, : hp.top_k]
     wts = np.take_along_axis(scores, idx, -1)
     if hp.router_norm:
-        wts = wts / (wts.sum(-1, keepdims=True) + (np.float32(1e-20) if hp.fwd.router == "sigmoid" else 0))
+        wts = wts / (wts.sum(-1, keepdims=True) + (np.float32(1e-20) if hp.router == "sigmoid" else 0))
     return idx, (wts * np.float32(hp.routed_scale)).astype(np.float32)
 
 

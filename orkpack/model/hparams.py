@@ -79,6 +79,8 @@ class Hparams:
     logit_scale: float  # logits are divided by it
     n_experts: int = 0
     top_k: int = 0
+    router: str = "softmax"  # softmax | sigmoid (the gate's scores)
+    router_groups: str = ""  # "" | max | top2sum (archs.Forward.router_groups), active when n_group > 1
     router_norm: bool = False
     routed_scale: float = 1.0
     n_group: int = 1
@@ -268,7 +270,7 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
         attn_softcap=_num(get("attn_logit_softcapping", 0.0), "attn_logit_softcapping", where),
         final_softcap=_num(get("final_logit_softcapping", 0.0), "final_logit_softcapping", where),
         embed_scale=float(embed), residual_scale=float(residual), logit_scale=float(logit),
-        n_experts=d["E"], top_k=d["top_k"],
+        n_experts=d["E"], top_k=d["top_k"], router=f.router, router_groups=f.router_groups if groups else "",
         router_norm=f.router_norm == "always" or bool(get("norm_topk_prob", False)),
         routed_scale=_num(get("routed_scaling_factor", 1.0), "routed_scaling_factor", where) if f.router_scale else 1.0,
         n_group=int(get("n_group", 1)) if groups else 1, topk_group=int(get("topk_group", 1)) if groups else 1,
@@ -277,8 +279,9 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
     )
 
 
-def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], has_rope_freqs: bool, where: str) -> Hparams:
-    """Hparams of a GGUF (llama.cpp's converter layout): its metadata and the facts orkpack read from it."""
+def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.ndarray | None, where: str) -> Hparams:
+    """Hparams of a GGUF (llama.cpp's converter layout): its metadata, the facts orkpack read from it and
+    its ``rope_freqs.weight`` (llama3-style RoPE: each frequency divided by its factor), if any."""
     fam = archs.FAMILIES[facts["arch"]]
     _refuse(fam, {}, where)
     f = fam.forward
@@ -304,9 +307,13 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], has_rope_freqs: b
                       original_max_position_embeddings=get("rope.scaling.original_context_length", max_pos))
     elif kind not in ("none", None):
         raise NotEvaluable(f"{where}: RoPE scaling {escape_name(repr(kind), 40)} is not evaluable yet")
-    if has_rope_freqs:
-        raise NotEvaluable(f"{where}: per-frequency RoPE factors (rope_freqs.weight) are not evaluable yet")
     rope = _rope_from(params, rot, max_pos, style, where)
+    if rope_freqs is not None:
+        fr = np.asarray(rope_freqs, dtype=np.float32).reshape(-1)
+        if fr.size != rope.inv_freq.size or not np.all(np.isfinite(fr)) or np.any(fr <= 0):
+            raise SourceError(f"{where}: rope_freqs.weight holds {fr.size} factors, not {rope.inv_freq.size} positive "
+                              "ones; the file is damaged")
+        rope.inv_freq = (rope.inv_freq / fr).astype(np.float32)
     rope_swa = None
     if f.swa_rope_base:
         rope_swa = _rope_from({"rope_theta": get("rope.freq_base_swa", f.swa_rope_base)}, rot, max_pos, style, where)
@@ -327,6 +334,10 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], has_rope_freqs: b
     attn_scale = float(get("attention.scale", hd ** -0.5))
     embed = math.sqrt(H) if f.embed_scale == "sqrt_hidden" else scale(f.embed_scale, "embed", 1.0)
     E = facts["n_experts"]
+    # llama.cpp's expert_gating_func (1 softmax, 2 sigmoid) tells DeepSeek-V3 from V2 (one GGUF architecture)
+    router = {1: "softmax", 2: "sigmoid"}.get(get("expert_gating_func"), f.router)
+    n_group = int(get("expert_group_count", 1)) if f.router_groups else 1
+    groups = ("top2sum" if router == "sigmoid" else "max") if n_group > 1 else ""
     return Hparams(
         arch=fam.name, fwd=f, layout="gguf", n_layers=L, hidden=H, heads=nh, kv_heads=facts["kv_heads"],
         head_dim=hd, v_head_dim=int(get("attention.value_length", hd)), vocab=facts["vocab"],
@@ -335,10 +346,9 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], has_rope_freqs: b
         attn_softcap=float(get("attn_logit_softcapping", 0.0)), final_softcap=float(get("final_logit_softcapping", 0.0)),
         embed_scale=float(embed), residual_scale=scale(f.residual_scale, "residual", 1.0),
         logit_scale=scale(f.logit_scale, "logit", 1.0), n_experts=E, top_k=facts["n_experts_used"],
-        router_norm=f.router_norm == "always" or bool(get("expert_weights_norm", False)),
+        router=router, router_groups=groups, router_norm=f.router_norm == "always" or bool(get("expert_weights_norm", False)),
         routed_scale=float(get("expert_weights_scale", 1.0)) if f.router_scale else 1.0,
-        n_group=int(get("expert_group_count", 1)) if f.router_groups else 1,
-        topk_group=int(get("expert_group_used_count", 1)) if f.router_groups else 1,
+        n_group=n_group, topk_group=int(get("expert_group_used_count", 1)) if n_group > 1 else 1,
         mla={"q_lora_rank": int(get("attention.q_lora_rank", 0)), "kv_lora_rank": int(get("attention.kv_lora_rank", 0)),
              "nope": hd - rot, "rope": rot, "v_head_dim": int(get("attention.value_length", hd))} if mla else {},
     )
@@ -359,8 +369,8 @@ def to_gguf(hp: Hparams) -> dict[str, Any]:
         out["rope.scaling.factor"] = float(hp.rope.params["factor"])
         if kind == "yarn":
             out["rope.scaling.original_context_length"] = int(hp.rope.params["original_max_position_embeddings"])
-    elif kind not in ("default", "dynamic"):
-        raise NotEvaluable(f"RoPE scaling {kind} has no GGUF metadata form here (llama.cpp stores rope_freqs.weight)")
+    elif kind not in ("default", "dynamic", "llama3"):  # llama3: the rope_freqs.weight tensor (rope_factors)
+        raise NotEvaluable(f"RoPE scaling {kind} has no GGUF form here")
     if f.norm == "layer":
         out["attention.layer_norm_epsilon"] = hp.eps
     if hp.rope_swa is not None:
@@ -377,9 +387,10 @@ def to_gguf(hp: Hparams) -> dict[str, Any]:
         out["logit_scale"] = hp.logit_scale
     if hp.n_experts:
         out["expert_weights_norm"] = hp.router_norm
+        out["expert_gating_func"] = 2 if hp.router == "sigmoid" else 1
         if f.router_scale:
             out["expert_weights_scale"] = hp.routed_scale
-        if f.router_groups:
+        if hp.router_groups:
             out["expert_group_count"] = hp.n_group
             out["expert_group_used_count"] = hp.topk_group
     if f.rope_layers == "no_rope_layers":
@@ -388,3 +399,10 @@ def to_gguf(hp: Hparams) -> dict[str, Any]:
         out["attention.sliding_window"] = hp.swa_window
     return out
 
+
+
+def rope_factors(hp: Hparams) -> np.ndarray | None:
+    """llama.cpp's ``rope_freqs.weight`` for a llama3-style RoPE (each default frequency's divisor), else None."""
+    if hp.rope is None or hp.rope.params.get("rope_type") != "llama3":
+        return None
+    return (_inv_freq(hp.rope.params["rope_theta"], hp.rope.dim) / hp.rope.inv_freq).astype(np.float32)
