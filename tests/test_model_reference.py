@@ -20,8 +20,12 @@ from orkpack.errors import SourceError
 from orkpack.model import NotEvaluable, Weights, logits, run
 from orkpack.sources import open_source
 
-torch = pytest.importorskip("torch", reason="the reference logits need torch (test extra)")
-transformers = pytest.importorskip("transformers", reason="the reference logits need transformers (test extra)")
+
+def _oracle():
+    """(torch, transformers), or skip: the reference logits need them (the test extra)."""
+    return (pytest.importorskip("torch", reason="the reference logits need torch (test extra)"),
+            pytest.importorskip("transformers", reason="the reference logits need transformers (test extra)"))
+
 
 T = 40  # tokens: longer than the sliding windows below
 TOL = 1e-4
@@ -80,6 +84,7 @@ CASES: dict[str, dict] = {
 
 def _build(name: str, folder) -> tuple[np.ndarray, np.ndarray]:
     """Save a tiny random model of case ``name`` in ``folder``; (tokens, transformers' logits)."""
+    torch, transformers = _oracle()
     kw = dict(_BASE, **CASES[name])
     mt = kw.pop("model_type", name)
     cfg = transformers.AutoConfig.for_model(mt, **kw)
@@ -118,3 +123,136 @@ def test_logits_match_transformers(name, tmp_path):
     gguf = write_gguf_from_hf(tmp_path / "hf", tmp_path / "m.gguf", llama_cpp=True)
     err = _close(logits(gguf, ids), ref)
     assert err <= TOL, f"{name} GGUF: relative error {err:.2e}"
+
+
+# ------------------------------------------------------------------ without transformers: refusals, streaming, hook
+
+def _tiny(tmp_path, family: str, **over):
+    from orkpack.synth import TINY, write_hf_model
+
+    cfg = json.loads(json.dumps(TINY[family]))
+    cfg.update(over)
+    return write_hf_model(tmp_path / family, config=cfg, shards=1, dtype="f32", seed=3)
+
+
+@pytest.mark.parametrize("family", sorted(f.name for f in archs.FAMILIES.values() if f.forward is None))
+def test_families_without_a_declaration_refuse_in_one_line(family, tmp_path):
+    folder = _tiny(tmp_path, family)
+    with pytest.raises(NotEvaluable) as e:
+        logits(folder, [1, 2, 3])
+    msg = str(e.value)
+    assert "\n" not in msg and f"architecture {family} is not evaluable yet" in msg
+
+
+@pytest.mark.parametrize("family, over, what", [
+    ("qwen2", {"use_sliding_window": True}, "use_sliding_window"),
+    ("olmoe", {"clip_qkv": 8.0}, "clip_qkv"),
+    ("phi3", {"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}},
+     "RoPE scaling 'longrope' is not evaluable yet"),
+    ("llama", {"hidden_act": "relu2"}, "activation 'relu2' is not evaluable yet"),
+])
+def test_options_not_implemented_refuse_in_one_line(family, over, what, tmp_path):
+    folder = _tiny(tmp_path, family, **over)
+    with pytest.raises(NotEvaluable) as e:
+        logits(folder, [1, 2, 3])
+    assert what in str(e.value) and "\n" not in str(e.value)
+
+
+def test_token_outside_the_vocabulary_is_one_line(tmp_path):
+    folder = _tiny(tmp_path, "llama")
+    with pytest.raises(SourceError, match="outside the vocabulary"):
+        logits(folder, [1, 128])
+
+
+class _Recording:
+    """A provider over SourceWeights that records what is read between releases and every matmul."""
+
+    def __init__(self, src):
+        from orkpack.model import SourceWeights
+
+        self.inner = SourceWeights(src)
+        self.blocks: list[set[str]] = [set()]
+        self.matmuls: list[tuple[str, int | None]] = []
+        self.peak = 0
+        inner_raw = self.inner._raw
+
+        def raw(name):
+            self.blocks[-1].add(name)
+            a = inner_raw(name)
+            self.peak = max(self.peak, sum(x.nbytes for x in self.inner._cache.values()))
+            return a
+
+        self.inner._raw = raw
+
+    def has(self, name):
+        return self.inner.has(name)
+
+    def tensor(self, name):
+        return self.inner.tensor(name)
+
+    def matmul(self, name, x, expert=None):
+        self.matmuls.append((name, expert))
+        return self.inner.matmul(name, x, expert)
+
+    def embed(self, ids):
+        return self.inner.embed(ids)
+
+    def release(self):
+        self.inner.release()
+        self.blocks.append(set())
+
+
+@pytest.mark.parametrize("family", ["qwen2_moe", "deepseek_v2"])
+def test_weights_stream_one_layer_at_a_time_and_every_matrix_goes_through_the_hook(family, tmp_path):
+    import re
+
+    folder = _tiny(tmp_path, family)
+    src = open_source(folder)
+    try:
+        rec = _Recording(src)
+        ref = run(src, np.arange(20) % 100)
+        got = run(src, np.arange(20) % 100, weights=rec)
+        infos = {t.name: t for t in src.tensors()}
+    finally:
+        src.close()
+    np.testing.assert_array_equal(got, ref)  # the recording provider changes nothing
+    layers = [b for b in rec.blocks if b]
+    L = archs.facts_from_config(json.loads((folder / "config.json").read_text()))["n_layers"]
+    for i, block in enumerate(layers[:L]):  # one block per layer, holding that layer's tensors only
+        assert {int(re.match(r"blk\.(\d+)\.", n).group(1)) for n in block} == {i}, block
+    assert all(not n.startswith("blk.") for b in layers[L:] for n in b)
+    largest_layer = max(sum(infos[n].nbytes for n in infos if n.startswith(f"blk.{i}.")) for i in range(L))
+    assert rec.peak <= largest_layer
+    # every stored matrix is read through matmul (experts one by one), the embedding through embed()
+    mats = {n for n, t in infos.items() if len(t.shape) >= 2 and n != "token_embd.weight"}
+    assert {n for n, _ in rec.matmuls} == mats
+    assert any(e is not None for _, e in rec.matmuls)
+
+
+def test_the_hook_decides_the_products(tmp_path):
+    """A provider's products are the ones the logits use: a zero output head gives zero logits."""
+    folder = _tiny(tmp_path, "qwen3")
+    src = open_source(folder)
+    try:
+        rec = _Recording(src)
+        inner = rec.matmul
+        rec.matmul = lambda name, x, expert=None: inner(name, x, expert) * (0.0 if name == "output.weight" else 1.0)
+        out = run(src, [5, 6, 7], weights=rec)
+    finally:
+        src.close()
+    assert out.shape == (3, 128) and not out.any()
+
+
+def test_logits_in_blocks_equal_the_whole(tmp_path):
+    folder = _tiny(tmp_path, "gemma2")
+    whole = logits(folder, np.arange(50) % 128)
+    got = np.full_like(whole, np.nan)
+    done = []
+
+    def take(t0, block):
+        got[t0: t0 + block.shape[0]] = block
+
+    assert logits(folder, np.arange(50) % 128, on_logits=take, chunk=16,
+                  progress=lambda d, n: done.append((d, n))) is None
+    np.testing.assert_allclose(got, whole, rtol=0, atol=1e-5 * np.abs(whole).max())  # BLAS rounds by block size
+    assert done[-1][0] == done[-1][1] == 2 + 4  # layers, then logit blocks
