@@ -58,6 +58,11 @@ CASES: dict[str, dict] = {
                                                             "rope_theta": 1000000.0},
                                          "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
                         tie_word_embeddings=True),
+    "gemma3": dict(model_type="gemma3", text_config=dict(
+        _BASE, num_hidden_layers=3, sliding_window=8, sliding_window_pattern=3, query_pre_attn_scalar=24,
+        tie_word_embeddings=True), vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                                      num_attention_heads=2, patch_size=4, image_size=16),
+        mm_tokens_per_image=4, image_token_index=150, boi_token_index=151, eoi_token_index=152, base=False),
     "phi3": dict(sliding_window=16, partial_rotary_factor=0.5, pad_token_id=0),
     "olmoe": dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32, num_key_value_heads=4),
     "granite": dict(embedding_multiplier=6.0, residual_multiplier=0.5, attention_multiplier=0.1,
@@ -85,7 +90,8 @@ CASES: dict[str, dict] = {
 def _build(name: str, folder) -> tuple[np.ndarray, np.ndarray]:
     """Save a tiny random model of case ``name`` in ``folder``; (tokens, transformers' logits)."""
     torch, transformers = _oracle()
-    kw = dict(_BASE, **CASES[name])
+    case = dict(CASES[name])
+    kw = case if case.pop("base", True) is False else dict(_BASE, **case)
     mt = kw.pop("model_type", name)
     cfg = transformers.AutoConfig.for_model(mt, **kw)
     torch.manual_seed(0)
@@ -102,7 +108,7 @@ def _build(name: str, folder) -> tuple[np.ndarray, np.ndarray]:
                 b.copy_(0.1 * torch.randn(b.shape, generator=g))
         model.tie_weights()
     model.save_pretrained(folder, safe_serialization=True)
-    ids = np.random.default_rng(2).integers(0, kw["vocab_size"], T)
+    ids = np.random.default_rng(2).integers(0, 128, T)  # below the multimodal cases' image tokens
     with torch.no_grad():
         ref = model(torch.tensor(ids)[None]).logits[0].float().numpy()
     return ids, ref
