@@ -128,8 +128,11 @@ class Forward:
     block: str = "pre"  # pre: x + f(norm(x)) | sandwich: x + post_norm(f(norm(x))) (gemma2/3, glm4)
     act: str = "silu"  # silu | gelu_tanh | gelu (exact): the activation when the config names none
     act_key: str = "hidden_act"  # the config key naming it (gemma: hidden_activation; its hidden_act is ignored)
+    qkv: str = "blocks"  # a fused attn_qkv: blocks (all q rows, all k, all v) | grouped (per KV head: its q heads,
+    # k, v: internlm2's wqkv; llama.cpp's converter splits it into attn_q/k/v)
     mlp: str = "gated"  # gated: down(act(gate) * up) | fused: ffn_up holds gate then up rows | plain: down(act(up))
     rope: str = "neox"  # neox (rotate the halves of each head) | interleaved (rotate pairs (2i, 2i+1))
+    rope_ratio: bool = False  # chatglm: the RoPE base is 10000 x the config's rope_ratio (default 1)
     rope_layers: str = "all"  # all | no_rope_layers (smollm3: the config's per-layer list, 1 = RoPE)
     qk_norm: str = ""  # "" | head (RMS over head_dim, one gain for every head) | full (RMS over all heads)
     window: str = "facts"  # facts: the layers archs lists (swa_layers) | config: sliding_window on every layer
@@ -344,10 +347,12 @@ _F = [
     ), _llama_top("model.tok_embeddings.weight", "model.norm.weight", "output.weight"),
         renames=((r"^model\.layers\.(\d+)\.attention\.wqkv\.", r"blk.\1.attn_qkv."),),
         flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("bias"))}, defaults={"tie_word_embeddings": False},
-        classes=("InternLM2ForCausalLM",)),
+        classes=("InternLM2ForCausalLM",), forward=Forward(qkv="grouped", gguf_permuted_qk=True)),
     # MiniCPM-2B's config.json has no model_type: its architectures class names it
     Family("minicpm", "MINICPM", _LLAMA_LAYER, _llama_top(), flags=_qkv_bias_flag,
-           defaults={"tie_word_embeddings": True}, classes=("MiniCPMForCausalLM",)),
+           defaults={"tie_word_embeddings": True}, classes=("MiniCPMForCausalLM",),
+           forward=Forward(gguf_permuted_qk=True, embed_scale="scale_emb", residual_scale="depth",
+                           logit_scale="dim_base")),
     Family("minicpm3", "MINICPM3", _NORMS + _MLA + _MLP, _llama_top(), attention="mla",
            flags=lambda cfg, d: {"q_lora": bool(d["qlr"])}, defaults={"tie_word_embeddings": True},
            classes=("MiniCPM3ForCausalLM",),
@@ -376,7 +381,9 @@ _F = [
                  (r"^transformer\.encoder\.layers\.(\d+)\.mlp\.dense_h_to_4h\.", r"blk.\1.ffn_up."),
                  (r"^transformer\.encoder\.layers\.(\d+)\.mlp\.dense_4h_to_h\.", r"blk.\1.ffn_down.")),
         flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("add_qkv_bias"))},
-        defaults={"tie_word_embeddings": False}, classes=("ChatGLMModel", "ChatGLMForConditionalGeneration")),
+        defaults={"tie_word_embeddings": False, "partial_rotary_factor": 0.5},
+        classes=("ChatGLMModel", "ChatGLMForConditionalGeneration"),
+        forward=Forward(mlp="fused", rope="interleaved", rope_ratio=True)),
     # GLM-4-0414 (model_type glm4): llama-style names, fused gate_up, sandwich norms
     Family("glm4", "GLM4", _NORMS + _QKVO + _QKV_BIAS + (
         t(P + "post_self_attn_layernorm.weight", "H"), t(P + "post_mlp_layernorm.weight", "H"),

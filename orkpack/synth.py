@@ -538,26 +538,28 @@ def write_gguf_from_hf(folder, path, *, llama_cpp: bool = False) -> Path:
         gt = {np.dtype(np.float32): gguf.GGMLQuantizationType.F32, np.dtype(np.float16): gguf.GGMLQuantizationType.F16,
               np.dtype(np.uint16): gguf.GGMLQuantizationType.BF16}
         infos = [t for t in src.tensors() if t.dtype not in ("BOOL", "I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64")]
-        kinds = []
+        split = _llama_cpp_split(fam, f) if llama_cpp else (lambda t: [(t.name, t.shape, lambda a: a)])
+        entries = []  # (GGUF name, shape, type, the array from the source tensor's)
         for t in infos:  # the type each tensor is read as, from its source dtype
             q = {"F16": np.float16, "BF16": np.uint16}.get(t.dtype, np.float32)
             if llama_cpp and fam.forward is not None and fam.forward.norm_offset and t.name.endswith("norm.weight"):
                 q = np.float32
-            kinds.append(gt[np.dtype(q)])
-            item = np.dtype(q).itemsize
-            w.add_tensor_info(t.name, t.shape, np.dtype(np.uint16) if q is np.uint16 else np.dtype(q),
-                              math.prod(t.shape) * item, raw_dtype=gt[np.dtype(q)] if q is np.uint16 else None)
+            for name, shape, part in split(t):
+                entries.append((name, t.name, shape, gt[np.dtype(q)], part))
+                item = np.dtype(q).itemsize
+                w.add_tensor_info(name, shape, np.dtype(np.uint16) if q is np.uint16 else np.dtype(q),
+                                  math.prod(shape) * item, raw_dtype=gt[np.dtype(q)] if q is np.uint16 else None)
         for name, a in added.items():
             w.add_tensor_info(name, a.shape, np.dtype(np.float32), a.nbytes)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        for t, k in zip(infos, kinds):
-            a = fix(t.name, src.read(t.name))
+        for name, src_name, _, k, part in entries:
+            a = fix(name, part(src.read(src_name)))
             if k == gguf.GGMLQuantizationType.F32:
                 a = as_float32(a)
             if gt[a.dtype] != k:
-                raise ValueError(f"{t.name}: read as {a.dtype}, declared {k.name}")
+                raise ValueError(f"{name}: read as {a.dtype}, declared {k.name}")
             w.write_tensor_data(np.ascontiguousarray(a))
         for a in added.values():
             w.write_tensor_data(a)
@@ -591,3 +593,30 @@ def _llama_cpp_fix(fam: archs.Family, facts: dict):
         return a
 
     return fix
+
+
+def _llama_cpp_split(fam: archs.Family, facts: dict):
+    """TensorInfo -> [(GGUF name, shape, array -> array)]: the fused tensors llama.cpp's converter splits
+    (internlm2's grouped wqkv into attn_q / attn_k / attn_v); every other tensor as it is."""
+    import re
+
+    nh, nkv, hd = facts["heads"], facts["kv_heads"], facts["head_dim"]
+    grouped = fam.forward is not None and fam.forward.qkv == "grouped"
+
+    def split(t):
+        m = re.match(r"^(blk\.\d+\.)attn_qkv\.(weight|bias)$", t.name)
+        if not (grouped and m):
+            return [(t.name, t.shape, lambda a: a)]
+        rest = t.shape[1:]
+
+        def part(which):
+            def fn(a):
+                g = a.reshape(nkv, nh // nkv + 2, hd, *rest)
+                sel = g[:, : nh // nkv] if which == "q" else g[:, -2 if which == "k" else -1]
+                return np.ascontiguousarray(sel).reshape(-1, *rest)
+            return fn
+
+        return [(f"{m.group(1)}attn_{x}.{m.group(2)}", ((nh if x == "q" else nkv) * hd, *rest), part(x))
+                for x in ("q", "k", "v")]
+
+    return split

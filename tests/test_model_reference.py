@@ -63,6 +63,14 @@ CASES: dict[str, dict] = {
         tie_word_embeddings=True), vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                                       num_attention_heads=2, patch_size=4, image_size=16),
         mm_tokens_per_image=4, image_token_index=150, boi_token_index=151, eoi_token_index=152, base=False),
+    # families transformers cannot build offline (remote code): an equivalent transformers model, its
+    # checkpoint rewritten into the family's own names, layout and config keys (_CONVERT)
+    "minicpm": dict(model_type="granite", embedding_multiplier=6.0, residual_multiplier=1.4 / 2 ** 0.5,
+                    attention_multiplier=0.25, logits_scaling=4.0, tie_word_embeddings=True, convert="minicpm"),
+    "internlm2": dict(model_type="llama", convert="internlm2"),
+    "chatglm": dict(model_type="glm", partial_rotary_factor=0.5, attention_bias=True,
+                    rope_parameters={"rope_type": "default", "rope_theta": 50000.0}, pad_token_id=0, eos_token_id=1,
+                    convert="chatglm"),
     "phi3": dict(sliding_window=16, partial_rotary_factor=0.5, pad_token_id=0),
     "olmoe": dict(num_experts=4, num_experts_per_tok=2, intermediate_size=32, num_key_value_heads=4),
     "granite": dict(embedding_multiplier=6.0, residual_multiplier=0.5, attention_multiplier=0.1,
@@ -93,6 +101,7 @@ def _build(name: str, folder) -> tuple[np.ndarray, np.ndarray]:
     case = dict(CASES[name])
     kw = case if case.pop("base", True) is False else dict(_BASE, **case)
     mt = kw.pop("model_type", name)
+    convert = kw.pop("convert", None)
     cfg = transformers.AutoConfig.for_model(mt, **kw)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
@@ -108,10 +117,91 @@ def _build(name: str, folder) -> tuple[np.ndarray, np.ndarray]:
                 b.copy_(0.1 * torch.randn(b.shape, generator=g))
         model.tie_weights()
     model.save_pretrained(folder, safe_serialization=True)
+    if convert:
+        _CONVERT[convert](folder, kw)
     ids = np.random.default_rng(2).integers(0, 128, T)  # below the multimodal cases' image tokens
     with torch.no_grad():
         ref = model(torch.tensor(ids)[None]).logits[0].float().numpy()
     return ids, ref
+
+
+def _rewrite(folder, config: dict, rename) -> None:
+    """Replace the checkpoint in ``folder``: ``rename(tensors) -> tensors`` (numpy), and ``config`` as config.json."""
+    from safetensors.numpy import load_file, save_file
+
+    path = folder / "model.safetensors"
+    save_file(rename(load_file(path)), path, metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def _common(kw: dict) -> dict:
+    return {k: kw[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                               "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps",
+                               "tie_word_embeddings")}
+
+
+def _to_minicpm(folder, kw):  # MiniCPM = granite with scale_emb, scale_depth / sqrt(L), hidden / dim_model_base
+    L, H = kw["num_hidden_layers"], kw["hidden_size"]
+    cfg = dict(_common(kw), architectures=["MiniCPMForCausalLM"], model_type="minicpm", hidden_act="silu",
+               scale_emb=kw["embedding_multiplier"], scale_depth=kw["residual_multiplier"] * L ** 0.5,
+               dim_model_base=H / kw["logits_scaling"], rope_theta=10000.0)
+    assert kw["attention_multiplier"] == (H // kw["num_attention_heads"]) ** -0.5
+    _rewrite(folder, cfg, lambda t: t)
+
+
+def _to_internlm2(folder, kw):  # InternLM2: llama with one wqkv grouped per KV head (its q heads, k, v)
+    nh, nkv, hd = kw["num_attention_heads"], kw["num_key_value_heads"], kw["head_dim"]
+
+    def rename(t):
+        out = {}
+        for n, a in t.items():
+            n = n.replace("model.embed_tokens.", "model.tok_embeddings.").replace("lm_head.", "output.")
+            n = n.replace(".self_attn.o_proj.", ".attention.wo.").replace(".input_layernorm.", ".attention_norm.")
+            n = n.replace(".post_attention_layernorm.", ".ffn_norm.").replace(".mlp.gate_proj.", ".feed_forward.w1.")
+            n = n.replace(".mlp.up_proj.", ".feed_forward.w3.").replace(".mlp.down_proj.", ".feed_forward.w2.")
+            out[n] = a
+        for i in range(kw["num_hidden_layers"]):
+            p = f"model.layers.{i}.self_attn."
+            q, k, v = (out.pop(p + f"{x}_proj.weight") for x in "qkv")
+            g = np.concatenate([q.reshape(nkv, nh // nkv, hd, -1), k.reshape(nkv, 1, hd, -1),
+                                v.reshape(nkv, 1, hd, -1)], 1)
+            out[f"model.layers.{i}.attention.wqkv.weight"] = np.ascontiguousarray(g.reshape(-1, g.shape[-1]))
+        return out
+
+    cfg = dict(_common(kw), architectures=["InternLM2ForCausalLM"], model_type="internlm2", hidden_act="silu",
+               bias=False, rope_theta=10000.0)
+    _rewrite(folder, cfg, rename)
+
+
+def _to_chatglm(folder, kw):  # ChatGLM3 / GLM-4-9B-chat: transformers' glm under transformer.encoder.* names
+    def rename(t):
+        out = {"transformer.embedding.word_embeddings.weight": t.pop("model.embed_tokens.weight"),
+               "transformer.encoder.final_layernorm.weight": t.pop("model.norm.weight"),
+               "transformer.output_layer.weight": t.pop("lm_head.weight")}
+        for i in range(kw["num_hidden_layers"]):
+            p, o = f"model.layers.{i}.", f"transformer.encoder.layers.{i}."
+            for x in ("weight", "bias"):
+                out[o + f"self_attention.query_key_value.{x}"] = np.concatenate(
+                    [t.pop(p + f"self_attn.{c}_proj.{x}") for c in "qkv"])
+            out[o + "self_attention.dense.weight"] = t.pop(p + "self_attn.o_proj.weight")
+            out[o + "input_layernorm.weight"] = t.pop(p + "input_layernorm.weight")
+            out[o + "post_attention_layernorm.weight"] = t.pop(p + "post_attention_layernorm.weight")
+            out[o + "mlp.dense_h_to_4h.weight"] = t.pop(p + "mlp.gate_up_proj.weight")
+            out[o + "mlp.dense_4h_to_h.weight"] = t.pop(p + "mlp.down_proj.weight")
+        assert not t, sorted(t)
+        return out
+
+    cfg = {"architectures": ["ChatGLMModel"], "model_type": "chatglm", "num_layers": kw["num_hidden_layers"],
+           "hidden_size": kw["hidden_size"], "ffn_hidden_size": kw["intermediate_size"], "kv_channels": kw["head_dim"],
+           "num_attention_heads": kw["num_attention_heads"], "multi_query_attention": True,
+           "multi_query_group_num": kw["num_key_value_heads"], "padded_vocab_size": kw["vocab_size"],
+           "seq_length": kw["max_position_embeddings"], "add_qkv_bias": True, "add_bias_linear": False,
+           "layernorm_epsilon": kw["rms_norm_eps"], "rmsnorm": True, "tie_word_embeddings": False,
+           "rope_ratio": kw["rope_parameters"]["rope_theta"] / 10000.0}
+    _rewrite(folder, cfg, rename)
+
+
+_CONVERT = {"minicpm": _to_minicpm, "internlm2": _to_internlm2, "chatglm": _to_chatglm}
 
 
 def _close(ours: np.ndarray, ref: np.ndarray) -> float:

@@ -169,7 +169,11 @@ def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
         nh, nkv, d = hp.heads, hp.kv_heads, hp.head_dim
         if w.has(p + "attn_qkv.weight"):
             qkv = _lin(w, p + "attn_qkv", x)
-            q, k, v = qkv[:, : nh * d], qkv[:, nh * d: (nh + nkv) * d], qkv[:, (nh + nkv) * d:]
+            if hp.fwd.qkv == "grouped":  # per KV head: its nh / nkv q heads, then k, then v
+                g = qkv.reshape(T, nkv, nh // nkv + 2, d)
+                q, k, v = g[:, :, :-2].reshape(T, nh * d), g[:, :, -2].reshape(T, nkv * d), g[:, :, -1].reshape(T, -1)
+            else:
+                q, k, v = qkv[:, : nh * d], qkv[:, nh * d: (nh + nkv) * d], qkv[:, (nh + nkv) * d:]
         else:
             q, k, v = _lin(w, p + "attn_q", x), _lin(w, p + "attn_k", x), _lin(w, p + "attn_v", x)
         if hp.fwd.qk_norm:
