@@ -108,21 +108,22 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, hp: Hparams, window: in
     j = np.arange(T)
     scale = np.float32(hp.attn_scale)
     cap = np.float32(hp.attn_softcap)
-    for h in range(nkv):
-        kh, vh = k[:, h, :], v[:, h, :]
+    for h in range(nkv):  # contiguous 2-D operands: one BLAS call each (numpy's batched matmul is slow here)
+        kh, vh = np.ascontiguousarray(k[:, h, :]), np.ascontiguousarray(v[:, h, :])
+        qh = np.ascontiguousarray(q[:, h * g:(h + 1) * g, :].transpose(1, 0, 2))  # (g, T, d)
         for t0 in range(0, T, _Q_BLOCK):
             t1 = min(T, t0 + _Q_BLOCK)
             i = np.arange(t0, t1)[:, None]
             allowed = j[None, :t1] <= i
             if window:
                 allowed &= i - j[None, :t1] < window
-            qb = q[t0:t1, h * g:(h + 1) * g, :].transpose(1, 0, 2)  # (g, tb, d)
-            s = (qb @ kh[:t1].T) * scale  # (g, tb, t1)
+            s = (qh[:, t0:t1].reshape(-1, qh.shape[2]) @ kh[:t1].T).reshape(g, t1 - t0, t1)
+            s *= scale
             if cap:
                 s = np.tanh(s / cap) * cap
-            s = np.where(allowed[None], s, np.float32(-np.inf))
+            s[:, ~allowed] = -np.inf
             p = _softmax(s)
-            out[t0:t1, h * g:(h + 1) * g, :] = (p @ vh[:t1]).transpose(1, 0, 2)
+            out[t0:t1, h * g:(h + 1) * g, :] = (p.reshape(-1, t1) @ vh[:t1]).reshape(g, t1 - t0, dv).transpose(1, 0, 2)
     return out.reshape(T, nh * dv)
 
 
