@@ -90,6 +90,13 @@ CASES: dict[str, dict] = {
                         n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
                         first_k_dense_replace=1, routed_scaling_factor=2.5, n_group=4, topk_group=2,
                         norm_topk_prob=True),
+    "deepseek_v3_yarn": dict(model_type="deepseek_v3", num_hidden_layers=2, q_lora_rank=24, kv_lora_rank=32,
+                             qk_nope_head_dim=16, qk_rope_head_dim=8, head_dim=8, num_key_value_heads=4,
+                             v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                             n_group=2, topk_group=1, first_k_dense_replace=1, rope_parameters={
+                                 "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                 "original_max_position_embeddings": 16, "mscale": 1.0, "mscale_all_dim": 0.8,
+                                 "beta_fast": 32, "beta_slow": 1}),
     "minicpm3": dict(q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, head_dim=8,
                      num_key_value_heads=4, v_head_dim=16, scale_emb=6.0, dim_model_base=16, scale_depth=1.4),
 }

@@ -295,6 +295,8 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
 
     L, H, nh = facts["n_layers"], facts["hidden"], facts["heads"]
     mla = facts["attention"] == "mla"
+    if get("attention.clamp_kqv"):
+        raise NotEvaluable(f"{where}: clamped q/k/v (attention.clamp_kqv) is not evaluable yet")
     hd = facts["head_dim"]
     eps = get("attention.layer_norm_rms_epsilon", get("attention.layer_norm_epsilon", 1e-6))
     style = "interleaved" if f.gguf_permuted_qk else f.rope
@@ -305,8 +307,13 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
     if kind == "linear":
         params.update(rope_type="linear", factor=get("rope.scaling.factor", 1.0))
     elif kind == "yarn":
+        if get("rope.scaling.yarn_log_multiplier") is not None:
+            raise NotEvaluable(f"{where}: YaRN with yarn_log_multiplier (llama.cpp's DeepSeek form) is not evaluable "
+                               "yet")
         params.update(rope_type="yarn", factor=get("rope.scaling.factor", 1.0),
                       original_max_position_embeddings=get("rope.scaling.original_context_length", max_pos))
+        if get("rope.scaling.attn_factor") is not None:
+            params["attention_factor"] = float(get("rope.scaling.attn_factor"))
     elif kind not in ("none", None):
         raise NotEvaluable(f"{where}: RoPE scaling {escape_name(repr(kind), 40)} is not evaluable yet")
     rope = _rope_from(params, rot, max_pos, style, where)
@@ -371,6 +378,7 @@ def to_gguf(hp: Hparams) -> dict[str, Any]:
         out["rope.scaling.factor"] = float(hp.rope.params["factor"])
         if kind == "yarn":
             out["rope.scaling.original_context_length"] = int(hp.rope.params["original_max_position_embeddings"])
+            out["rope.scaling.attn_factor"] = float(hp.rope.attn_factor)
     elif kind not in ("default", "dynamic", "llama3"):  # llama3: the rope_freqs.weight tensor (rope_factors)
         raise NotEvaluable(f"RoPE scaling {kind} has no GGUF form here")
     if f.norm == "layer":
