@@ -359,3 +359,19 @@ def test_logits_in_blocks_equal_the_whole(tmp_path):
                   progress=lambda d, n: done.append((d, n))) is None
     np.testing.assert_allclose(got, whole, rtol=0, atol=1e-5 * np.abs(whole).max())  # BLAS rounds by block size
     assert done[-1][0] == done[-1][1] == 2 + 4  # layers, then logit blocks
+
+
+def test_run_without_a_source_takes_hparams_and_weights(tmp_path):
+    """What an eval of a pack does: the metadata's hyperparameters and its own provider, no Source."""
+    from orkpack.model import SourceWeights, model_hparams
+
+    folder = _tiny(tmp_path, "granite")
+    src = open_source(folder)
+    try:
+        ref = run(src, [3, 1, 4, 1, 5])
+        got = run(None, [3, 1, 4, 1, 5], hp=model_hparams(src), weights=SourceWeights(src))
+    finally:
+        src.close()
+    np.testing.assert_array_equal(got, ref)
+    with pytest.raises(ValueError, match="needs both hp and weights"):
+        run(None, [1])

@@ -77,6 +77,7 @@ class Hparams:
     embed_scale: float
     residual_scale: float
     logit_scale: float  # logits are divided by it
+    max_pos: int = 0  # the trained context (max_position_embeddings / context_length)
     n_experts: int = 0
     top_k: int = 0
     router: str = "softmax"  # softmax | sigmoid (the gate's scores)
@@ -271,7 +272,7 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
         swa_window=swa_window, swa_layers=swa_layers, attn_scale=float(attn_scale),
         attn_softcap=_num(get("attn_logit_softcapping", 0.0), "attn_logit_softcapping", where),
         final_softcap=_num(get("final_logit_softcapping", 0.0), "final_logit_softcapping", where),
-        embed_scale=float(embed), residual_scale=float(residual), logit_scale=float(logit),
+        embed_scale=float(embed), residual_scale=float(residual), logit_scale=float(logit), max_pos=max_pos,
         n_experts=d["E"], top_k=d["top_k"], router=f.router, router_groups=f.router_groups if groups else "",
         router_norm=f.router_norm == "always" or bool(get("norm_topk_prob", False)),
         routed_scale=_num(get("routed_scaling_factor", 1.0), "routed_scaling_factor", where) if f.router_scale else 1.0,
@@ -297,6 +298,9 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
     mla = facts["attention"] == "mla"
     if get("attention.clamp_kqv"):
         raise NotEvaluable(f"{where}: clamped q/k/v (attention.clamp_kqv) is not evaluable yet")
+    if mla and get("attention.key_length_mla") is not None:
+        raise NotEvaluable(f"{where}: MLA with split attn_k_b / attn_v_b (llama.cpp's absorbed layout) is not "
+                           "evaluable yet")
     hd = facts["head_dim"]
     eps = get("attention.layer_norm_rms_epsilon", get("attention.layer_norm_epsilon", 1e-6))
     style = "interleaved" if f.gguf_permuted_qk else f.rope
@@ -354,7 +358,7 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
         rope_layers=rope_layers, swa_window=swa_window, swa_layers=swa_layers, attn_scale=attn_scale,
         attn_softcap=float(get("attn_logit_softcapping", 0.0)), final_softcap=float(get("final_logit_softcapping", 0.0)),
         embed_scale=float(embed), residual_scale=scale(f.residual_scale, "residual", 1.0),
-        logit_scale=scale(f.logit_scale, "logit", 1.0), n_experts=E, top_k=facts["n_experts_used"],
+        logit_scale=scale(f.logit_scale, "logit", 1.0), max_pos=max_pos, n_experts=E, top_k=facts["n_experts_used"],
         router=router, router_groups=groups, router_norm=f.router_norm == "always" or bool(get("expert_weights_norm", False)),
         routed_scale=float(get("expert_weights_scale", 1.0)) if f.router_scale else 1.0,
         n_group=n_group, topk_group=int(get("expert_group_used_count", 1)) if n_group > 1 else 1,
