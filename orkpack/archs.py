@@ -311,7 +311,8 @@ _F = [
     Family("gemma3_text", "GEMMA3", _NORMS + _GEMMA2_NORMS + _QKVO + _QK_NORM + _MLP, _llama_top(), swa="pattern",
            defaults={"tie_word_embeddings": True, "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
                      "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-                     "sliding_window": 4096, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256},
+                     "sliding_window": 4096, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
+                     "rope_theta": 1000000.0},
            forward=_FWD_GEMMA3),
     # Gemma3ForConditionalGeneration: the text model under language_model., a SigLIP vision tower, a projector
     Family("gemma3", "GEMMA3", tuple(T(x.name.replace("model.layers.", "language_model.model.layers."), x.shape, x.when,
@@ -331,7 +332,8 @@ _F = [
                     (r"^language_model\.lm_head\.", "lm_head.")),
            defaults={"tie_word_embeddings": True, "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
                      "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-                     "sliding_window": 4096, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256},
+                     "sliding_window": 4096, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
+                     "rope_theta": 1000000.0},
            forward=_FWD_GEMMA3),
     Family("phi3", "PHI3", _NORMS + (
         t(P + "self_attn.qkv_proj.weight", "(nh+2*nkv)*hd", "H"), t(P + "self_attn.o_proj.weight", "H", "nh*hd"),

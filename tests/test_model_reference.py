@@ -375,3 +375,32 @@ def test_run_without_a_source_takes_hparams_and_weights(tmp_path):
     np.testing.assert_array_equal(got, ref)
     with pytest.raises(ValueError, match="needs both hp and weights"):
         run(None, [1])
+
+
+def test_transformers4_rope_keys_read_as_transformers5_rope_parameters():
+    """Real config.json files mostly carry 4.x keys (rope_theta, rope_scaling, rope_local_base_freq)."""
+    from orkpack.model.hparams import from_config
+    from orkpack.synth import TINY
+
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64}
+    old = dict(TINY["llama"], rope_theta=500000.0, rope_scaling=llama3)
+    new = dict(TINY["llama"], rope_parameters=dict(llama3, rope_theta=500000.0))
+    new.pop("rope_theta")
+    a, b = from_config(old), from_config(new)
+    np.testing.assert_array_equal(a.rope.inv_freq, b.rope.inv_freq)
+    assert not np.array_equal(a.rope.inv_freq, from_config(TINY["llama"]).rope.inv_freq)
+    g_old = dict(TINY["gemma3_text"], rope_theta=1e6, rope_local_base_freq=5e3, rope_scaling={"rope_type": "linear",
+                                                                                                  "factor": 8.0})
+    g_new = dict(TINY["gemma3_text"], rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 5e3}})
+    g_new.pop("rope_theta")
+    a, b = from_config(g_old), from_config(g_new)
+    np.testing.assert_array_equal(a.rope.inv_freq, b.rope.inv_freq)
+    np.testing.assert_array_equal(a.rope_swa.inv_freq, b.rope_swa.inv_freq)
+    # a Gemma 3 config that states no base: transformers' defaults (1e6 global, 1e4 sliding)
+    bare = dict(TINY["gemma3_text"])
+    bare.pop("rope_theta")
+    hp = from_config(bare)
+    assert hp.rope.params["rope_theta"] == 1e6 and hp.rope_swa.params["rope_theta"] == 1e4

@@ -219,6 +219,7 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
     max_pos = int(get("max_position_embeddings", 4096))
     style = "neox" if tc.get("rope_interleave") is False else f.rope
     params = _hf_rope_params(tc, "full_attention")
+    params.setdefault("rope_theta", get("rope_theta", 10000.0))  # a family default (gemma3: 1e6) when unstated
     if f.rope_ratio:
         params["rope_theta"] = 10000.0 * _num(get("rope_ratio", 1.0), "rope_ratio", where)
     prf = params.get("partial_rotary_factor") or get("partial_rotary_factor", 1.0)
