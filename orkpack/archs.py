@@ -13,7 +13,10 @@ An entry says, for one family of Hugging Face checkpoints:
 * its attention: ``gqa`` (K and V of ``kv_heads x head_dim`` per token and
   layer) or ``mla`` (the compressed latent, ``kv_lora_rank +
   qk_rope_head_dim``); which layers use a sliding window (``swa``) and which
-  layers are MoE (``moe``).
+  layers are MoE (``moe``);
+* how its forward pass computes the logits (``forward``, a :class:`Forward`: norms
+  and their placement, activation, RoPE style, QK norms, multipliers, MoE routing),
+  read by the reference forward pass :mod:`orkpack.model`.
 
 Adding a family is one entry here plus a fixture (``orkpack.synth.TINY``).
 Everything else reads these tables: :func:`facts_from_config` (the facts a
