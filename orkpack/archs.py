@@ -437,7 +437,9 @@ _F = [
         renames=((r"^model\.layers\.(\d+)\.block_sparse_moe\.input_linear\.weight$", r"blk.\1.ffn_gate_up_exps.weight"),),
         defaults={"tie_word_embeddings": True}, forward=Forward(router_norm="always", **_FWD_GRANITE)),
     Family("smollm3", "SMOLLM3", _LLAMA_LAYER, _llama_top(), flags=_qkv_bias_flag,
-           defaults={"tie_word_embeddings": True}, forward=Forward(gguf_permuted_qk=True, rope_layers="no_rope_layers")),
+           defaults={"tie_word_embeddings": True},
+           forward=Forward(gguf_permuted_qk=True, rope_layers="no_rope_layers",
+                           refuse=(("use_sliding_window", "SmolLM3 sliding-window layers (use_sliding_window)"),))),
     Family("starcoder2", "STARCODER2", (
         t(P + "input_layernorm.weight", "H"), t(P + "input_layernorm.bias", "H"),
         t(P + "post_attention_layernorm.weight", "H"), t(P + "post_attention_layernorm.bias", "H"),
