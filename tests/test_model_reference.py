@@ -5,7 +5,9 @@ redrawn so norm gains, biases and routers are not at their neutral init), saved 
 save_pretrained as safetensors, and its float32 logits on a token sequence longer than its
 sliding windows compared with ours: from the HF folder, and from a GGUF of the same weights in
 llama.cpp's converter layout (q/k rows permuted where the converter permutes them, gemma gains
-stored as 1 + w, hyperparameters as llama.cpp keys). Tolerance: max |ours - theirs| <= 1e-4 x
+stored as 1 + w, internlm2's wqkv and stacked gate_up experts split, hyperparameters as llama.cpp
+keys). Families transformers cannot build offline (minicpm, internlm2, chatglm) are an equivalent
+transformers model rewritten into the family's checkpoint form. Tolerance: max |ours - theirs| <= 1e-4 x
 max |theirs|.
 """
 from __future__ import annotations

@@ -212,17 +212,18 @@ def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
         q, k, v = q.reshape(T, nh, d), k.reshape(T, nkv, d), v.reshape(T, nkv, -1)
         if rope is not None:
             q, k = _rope(q, rope, pos), _rope(k, rope, pos)
-    sinks = w.tensor(p + "attn_sinks") if w.has(p + "attn_sinks") else None
+    sink = next((n for n in (p + "attn_sinks", p + "attn_sinks.weight") if w.has(n)), None)
+    sinks = w.tensor(sink) if sink else None
     return _lin(w, p + "attn_output", _attend(q, k, v, hp, window, sinks))
 
 
 def _mlp(x: np.ndarray, w: Weights, p: str, sfx: str, hp: Hparams, expert: int | None = None) -> np.ndarray:
     """One (expert's) MLP over the ``{p}ffn_{gate,up,down}{sfx}`` tensors."""
-    kind = hp.fwd.mlp
-    if w.has(f"{p}ffn_gate_up{sfx}.weight"):  # experts stored fused (granitemoe: gate rows, then up rows)
-        kind, up = ("fused" if kind != "interleaved" else kind), f"{p}ffn_gate_up{sfx}"
-    else:
-        up = f"{p}ffn_up{sfx}"
+    kind, up = hp.fwd.mlp, f"{p}ffn_up{sfx}"
+    if w.has(f"{p}ffn_gate{sfx}.weight"):  # gate and up apart (llama.cpp splits gpt-oss's and granitemoe's)
+        kind = "gated"
+    elif w.has(f"{p}ffn_gate_up{sfx}.weight"):  # one stacked gate_up (granitemoe: halves, gpt-oss: interleaved)
+        kind, up = ("interleaved" if kind == "interleaved" else "fused"), f"{p}ffn_gate_up{sfx}"
     if kind == "plain":
         h = _act(_lin(w, up, x, expert), hp.act)
     elif kind == "fused":
