@@ -439,3 +439,25 @@ def test_transformers4_rope_keys_read_as_transformers5_rope_parameters():
     bare.pop("rope_theta")
     hp = from_config(bare)
     assert hp.rope.params["rope_theta"] == 1e6 and hp.rope_swa.params["rope_theta"] == 1e4
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "internlm2"])
+def test_gguf_metadata_beside_hf_layout_weights(family, tmp_path):
+    """A pack built from an HF folder carries GGUF-style metadata but the HF weights: layout="hf"."""
+    from orkpack.model.hparams import from_config, from_gguf, to_gguf
+    from orkpack.synth import write_gguf_from_hf
+
+    folder = _tiny(tmp_path, family)
+    g = write_gguf_from_hf(folder, tmp_path / "m.gguf", llama_cpp=True)
+    src, gsrc = open_source(folder), open_source(g)
+    try:
+        ref = run(src, np.arange(24) % 100)
+        hp = from_gguf(gsrc.metadata, gsrc.config, None, "m.gguf", layout="hf")
+        got = run(src, np.arange(24) % 100, hp=hp)
+        wrong = run(src, np.arange(24) % 100, hp=from_gguf(gsrc.metadata, gsrc.config, None, "m.gguf"))
+    finally:
+        src.close()
+        gsrc.close()
+    assert _close(got, ref) <= TOL
+    assert _close(wrong, ref) > 1e-2  # the llama.cpp layout's RoPE / gains on HF weights: a different model
+    assert to_gguf(hp) == pytest.approx(to_gguf(from_config(json.loads((folder / "config.json").read_text()))))

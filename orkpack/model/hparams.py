@@ -286,9 +286,17 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
     )
 
 
-def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.ndarray | None, where: str) -> Hparams:
-    """Hparams of a GGUF (llama.cpp's converter layout): its metadata, the facts orkpack read from it and
-    its ``rope_freqs.weight`` (llama3-style RoPE: each frequency divided by its factor), if any."""
+def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.ndarray | None, where: str,
+              layout: str = "llama.cpp") -> Hparams:
+    """Hparams of a GGUF: its metadata, the facts orkpack read from it and its ``rope_freqs.weight``
+    (llama3-style RoPE: each frequency divided by its factor), if any.
+
+    ``layout``: how the weights the pass will read are laid out: ``llama.cpp`` (a GGUF, or a pack built
+    from one) or ``hf`` (GGUF-style metadata beside weights in the Hugging Face layout, e.g. a pack built
+    from an HF folder: q/k rows not permuted, gemma gains as stored in HF).
+    """
+    if layout not in ("llama.cpp", "hf"):
+        raise ValueError(f"layout must be llama.cpp or hf, not {layout!r}")
     fam = archs.FAMILIES[facts["arch"]]
     _refuse(fam, {}, where)
     f = fam.forward
@@ -307,7 +315,7 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
                            "evaluable yet")
     hd = facts["head_dim"]
     eps = get("attention.layer_norm_rms_epsilon", get("attention.layer_norm_epsilon", 1e-6))
-    style = "interleaved" if f.gguf_permuted_qk else f.rope
+    style = "interleaved" if f.gguf_permuted_qk and layout == "llama.cpp" else f.rope
     rot = int(get("rope.dimension_count", hd))
     max_pos = int(get("context_length", 4096))
     params: dict[str, Any] = {"rope_theta": get("rope.freq_base", 10000.0)}
@@ -358,9 +366,10 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
     n_group = int(get("expert_group_count", 1)) if f.router_groups else 1
     groups = ("top2sum" if router == "sigmoid" else "max") if n_group > 1 else ""
     return Hparams(
-        arch=fam.name, fwd=f, layout="gguf", n_layers=L, hidden=H, heads=nh, kv_heads=facts["kv_heads"],
-        head_dim=hd, v_head_dim=int(get("attention.value_length", hd)), vocab=facts["vocab"],
-        eps=_num(eps, "layer_norm_rms_epsilon", where), norm_offset=0.0, act=f.act, rope=rope, rope_swa=rope_swa,
+        arch=fam.name, fwd=f, layout="gguf" if layout == "llama.cpp" else "hf", n_layers=L, hidden=H, heads=nh,
+        kv_heads=facts["kv_heads"], head_dim=hd, v_head_dim=int(get("attention.value_length", hd)),
+        vocab=facts["vocab"], eps=_num(eps, "layer_norm_rms_epsilon", where),
+        norm_offset=0.0 if layout == "llama.cpp" else f.norm_offset, act=f.act, rope=rope, rope_swa=rope_swa,
         rope_layers=rope_layers, swa_window=swa_window, swa_layers=swa_layers, attn_scale=attn_scale,
         attn_softcap=float(get("attn_logit_softcapping", 0.0)),
         final_softcap=float(get("final_logit_softcapping", 0.0)),
