@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from scipy.special import erf, expit  # exact GELU; a sigmoid that does not overflow
 
 from ..errors import SourceError, escape_name
 from ..sources import open_source
@@ -54,12 +55,10 @@ def _source_hparams(source, where: str) -> Hparams:
 
 def _act(x: np.ndarray, kind: str) -> np.ndarray:
     if kind == "silu":
-        return x / (np.float32(1) + np.exp(-x))
+        return x * expit(x)
     if kind == "gelu_tanh":
         c = np.float32(np.sqrt(2.0 / np.pi))
         return np.float32(0.5) * x * (np.float32(1) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
-    from scipy.special import erf  # exact GELU
-
     return (np.float32(0.5) * x * (np.float32(1) + erf(x / np.float32(np.sqrt(2.0))))).astype(np.float32)
 
 
@@ -90,7 +89,7 @@ def _glu(gate: np.ndarray, up: np.ndarray, hp: Hparams) -> np.ndarray:
         alpha, limit = (np.float32(v) for v in hp.swiglu)
         gate = np.minimum(gate, limit)
         up = np.clip(up, -limit, limit)
-        return gate / (np.float32(1) + np.exp(-alpha * gate)) * (up + np.float32(1))
+        return gate * expit(alpha * gate) * (up + np.float32(1))
     return _act(gate, hp.act) * up
 
 
@@ -241,7 +240,7 @@ def _mlp(x: np.ndarray, w: Weights, p: str, sfx: str, hp: Hparams, expert: int |
 def _route(logits: np.ndarray, p: str, hp: Hparams, w: Weights) -> tuple[np.ndarray, np.ndarray]:
     """(expert ids, weights), each (T, top_k), as the family's router picks them."""
     if hp.router == "sigmoid":
-        scores = np.float32(1) / (np.float32(1) + np.exp(-logits))
+        scores = expit(logits)
     else:
         scores = _softmax(logits.copy())
     choice = scores + w.tensor(p + "exp_probs_b.bias") if w.has(p + "exp_probs_b.bias") else scores.copy()
@@ -279,7 +278,7 @@ def _ffn(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
         s = _mlp(x, w, p, "_shexp", hp)
         if hp.fwd.shared_gate:
             gate = w.matmul(p + "ffn_gate_inp_shexp.weight", x)
-            s = s * (np.float32(1) / (np.float32(1) + np.exp(-gate)))
+            s = s * expit(gate)
         out = out + s
     return out
 
