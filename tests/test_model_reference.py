@@ -461,3 +461,16 @@ def test_gguf_metadata_beside_hf_layout_weights(family, tmp_path):
     assert _close(got, ref) <= TOL
     assert _close(wrong, ref) > 1e-2  # the llama.cpp layout's RoPE / gains on HF weights: a different model
     assert to_gguf(hp) == pytest.approx(to_gguf(from_config(json.loads((folder / "config.json").read_text()))))
+
+
+def test_activations_of_large_negative_inputs_do_not_overflow():
+    import warnings
+
+    from orkpack.model.forward import _act
+
+    x = np.array([-200.0, -90.0, 0.0, 5.0], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 1 / (1 + exp(200)) overflowed float32 before
+        y = _act(x, "silu")
+    np.testing.assert_allclose(y, x / (1 + np.exp(-x.astype(np.float64))), rtol=1e-6, atol=1e-30)
+    assert y.dtype == np.float32
