@@ -300,6 +300,38 @@ def calibrate(
     print(json.dumps(report_json(f, str(output)), indent=1) if json_out else report_text(f, str(output)))
 
 
+@app.command(name="eval")
+@_fail_cleanly
+def eval_(
+    models: List[Path] = typer.Argument(..., metavar="[SOURCE] PACK", help="PACK: an .orkpack or a (quantized) GGUF; SOURCE (optional, first): the float checkpoint it came from, the reference."),
+    text: Optional[Path] = typer.Option(None, "--text", metavar="FILE", help="UTF-8 text to score (default: the built-in prose, ~2,300 tokens)."),
+    ctx: int = typer.Option(512, "--ctx", metavar="N", help="Chunk length: each chunk is one sequence, scored on its second half (as llama-perplexity)."),
+    chunks: int = typer.Option(0, "--chunks", metavar="N", help="Score only the first N chunks (0: all)."),
+    act: str = typer.Option("token", "--act", help="NPU activations quantized to int8 per token (as the public RK3588 llama.cpp backends) or per tensor."),
+    cpu_act: str = typer.Option("float", "--cpu-act", help="CPU activations for int8/NF4 weights: float, or q8 (llama.cpp's Q8_0 blocks)."),
+    per_tensor: bool = typer.Option(False, "--per-tensor", help="Rank the items by their share of the matmul output error (needs SOURCE)."),
+    rows: int = typer.Option(20, "--rows", metavar="N", help="Per-tensor rows shown."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+):
+    """What a pack does to the model's answers: KL divergence, top-1 agreement and perplexity of each path
+    (prefill and decode, in the board's numerics) against the source's float model (docs/EVAL.md)."""
+    from orkpack.eval.run import Options, evaluate
+    from orkpack.render import eval_report
+
+    if len(models) not in (1, 2):
+        raise OrkError(f"give PACK, or SOURCE PACK ({len(models)} paths given)")
+    source, pack = (None, models[0]) if len(models) == 1 else models
+    opts = Options(text=text, ctx=ctx, chunks=chunks, act=act, cpu_act=cpu_act, per_tensor=per_tensor)
+    with Progress(TextColumn("[bold]eval"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"), TimeRemainingColumn(),
+                  TextColumn("{task.fields[what]}"), console=err, disable=json_out) as prog:
+        task = prog.add_task("eval", total=None, what="")
+        r = evaluate(source, pack, opts, progress=lambda d, t, what: prog.update(task, completed=d, total=t, what=what))
+    if json_out:
+        print(json.dumps(r, indent=1))
+    else:
+        eval_report(out, r, rows=rows)
+
+
 def main() -> None:
     app()
 
