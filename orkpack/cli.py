@@ -86,6 +86,27 @@ def _progress(enabled: bool) -> Progress:
     )
 
 
+class _LazyBar:
+    """A progress bar on stderr that appears with the first progress report (so an early error is one line)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.prog, self.task = enabled, None, None
+
+    def update(self, done: float, total: float, what: str) -> None:
+        if not self.enabled:
+            return
+        if self.prog is None:
+            self.prog = Progress(TextColumn("[bold]eval"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                                 TimeRemainingColumn(), TextColumn("{task.fields[what]}"), console=err)
+            self.prog.start()
+            self.task = self.prog.add_task("eval", total=total, what="")
+        self.prog.update(self.task, completed=done, total=total, what=what)
+
+    def stop(self) -> None:
+        if self.prog is not None:
+            self.prog.stop()
+
+
 def version_callback(value: bool):
     if value:
         print(f"orkpack {__version__}")
@@ -305,6 +326,7 @@ def calibrate(
 def eval_(
     models: List[Path] = typer.Argument(..., metavar="[SOURCE] PACK", help="PACK: an .orkpack or a (quantized) GGUF; SOURCE (optional, first): the float checkpoint it came from, the reference."),
     text: Optional[Path] = typer.Option(None, "--text", metavar="FILE", help="UTF-8 text to score (default: the built-in prose, ~2,300 tokens)."),
+    tokens: Optional[Path] = typer.Option(None, "--tokens", metavar="FILE", help="Token ids to score instead of a text (integers separated by spaces)."),
     ctx: int = typer.Option(512, "--ctx", metavar="N", help="Chunk length: each chunk is one sequence, scored on its second half (as llama-perplexity)."),
     chunks: int = typer.Option(0, "--chunks", metavar="N", help="Score only the first N chunks (0: all)."),
     act: str = typer.Option("token", "--act", help="NPU activations quantized to int8 per token (as the public RK3588 llama.cpp backends) or per tensor."),
@@ -321,11 +343,12 @@ def eval_(
     if len(models) not in (1, 2):
         raise OrkError(f"give PACK, or SOURCE PACK ({len(models)} paths given)")
     source, pack = (None, models[0]) if len(models) == 1 else models
-    opts = Options(text=text, ctx=ctx, chunks=chunks, act=act, cpu_act=cpu_act, per_tensor=per_tensor)
-    with Progress(TextColumn("[bold]eval"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"), TimeRemainingColumn(),
-                  TextColumn("{task.fields[what]}"), console=err, disable=json_out) as prog:
-        task = prog.add_task("eval", total=None, what="")
-        r = evaluate(source, pack, opts, progress=lambda d, t, what: prog.update(task, completed=d, total=t, what=what))
+    opts = Options(text=text, tokens=tokens, ctx=ctx, chunks=chunks, act=act, cpu_act=cpu_act, per_tensor=per_tensor)
+    bar = _LazyBar(not json_out)
+    try:
+        r = evaluate(source, pack, opts, progress=bar.update)
+    finally:
+        bar.stop()
     if json_out:
         print(json.dumps(r, indent=1))
     else:

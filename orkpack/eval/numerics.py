@@ -86,7 +86,7 @@ def q8_0(x: np.ndarray) -> np.ndarray:
     d = (np.abs(b).max(axis=-1, keepdims=True) / np.float32(127)).astype(np.float32)
     with np.errstate(divide="ignore"):
         inv = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
-    q = roundf(b * inv)
+    q = roundf(b * inv).astype(np.int8).astype(np.float32)  # stored int8 (so -0 is 0)
     out = q * d.astype(np.float16).astype(np.float32)
     return out.reshape(b.shape[0], -1)[:, :K]
 

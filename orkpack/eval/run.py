@@ -43,6 +43,7 @@ _KLD_ROWS = 32  # tokens per float64 log-softmax
 @dataclass
 class Options:
     text: Path | None = None
+    tokens: Path | None = None  # token ids (whitespace-separated or a JSON list) instead of a text
     ctx: int = 512
     chunks: int = 0  # 0: every whole chunk of the text
     act: str = "token"  # NPU activations: per token or per tensor
@@ -140,6 +141,22 @@ def _score(base_lp: np.ndarray | None, lg: np.ndarray, nxt: np.ndarray, st: _Sta
             b = base_lp[r: r + _KLD_ROWS].astype(np.float64)
             st.kld.extend(np.maximum(0.0, (np.exp(b) * (b - lp)).sum(-1)).tolist())
             st.top1.extend((b.argmax(-1) == lp.argmax(-1)).tolist())
+
+
+def _read_ids(path: Path, vocab: int) -> np.ndarray:
+    """Token ids from a file: whitespace- or comma-separated integers, or a JSON list."""
+    where = escape_name(str(path))
+    try:
+        raw = Path(path).read_text(encoding="utf-8")
+        ids = np.asarray([int(t) for t in raw.replace("[", " ").replace("]", " ").replace(",", " ").split()],
+                         dtype=np.int64)
+    except (OSError, UnicodeDecodeError, ValueError, OverflowError) as e:
+        raise EvalError(f"{where}: not a list of token ids ({e.__class__.__name__}); give integers separated by "
+                        "spaces") from None
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        raise EvalError(f"{where}: token id {int(ids.max() if ids.max() >= vocab else ids.min())} is outside the "
+                        f"vocabulary (0..{vocab - 1})")
+    return ids
 
 
 def _summary(st: _Stats) -> dict:
@@ -257,21 +274,23 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
         if hp_src.layout != hp.layout:
             raise EvalError(f"--per-tensor needs the source the pack was built from ({'a GGUF' if hp.layout == 'gguf' else 'an HF folder'}): "
                             "the two hold the attention rows in different orders")
-    tok = from_model(record, escape_name(str(pack_path)))
-    text_path = opts.text or PROSE
-    try:
-        text = Path(text_path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise EvalError(f"{escape_name(str(text_path))}: cannot read the text ({e.__class__.__name__}); give a UTF-8 "
-                        "text file") from None
-    ids = np.asarray(tok.encode(text), dtype=np.int64)
+    if opts.tokens is not None:
+        ids, bos, text_path = _read_ids(opts.tokens, hp.vocab), None, opts.tokens
+    else:
+        tok = from_model(record, escape_name(str(pack_path)))
+        text_path = opts.text or PROSE
+        try:
+            text = Path(text_path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise EvalError(f"{escape_name(str(text_path))}: cannot read the text ({e.__class__.__name__}); give a "
+                            "UTF-8 text file") from None
+        ids, bos = np.asarray(tok.encode(text), dtype=np.int64), tok._bos
     n_chunks = ids.size // opts.ctx
     if n_chunks == 0:
         raise EvalError(f"{escape_name(str(text_path))}: {ids.size} tokens, fewer than one chunk of --ctx {opts.ctx}; "
                         "give a longer text or a smaller --ctx")
     if opts.chunks:
         n_chunks = min(n_chunks, opts.chunks)
-    bos = tok._bos
     stub = SimpleNamespace(root=pack_path, config=stub_config)  # what forward.run reads of a source
     runs = ([ref_target] if ref_target else []) + targets
     first = opts.ctx // 2
@@ -317,7 +336,7 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
         "source": None if source is None else str(source),
         "pack": str(pack_path),
         "kind": kind,
-        "text": "built-in prose" if opts.text is None else str(opts.text),
+        "text": str(text_path) if (opts.text or opts.tokens) else "built-in prose",
         "tokens": int(ids.size),
         "ctx": opts.ctx,
         "chunks": n_chunks,
