@@ -333,6 +333,7 @@ def eval_(
     cpu_act: str = typer.Option("float", "--cpu-act", help="CPU activations for int8/NF4 weights: float, or q8 (llama.cpp's Q8_0 blocks)."),
     per_tensor: bool = typer.Option(False, "--per-tensor", help="Rank the items by their share of the matmul output error (needs SOURCE)."),
     rows: int = typer.Option(20, "--rows", metavar="N", help="Per-tensor rows shown."),
+    threads: int = typer.Option(1, "--threads", "-t", help="BLAS threads (0: all cores). One is fastest on a busy machine: the attention's many small products lose to thread synchronisation."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ):
     """What a pack does to the model's answers: KL divergence, top-1 agreement and perplexity of each path
@@ -343,7 +344,7 @@ def eval_(
     if len(models) not in (1, 2):
         raise OrkError(f"give PACK, or SOURCE PACK ({len(models)} paths given)")
     source, pack = (None, models[0]) if len(models) == 1 else models
-    opts = Options(text=text, tokens=tokens, ctx=ctx, chunks=chunks, act=act, cpu_act=cpu_act, per_tensor=per_tensor)
+    opts = Options(text=text, tokens=tokens, ctx=ctx, chunks=chunks, act=act, cpu_act=cpu_act, per_tensor=per_tensor, threads=threads)
     bar = _LazyBar(not json_out)
     try:
         r = evaluate(source, pack, opts, progress=bar.update)

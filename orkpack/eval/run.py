@@ -49,6 +49,7 @@ class Options:
     act: str = "token"  # NPU activations: per token or per tensor
     cpu_act: str = "float"  # CPU activations of quantized weights: float or q8 (llama.cpp Q8_0 blocks)
     per_tensor: bool = False
+    threads: int = 1  # BLAS threads (0: the library's default, all cores)
 
 
 @dataclass
@@ -215,9 +216,14 @@ def evaluate(source: Path | None, pack_path: Path, opts: Options,
     pack_path = Path(pack_path)
     if not pack_path.exists():
         raise EvalError(f"{escape_name(str(pack_path))}: no such file; give an .orkpack or a .gguf")
+    if opts.threads < 0:
+        raise EvalError(f"--threads {opts.threads}: give 0 (all cores) or a positive count")
+    from threadpoolctl import threadpool_limits
+
     closers = []
     try:
-        return _evaluate(source, pack_path, opts, progress, closers)
+        with threadpool_limits(limits=opts.threads or None, user_api="blas"):
+            return _evaluate(source, pack_path, opts, progress, closers)
     finally:
         for c in reversed(closers):
             c()
