@@ -13,7 +13,10 @@ An entry says, for one family of Hugging Face checkpoints:
 * its attention: ``gqa`` (K and V of ``kv_heads x head_dim`` per token and
   layer) or ``mla`` (the compressed latent, ``kv_lora_rank +
   qk_rope_head_dim``); which layers use a sliding window (``swa``) and which
-  layers are MoE (``moe``).
+  layers are MoE (``moe``);
+* how its forward pass computes the logits (``forward``, a :class:`Forward`: norms
+  and their placement, activation, RoPE style, QK norms, multipliers, MoE routing),
+  read by the reference forward pass :mod:`orkpack.model`.
 
 Adding a family is one entry here plus a fixture (``orkpack.synth.TINY``).
 Everything else reads these tables: :func:`facts_from_config` (the facts a
@@ -311,7 +314,8 @@ _F = [
     Family("gemma3_text", "GEMMA3", _NORMS + _GEMMA2_NORMS + _QKVO + _QK_NORM + _MLP, _llama_top(), swa="pattern",
            defaults={"tie_word_embeddings": True, "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
                      "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-                     "sliding_window": 4096, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256},
+                     "sliding_window": 4096, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
+                     "rope_theta": 1000000.0},
            forward=_FWD_GEMMA3),
     # Gemma3ForConditionalGeneration: the text model under language_model., a SigLIP vision tower, a projector
     Family("gemma3", "GEMMA3", tuple(T(x.name.replace("model.layers.", "language_model.model.layers."), x.shape, x.when,
@@ -331,7 +335,8 @@ _F = [
                     (r"^language_model\.lm_head\.", "lm_head.")),
            defaults={"tie_word_embeddings": True, "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
                      "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-                     "sliding_window": 4096, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256},
+                     "sliding_window": 4096, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
+                     "rope_theta": 1000000.0},
            forward=_FWD_GEMMA3),
     Family("phi3", "PHI3", _NORMS + (
         t(P + "self_attn.qkv_proj.weight", "(nh+2*nkv)*hd", "H"), t(P + "self_attn.o_proj.weight", "H", "nh*hd"),
@@ -432,7 +437,9 @@ _F = [
         renames=((r"^model\.layers\.(\d+)\.block_sparse_moe\.input_linear\.weight$", r"blk.\1.ffn_gate_up_exps.weight"),),
         defaults={"tie_word_embeddings": True}, forward=Forward(router_norm="always", **_FWD_GRANITE)),
     Family("smollm3", "SMOLLM3", _LLAMA_LAYER, _llama_top(), flags=_qkv_bias_flag,
-           defaults={"tie_word_embeddings": True}, forward=Forward(gguf_permuted_qk=True, rope_layers="no_rope_layers")),
+           defaults={"tie_word_embeddings": True},
+           forward=Forward(gguf_permuted_qk=True, rope_layers="no_rope_layers",
+                           refuse=(("use_sliding_window", "SmolLM3 sliding-window layers (use_sliding_window)"),))),
     Family("starcoder2", "STARCODER2", (
         t(P + "input_layernorm.weight", "H"), t(P + "input_layernorm.bias", "H"),
         t(P + "post_attention_layernorm.weight", "H"), t(P + "post_attention_layernorm.bias", "H"),

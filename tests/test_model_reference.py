@@ -90,6 +90,13 @@ CASES: dict[str, dict] = {
                         n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
                         first_k_dense_replace=1, routed_scaling_factor=2.5, n_group=4, topk_group=2,
                         norm_topk_prob=True),
+    "deepseek_v3_yarn": dict(model_type="deepseek_v3", num_hidden_layers=2, q_lora_rank=24, kv_lora_rank=32,
+                             qk_nope_head_dim=16, qk_rope_head_dim=8, head_dim=8, num_key_value_heads=4,
+                             v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                             n_group=2, topk_group=1, first_k_dense_replace=1, rope_parameters={
+                                 "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                 "original_max_position_embeddings": 16, "mscale": 1.0, "mscale_all_dim": 0.8,
+                                 "beta_fast": 32, "beta_slow": 1}),
     "minicpm3": dict(q_lora_rank=24, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, head_dim=8,
                      num_key_value_heads=4, v_head_dim=16, scale_emb=6.0, dim_model_base=16, scale_depth=1.4),
 }
@@ -352,3 +359,48 @@ def test_logits_in_blocks_equal_the_whole(tmp_path):
                   progress=lambda d, n: done.append((d, n))) is None
     np.testing.assert_allclose(got, whole, rtol=0, atol=1e-5 * np.abs(whole).max())  # BLAS rounds by block size
     assert done[-1][0] == done[-1][1] == 2 + 4  # layers, then logit blocks
+
+
+def test_run_without_a_source_takes_hparams_and_weights(tmp_path):
+    """What an eval of a pack does: the metadata's hyperparameters and its own provider, no Source."""
+    from orkpack.model import SourceWeights, model_hparams
+
+    folder = _tiny(tmp_path, "granite")
+    src = open_source(folder)
+    try:
+        ref = run(src, [3, 1, 4, 1, 5])
+        got = run(None, [3, 1, 4, 1, 5], hp=model_hparams(src), weights=SourceWeights(src))
+    finally:
+        src.close()
+    np.testing.assert_array_equal(got, ref)
+    with pytest.raises(ValueError, match="needs both hp and weights"):
+        run(None, [1])
+
+
+def test_transformers4_rope_keys_read_as_transformers5_rope_parameters():
+    """Real config.json files mostly carry 4.x keys (rope_theta, rope_scaling, rope_local_base_freq)."""
+    from orkpack.model.hparams import from_config
+    from orkpack.synth import TINY
+
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 64}
+    old = dict(TINY["llama"], rope_theta=500000.0, rope_scaling=llama3)
+    new = dict(TINY["llama"], rope_parameters=dict(llama3, rope_theta=500000.0))
+    new.pop("rope_theta")
+    a, b = from_config(old), from_config(new)
+    np.testing.assert_array_equal(a.rope.inv_freq, b.rope.inv_freq)
+    assert not np.array_equal(a.rope.inv_freq, from_config(TINY["llama"]).rope.inv_freq)
+    g_old = dict(TINY["gemma3_text"], rope_theta=1e6, rope_local_base_freq=5e3, rope_scaling={"rope_type": "linear",
+                                                                                                  "factor": 8.0})
+    g_new = dict(TINY["gemma3_text"], rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 5e3}})
+    g_new.pop("rope_theta")
+    a, b = from_config(g_old), from_config(g_new)
+    np.testing.assert_array_equal(a.rope.inv_freq, b.rope.inv_freq)
+    np.testing.assert_array_equal(a.rope_swa.inv_freq, b.rope_swa.inv_freq)
+    # a Gemma 3 config that states no base: transformers' defaults (1e6 global, 1e4 sliding)
+    bare = dict(TINY["gemma3_text"])
+    bare.pop("rope_theta")
+    hp = from_config(bare)
+    assert hp.rope.params["rope_theta"] == 1e6 and hp.rope_swa.params["rope_theta"] == 1e4

@@ -108,21 +108,22 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, hp: Hparams, window: in
     j = np.arange(T)
     scale = np.float32(hp.attn_scale)
     cap = np.float32(hp.attn_softcap)
-    for h in range(nkv):
-        kh, vh = k[:, h, :], v[:, h, :]
+    for h in range(nkv):  # contiguous 2-D operands: one BLAS call each (numpy's batched matmul is slow here)
+        kh, vh = np.ascontiguousarray(k[:, h, :]), np.ascontiguousarray(v[:, h, :])
+        qh = np.ascontiguousarray(q[:, h * g:(h + 1) * g, :].transpose(1, 0, 2))  # (g, T, d)
         for t0 in range(0, T, _Q_BLOCK):
             t1 = min(T, t0 + _Q_BLOCK)
             i = np.arange(t0, t1)[:, None]
             allowed = j[None, :t1] <= i
             if window:
                 allowed &= i - j[None, :t1] < window
-            qb = q[t0:t1, h * g:(h + 1) * g, :].transpose(1, 0, 2)  # (g, tb, d)
-            s = (qb @ kh[:t1].T) * scale  # (g, tb, t1)
+            s = (qh[:, t0:t1].reshape(-1, qh.shape[2]) @ kh[:t1].T).reshape(g, t1 - t0, t1)
+            s *= scale
             if cap:
                 s = np.tanh(s / cap) * cap
-            s = np.where(allowed[None], s, np.float32(-np.inf))
+            s[:, ~allowed] = -np.inf
             p = _softmax(s)
-            out[t0:t1, h * g:(h + 1) * g, :] = (p @ vh[:t1]).transpose(1, 0, 2)
+            out[t0:t1, h * g:(h + 1) * g, :] = (p.reshape(-1, t1) @ vh[:t1]).reshape(g, t1 - t0, dv).transpose(1, 0, 2)
     return out.reshape(T, nh * dv)
 
 
@@ -268,25 +269,27 @@ def run(source, tokens, *, weights: Weights | None = None, hp: Hparams | None = 
         progress: Callable[[int, int], None] | None = None, chunk: int = _LOGIT_CHUNK) -> np.ndarray | None:
     """Logits (T, vocab) float32 of ``tokens`` under the model in ``source`` (an opened Source).
 
+    ``hp``: the hyperparameters (default: :func:`model_hparams` of the source).
     ``weights``: the provider (default: :class:`SourceWeights`, float32 of the source).
+    ``source`` may be None when both are given (a pack's weights and the metadata it carries).
     ``on_logits(t0, block)``: receives the logits in blocks of ``chunk`` tokens instead of one
     (T, vocab) array (then None is returned): a long text's logits need not fit in memory.
     ``progress(done, total)``: after each layer and each block of logits.
     """
+    if source is None and (hp is None or weights is None):
+        raise ValueError("run() without a source needs both hp and weights")
     hp = hp or model_hparams(source)
     w = weights if weights is not None else SourceWeights(source)
     ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
-    where = escape_name(str(source.root))
+    where = escape_name(str(source.root)) if source is not None else "model"
     if ids.size == 0:
         raise SourceError(f"{where}: no tokens to evaluate")
     if ids.min() < 0 or ids.max() >= hp.vocab:
         raise SourceError(f"{where}: token id {int(ids.max() if ids.max() >= hp.vocab else ids.min())} is outside "
                           f"the vocabulary (0..{hp.vocab - 1}); tokenize with this model's tokenizer")
-    if hp.rope is not None and hp.rope.params.get("rope_type") == "dynamic":
-        lim = int(source.config.get("max_position_embeddings", 0)) if isinstance(source.config, dict) else 0
-        if lim and ids.size > lim:
-            raise NotEvaluable(f"{where}: dynamic RoPE scaling beyond max_position_embeddings ({lim} tokens) is not "
-                               "evaluable yet; use fewer tokens")
+    if hp.rope is not None and hp.rope.params.get("rope_type") == "dynamic" and hp.max_pos and ids.size > hp.max_pos:
+        raise NotEvaluable(f"{where}: dynamic RoPE scaling beyond max_position_embeddings ({hp.max_pos} tokens) is "
+                           "not evaluable yet; use fewer tokens")
     T = ids.size
     total = hp.n_layers + -(-T // chunk)
     x = w.embed(ids) * np.float32(hp.embed_scale)

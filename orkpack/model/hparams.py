@@ -77,6 +77,7 @@ class Hparams:
     embed_scale: float
     residual_scale: float
     logit_scale: float  # logits are divided by it
+    max_pos: int = 0  # the trained context (max_position_embeddings / context_length)
     n_experts: int = 0
     top_k: int = 0
     router: str = "softmax"  # softmax | sigmoid (the gate's scores)
@@ -218,6 +219,7 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
     max_pos = int(get("max_position_embeddings", 4096))
     style = "neox" if tc.get("rope_interleave") is False else f.rope
     params = _hf_rope_params(tc, "full_attention")
+    params.setdefault("rope_theta", get("rope_theta", 10000.0))  # a family default (gemma3: 1e6) when unstated
     if f.rope_ratio:
         params["rope_theta"] = 10000.0 * _num(get("rope_ratio", 1.0), "rope_ratio", where)
     prf = params.get("partial_rotary_factor") or get("partial_rotary_factor", 1.0)
@@ -271,7 +273,7 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
         swa_window=swa_window, swa_layers=swa_layers, attn_scale=float(attn_scale),
         attn_softcap=_num(get("attn_logit_softcapping", 0.0), "attn_logit_softcapping", where),
         final_softcap=_num(get("final_logit_softcapping", 0.0), "final_logit_softcapping", where),
-        embed_scale=float(embed), residual_scale=float(residual), logit_scale=float(logit),
+        embed_scale=float(embed), residual_scale=float(residual), logit_scale=float(logit), max_pos=max_pos,
         n_experts=d["E"], top_k=d["top_k"], router=f.router, router_groups=f.router_groups if groups else "",
         router_norm=f.router_norm == "always" or bool(get("norm_topk_prob", False)),
         routed_scale=_num(get("routed_scaling_factor", 1.0), "routed_scaling_factor", where) if f.router_scale else 1.0,
@@ -295,6 +297,11 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
 
     L, H, nh = facts["n_layers"], facts["hidden"], facts["heads"]
     mla = facts["attention"] == "mla"
+    if get("attention.clamp_kqv"):
+        raise NotEvaluable(f"{where}: clamped q/k/v (attention.clamp_kqv) is not evaluable yet")
+    if mla and get("attention.key_length_mla") is not None:
+        raise NotEvaluable(f"{where}: MLA with split attn_k_b / attn_v_b (llama.cpp's absorbed layout) is not "
+                           "evaluable yet")
     hd = facts["head_dim"]
     eps = get("attention.layer_norm_rms_epsilon", get("attention.layer_norm_epsilon", 1e-6))
     style = "interleaved" if f.gguf_permuted_qk else f.rope
@@ -305,8 +312,13 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
     if kind == "linear":
         params.update(rope_type="linear", factor=get("rope.scaling.factor", 1.0))
     elif kind == "yarn":
+        if get("rope.scaling.yarn_log_multiplier") is not None:
+            raise NotEvaluable(f"{where}: YaRN with yarn_log_multiplier (llama.cpp's DeepSeek form) is not evaluable "
+                               "yet")
         params.update(rope_type="yarn", factor=get("rope.scaling.factor", 1.0),
                       original_max_position_embeddings=get("rope.scaling.original_context_length", max_pos))
+        if get("rope.scaling.attn_factor") is not None:
+            params["attention_factor"] = float(get("rope.scaling.attn_factor"))
     elif kind not in ("none", None):
         raise NotEvaluable(f"{where}: RoPE scaling {escape_name(repr(kind), 40)} is not evaluable yet")
     rope = _rope_from(params, rot, max_pos, style, where)
@@ -345,10 +357,12 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
         head_dim=hd, v_head_dim=int(get("attention.value_length", hd)), vocab=facts["vocab"],
         eps=_num(eps, "layer_norm_rms_epsilon", where), norm_offset=0.0, act=f.act, rope=rope, rope_swa=rope_swa,
         rope_layers=rope_layers, swa_window=swa_window, swa_layers=swa_layers, attn_scale=attn_scale,
-        attn_softcap=float(get("attn_logit_softcapping", 0.0)), final_softcap=float(get("final_logit_softcapping", 0.0)),
+        attn_softcap=float(get("attn_logit_softcapping", 0.0)),
+        final_softcap=float(get("final_logit_softcapping", 0.0)),
         embed_scale=float(embed), residual_scale=scale(f.residual_scale, "residual", 1.0),
-        logit_scale=scale(f.logit_scale, "logit", 1.0), n_experts=E, top_k=facts["n_experts_used"],
-        router=router, router_groups=groups, router_norm=f.router_norm == "always" or bool(get("expert_weights_norm", False)),
+        logit_scale=scale(f.logit_scale, "logit", 1.0), max_pos=max_pos, n_experts=E, top_k=facts["n_experts_used"],
+        router=router, router_groups=groups,
+        router_norm=f.router_norm == "always" or bool(get("expert_weights_norm", False)),
         routed_scale=float(get("expert_weights_scale", 1.0)) if f.router_scale else 1.0,
         n_group=n_group, topk_group=int(get("expert_group_used_count", 1)) if n_group > 1 else 1,
         mla={"q_lora_rank": int(get("attention.q_lora_rank", 0)), "kv_lora_rank": int(get("attention.kv_lora_rank", 0)),
@@ -371,6 +385,7 @@ def to_gguf(hp: Hparams) -> dict[str, Any]:
         out["rope.scaling.factor"] = float(hp.rope.params["factor"])
         if kind == "yarn":
             out["rope.scaling.original_context_length"] = int(hp.rope.params["original_max_position_embeddings"])
+            out["rope.scaling.attn_factor"] = float(hp.rope.attn_factor)
     elif kind not in ("default", "dynamic", "llama3"):  # llama3: the rope_freqs.weight tensor (rope_factors)
         raise NotEvaluable(f"RoPE scaling {kind} has no GGUF form here")
     if f.norm == "layer":
