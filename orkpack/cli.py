@@ -329,7 +329,7 @@ def eval_(
     tokens: Optional[Path] = typer.Option(None, "--tokens", metavar="FILE", help="Token ids to score instead of a text (integers separated by spaces)."),
     ctx: int = typer.Option(512, "--ctx", metavar="N", help="Chunk length: each chunk is one sequence, scored on its second half (as llama-perplexity)."),
     chunks: int = typer.Option(0, "--chunks", metavar="N", help="Score only the first N chunks (0: all)."),
-    act: str = typer.Option("token", "--act", help="NPU activations quantized to int8 per token (as the public RK3588 llama.cpp backends) or per tensor."),
+    act: str = typer.Option("token", "--act", help="NPU activations quantized to int8 per token (as the public RK3588 llama.cpp backends) or per tensor; float: not quantized (to tell the weights' cost from the activations')."),
     cpu_act: str = typer.Option("float", "--cpu-act", help="CPU activations for int8/NF4 weights: float, or q8 (llama.cpp's Q8_0 blocks)."),
     per_tensor: bool = typer.Option(False, "--per-tensor", help="Rank the items by their share of the matmul output error (needs SOURCE)."),
     rows: int = typer.Option(20, "--rows", metavar="N", help="Per-tensor rows shown."),

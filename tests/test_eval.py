@@ -214,3 +214,15 @@ def test_real_smollm2(tmp):
     assert 5 < p["reference"]["ppl"] < 200
     for path in ("prefill", "decode"):
         assert 0.001 < p[path]["kld"]["mean"] < 1.0 and p[path]["top1"] > 0.4
+
+
+def test_act_float_leaves_npu_activations_unquantized(model, tmp):
+    pack_path = _pack(model, tmp, "npu_int8", plan=False, npu=["blk.*"])
+    name = "blk.0.attn_q.weight"
+    x = np.random.default_rng(2).standard_normal((CTX, 128)).astype(np.float32)
+    with Pack.open(pack_path) as pack:
+        f = PackWeights(pack, "prefill", m=CTX, act="float")
+        assert f.engine(name) == "npu"
+        np.testing.assert_allclose(f.matmul(name, x), PackWeights(pack, "decode").matmul(name, x), rtol=1e-6, atol=1e-6)
+        assert not np.allclose(PackWeights(pack, "prefill", m=CTX).matmul(name, x), f.matmul(name, x), rtol=1e-6,
+                               atol=1e-6)

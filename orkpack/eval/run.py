@@ -256,10 +256,12 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
         stub_config = pack.header.get("config")
         names_shapes = {t["name"]: t["shape"] for t in pack.tensors}
         m = opts.ctx
+        npu = f"int8 x int8 (activations int8 per {opts.act})" if opts.act != "float" else \
+            "int8 weights x float activations"
         targets.append(_Target("prefill", hp, lambda: PackWeights(pack, "prefill", m=m, act=opts.act,
                                                                   cpu_act=opts.cpu_act),
-                               f"M = {m}: NPU slices with min_m <= {m} as int8 x int8 (activations per {opts.act}), "
-                               f"others on the CPU (activations {opts.cpu_act})"))
+                               f"M = {m}: NPU slices with min_m <= {m} as {npu}, others on the CPU (activations "
+                               f"{opts.cpu_act})"))
         targets.append(_Target("decode", hp, lambda: PackWeights(pack, "decode", cpu_act=opts.cpu_act),
                                f"M = 1: every matmul on the CPU: host NF4 copies, host int8 / NF4 as stored, NPU-only "
                                f"slices from their int8 tiles (activations {opts.cpu_act})"))

@@ -39,7 +39,7 @@ from . import numerics
 _BLOCK = 1 << 22  # weight elements dequantized to float32 at a time
 
 PATHS = ("prefill", "decode")
-ACT_SCHEMES = ("token", "tensor")
+ACT_SCHEMES = ("token", "tensor", "float")  # float: NPU weights with unquantized activations (to split the costs)
 CPU_ACTS = ("float", "q8")
 
 
@@ -131,7 +131,7 @@ class PackWeights:
         if self.on_matmul:
             self.on_matmul(name, expert, op.engine)
         x = np.asarray(x, dtype=np.float32)
-        if op.int8 is not None:
+        if op.int8 is not None and self.act != "float":
             qx, sx = numerics.int8_act(x, self.act)
             return numerics.int8_matmul(qx, sx, *op.int8)
         if op.quantized and self.cpu_act == "q8":
