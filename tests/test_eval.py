@@ -226,3 +226,23 @@ def test_act_float_leaves_npu_activations_unquantized(model, tmp):
         np.testing.assert_allclose(f.matmul(name, x), PackWeights(pack, "decode").matmul(name, x), rtol=1e-6, atol=1e-6)
         assert not np.allclose(PackWeights(pack, "prefill", m=CTX).matmul(name, x), f.matmul(name, x), rtol=1e-6,
                                atol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "gemma2", "deepseek_v3"])
+def test_families_hf_gguf_and_alone_agree(tmp, family):
+    """Stacked experts (one slice each), gemma's stored norm offset, MLA: the same eval from an HF folder, from
+    a llama.cpp-layout GGUF of the same weights, and from the pack alone."""
+    m = synth.write_hf_model(tmp / f"fam_{family}", config=synth.TINY[family], seed=1)
+    g = synth.write_gguf_from_hf(m, tmp / f"fam_{family}.gguf", llama_cpp=True)
+    ids = tmp / f"ids_{family}.txt"
+    ids.write_text(" ".join(map(str, np.random.default_rng(0).integers(0, 100, 64))))
+    opts = Options(tokens=ids, ctx=32)
+    hf_pack, gg_pack = _pack(m, tmp, f"fam_{family}", plan=False, int8=["*"]), _pack(g, tmp, f"famg_{family}",
+                                                                                   plan=False, int8=["*"])
+    hf, gg = _paths(evaluate(m, hf_pack, opts)), _paths(evaluate(g, gg_pack, opts))
+    alone = _paths(evaluate(None, hf_pack, opts))
+    for path in ("reference", "prefill", "decode"):
+        assert gg[path]["ppl"] == pytest.approx(hf[path]["ppl"], rel=1e-4)
+    assert 0 < hf["decode"]["kld"]["mean"] < 1e-3
+    assert gg["decode"]["kld"]["mean"] == pytest.approx(hf["decode"]["kld"]["mean"], rel=1e-2, abs=1e-7)
+    assert alone["decode"]["ppl"] == pytest.approx(hf["decode"]["ppl"], rel=1e-6)
