@@ -331,7 +331,8 @@ def eval_(
     chunks: int = typer.Option(0, "--chunks", metavar="N", help="Score only the first N chunks (0: all)."),
     act: str = typer.Option("token", "--act", help="NPU activations quantized to int8 per token (as the public RK3588 llama.cpp backends) or per tensor; float: not quantized (to tell the weights' cost from the activations')."),
     cpu_act: str = typer.Option("float", "--cpu-act", help="CPU activations for int8/NF4 weights: float, or q8 (llama.cpp's Q8_0 blocks)."),
-    per_tensor: bool = typer.Option(False, "--per-tensor", help="Rank the items by their share of the matmul output error (needs SOURCE)."),
+    per_tensor: bool = typer.Option(False, "--per-tensor", help="Rank the items by the KLD each adds alone (its path's numerics, every other matrix float) on a sample, with its matmul output SNR over the run (needs SOURCE)."),
+    per_tensor_tokens: int = typer.Option(128, "--per-tensor-tokens", metavar="N", help="The sample of --per-tensor: the first N tokens (one forward pass per item and path)."),
     rows: int = typer.Option(20, "--rows", metavar="N", help="Per-tensor rows shown."),
     threads: int = typer.Option(1, "--threads", "-t", help="BLAS threads (0: all cores). One is fastest on a busy machine: the attention's many small products lose to thread synchronisation."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
@@ -344,7 +345,8 @@ def eval_(
     if len(models) not in (1, 2):
         raise OrkError(f"give PACK, or SOURCE PACK ({len(models)} paths given)")
     source, pack = (None, models[0]) if len(models) == 1 else models
-    opts = Options(text=text, tokens=tokens, ctx=ctx, chunks=chunks, act=act, cpu_act=cpu_act, per_tensor=per_tensor, threads=threads)
+    opts = Options(text=text, tokens=tokens, ctx=ctx, chunks=chunks, act=act, cpu_act=cpu_act, per_tensor=per_tensor,
+                   per_tensor_tokens=per_tensor_tokens, threads=threads)
     bar = _LazyBar(not json_out)
     try:
         r = evaluate(source, pack, opts, progress=bar.update)

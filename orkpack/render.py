@@ -150,11 +150,11 @@ def eval_report(console: Console, r: dict, *, rows: int = 20) -> None:
     if r.get("note"):
         console.print(markup_escape(f"note: {r['note']}"))
     for label, items in (r.get("per_tensor") or {}).items():
-        pt = Table(title=f"{label}: items by their share of the matmul output error (top {min(rows, len(items))} "
-                         f"of {len(items)})")
-        for c in ("item", "output SNR dB", "share"):
+        pt = Table(title=f"{label}: items by the KLD each adds alone (top {min(rows, len(items))} of {len(items)}; "
+                         f"{r.get('per_tensor_tokens')}-token sample)")
+        for c in ("item", "KLD alone", "share", "output SNR dB"):
             pt.add_column(c, justify="left" if c == "item" else "right")
         for it in items[:rows]:
-            pt.add_row(escape_name(it["item"]), "exact" if it["snr_db"] is None else f"{it['snr_db']:.2f}",
-                       f"{100 * it['share']:.1f} %")
+            pt.add_row(escape_name(it["item"]), f"{it['kld_alone']:.5f}", f"{100 * it['share']:.1f} %",
+                       "" if it["rel_error"] is None else "exact" if it["snr_db"] is None else f"{it['snr_db']:.2f}")
         console.print(pt)

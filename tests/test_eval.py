@@ -121,12 +121,24 @@ def test_pack_alone_compares_its_paths(model, tmp):
 
 def test_per_tensor_ranks_items(model, tmp):
     pack = _pack(model, tmp, "nf4_but_q", plan=False, nf4=["*"], keep=["blk.0.attn_q.weight"])
-    r = evaluate(model, pack, Options(ctx=CTX, chunks=1, per_tensor=True))
-    items = {it["item"]: it for it in r["per_tensor"]["decode"]}
-    assert len(items) == 2 * 7 + 1  # 7 matrices a layer and the output head
-    assert items["blk.0.attn_q.weight"]["rel_error"] == 0 and items["blk.0.attn_q.weight"]["snr_db"] is None
-    assert all(v["rel_error"] > 0 for k, v in items.items() if k != "blk.0.attn_q.weight")
+    r = evaluate(model, pack, Options(ctx=CTX, chunks=1, per_tensor=True, per_tensor_tokens=32))
+    rows = r["per_tensor"]["decode"]
+    items = {it["item"]: it for it in rows}
+    assert len(items) == 2 * 7 + 2  # 7 matrices a layer, the output head and the (untied) embedding
+    kept = items["blk.0.attn_q.weight"]
+    assert kept["rel_error"] == 0 and kept["snr_db"] is None and kept["kld_alone"] == 0
+    assert items["token_embd.weight"]["rel_error"] is None  # a row lookup, never multiplied by
+    assert all(v["kld_alone"] > 0 for k, v in items.items() if k != "blk.0.attn_q.weight")
+    assert all(v["rel_error"] > 0 for k, v in items.items() if k not in ("blk.0.attn_q.weight", "token_embd.weight"))
+    assert [it["kld_alone"] for it in rows] == sorted((it["kld_alone"] for it in rows), reverse=True)
     assert sum(v["share"] for v in items.values()) == pytest.approx(1.0)
+    # the single-item KLD is the decode KLD of a pack holding that item alone in NF4, every other matrix float
+    top = rows[0]["item"]
+    with Pack.open(pack) as pk:
+        others = [t["name"] for t in pk.tensors if t["name"] != top]
+    alone = _pack(model, tmp, "only_top", plan=False, keep=others, nf4=[top])
+    one = _paths(evaluate(model, alone, Options(ctx=32, chunks=1)))
+    assert one["decode"]["kld"]["mean"] == pytest.approx(rows[0]["kld_alone"], rel=1e-6)
 
 
 def test_hf_folder_and_gguf_give_the_same_eval(model, tmp):

@@ -49,6 +49,7 @@ class Options:
     act: str = "token"  # NPU activations: per token or per tensor
     cpu_act: str = "float"  # CPU activations of quantized weights: float or q8 (llama.cpp Q8_0 blocks)
     per_tensor: bool = False
+    per_tensor_tokens: int = 128  # the sample the single-item KLDs are measured on (the first chunk's first N tokens)
     threads: int = 1  # BLAS threads (0: the library's default, all cores)
 
 
@@ -200,6 +201,63 @@ class _ErrorMeter:
         self.ref.release()
 
 
+class _OneItem:
+    """The source's float weights except one item (a tensor, or one expert), which runs in a path's numerics."""
+
+    def __init__(self, ref: SourceWeights, path, name: str, expert: int | None):
+        self.ref, self.path, self.key = ref, path, (name, expert)
+
+    def has(self, name):
+        return self.ref.has(name)
+
+    def tensor(self, name):
+        return self.ref.tensor(name)
+
+    def embed(self, ids):
+        return (self.path if self.key[0] == "token_embd.weight" else self.ref).embed(ids)
+
+    def matmul(self, name, x, expert=None):
+        return (self.path if (name, expert) == self.key else self.ref).matmul(name, x, expert)
+
+    def release(self):
+        self.ref.release()
+        self.path.release()
+
+
+def _single_item_klds(pack, src, hp, stub, ids, opts, progress) -> dict:
+    """--per-tensor: per path, the KLD of each quantized item run alone in that path's numerics (every other
+    matrix float), on the sample ``ids`` scored on its second half. A host item runs the same on both paths
+    (its CPU path), so prefill measures only the items it puts on the NPU and takes the rest from decode."""
+    T = ids.size
+    first = T // 2
+    nxt = ids[first + 1:]
+
+    def logits(w):
+        rows = []
+        forward.run(stub, ids, weights=w, hp=hp, chunk=_LOGIT_BLOCK,
+                    on_logits=lambda t0, lg: rows.append(lg[max(0, first - t0): max(0, T - 1 - t0)]))
+        return np.concatenate(rows)
+
+    ref_lg = logits(SourceWeights(src))
+    base = _log_softmax64(ref_lg).astype(np.float32)
+    items = [(t["name"], s["expert"]) for t, s in pack.slices()
+             if len(s["shape"]) == 2 and s["encoding"] in (spec.ENC_INT8, spec.ENC_NF4)]
+    paths = {"decode": PackWeights(pack, "decode", cpu_act=opts.cpu_act),
+             "prefill": PackWeights(pack, "prefill", m=opts.ctx, act=opts.act, cpu_act=opts.cpu_act)}
+    out: dict = {"decode": {}, "prefill": {}}
+    todo = [(p, it) for p in ("decode", "prefill") for it in items
+            if p == "decode" or paths["prefill"].engine(*it) == "npu"]
+    for n, (p, (name, expert)) in enumerate(todo):
+        st = _Stats()
+        _score(base, logits(_OneItem(SourceWeights(src), paths[p], name, expert)), nxt, st)
+        out[p][name if expert is None else f"{name}[{expert}]"] = float(np.mean(st.kld))
+        if progress:
+            progress(n + 1, len(todo), f"per-tensor {p} {name}")
+    for k, v in out["decode"].items():
+        out["prefill"].setdefault(k, v)
+    return out
+
+
 # ------------------------------------------------------------------------------------------- entry
 
 def evaluate(source: Path | None, pack_path: Path, opts: Options,
@@ -276,6 +334,10 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
         if record is None:
             record = _source_record(src)
     if opts.per_tensor:
+        if kind != "pack":
+            raise EvalError("--per-tensor ranks the items of an orkpack; a GGUF has no paths to split")
+        if opts.per_tensor_tokens < 4:
+            raise EvalError(f"--per-tensor-tokens {opts.per_tensor_tokens}: give at least 4")
         if src is None:
             raise EvalError("--per-tensor compares each matmul with the source's float weights: give the source too "
                             "(orkpack eval SOURCE PACK)")
@@ -355,14 +417,22 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
         "paths": [{"path": r.label, "numerics": r.numerics, **_summary(stats[r.label])} for r in runs],
     }
     if opts.per_tensor:
-        report["per_tensor"] = {label: _ranked(a) for label, a in acc.items()}
+        sample = ids[: min(opts.ctx, opts.per_tensor_tokens)].copy()
+        if bos is not None:
+            sample[0] = bos
+        klds = _single_item_klds(pack, src, hp, stub, sample, opts, progress and (
+            lambda d, t, what: progress(total + d, total + t, what)))
+        report["per_tensor_tokens"] = int(sample.size)
+        report["per_tensor"] = {label: _ranked(a, klds[label]) for label, a in acc.items()}
     return report
 
 
-def _ranked(acc: dict) -> list[dict]:
+def _ranked(acc: dict, kld: dict) -> list[dict]:
+    """Items by their single-item KLD; share = its KLD / the sum of all items' single-item KLDs. rel_error is None
+    for an item the path never multiplies by (an untied embedding: a row lookup)."""
     rel = {k: (e / s if s > 0 else 0.0) for k, (e, s) in acc.items()}
-    tot = sum(rel.values()) or 1.0
-    rows = [{"item": k, "rel_error": v, "snr_db": (10 * math.log10(1 / v) if v > 0 else None), "share": v / tot}
-            for k, v in rel.items()]
-    rows.sort(key=lambda r: (-r["rel_error"], r["item"]))
+    tot = sum(kld.values()) or 1.0
+    rows = [{"item": k, "kld_alone": kld.get(k, 0.0), "share": kld.get(k, 0.0) / tot, "rel_error": rel.get(k),
+             "snr_db": (10 * math.log10(1 / rel[k]) if rel.get(k) else None)} for k in sorted(set(rel) | set(kld))]
+    rows.sort(key=lambda r: (-r["kld_alone"], -(r["rel_error"] or 0), r["item"]))
     return rows
