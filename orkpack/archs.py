@@ -130,10 +130,13 @@ class Forward:
     norm_offset: float = 0.0  # gemma: the gain is (offset + w); llama.cpp's converter stores w + offset
     block: str = "pre"  # pre: x + f(norm(x)) | sandwich: x + post_norm(f(norm(x))) (gemma2/3, glm4)
     act: str = "silu"  # silu | gelu_tanh | gelu (exact): the activation when the config names none
+    # | swiglu_oai (gpt-oss: gate clamped <= limit, up to +-limit, gate * sigmoid(alpha * gate) * (up + 1))
     act_key: str = "hidden_act"  # the config key naming it (gemma: hidden_activation; its hidden_act is ignored)
     qkv: str = "blocks"  # a fused attn_qkv: blocks (all q rows, all k, all v) | grouped (per KV head: its q heads,
     # k, v: internlm2's wqkv; llama.cpp's converter splits it into attn_q/k/v)
     mlp: str = "gated"  # gated: down(act(gate) * up) | fused: ffn_up holds gate then up rows | plain: down(act(up))
+    # | interleaved: the fused gate_up holds gate and up rows alternately (gpt-oss)
+    ffn_norm: str = "ffn_norm"  # the pre-FFN norm's GGUF name (gpt-oss: post_attention_norm)
     rope: str = "neox"  # neox (rotate the halves of each head) | interleaved (rotate pairs (2i, 2i+1))
     rope_ratio: bool = False  # chatglm: the RoPE base is 10000 x the config's rope_ratio (default 1)
     rope_layers: str = "all"  # all | no_rope_layers (smollm3: the config's per-layer list, 1 = RoPE)
@@ -421,7 +424,9 @@ _F = [
                  (r"^model\.layers\.(\d+)\.mlp\.experts\.gate_up_proj\.weight$", r"blk.\1.ffn_gate_up_exps.weight"),
                  (r"^model\.layers\.(\d+)\.mlp\.experts\.gate_up_proj_bias$", r"blk.\1.ffn_gate_up_exps.bias"),
                  (r"^model\.layers\.(\d+)\.mlp\.experts\.down_proj_bias$", r"blk.\1.ffn_down_exps.bias")),
-        defaults={"tie_word_embeddings": False}),
+        defaults={"tie_word_embeddings": False},
+        forward=Forward(act="swiglu_oai", act_key="", mlp="interleaved", ffn_norm="post_attention_norm",
+                        router_norm="always")),
     Family("olmoe", "OLMOE", _NORMS + _QKVO + (
         t(P + "self_attn.q_norm.weight", "nh*hd"), t(P + "self_attn.k_norm.weight", "nkv*hd"),
     ) + _EXPERTS, _llama_top(), keys={"moe_intermediate": ("intermediate_size",)},

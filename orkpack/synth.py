@@ -517,8 +517,9 @@ def write_gguf_from_hf(folder, path, *, llama_cpp: bool = False) -> Path:
     the reference forward pass reads (:mod:`orkpack.model`): q/k rows (and biases) permuted for
     the families whose converter permutes them (``Forward.gguf_permuted_qk``), norm gains stored
     as ``offset + w`` (gemma's ``Forward.norm_offset``, as F32), and the hyperparameters
-    (epsilon, RoPE base and scaling, softcaps, multipliers, routing) under llama.cpp's keys.
-    Fused tensors still stay fused.
+    (epsilon, RoPE base and scaling, softcaps, multipliers, routing) under llama.cpp's keys; the
+    fused tensors the converter splits are split (internlm2's grouped wqkv, stacked gate_up experts),
+    the others stay fused.
     """
     import gguf
 
@@ -603,13 +604,23 @@ def _llama_cpp_fix(fam: archs.Family, facts: dict):
 
 def _llama_cpp_split(fam: archs.Family, facts: dict):
     """TensorInfo -> [(GGUF name, shape, array -> array)]: the fused tensors llama.cpp's converter splits
-    (internlm2's grouped wqkv into attn_q / attn_k / attn_v); every other tensor as it is."""
+    (internlm2's grouped wqkv into attn_q / attn_k / attn_v, stacked gate_up experts into gate and up);
+    every other tensor as it is."""
     import re
 
     nh, nkv, hd = facts["heads"], facts["kv_heads"], facts["head_dim"]
     grouped = fam.forward is not None and fam.forward.qkv == "grouped"
 
+    interleaved = fam.forward is not None and fam.forward.mlp == "interleaved"
+
     def split(t):
+        e = re.match(r"^(blk\.\d+\.)ffn_gate_up_exps\.(weight|bias)$", t.name)
+        if e:  # stacked gate_up experts: gate and up apart (granitemoe: halves; gpt-oss: even / odd rows)
+            n = t.shape[1] // 2
+            sl = ((slice(None), slice(0, None, 2)), (slice(None), slice(1, None, 2))) if interleaved else \
+                ((slice(None), slice(0, n)), (slice(None), slice(n, None)))
+            return [(f"{e.group(1)}ffn_{x}_exps.{e.group(2)}", (t.shape[0], n, *t.shape[2:]),
+                     lambda a, s=s: np.ascontiguousarray(a[s])) for x, s in zip(("gate", "up"), sl)]
         m = re.match(r"^(blk\.\d+\.)attn_qkv\.(weight|bias)$", t.name)
         if not (grouped and m):
             return [(t.name, t.shape, lambda a: a)]

@@ -10,10 +10,12 @@ block of queries, so its scores take (group x 256 x T) floats at most.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from scipy.special import erf, expit  # exact GELU; a sigmoid that does not overflow
 
 from ..errors import SourceError, escape_name
 from ..sources import open_source
@@ -28,6 +30,15 @@ _LOGIT_CHUNK = 256  # tokens per output-head call
 def model_hparams(source) -> Hparams:
     """The hyperparameters of an opened source (NotEvaluable / SourceError: one line)."""
     where = escape_name(str(source.root))
+    hp = _source_hparams(source, where)
+    for t in source.tensors():  # stacked experts must be (E, out, in), as every reader but one release form gives
+        if re.match(r"^blk\.\d+\.ffn_(gate|up|gate_up)_exps\.weight$", t.name) and t.shape[-1] != hp.hidden:
+            raise NotEvaluable(f"{where}: {escape_name(t.source_name)} {t.shape} is not (experts, out, {hp.hidden}): "
+                               "expert matrices stored (in, out) (transformers' float gpt-oss) are not evaluable yet")
+    return hp
+
+
+def _source_hparams(source, where: str) -> Hparams:
     if source.kind == "gguf":
         if source.config is None:
             raise NotEvaluable(f"{where}: GGUF architecture {escape_name(repr(source.arch), 40)} is not evaluable "
@@ -44,12 +55,10 @@ def model_hparams(source) -> Hparams:
 
 def _act(x: np.ndarray, kind: str) -> np.ndarray:
     if kind == "silu":
-        return x / (np.float32(1) + np.exp(-x))
+        return x * expit(x)
     if kind == "gelu_tanh":
         c = np.float32(np.sqrt(2.0 / np.pi))
         return np.float32(0.5) * x * (np.float32(1) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
-    from scipy.special import erf  # exact GELU
-
     return (np.float32(0.5) * x * (np.float32(1) + erf(x / np.float32(np.sqrt(2.0))))).astype(np.float32)
 
 
@@ -69,9 +78,19 @@ def _norm(x: np.ndarray, w: Weights, name: str, hp: Hparams) -> np.ndarray:
 
 def _lin(w: Weights, name: str, x: np.ndarray, expert: int | None = None) -> np.ndarray:
     y = w.matmul(name + ".weight", x, expert)
-    if expert is None and w.has(name + ".bias"):
-        y = y + w.tensor(name + ".bias")
+    if w.has(name + ".bias"):
+        b = w.tensor(name + ".bias")
+        y = y + (b if expert is None else b[expert])
     return y
+
+
+def _glu(gate: np.ndarray, up: np.ndarray, hp: Hparams) -> np.ndarray:
+    if hp.act == "swiglu_oai":  # gpt-oss
+        alpha, limit = (np.float32(v) for v in hp.swiglu)
+        gate = np.minimum(gate, limit)
+        up = np.clip(up, -limit, limit)
+        return gate * expit(alpha * gate) * (up + np.float32(1))
+    return _act(gate, hp.act) * up
 
 
 def _rope(x: np.ndarray, rope: Rope, pos: np.ndarray) -> np.ndarray:
@@ -99,8 +118,12 @@ def _softmax(s: np.ndarray) -> np.ndarray:
     return s
 
 
-def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, hp: Hparams, window: int) -> np.ndarray:
-    """Causal attention: q (T, nh, d), k (T, nkv, d), v (T, nkv, dv) -> (T, nh * dv)."""
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, hp: Hparams, window: int,
+            sinks: np.ndarray | None = None) -> np.ndarray:
+    """Causal attention: q (T, nh, d), k (T, nkv, d), v (T, nkv, dv) -> (T, nh * dv).
+
+    ``sinks`` (nh,): a per-head logit in every softmax's denominator that attends to nothing (gpt-oss).
+    """
     T, nh, _ = q.shape
     nkv, dv = k.shape[1], v.shape[2]
     g = nh // nkv
@@ -122,7 +145,13 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, hp: Hparams, window: in
             if cap:
                 s = np.tanh(s / cap) * cap
             s[:, ~allowed] = -np.inf
-            p = _softmax(s)
+            if sinks is None:
+                p = _softmax(s)
+            else:
+                sk = sinks[h * g:(h + 1) * g][:, None, None]
+                m = np.maximum(s.max(-1, keepdims=True), sk)
+                p = np.exp(s - m)
+                p /= p.sum(-1, keepdims=True) + np.exp(sk - m)
             out[t0:t1, h * g:(h + 1) * g, :] = (p.reshape(-1, t1) @ vh[:t1]).reshape(g, t1 - t0, dv).transpose(1, 0, 2)
     return out.reshape(T, nh * dv)
 
@@ -182,31 +211,36 @@ def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
         q, k, v = q.reshape(T, nh, d), k.reshape(T, nkv, d), v.reshape(T, nkv, -1)
         if rope is not None:
             q, k = _rope(q, rope, pos), _rope(k, rope, pos)
-    return _lin(w, p + "attn_output", _attend(q, k, v, hp, window))
+    sink = next((n for n in (p + "attn_sinks", p + "attn_sinks.weight") if w.has(n)), None)
+    sinks = w.tensor(sink) if sink else None
+    return _lin(w, p + "attn_output", _attend(q, k, v, hp, window, sinks))
 
 
 def _mlp(x: np.ndarray, w: Weights, p: str, sfx: str, hp: Hparams, expert: int | None = None) -> np.ndarray:
     """One (expert's) MLP over the ``{p}ffn_{gate,up,down}{sfx}`` tensors."""
-    kind = hp.fwd.mlp
-    if w.has(f"{p}ffn_gate_up{sfx}.weight"):  # experts stored fused (granitemoe): gate rows, then up rows
-        kind, up = "fused", f"{p}ffn_gate_up{sfx}"
-    else:
-        up = f"{p}ffn_up{sfx}"
+    kind, up = hp.fwd.mlp, f"{p}ffn_up{sfx}"
+    if w.has(f"{p}ffn_gate{sfx}.weight"):  # gate and up apart (llama.cpp splits gpt-oss's and granitemoe's)
+        kind = "gated"
+    elif w.has(f"{p}ffn_gate_up{sfx}.weight"):  # one stacked gate_up (granitemoe: halves, gpt-oss: interleaved)
+        kind, up = ("interleaved" if kind == "interleaved" else "fused"), f"{p}ffn_gate_up{sfx}"
     if kind == "plain":
         h = _act(_lin(w, up, x, expert), hp.act)
     elif kind == "fused":
         gu = _lin(w, up, x, expert)
         n = gu.shape[1] // 2
-        h = _act(gu[:, :n], hp.act) * gu[:, n:]
+        h = _glu(gu[:, :n], gu[:, n:], hp)
+    elif kind == "interleaved":
+        gu = _lin(w, up, x, expert)
+        h = _glu(gu[:, 0::2], gu[:, 1::2], hp)
     else:
-        h = _act(_lin(w, f"{p}ffn_gate{sfx}", x, expert), hp.act) * _lin(w, up, x, expert)
+        h = _glu(_lin(w, f"{p}ffn_gate{sfx}", x, expert), _lin(w, up, x, expert), hp)
     return _lin(w, f"{p}ffn_down{sfx}", h, expert)
 
 
 def _route(logits: np.ndarray, p: str, hp: Hparams, w: Weights) -> tuple[np.ndarray, np.ndarray]:
     """(expert ids, weights), each (T, top_k), as the family's router picks them."""
     if hp.router == "sigmoid":
-        scores = np.float32(1) / (np.float32(1) + np.exp(-logits))
+        scores = expit(logits)
     else:
         scores = _softmax(logits.copy())
     choice = scores + w.tensor(p + "exp_probs_b.bias") if w.has(p + "exp_probs_b.bias") else scores.copy()
@@ -233,7 +267,7 @@ def _ffn(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     p = f"blk.{i}."
     if not w.has(p + "ffn_gate_inp.weight"):
         return _mlp(x, w, p, "", hp)
-    idx, wts = _route(w.matmul(p + "ffn_gate_inp.weight", x), p, hp, w)
+    idx, wts = _route(_lin(w, p + "ffn_gate_inp", x), p, hp, w)
     out = np.zeros_like(x)
     stacked = "_exps"
     for e in np.unique(idx):
@@ -244,7 +278,7 @@ def _ffn(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
         s = _mlp(x, w, p, "_shexp", hp)
         if hp.fwd.shared_gate:
             gate = w.matmul(p + "ffn_gate_inp_shexp.weight", x)
-            s = s * (np.float32(1) / (np.float32(1) + np.exp(-gate)))
+            s = s * expit(gate)
         out = out + s
     return out
 
@@ -256,7 +290,7 @@ def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     if sandwich:
         a = _norm(a, w, p + "post_attention_norm", hp)
     x = x + a * np.float32(hp.residual_scale)
-    m = _ffn(i, _norm(x, w, p + "ffn_norm", hp), hp, w)
+    m = _ffn(i, _norm(x, w, p + hp.fwd.ffn_norm, hp), hp, w)
     if sandwich:
         m = _norm(m, w, p + "post_ffw_norm", hp)
     return x + m * np.float32(hp.residual_scale)

@@ -78,6 +78,7 @@ class Hparams:
     residual_scale: float
     logit_scale: float  # logits are divided by it
     max_pos: int = 0  # the trained context (max_position_embeddings / context_length)
+    swiglu: tuple[float, float] = (1.702, 7.0)  # swiglu_oai's (alpha, limit)
     n_experts: int = 0
     top_k: int = 0
     router: str = "softmax"  # softmax | sigmoid (the gate's scores)
@@ -212,7 +213,7 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
         return default if v is None else v
 
     eps = next((tc[k] for k in _EPS_KEYS if tc.get(k) is not None), 1e-6)
-    act = _act(get(f.act_key, f.act), where) if tc.get(f.act_key) is not None else f.act
+    act = _act(get(f.act_key, f.act), where) if f.act_key and tc.get(f.act_key) is not None else f.act
     H, L = d["H"], d["L"]
     mla = facts["attention"] == "mla"
     hd = d["hd"]
@@ -274,6 +275,8 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
         attn_softcap=_num(get("attn_logit_softcapping", 0.0), "attn_logit_softcapping", where),
         final_softcap=_num(get("final_logit_softcapping", 0.0), "final_logit_softcapping", where),
         embed_scale=float(embed), residual_scale=float(residual), logit_scale=float(logit), max_pos=max_pos,
+        swiglu=(_num(get("swiglu_alpha", 1.702), "swiglu_alpha", where),
+                _num(get("swiglu_limit", 7.0), "swiglu_limit", where)),
         n_experts=d["E"], top_k=d["top_k"], router=f.router, router_groups=f.router_groups if groups else "",
         router_norm=f.router_norm == "always" or bool(get("norm_topk_prob", False)),
         routed_scale=_num(get("routed_scaling_factor", 1.0), "routed_scaling_factor", where) if f.router_scale else 1.0,
@@ -283,9 +286,17 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
     )
 
 
-def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.ndarray | None, where: str) -> Hparams:
-    """Hparams of a GGUF (llama.cpp's converter layout): its metadata, the facts orkpack read from it and
-    its ``rope_freqs.weight`` (llama3-style RoPE: each frequency divided by its factor), if any."""
+def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.ndarray | None, where: str,
+              layout: str = "llama.cpp") -> Hparams:
+    """Hparams of a GGUF: its metadata, the facts orkpack read from it and its ``rope_freqs.weight``
+    (llama3-style RoPE: each frequency divided by its factor), if any.
+
+    ``layout``: how the weights the pass will read are laid out: ``llama.cpp`` (a GGUF, or a pack built
+    from one) or ``hf`` (GGUF-style metadata beside weights in the Hugging Face layout, e.g. a pack built
+    from an HF folder: q/k rows not permuted, gemma gains as stored in HF).
+    """
+    if layout not in ("llama.cpp", "hf"):
+        raise ValueError(f"layout must be llama.cpp or hf, not {layout!r}")
     fam = archs.FAMILIES[facts["arch"]]
     _refuse(fam, {}, where)
     f = fam.forward
@@ -304,7 +315,7 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
                            "evaluable yet")
     hd = facts["head_dim"]
     eps = get("attention.layer_norm_rms_epsilon", get("attention.layer_norm_epsilon", 1e-6))
-    style = "interleaved" if f.gguf_permuted_qk else f.rope
+    style = "interleaved" if f.gguf_permuted_qk and layout == "llama.cpp" else f.rope
     rot = int(get("rope.dimension_count", hd))
     max_pos = int(get("context_length", 4096))
     params: dict[str, Any] = {"rope_theta": get("rope.freq_base", 10000.0)}
@@ -319,6 +330,8 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
                       original_max_position_embeddings=get("rope.scaling.original_context_length", max_pos))
         if get("rope.scaling.attn_factor") is not None:
             params["attention_factor"] = float(get("rope.scaling.attn_factor"))
+        if get("rope.scaling.yarn_truncate") is not None:  # not a llama.cpp key (ggml always truncates)
+            params["truncate"] = bool(get("rope.scaling.yarn_truncate"))
     elif kind not in ("none", None):
         raise NotEvaluable(f"{where}: RoPE scaling {escape_name(repr(kind), 40)} is not evaluable yet")
     rope = _rope_from(params, rot, max_pos, style, where)
@@ -353,9 +366,10 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
     n_group = int(get("expert_group_count", 1)) if f.router_groups else 1
     groups = ("top2sum" if router == "sigmoid" else "max") if n_group > 1 else ""
     return Hparams(
-        arch=fam.name, fwd=f, layout="gguf", n_layers=L, hidden=H, heads=nh, kv_heads=facts["kv_heads"],
-        head_dim=hd, v_head_dim=int(get("attention.value_length", hd)), vocab=facts["vocab"],
-        eps=_num(eps, "layer_norm_rms_epsilon", where), norm_offset=0.0, act=f.act, rope=rope, rope_swa=rope_swa,
+        arch=fam.name, fwd=f, layout="gguf" if layout == "llama.cpp" else "hf", n_layers=L, hidden=H, heads=nh,
+        kv_heads=facts["kv_heads"], head_dim=hd, v_head_dim=int(get("attention.value_length", hd)),
+        vocab=facts["vocab"], eps=_num(eps, "layer_norm_rms_epsilon", where),
+        norm_offset=0.0 if layout == "llama.cpp" else f.norm_offset, act=f.act, rope=rope, rope_swa=rope_swa,
         rope_layers=rope_layers, swa_window=swa_window, swa_layers=swa_layers, attn_scale=attn_scale,
         attn_softcap=float(get("attn_logit_softcapping", 0.0)),
         final_softcap=float(get("final_logit_softcapping", 0.0)),
@@ -386,6 +400,8 @@ def to_gguf(hp: Hparams) -> dict[str, Any]:
         if kind == "yarn":
             out["rope.scaling.original_context_length"] = int(hp.rope.params["original_max_position_embeddings"])
             out["rope.scaling.attn_factor"] = float(hp.rope.attn_factor)
+            if not hp.rope.params.get("truncate", True):
+                out["rope.scaling.yarn_truncate"] = False
     elif kind not in ("default", "dynamic", "llama3"):  # llama3: the rope_freqs.weight tensor (rope_factors)
         raise NotEvaluable(f"RoPE scaling {kind} has no GGUF form here")
     if f.norm == "layer":
