@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..errors import OrkError, PackError, SourceError, escape_name
+from ..errors import escape_name
 from ..model import forward
 from ..model.hparams import Hparams, from_config, from_gguf
 from ..model.weights import SourceWeights
@@ -303,10 +303,7 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
                                f"weights as stored ({', '.join(types)}), activations as llama.cpp's CPU kernels "
                                "quantize them for each weight type"))
     else:
-        try:
-            pack = Pack.open(pack_path)
-        except PackError:
-            raise
+        pack = Pack.open(pack_path)
         closers.append(pack.close)
         hp = pack_hparams(pack)
         record = pack.header.get("model") if not check_model(pack.header.get("model")) else None
