@@ -258,3 +258,29 @@ def test_families_hf_gguf_and_alone_agree(tmp, family):
     assert 0 < hf["decode"]["kld"]["mean"] < 1e-3
     assert gg["decode"]["kld"]["mean"] == pytest.approx(hf["decode"]["kld"]["mean"], rel=1e-2, abs=1e-7)
     assert alone["decode"]["ppl"] == pytest.approx(hf["decode"]["ppl"], rel=1e-6)
+
+
+def test_pack_without_model_record(model, tmp, monkeypatch):
+    """A pack from before format 1.3 (no model record) of a GGUF: alone it is refused in one line; with its
+    source the source's numbers run it."""
+    import orkpack.eval.run as run_mod
+    from orkpack.eval.weights import EvalError
+
+    g = synth.write_gguf_from_hf(model, tmp / "old.gguf", llama_cpp=True)
+    pack = _pack(g, tmp, "old_int8", plan=False, int8=["*"])
+    ids = tmp / "old_ids.txt"
+    ids.write_text(" ".join(map(str, np.random.default_rng(4).integers(0, 512, CTX))))
+    want = _paths(evaluate(g, pack, Options(tokens=ids, ctx=CTX)))
+
+    class OldPack:
+        @staticmethod
+        def open(path):
+            p = Pack.open(path)
+            p.header["model"] = None
+            return p
+
+    monkeypatch.setattr(run_mod, "Pack", OldPack)
+    with pytest.raises(EvalError, match="model record is missing"):
+        evaluate(None, pack, Options(tokens=ids, ctx=CTX))
+    got = _paths(evaluate(g, pack, Options(tokens=ids, ctx=CTX)))
+    assert got["decode"]["kld"]["mean"] == want["decode"]["kld"]["mean"]

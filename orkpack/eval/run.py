@@ -305,7 +305,12 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
     else:
         pack = Pack.open(pack_path)
         closers.append(pack.close)
-        hp = pack_hparams(pack)
+        try:
+            hp = pack_hparams(pack)
+        except EvalError:
+            if source is None:
+                raise
+            hp = None  # a pack without its model record (before 1.3): the source's numbers, set below
         record = pack.header.get("model") if not check_model(pack.header.get("model")) else None
         kind = "pack"
         stub_config = pack.header.get("config")
@@ -326,6 +331,10 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
         src = open_source(source, on_warning=quiet)
         closers.append(src.close)
         hp_src = forward.model_hparams(src)
+        if hp is None:
+            hp = hp_src
+            for t in targets:
+                t.hp = hp
         _check_same_model(src, names_shapes, hp_src, hp, escape_name(str(pack_path)))
         ref_target = _Target("reference", hp_src, lambda: SourceWeights(src), "the source's weights in float32")
         if record is None:
