@@ -1,4 +1,4 @@
-"""Grouped multiple-choice integer programs, solved exactly with HiGHS (scipy.optimize.milp).
+"""Grouped multiple-choice integer programs, solved exactly with HiGHS (the binding scipy ships).
 
 Every item takes exactly one of its allowed choices; each (item, choice) has a
 vector of linear costs (RAM bytes, NPU bytes, decode seconds, prefill seconds,
@@ -27,13 +27,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.optimize import LinearConstraint, milp
-from scipy.sparse import csr_matrix
 
 from ..errors import OrkError
 
 REL_GAP = 1e-6
 STAGE_TOL = 1e-6
+PRESOLVE_MIN_GROUPS = 64  # HiGHS presolve only above this many groups (see _solve)
 
 
 @dataclass
@@ -47,34 +46,49 @@ class Problem:
     groups: list[list[int]] = field(default_factory=list)  # filled by group()
     cols: list[tuple[int, int]] = field(default_factory=list)  # (group, choice index) per variable
 
+    def _key(self, i: int) -> tuple:
+        return (self.choices[i],) + tuple(self.cost[m][i] for m in self.metrics)
+
     def prune(self, better: dict[str, str]) -> None:
         """Drop every choice another choice of the same item dominates: no worse in every metric
         (``better[m]``: "min" or "max"), strictly better in one. Replacing a dominated choice keeps
-        every constraint and no objective gets worse, so the optimum is unchanged."""
-        keep_all = []
-        for i, ch in enumerate(self.choices):
-            vec = [tuple(self.cost[m][i][c] * (1 if better[m] == "min" else -1) for m in self.metrics)
-                   for c in range(len(ch))]
-            keep = [c for c in range(len(ch))
-                    if not any(all(a <= b for a, b in zip(vec[d], vec[c])) and vec[d] != vec[c]
-                               for d in range(len(ch)) if d != c)]
-            keep_all.append(keep)
-        for i, keep in enumerate(keep_all):
-            if len(keep) < len(self.choices[i]):
-                self.choices[i] = tuple(self.choices[i][c] for c in keep)
-                for m in self.metrics:
-                    self.cost[m][i] = tuple(self.cost[m][i][c] for c in keep)
+        every constraint and no objective gets worse, so the optimum is unchanged. Items with the
+        same choices and costs are pruned alike, so each distinct item is examined once."""
+        sign = [1 if better[m] == "min" else -1 for m in self.metrics]
+        memo: dict[tuple, tuple[int, ...] | None] = {}
+        for i in range(len(self.choices)):
+            key = self._key(i)
+            keep = memo.get(key, ())
+            if keep == ():
+                ch = key[0]
+                vec = [tuple(key[1 + k][c] * s for k, s in enumerate(sign)) for c in range(len(ch))]
+                kept = tuple(c for c in range(len(ch))
+                             if not any(all(a <= b for a, b in zip(vec[d], vec[c])) and vec[d] != vec[c]
+                                        for d in range(len(ch)) if d != c))
+                keep = memo[key] = None if len(kept) == len(ch) else (kept, tuple(ch[c] for c in kept),
+                                                                          [tuple(key[1 + k][c] for c in kept)
+                                                                           for k in range(len(self.metrics))])
+            if keep is not None:
+                self.choices[i] = keep[1]
+                for k, m in enumerate(self.metrics):
+                    self.cost[m][i] = keep[2][k]
 
     def group(self) -> None:
         by: dict[tuple, list[int]] = {}
         for i in range(len(self.names)):
-            key = (self.choices[i],) + tuple(self.cost[m][i] for m in self.metrics)
-            by.setdefault(key, []).append(i)
-        self.groups = [sorted(v, key=lambda i: self.names[i]) for _, v in sorted(by.items(), key=lambda kv: min(kv[1]))]
+            by.setdefault(self._key(i), []).append(i)
+        # dict order is first-member order, i.e. groups sorted by their smallest member
+        names = self.names
+        self.groups = [v if len(v) == 1 else sorted(v, key=names.__getitem__) for v in by.values()]
         self.cols = [(g, c) for g, members in enumerate(self.groups) for c in range(len(self.choices[members[0]]))]
 
     def vector(self, metric: str) -> np.ndarray:
-        return np.array([self.cost[metric][self.groups[g][0]][c] for g, c in self.cols], dtype=np.float64)
+        """The metric per variable; ``-metric`` is its negation (a maximized stage fixed as a cap)."""
+        sign = 1.0
+        if metric not in self.cost and metric.startswith("-"):
+            metric, sign = metric[1:], -1.0
+        cost, groups = self.cost[metric], self.groups
+        return np.array([sign * cost[groups[g][0]][c] for g, c in self.cols], dtype=np.float64)
 
 
 @dataclass
@@ -109,32 +123,112 @@ def _quiet_stdout():
         os.close(saved)
 
 
-def _solve(p: Problem, c: np.ndarray, caps: dict[str, float], time_limit: float):
-    n = len(p.cols)
-    # one equality per group (its members are all placed), then one row per capped metric
-    r_idx = [g for g, _ in p.cols]
-    c_idx = list(range(n))
-    vals = [1.0] * n
+def _highs():
+    """HiGHS's Python binding as scipy ships it (``scipy.optimize._highspy._core``, what
+    scipy.optimize.milp drives), loaded without running ``scipy.optimize/__init__``: that package
+    imports linalg, sparse, fft, ... (~0.3 s, a third of an ``orkpack plan``) and the planner needs
+    none of it. The module is registered under its own name, so a later ``import scipy.optimize``
+    shares it. Any surprise (another scipy layout) falls back to the ordinary import."""
+    name = "scipy.optimize._highspy._core"
+    mod = sys.modules.get(name)
+    if mod is not None:
+        return mod
+    try:
+        import importlib.machinery
+        import importlib.util
+
+        top = importlib.util.find_spec("scipy")
+        folder = os.path.join(os.path.dirname(top.origin), "optimize", "_highspy")
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(folder, "_core" + suffix)
+            if os.path.isfile(path):
+                spec = importlib.util.spec_from_file_location(
+                    name, path, loader=importlib.machinery.ExtensionFileLoader(name, path))
+                mod = importlib.util.module_from_spec(spec)
+                sys.modules[name] = mod
+                try:
+                    spec.loader.exec_module(mod)
+                    mod._Highs, mod.HighsLp, mod.HighsOptions  # noqa: B018 (the API used below)
+                except BaseException:
+                    del sys.modules[name]
+                    raise
+                return mod
+    except Exception:
+        pass
+    from scipy.optimize._highspy import _core
+
+    return _core
+
+
+@dataclass
+class _Result:
+    x: np.ndarray | None
+    optimal: bool  # HiGHS: model status optimal
+    infeasible: bool
+    bound: float | None  # HiGHS's proven dual bound of the (scaled) objective
+    nodes: int
+    message: str
+
+
+def _solve(p: Problem, c: np.ndarray, caps: dict[str, float], time_limit: float) -> tuple[_Result, float]:
+    """One stage: min c.x over the group counts, every group placed, every capped metric within its cap.
+
+    The model is handed to HiGHS exactly as scipy.optimize.milp would hand it over (column-wise
+    matrix: each column's group row, then its capped-metric rows; rows of O(1) because HiGHS's
+    tolerances are absolute; the objective scaled to max |c| = 1)."""
+    h = _highs()
+    n, n_groups = len(p.cols), len(p.groups)
     sizes = np.array([len(m) for m in p.groups], dtype=np.float64)
+    rows = np.empty((n, 1 + len(caps)), dtype=np.int32)
+    vals = np.empty((n, 1 + len(caps)), dtype=np.float64)
+    keep = np.ones((n, 1 + len(caps)), dtype=bool)
+    rows[:, 0] = [g for g, _ in p.cols]
+    vals[:, 0] = 1.0
     lo, hi = [sizes], [sizes]
     for k, (metric, cap) in enumerate(caps.items()):
         v = p.vector(metric)
-        scale = float(np.abs(v).max(initial=0.0)) or 1.0  # rows of O(1): HiGHS's tolerances are absolute
-        nz = np.nonzero(v)[0]
-        r_idx += [len(p.groups) + k] * len(nz)
-        c_idx += nz.tolist()
-        vals += (v[nz] / scale).tolist()
+        scale = float(np.abs(v).max(initial=0.0)) or 1.0
+        rows[:, 1 + k] = n_groups + k
+        vals[:, 1 + k] = v / scale
+        keep[:, 1 + k] = v != 0
         lo.append(np.array([-np.inf]))
         hi.append(np.array([cap / scale]))
-    A = csr_matrix((vals, (r_idx, c_idx)), shape=(len(p.groups) + len(caps), n))
-    cons = LinearConstraint(A, np.concatenate(lo), np.concatenate(hi))
-    ub = np.array([len(p.groups[g]) for g, _ in p.cols], dtype=np.float64)
+    lp = h.HighsLp()
+    lp.num_col_ = lp.a_matrix_.num_col_ = n
+    lp.num_row_ = lp.a_matrix_.num_row_ = n_groups + len(caps)
+    lp.a_matrix_.format_ = h.MatrixFormat.kColwise
+    lp.a_matrix_.start_ = np.concatenate([[0], np.cumsum(keep.sum(axis=1))]).astype(np.int32)
+    lp.a_matrix_.index_ = rows[keep]
+    lp.a_matrix_.value_ = vals[keep]
     scale = max(1e-300, float(np.abs(c).max(initial=0.0)))
+    lp.col_cost_ = np.asarray(c, dtype=np.float64) / scale
+    lp.col_lower_ = np.zeros(n)
+    lp.col_upper_ = np.array([len(p.groups[g]) for g, _ in p.cols], dtype=np.float64)
+    lp.row_lower_ = np.concatenate(lo)
+    lp.row_upper_ = np.concatenate(hi)
+    lp.integrality_ = [h.HighsVarType.kInteger] * n
+    opts = h.HighsOptions()
+    opts.log_to_console = False
+    opts.mip_rel_gap = REL_GAP
+    opts.time_limit = float(time_limit)
+    # presolve costs more than the whole solve on small models (a few dozen groups: solved at the
+    # root either way); on many groups it is what proves the near-tied later stages fast (the
+    # skewed routing example's quality stage: 2.2 s without, 0.1 s with)
+    opts.presolve = "on" if n_groups > PRESOLVE_MIN_GROUPS else "off"
+    highs = h._Highs()
     with _quiet_stdout():
-        res = milp(c / scale, integrality=np.ones(n), bounds=(np.zeros(n), ub), constraints=cons,
-                   options={"mip_rel_gap": REL_GAP, "time_limit": time_limit,
-                            # presolve costs 10x the whole solve on these models (18k groups: 19 s vs 2.3 s)
-                            "presolve": False})
+        highs.passOptions(opts)
+        highs.passModel(lp)
+        highs.run()
+    st = highs.getModelStatus()
+    info = highs.getInfo()
+    S = h.HighsModelStatus
+    has_x = st == S.kOptimal or (st in (S.kTimeLimit, S.kIterationLimit, S.kSolutionLimit)
+                                 and info.objective_function_value != h.kHighsInf)
+    x = np.array(highs.getSolution().col_value) if has_x else None
+    res = _Result(x, st == S.kOptimal, st in (S.kInfeasible, S.kUnboundedOrInfeasible),
+                  info.mip_dual_bound if has_x else None, int(info.mip_node_count or 0),
+                  highs.modelStatusToString(st))
     return res, scale
 
 
@@ -154,32 +248,30 @@ def lexicographic(p: Problem, order: list[tuple[str, str]], caps: dict[str, floa
         c = v if sense == "min" else -v
         res, scale = _solve(p, c, caps, time_limit)
         if res.x is None:
-            if res.status == 2 or "infeasible" in str(res.message).lower():
+            if res.infeasible:
                 raise OrkError("infeasible")
             if x is None:
                 raise OrkError(f"the MILP solver stopped without a solution ({res.message}); "
                                "give it more time or fewer distinct items")
             # out of time in a later stage: the previous stage's plan is feasible here; keep it, with its gap
             val = float(v @ x)
-            bound = res.mip_dual_bound * scale if res.mip_dual_bound is not None else (-np.inf if sense == "min" else np.inf)
+            bound = res.bound * scale if res.bound is not None else (-np.inf if sense == "min" else np.inf)
             bound = bound if sense == "min" else -bound
-            stages.append(Stage(metric, sense, val, bound, "gap", int(getattr(res, "mip_node_count", 0) or 0)))
+            stages.append(Stage(metric, sense, val, bound, "gap", res.nodes))
             continue
         x = np.round(res.x).astype(np.int64)
         val = float(v @ x)
-        bound = res.mip_dual_bound * scale if res.mip_dual_bound is not None else val
+        bound = res.bound * scale if res.bound is not None else val
         bound = bound if sense == "min" else -bound
         gap = abs(val - bound)
-        optimal = res.status == 0 and gap <= max(REL_GAP * abs(val), 1e-12) * 10
-        stages.append(Stage(metric, sense, val, bound, "optimal" if optimal else "gap",
-                            int(getattr(res, "mip_node_count", 0) or 0)))
+        optimal = res.optimal and gap <= max(REL_GAP * abs(val), 1e-12) * 10
+        stages.append(Stage(metric, sense, val, bound, "optimal" if optimal else "gap", res.nodes))
         # fix this stage's optimum for the next ones (a hair of slack for float round-off)
         tol = STAGE_TOL * max(abs(val), 1e-30)
         if sense == "min":
             caps[metric] = min(caps.get(metric, np.inf), val + tol)
         else:
-            caps["-" + metric] = -val + tol
-            p.cost["-" + metric] = [tuple(-y for y in t) for t in p.cost[metric]]
+            caps["-" + metric] = -val + tol  # Problem.vector("-q") is the negated metric
     out: dict[int, str] = {}
     pos = [0] * len(p.groups)
     # within a group, the last-listed choices (the NPU ones, by the callers' convention) go to the first names
