@@ -136,19 +136,3 @@ def decode_bytes(n: int, k: int, choice: str, board: Board) -> float:
     if choice == "npu":
         return npu_tile_bytes(n, k, board) * board.tile_read_factor
     raise ValueError(choice)
-
-
-def t_prefill(n: int, k: int, m: float, choice: str, board: Board) -> float:
-    """One item's time in a prefill chunk where it sees M rows, under ``choice``.
-
-    NPU choices run on the NPU when M >= min_m (against the host path they would
-    otherwise take), else on the CPU from their host copy (NF4) or from the tiles (int8).
-    """
-    if m <= 0:
-        return 0.0
-    if choice in ("nf4", "int8"):
-        return t_cpu(n, k, m, board, choice)
-    host = "nf4" if choice == "npu+nf4" else "int8"
-    if m >= min_m(n, k, board, host):
-        return t_npu(n, k, m, board)
-    return t_cpu(n, k, m, board, host)
