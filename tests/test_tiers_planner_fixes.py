@@ -49,7 +49,7 @@ def test_min_m_of_npu_slices_is_their_host_paths_under_a_profile():
         if d.tier != "npu":
             continue
         n, k = d.shape
-        want = cost.min_m(n, k, BOARD, "nf4" if d.host_copy == "nf4" else "int8")
+        want = cost.min_m(n, k, BOARD, "nf4" if d.host_copy == "nf4" else "tiles")
         assert d.min_m == want, d
         if d.host_copy is None:
             npu_only += 1
@@ -61,7 +61,7 @@ def test_min_m_of_npu_slices_is_their_host_paths_under_a_profile():
 
 @pytest.mark.parametrize("cfg,ms", [(lambda: _cfg("gemma3_text"), (2, 3, 8, 16)), (llama_3_2_3b, (2, 3, 4, 6))])
 def test_npu_only_item_is_priced_at_the_npu_once_m_reaches_its_min_m(cfg, ms):
-    """An NPU-only item with min_m(int8) <= M runs on the NPU (the router reads min_m(int8)): its prefill
+    """An NPU-only item with min_m(tiles) <= M runs on the NPU (the router reads min_m(tiles)): its prefill
     cost is t_npu(M), also when M is below the NF4 path's min_m (where the analytic benefit is 0)."""
     man = manifest_from_config(cfg())
     rows = _rows(man, BOARD, {})
@@ -74,11 +74,11 @@ def test_npu_only_item_is_priced_at_the_npu_once_m_reaches_its_min_m(cfg, ms):
                 continue
             mi = prof.m_eff[i]
             pre = md.pre[i][md.allowed[i].index("npu")]
-            if mi >= cost.min_m(it.n, it.k, BOARD, "int8"):
+            if mi >= cost.min_m(it.n, it.k, BOARD, "tiles"):
                 assert pre == pytest.approx(cost.t_npu(it.n, it.k, mi, BOARD), rel=1e-12), (m, it.name)
                 between += mi < cost.min_m(it.n, it.k, BOARD, "nf4")
             else:
-                assert pre == pytest.approx(cost.t_cpu(it.n, it.k, mi, BOARD, "int8"), rel=1e-12), (m, it.name)
+                assert pre == pytest.approx(cost.t_cpu(it.n, it.k, mi, BOARD, "tiles"), rel=1e-12), (m, it.name)
     assert between > 0
 
 

@@ -246,11 +246,11 @@ def _pre(it: Item, c: str, m: float, rho: tuple[float, float], head: bool, board
     row times the whole matrix, on the CPU, in the encoding it is stored in.
     """
     n, k = it.n, it.k
-    if c in ("nf4", "int8", "float"):
+    if c in ("nf4", "int8", "tiles", "float"):  # a host path ("tiles": an NPU-only item below its min_m)
         enc = _float_enc(it) if c == "float" else c
         t = rho[0] * cost.t_cpu(n, k, m, board, enc)
         return t + cost.t_cpu(n, k, 1, board, enc) if head else t
-    host = "nf4" if c == "npu+nf4" else "int8"
+    host = "nf4" if c == "npu+nf4" else "tiles"
     if m >= cost.min_m(n, k, board, host):
         return rho[1] * cost.t_npu(n, k, m, board)
     return rho[0] * cost.t_cpu(n, k, m, board, host)
@@ -435,7 +435,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
         shape = (it.n, it.k)
         if c.startswith("npu"):
             enc = "nf4" if r.forced_enc == "nf4" else "int8"
-            host = "nf4" if c == "npu+nf4" else "int8"
+            host = "nf4" if c == "npu+nf4" else "tiles"
             mm = cost.min_m(it.n, it.k, board, host)  # the router's threshold: against the host path it keeps
             # benefit_us: what the NPU saves per chunk against that host path (0 below min_m)
             mi = profile.m_eff[i]
