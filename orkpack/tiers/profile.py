@@ -53,7 +53,8 @@ class Profile:
     sensitivity: list[float]
     m_eff: list[float]
     min_m: list[int]
-    t_cpu: list[float]
+    t_cpu: list[float]  # seconds per chunk of the host NF4 path at m_eff rows (measured, for a timing CSV)
+    t_npu: list[float]  # seconds per chunk on the NPU at m_eff rows (t_cpu - benefit_us, if a profile gives it)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -125,7 +126,7 @@ def _benefit(it: Item, m: float, mm: int, board: Board) -> float:
 def analytic(manifest: Manifest, board: Board, prefill_m: int, routing: dict[int, float] | None = None) -> Profile:
     routing = routing or {}
     shape_mm: dict[tuple[int, int], int] = {}
-    ben, sens, ms, mms, tc = [], [], [], [], []
+    ben, sens, ms, mms, tc, tn = [], [], [], [], [], []
     for i, it in enumerate(manifest.items):
         mm = shape_mm.get((it.n, it.k))
         if mm is None:
@@ -136,7 +137,8 @@ def analytic(manifest: Manifest, board: Board, prefill_m: int, routing: dict[int
         ben.append(_benefit(it, m, mm, board))
         sens.append(float(it.numel))
         tc.append(cost.t_cpu(it.n, it.k, m, board))
-    return Profile("analytic", "analytic", prefill_m, ben, sens, ms, mms, tc)
+        tn.append(cost.t_npu(it.n, it.k, m, board))
+    return Profile("analytic", "analytic", prefill_m, ben, sens, ms, mms, tc, tn)
 
 
 # --------------------------------------------------------------------------------------------- importers
@@ -160,6 +162,7 @@ def _apply_routing(prof: Profile, manifest: Manifest, board: Board, routing: dic
         prof.m_eff[i] = m
         prof.benefit[i] = _benefit(it, m, prof.min_m[i], board)
         prof.t_cpu[i] = cost.t_cpu(it.n, it.k, m, board)
+        prof.t_npu[i] = cost.t_npu(it.n, it.k, m, board)
 
 
 def _spread_routing(manifest: Manifest, routing: dict[int, float]) -> dict[int, float]:
@@ -212,8 +215,9 @@ def _load_json_profile(p: Path, manifest: Manifest, board: Board, prefill_m: int
     prof = analytic(manifest, board, prefill_m)
     _unknown(unknown, where, ignore, prof.warnings)
     _apply_routing(prof, manifest, board, _spread_routing(manifest, routing))
-    for i, b in benefit.items():
+    for i, b in benefit.items():  # the NPU saves benefit_us against the host NF4 path
         prof.benefit[i] = b * 1e-6
+        prof.t_npu[i] = max(0.0, prof.t_cpu[i] - b * 1e-6)
     for i, s in sens.items():
         prof.sensitivity[i] = s
     prof.kind, prof.source = "json", p.name
@@ -333,8 +337,8 @@ def _load_csv(p: Path, manifest, board, prefill_m, ignore) -> Profile:
 
     Per chunk, an item's measured time is total_us / max_calls (max_calls: the most calls
     of any row = the number of prefill chunks profiled); the NPU would spend
-    calls x t_npu(m) over the same run, m the item's analytic rows. benefit_us =
-    max(0, total_us - calls x t_npu) / max_calls, 0 when m < min_m.
+    calls x t_npu(m) over the same run, m the item's analytic rows: t_cpu = total_us / max_calls,
+    t_npu = calls x t_npu(m) / max_calls per chunk, benefit_us = max(0, t_cpu - t_npu), 0 when m < min_m.
     """
     where = escape_name(p.name)
     try:
@@ -367,12 +371,13 @@ def _load_csv(p: Path, manifest, board, prefill_m, ignore) -> Profile:
     for i, calls, tot in data:
         it = manifest.items[i]
         m = prof.m_eff[i]
-        if max_calls == 0 or m < prof.min_m[i] or m <= 0:
+        if max_calls == 0 or m <= 0:
             prof.benefit[i] = 0.0
             continue
-        npu_us = calls * cost.t_npu(it.n, it.k, m, board) * 1e6
-        prof.benefit[i] = max(0.0, tot - npu_us) / max_calls * 1e-6
+        # per chunk: the host NF4 time measured, the NPU's time over the same calls from the cost model
         prof.t_cpu[i] = tot / max_calls * 1e-6
+        prof.t_npu[i] = calls * cost.t_npu(it.n, it.k, m, board) / max_calls
+        prof.benefit[i] = max(0.0, prof.t_cpu[i] - prof.t_npu[i]) if m >= prof.min_m[i] else 0.0
     prof.kind, prof.source = "csv", p.name
     return prof
 

@@ -118,9 +118,11 @@ def _fmt(b: int) -> str:
 
 
 def _no_fit(manifest: Manifest, board: Board, rows: list[_Row], need: int, cap: int, kv: int, ctx: int,
-            kv_type: str, fixed_no_kv: int) -> OrkError:
+            kv_type: str, fixed_no_kv: int, max_ram: int | None = None) -> OrkError:
     short = need - cap
     hints = []
+    if cap < board.total_bytes and need <= board.total_bytes:  # --max-ram binds, the board has the room
+        hints.append(f"--max-ram {need} or more (the board has {board.total_bytes})")
     room = cap - fixed_no_kv
     if room > 0 and kv > 0:
         max_ctx = int(room // (kv / ctx))
@@ -137,7 +139,8 @@ def _no_fit(manifest: Manifest, board: Board, rows: list[_Row], need: int, cap: 
     if board.reserve_bytes >= short:
         hints.append(f"a smaller reserve (reserve_bytes <= {board.reserve_bytes - short} in a --board file)")
     what = "; it would fit with " + " or ".join(hints) if hints else "; no option fits it on this board: use a larger board"
-    return OrkError(f"{escape_name(manifest.source)} does not fit on {board.name}: short by {short} bytes "
+    within = f" within --max-ram {max_ram}" if max_ram is not None and cap < board.total_bytes else ""
+    return OrkError(f"{escape_name(manifest.source)} does not fit on {board.name}{within}: short by {short} bytes "
                     f"({_fmt(short)}) at ctx {ctx} with {kv_type} KV{what}")
 
 
@@ -214,39 +217,60 @@ def _allowed(r: _Row, it: Item) -> tuple[str, ...]:
 
 
 def _attention_s(manifest: Manifest, rows: int, pos: float, board: Board) -> float:
-    """Attention score and value products of ``rows`` tokens at average position ``pos``, on the CPU."""
+    """Attention score and value products of ``rows`` tokens at average position ``pos``, on the CPU;
+    a sliding-window layer attends to at most its window."""
     f = manifest.facts
     width = f.get("heads", 0) * f.get("head_dim", 0)
-    return 4.0 * rows * pos * width * f.get("n_layers", 0) / board.cpu_float_ops_per_s
+    swa, win = set(f.get("swa_layers") or ()), f.get("swa_window") or 0
+    span = sum(min(pos, win) if (layer in swa and win) else pos for layer in range(f.get("n_layers", 0)))
+    return 4.0 * rows * span * width / board.cpu_float_ops_per_s
 
 
-def _item_cost(it: Item, r: _Row, c: str, mi: float, t4: float, benefit: float, sens: float, share: float,
-               board: Board) -> tuple[float, float, float, float, float]:
+def _float_enc(it: Item) -> str:
+    return _FLOAT_ENC.get(it.dtype, "f32")  # quantized GGUF types are kept as f32
+
+
+def _rho(it: Item, m: float, t4: float, tn: float, board: Board) -> tuple[float, float]:
+    """How the profile scales the cost model at the item's rows m: (its host NF4 time / the model's,
+    its NPU time / the model's); 1 where the model gives 0."""
+    model4, modeln = cost.t_cpu(it.n, it.k, m, board, "nf4"), cost.t_npu(it.n, it.k, m, board)
+    return (t4 / model4 if model4 > 0 else 1.0), (tn / modeln if modeln > 0 else 1.0)
+
+
+def _pre(it: Item, c: str, m: float, rho: tuple[float, float], head: bool, board: Board) -> float:
+    """Seconds one item adds to a prefill chunk in which it sees ``m`` rows, under choice ``c``.
+
+    Host paths: the profile-scaled host time of the encoding (a float item at its source bytes). NPU
+    choices run on the NPU when m >= min_m of the host path they keep (NF4 copy, or int8 from the
+    tiles), else on the CPU by that path. A tied embedding (``head``) also pays the output head: one
+    row times the whole matrix, on the CPU, in the encoding it is stored in.
+    """
+    n, k = it.n, it.k
+    if c in ("nf4", "int8", "tiles", "float"):  # a host path ("tiles": an NPU-only item below its min_m)
+        enc = _float_enc(it) if c == "float" else c
+        t = rho[0] * cost.t_cpu(n, k, m, board, enc)
+        return t + cost.t_cpu(n, k, 1, board, enc) if head else t
+    host = "nf4" if c == "npu+nf4" else "tiles"
+    if m >= cost.min_m(n, k, board, host):
+        return rho[1] * cost.t_npu(n, k, m, board)
+    return rho[0] * cost.t_cpu(n, k, m, board, host)
+
+
+def _item_cost(it: Item, r: _Row, c: str, mi: float, rho: tuple[float, float], sens: float, share: float,
+               head: bool, board: Board) -> tuple[float, float, float, float, float]:
     """(RAM bytes, NPU bytes, decode s/token, prefill s/chunk, quality) of one item under choice ``c``.
 
-    The profile's CPU time ``t4`` is the host NF4 path (measured, for a timing CSV); the other host
-    paths scale from it by the cost model's ratio; an NPU path saves the profile's ``benefit``.
+    Quality: the item's sensitivity where the CPU decodes int8 (host int8, or an NPU-only item's
+    int8 tiles when not stored 4-bit by --nf4); 0 otherwise (NF4, float).
     """
-    bw = board.decode_bandwidth
-    model4 = cost.t_cpu(it.n, it.k, mi, board, "nf4")
-    ratio = (t4 / model4) if model4 > 0 else 1.0
+    pre = _pre(it, c, mi, rho, head, board)
     if c == "float":
-        return (float(r.fl), 0.0, share * r.fl / bw, ratio * cost.t_cpu(it.n, it.k, mi, board, "f16"), sens)
+        return (float(r.fl), 0.0, share * r.fl / board.decode_bandwidth, pre, 0.0)
     ram = {"nf4": r.n4, "int8": r.i8, "npu": r.npu, "npu+nf4": r.npu + r.n4}[c]
     npu = r.npu if c.startswith("npu") else 0
-    dec = share * cost.decode_bytes(it.n, it.k, c, board) / bw
-    if c == "nf4":
-        pre = t4
-    elif c == "int8":
-        pre = ratio * cost.t_cpu(it.n, it.k, mi, board, "int8")
-    else:
-        host = "nf4" if c == "npu+nf4" else "int8"
-        t_host = t4 if host == "nf4" else ratio * cost.t_cpu(it.n, it.k, mi, board, "int8")
-        if mi >= cost.min_m(it.n, it.k, board, host) and benefit > 0:
-            pre = min(t_host, max(0.0, t4 - benefit))
-        else:
-            pre = t_host
-    return (float(ram), float(npu), dec, pre, sens if c in ("int8", "npu") else 0.0)
+    dec = share * cost.decode_bytes(it.n, it.k, c, board) / board.decode_bandwidth
+    q = sens if c == "int8" or (c == "npu" and r.forced_enc != "nf4") else 0.0
+    return (float(ram), float(npu), dec, pre, q)
 
 
 def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row], prompt: int, kv_type: str,
@@ -256,25 +280,24 @@ def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row],
     out = _Model([], [], [], [], [], [], [], 0.0, 0.0)
     memo: dict[tuple, tuple] = {}  # identical items (every expert of a uniform MoE) are computed once
     tied = not any(it.role == "output" for it in manifest.items)
-    head = 0.0  # a tied head: the embedding matrix times the last row of each chunk, on the CPU
     for i, it in enumerate(manifest.items):
         r = rows[i]
         share = _share(it, profile.m_eff[i], m, tied)
-        if tied and it.role == "embedding":
-            head = cost.t_cpu(it.n, it.k, 1, board, "nf4")
+        head = tied and it.role == "embedding"  # the tied head: the last row of each chunk times the embedding
         al = _allowed(r, it) if allowed is None else allowed[i]
         mi = profile.m_eff[i]
-        key = (it.n, it.k, mi, share, al, profile.t_cpu[i], profile.benefit[i], profile.sensitivity[i], r.fl)
+        key = (it.n, it.k, it.dtype, mi, share, al, head, r.forced_enc, profile.t_cpu[i], profile.t_npu[i],
+               profile.sensitivity[i], r.fl)
         vals = memo.get(key)
         if vals is None:
-            costs = [_item_cost(it, r, c, mi, profile.t_cpu[i], profile.benefit[i], profile.sensitivity[i], share, board)
-                     for c in al]
+            rho = _rho(it, mi, profile.t_cpu[i], profile.t_npu[i], board)
+            costs = [_item_cost(it, r, c, mi, rho, profile.sensitivity[i], share, head, board) for c in al]
             vals = memo[key] = (al,) + tuple(tuple(x[j] for x in costs) for j in range(5)) + (share,)
         for lst, v in zip((out.allowed, out.ram, out.npu, out.dec, out.pre, out.qual, out.share), vals):
             lst.append(v)
     dec_bytes = sum(t.float_bytes for t in manifest.floats) + manifest.kv_bytes(max(prompt, 1), kv_type)
     out.dec_const = board.decode_token_s + dec_bytes / board.decode_bandwidth
-    out.pre_const = board.decode_token_s + _attention_s(manifest, m, m / 2.0, board) + head
+    out.pre_const = board.decode_token_s + _attention_s(manifest, m, m / 2.0, board)
     return out
 
 
@@ -305,26 +328,26 @@ def _baseline(md: _Model, enc: str) -> list[int]:
 
 
 def ttft_s(manifest: Manifest, board: Board, profile: Profile, choices: list[str], prompt: int) -> float:
-    """Seconds to process a ``prompt``-token prompt in chunks of prefill_m (the first token's wait)."""
+    """Seconds to process a ``prompt``-token prompt in chunks of prefill_m (the first token's wait):
+    each chunk as a prefill chunk, at its own rows (an item sees m_eff x rows / prefill_m) and positions."""
     m = profile.prefill_m
+    tied = not any(it.role == "output" for it in manifest.items)
+    rhos: dict[tuple, tuple[float, float]] = {}
     total, done = 0.0, 0
     while done < prompt:
         rows = min(m, prompt - done)
         f = rows / m
         t = board.decode_token_s + _attention_s(manifest, rows, done + rows / 2.0, board)
-        if not any(it.role == "output" for it in manifest.items):  # a tied head: the last row's logits
-            t += sum(cost.t_cpu(it.n, it.k, 1, board, "nf4") for it in manifest.items if it.role == "embedding")
         memo: dict[tuple, float] = {}
         for i, it in enumerate(manifest.items):
-            key = (it.n, it.k, profile.m_eff[i], profile.t_cpu[i], choices[i])
+            head = tied and it.role == "embedding"
+            key = (it.n, it.k, it.dtype, profile.m_eff[i], profile.t_cpu[i], profile.t_npu[i], choices[i], head)
             v = memo.get(key)
             if v is None:
-                c = choices[i]
-                mi = profile.m_eff[i] * f
-                model4 = cost.t_cpu(it.n, it.k, profile.m_eff[i], board, "nf4")
-                ratio = (profile.t_cpu[i] / model4) if model4 > 0 else 1.0
-                v = memo[key] = ratio * (cost.t_cpu(it.n, it.k, mi, board, "f16") if c == "float"
-                                         else cost.t_prefill(it.n, it.k, mi, c, board))
+                rho = rhos.get(key)
+                if rho is None:
+                    rho = rhos[key] = _rho(it, profile.m_eff[i], profile.t_cpu[i], profile.t_npu[i], board)
+                v = memo[key] = _pre(it, choices[i], profile.m_eff[i] * f, rho, head, board)
             t += v
         total += t
         done += rows
@@ -353,7 +376,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
     need = fixed_no_kv + kv
     cap_total = board.total_bytes if goal.max_ram is None else min(board.total_bytes, goal.max_ram)
     if need > cap_total:
-        raise _no_fit(manifest, board, rows, need, cap_total, kv, ctx, kv_type, fixed_no_kv)
+        raise _no_fit(manifest, board, rows, need, cap_total, kv, ctx, kv_type, fixed_no_kv, goal.max_ram)
     if npu_pinned_bytes > board.iova_usable_bytes:
         raise OrkError(f"--npu pins need {npu_pinned_bytes} bytes ({_fmt(npu_pinned_bytes)}) of NPU memory; "
                        f"{board.name} allows {board.iova_usable_bytes} ({_fmt(board.iova_usable_bytes)}); pin fewer tensors")
@@ -412,12 +435,15 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
         shape = (it.n, it.k)
         if c.startswith("npu"):
             enc = "nf4" if r.forced_enc == "nf4" else "int8"
-            mm = cost.min_m(it.n, it.k, board, "nf4" if c == "npu+nf4" else "int8")
-            if profile.kind != "analytic":
-                mm = max(mm, profile.min_m[i]) if profile.min_m[i] < cost.MIN_M_NEVER else mm
+            host = "nf4" if c == "npu+nf4" else "tiles"
+            mm = cost.min_m(it.n, it.k, board, host)  # the router's threshold: against the host path it keeps
+            # benefit_us: what the NPU saves per chunk against that host path (0 below min_m)
+            mi = profile.m_eff[i]
+            rho = _rho(it, mi, profile.t_cpu[i], profile.t_npu[i], board)
+            saved = _pre(it, host, mi, rho, False, board) - _pre(it, c, mi, rho, False, board)
             dual = c == "npu+nf4"
             decisions.append(Decision(it.tensor, it.expert, shape, enc, "npu", mm, r.npu,
-                                      profile.benefit[i] * 1e6, r.pin, "nf4" if dual else None, r.n4 if dual else 0))
+                                      saved * 1e6, r.pin, "nf4" if dual else None, r.n4 if dual else 0))
             npu_used += r.npu
             n_npu += 1
             if dual:
