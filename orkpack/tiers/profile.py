@@ -123,21 +123,32 @@ def _benefit(it: Item, m: float, mm: int, board: Board) -> float:
     return max(0.0, cost.t_cpu(it.n, it.k, m, board) - cost.t_npu(it.n, it.k, m, board))
 
 
+def _at_rows(it: Item, m: float, mm: int, board: Board, memo: dict) -> tuple[float, float, float]:
+    """(benefit, t_cpu NF4, t_npu) of an item's shape at m rows; items of one shape and m share one computation."""
+    key = (it.n, it.k, m, mm)
+    v = memo.get(key)
+    if v is None:
+        v = memo[key] = (_benefit(it, m, mm, board), cost.t_cpu(it.n, it.k, m, board), cost.t_npu(it.n, it.k, m, board))
+    return v
+
+
 def analytic(manifest: Manifest, board: Board, prefill_m: int, routing: dict[int, float] | None = None) -> Profile:
     routing = routing or {}
     shape_mm: dict[tuple[int, int], int] = {}
+    memo: dict[tuple, tuple[float, float, float]] = {}
     ben, sens, ms, mms, tc, tn = [], [], [], [], [], []
     for i, it in enumerate(manifest.items):
         mm = shape_mm.get((it.n, it.k))
         if mm is None:
             mm = shape_mm[(it.n, it.k)] = cost.min_m(it.n, it.k, board)
         m = _analytic_m(it, prefill_m, routing.get(i))
+        b, c, n = _at_rows(it, m, mm, board, memo)
         ms.append(m)
         mms.append(mm)
-        ben.append(_benefit(it, m, mm, board))
+        ben.append(b)
         sens.append(float(it.numel))
-        tc.append(cost.t_cpu(it.n, it.k, m, board))
-        tn.append(cost.t_npu(it.n, it.k, m, board))
+        tc.append(c)
+        tn.append(n)
     return Profile("analytic", "analytic", prefill_m, ben, sens, ms, mms, tc, tn)
 
 
@@ -156,13 +167,12 @@ def _as_list(v, n: int, what: str, where: str) -> list[float]:
 
 
 def _apply_routing(prof: Profile, manifest: Manifest, board: Board, routing: dict[int, float]) -> None:
+    memo: dict[tuple, tuple[float, float, float]] = {}
     for i, r in routing.items():
         it = manifest.items[i]
         m = prof.prefill_m * r
         prof.m_eff[i] = m
-        prof.benefit[i] = _benefit(it, m, prof.min_m[i], board)
-        prof.t_cpu[i] = cost.t_cpu(it.n, it.k, m, board)
-        prof.t_npu[i] = cost.t_npu(it.n, it.k, m, board)
+        prof.benefit[i], prof.t_cpu[i], prof.t_npu[i] = _at_rows(it, m, prof.min_m[i], board, memo)
 
 
 def _spread_routing(manifest: Manifest, routing: dict[int, float]) -> dict[int, float]:

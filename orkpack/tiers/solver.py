@@ -58,6 +58,8 @@ def match_pins(manifest: Manifest, pins: dict[str, list[str]] | None) -> tuple[d
             raise OrkError(f"unknown pin kind {escape_name(str(k))!r}; use {', '.join(PIN_KINDS)}")
     out: dict[int, set[str]] = {}
     warnings = []
+    if not any(pins.values()):
+        return out, warnings
     names = [_item_names(it) for it in manifest.items]
     float_names = {t.name for t in manifest.floats}
     for kind in PIN_KINDS:
@@ -94,8 +96,14 @@ class _Row:
 def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]]) -> list[_Row]:
     rows = []
     has_npu = "npu" in board.engines and board.iova_usable_bytes > 0
+    memo: dict[tuple, _Row] = {}  # items alike in shape, role and pins share one (read-only) row
     for i, it in enumerate(manifest.items):
         ks = pins.get(i, set())
+        key = (it.n, it.k, it.float_bytes, it.role, frozenset(ks))
+        r = memo.get(key)
+        if r is not None:
+            rows.append(r)
+            continue
         default_keep = it.role == "router" and not (ks & {"npu", "int8", "nf4"})
         keep = "keep" in ks or default_keep
         forced_tier = "npu" if "npu" in ks else ("host" if ("cpu" in ks or keep) else None)
@@ -104,8 +112,9 @@ def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]]) -> list[_
         pin = ",".join(f"--{k}" for k in PIN_KINDS if k in ks) or ("default-keep" if default_keep else None)
         if forced_tier == "npu" and not has_npu:
             raise OrkError(f"{escape_name(it.name)}: pinned --npu but board {board.name} has no NPU")
-        rows.append(_Row(cost.npu_bytes(it.n, it.k, board), cost.host_int8_bytes(it.n, it.k),
-                         cost.host_nf4_bytes(it.n, it.k), it.float_bytes, eligible, forced_tier, forced_enc, pin))
+        r = memo[key] = _Row(cost.npu_bytes(it.n, it.k, board), cost.host_int8_bytes(it.n, it.k),
+                             cost.host_nf4_bytes(it.n, it.k), it.float_bytes, eligible, forced_tier, forced_enc, pin)
+        rows.append(r)
     return rows
 
 
@@ -430,17 +439,22 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
     # ---- decisions
     decisions, npu_used, host_w = [], 0, {"int8": 0, "nf4": 0, "float": 0, "host_copy_nf4": 0}
     n_npu = 0
+    npu_memo: dict[tuple, tuple[int, float]] = {}  # (min_m, saved) of alike NPU items, computed once
     for i, it in enumerate(items):
         r, c = rows[i], choice[i]
         shape = (it.n, it.k)
         if c.startswith("npu"):
             enc = "nf4" if r.forced_enc == "nf4" else "int8"
             host = "nf4" if c == "npu+nf4" else "tiles"
-            mm = cost.min_m(it.n, it.k, board, host)  # the router's threshold: against the host path it keeps
-            # benefit_us: what the NPU saves per chunk against that host path (0 below min_m)
             mi = profile.m_eff[i]
-            rho = _rho(it, mi, profile.t_cpu[i], profile.t_npu[i], board)
-            saved = _pre(it, host, mi, rho, False, board) - _pre(it, c, mi, rho, False, board)
+            key = (it.n, it.k, it.dtype, mi, profile.t_cpu[i], profile.t_npu[i], c)
+            got = npu_memo.get(key)
+            if got is None:
+                mm = cost.min_m(it.n, it.k, board, host)  # the router's threshold: against the host path it keeps
+                # benefit_us: what the NPU saves per chunk against that host path (0 below min_m)
+                rho = _rho(it, mi, profile.t_cpu[i], profile.t_npu[i], board)
+                got = npu_memo[key] = (mm, _pre(it, host, mi, rho, False, board) - _pre(it, c, mi, rho, False, board))
+            mm, saved = got
             dual = c == "npu+nf4"
             decisions.append(Decision(it.tensor, it.expert, shape, enc, "npu", mm, r.npu,
                                       saved * 1e6, r.pin, "nf4" if dual else None, r.n4 if dual else 0))
@@ -515,7 +529,8 @@ def _unreachable(goal: Goal, md: _Model, which: str | None) -> OrkError:
 
 
 def _phase(md: _Model, idx: list[int], prefill_m: int, ttft: float, prompt: int) -> dict:
-    _, _, dec, pre, _ = _totals(md, idx)
+    dec = md.dec_const + sum([d[c] for d, c in zip(md.dec, idx)])  # as _totals sums them, item by item
+    pre = md.pre_const + sum([p[c] for p, c in zip(md.pre, idx)])
     return {"prefill_tok_s": round(prefill_m / pre, 3), "decode_tok_s": round(1.0 / dec, 3),
             "ttft_s": round(ttft, 4), "prefill_s_per_chunk": round(pre, 9), "decode_s_per_token": round(dec, 9)}
 
