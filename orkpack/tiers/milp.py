@@ -37,7 +37,11 @@ PRESOLVE_MIN_GROUPS = 64  # HiGHS presolve only above this many groups (see _sol
 
 @dataclass
 class Problem:
-    """``cost[k][i][c]``: metric k of item i taking its c-th allowed choice (``choices[i]``)."""
+    """``cost[k][i][c]``: metric k of item i taking its c-th allowed choice (``choices[i]``).
+
+    ``klass`` (optional): a class number per item; items of one class are known to have the same
+    choices and costs (the caller computed them once), so pruning and grouping examine one item
+    per class. Classes with equal choices and costs still merge into one group."""
 
     metrics: tuple[str, ...]
     choices: list[tuple[str, ...]]
@@ -45,9 +49,19 @@ class Problem:
     names: list[str]
     groups: list[list[int]] = field(default_factory=list)  # filled by group()
     cols: list[tuple[int, int]] = field(default_factory=list)  # (group, choice index) per variable
+    klass: list[int] | None = None
 
     def _key(self, i: int) -> tuple:
         return (self.choices[i],) + tuple(self.cost[m][i] for m in self.metrics)
+
+    def _classes(self) -> list[list[int]]:
+        """The items of each class, in item order, classes in order of their first item."""
+        if self.klass is None:
+            return [[i] for i in range(len(self.choices))]
+        by: dict[int, list[int]] = {}
+        for i, k in enumerate(self.klass):
+            by.setdefault(k, []).append(i)
+        return list(by.values())
 
     def prune(self, better: dict[str, str]) -> None:
         """Drop every choice another choice of the same item dominates: no worse in every metric
@@ -55,29 +69,31 @@ class Problem:
         every constraint and no objective gets worse, so the optimum is unchanged. Items with the
         same choices and costs are pruned alike, so each distinct item is examined once."""
         sign = [1 if better[m] == "min" else -1 for m in self.metrics]
-        memo: dict[tuple, tuple[int, ...] | None] = {}
-        for i in range(len(self.choices)):
-            key = self._key(i)
-            keep = memo.get(key, ())
-            if keep == ():
+        memo: dict[tuple, tuple | None] = {}
+        for members in self._classes():
+            key = self._key(members[0])
+            if key in memo:
+                keep = memo[key]
+            else:
                 ch = key[0]
                 vec = [tuple(key[1 + k][c] * s for k, s in enumerate(sign)) for c in range(len(ch))]
                 kept = tuple(c for c in range(len(ch))
                              if not any(all(a <= b for a, b in zip(vec[d], vec[c])) and vec[d] != vec[c]
                                         for d in range(len(ch)) if d != c))
-                keep = memo[key] = None if len(kept) == len(ch) else (kept, tuple(ch[c] for c in kept),
-                                                                          [tuple(key[1 + k][c] for c in kept)
-                                                                           for k in range(len(self.metrics))])
+                keep = memo[key] = None if len(kept) == len(ch) else (
+                    tuple(ch[c] for c in kept), [tuple(key[1 + k][c] for c in kept) for k in range(len(self.metrics))])
             if keep is not None:
-                self.choices[i] = keep[1]
-                for k, m in enumerate(self.metrics):
-                    self.cost[m][i] = keep[2][k]
+                for i in members:
+                    self.choices[i] = keep[0]
+                    for k, m in enumerate(self.metrics):
+                        self.cost[m][i] = keep[1][k]
 
     def group(self) -> None:
         by: dict[tuple, list[int]] = {}
-        for i in range(len(self.names)):
-            by.setdefault(self._key(i), []).append(i)
-        # dict order is first-member order, i.e. groups sorted by their smallest member
+        for members in self._classes():
+            by.setdefault(self._key(members[0]), []).extend(members)
+        # groups in order of their smallest member (classes come in order of their first item, so the
+        # first class of a group holds its smallest member); members in name order
         names = self.names
         self.groups = [v if len(v) == 1 else sorted(v, key=names.__getitem__) for v in by.values()]
         self.cols = [(g, c) for g, members in enumerate(self.groups) for c in range(len(self.choices[members[0]]))]

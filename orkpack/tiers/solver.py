@@ -22,7 +22,7 @@ optimal or carries the proven gap; deterministic.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -199,6 +199,7 @@ class _Model:
     share: list[float]  # decode: how often a token reads the item (routing share, 1 for dense)
     dec_const: float  # seconds per token besides the items (fixed cost, floats, KV read)
     pre_const: float  # seconds per chunk besides the items (forced floats, attention, fixed cost)
+    klass: list[int] = field(default_factory=list)  # items of one class were costed once: all equal
 
 
 def _share(it: Item, m_eff: float, prefill_m: int, tied: bool) -> float:
@@ -297,13 +298,14 @@ def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row],
         mi = profile.m_eff[i]
         key = (it.n, it.k, it.dtype, mi, share, al, head, r.forced_enc, profile.t_cpu[i], profile.t_npu[i],
                profile.sensitivity[i], r.fl)
-        vals = memo.get(key)
-        if vals is None:
+        got = memo.get(key)
+        if got is None:
             rho = _rho(it, mi, profile.t_cpu[i], profile.t_npu[i], board)
             costs = [_item_cost(it, r, c, mi, rho, profile.sensitivity[i], share, head, board) for c in al]
-            vals = memo[key] = (al,) + tuple(tuple(x[j] for x in costs) for j in range(5)) + (share,)
-        for lst, v in zip((out.allowed, out.ram, out.npu, out.dec, out.pre, out.qual, out.share), vals):
+            got = memo[key] = ((al,) + tuple(tuple(x[j] for x in costs) for j in range(5)) + (share,), len(memo))
+        for lst, v in zip((out.allowed, out.ram, out.npu, out.dec, out.pre, out.qual, out.share), got[0]):
             lst.append(v)
+        out.klass.append(got[1])
     dec_bytes = sum(t.float_bytes for t in manifest.floats) + manifest.kv_bytes(max(prompt, 1), kv_type)
     out.dec_const = board.decode_token_s + dec_bytes / board.decode_bandwidth
     out.pre_const = board.decode_token_s + _attention_s(manifest, m, m / 2.0, board)
@@ -393,7 +395,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
 
     prob = milp.Problem(("ram", "npu", "dec", "pre", "q"), list(md.allowed),
                         {"ram": list(md.ram), "npu": list(md.npu), "dec": list(md.dec), "pre": list(md.pre),
-                         "q": list(md.qual)}, names)
+                         "q": list(md.qual)}, names, klass=md.klass)
     prob.prune({"ram": "min", "npu": "min", "dec": "min", "pre": "min", "q": "max"})
     prob.group()
     caps = {"ram": float(ram_items_cap), "npu": float(board.iova_usable_bytes)}
