@@ -58,10 +58,12 @@ class Problem:
         """The items of each class, in item order, classes in order of their first item."""
         if self.klass is None:
             return [[i] for i in range(len(self.choices))]
-        by: dict[int, list[int]] = {}
-        for i, k in enumerate(self.klass):
-            by.setdefault(k, []).append(i)
-        return list(by.values())
+        if getattr(self, "_by_class", None) is None:
+            by: dict[int, list[int]] = {}
+            for i, k in enumerate(self.klass):
+                by.setdefault(k, []).append(i)
+            self._by_class = list(by.values())
+        return self._by_class
 
     def prune(self, better: dict[str, str]) -> None:
         """Drop every choice another choice of the same item dominates: no worse in every metric

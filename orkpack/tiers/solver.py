@@ -98,12 +98,13 @@ def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]]) -> list[_
     has_npu = "npu" in board.engines and board.iova_usable_bytes > 0
     memo: dict[tuple, _Row] = {}  # items alike in shape, role and pins share one (read-only) row
     for i, it in enumerate(manifest.items):
-        ks = pins.get(i, set())
-        key = (it.n, it.k, it.float_bytes, it.role, frozenset(ks))
+        ks = pins.get(i)
+        key = (it.n, it.k, it.dtype, it.role, None if ks is None else frozenset(ks))
         r = memo.get(key)
         if r is not None:
             rows.append(r)
             continue
+        ks = ks or set()
         default_keep = it.role == "router" and not (ks & {"npu", "int8", "nf4"})
         keep = "keep" in ks or default_keep
         forced_tier = "npu" if "npu" in ks else ("host" if ("cpu" in ks or keep) else None)
@@ -288,24 +289,27 @@ def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row],
     """The linear costs of every item's allowed choices (``allowed`` overrides the pins' choices)."""
     m = profile.prefill_m
     out = _Model([], [], [], [], [], [], [], 0.0, 0.0)
-    memo: dict[tuple, tuple] = {}  # identical items (every expert of a uniform MoE) are computed once
+    # identical items (every expert of a uniform MoE) are computed once: one class each; the key holds
+    # everything the costs depend on (the row object: pins and sizes; the item's shape, type, role and
+    # profile values), so the per-item work is one lookup
+    memo: dict[tuple, int] = {}
+    classes: list[tuple] = []
     tied = not any(it.role == "output" for it in manifest.items)
-    for i, it in enumerate(manifest.items):
-        r = rows[i]
-        share = _share(it, profile.m_eff[i], m, tied)
-        head = tied and it.role == "embedding"  # the tied head: the last row of each chunk times the embedding
-        al = _allowed(r, it) if allowed is None else allowed[i]
-        mi = profile.m_eff[i]
-        key = (it.n, it.k, it.dtype, mi, share, al, head, r.forced_enc, profile.t_cpu[i], profile.t_npu[i],
-               profile.sensitivity[i], r.fl)
+    for i, (it, r, mi, tc, tn, sens) in enumerate(zip(manifest.items, rows, profile.m_eff, profile.t_cpu,
+                                                         profile.t_npu, profile.sensitivity)):
+        key = (id(r), it.n, it.k, it.dtype, it.role, mi, tc, tn, sens, None if allowed is None else allowed[i])
         got = memo.get(key)
         if got is None:
-            rho = _rho(it, mi, profile.t_cpu[i], profile.t_npu[i], board)
-            costs = [_item_cost(it, r, c, mi, rho, profile.sensitivity[i], share, head, board) for c in al]
-            got = memo[key] = ((al,) + tuple(tuple(x[j] for x in costs) for j in range(5)) + (share,), len(memo))
-        for lst, v in zip((out.allowed, out.ram, out.npu, out.dec, out.pre, out.qual, out.share), got[0]):
-            lst.append(v)
-        out.klass.append(got[1])
+            share = _share(it, mi, m, tied)
+            head = tied and it.role == "embedding"  # the tied head: the last row of each chunk times the embedding
+            al = _allowed(r, it) if allowed is None else allowed[i]
+            rho = _rho(it, mi, tc, tn, board)
+            costs = [_item_cost(it, r, c, mi, rho, sens, share, head, board) for c in al]
+            got = memo[key] = len(classes)
+            classes.append((al,) + tuple(tuple(x[j] for x in costs) for j in range(5)) + (share,))
+        out.klass.append(got)
+    for j, lst in enumerate((out.allowed, out.ram, out.npu, out.dec, out.pre, out.qual, out.share)):
+        lst.extend([classes[c][j] for c in out.klass])
     dec_bytes = sum(t.float_bytes for t in manifest.floats) + manifest.kv_bytes(max(prompt, 1), kv_type)
     out.dec_const = board.decode_token_s + dec_bytes / board.decode_bandwidth
     out.pre_const = board.decode_token_s + _attention_s(manifest, m, m / 2.0, board)
@@ -338,31 +342,62 @@ def _baseline(md: _Model, enc: str) -> list[int]:
     return [a.index(enc) if enc in a else 0 for a in md.allowed]
 
 
-def ttft_s(manifest: Manifest, board: Board, profile: Profile, choices: list[str], prompt: int) -> float:
+def ttft_s(manifest: Manifest, board: Board, profile: Profile, choices: list[str], prompt: int,
+           klass: list[int] | None = None) -> float:
     """Seconds to process a ``prompt``-token prompt in chunks of prefill_m (the first token's wait):
-    each chunk as a prefill chunk, at its own rows (an item sees m_eff x rows / prefill_m) and positions."""
+    each chunk as a prefill chunk, at its own rows (an item sees m_eff x rows / prefill_m) and positions.
+    ``klass`` (the solver's classes of alike items, optional) lets alike items be computed once."""
     m = profile.prefill_m
-    tied = not any(it.role == "output" for it in manifest.items)
+    items = manifest.items
+    tied = not any(it.role == "output" for it in items)
+    if klass is None:
+        keys = list(zip(((it.n, it.k, it.dtype, it.role) for it in items), profile.m_eff, profile.t_cpu,
+                        profile.t_npu, choices))
+    else:
+        keys = list(zip(klass, choices))
+    first: dict[tuple, int] = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
     rhos: dict[tuple, tuple[float, float]] = {}
     total, done = 0.0, 0
     while done < prompt:
         rows = min(m, prompt - done)
         f = rows / m
         t = board.decode_token_s + _attention_s(manifest, rows, done + rows / 2.0, board)
-        memo: dict[tuple, float] = {}
-        for i, it in enumerate(manifest.items):
-            head = tied and it.role == "embedding"
-            key = (it.n, it.k, it.dtype, profile.m_eff[i], profile.t_cpu[i], profile.t_npu[i], choices[i], head)
-            v = memo.get(key)
-            if v is None:
-                rho = rhos.get(key)
-                if rho is None:
-                    rho = rhos[key] = _rho(it, profile.m_eff[i], profile.t_cpu[i], profile.t_npu[i], board)
-                v = memo[key] = _pre(it, choices[i], profile.m_eff[i] * f, rho, head, board)
-            t += v
+        per: dict[tuple, float] = {}
+        for key, i in first.items():
+            it = items[i]
+            rho = rhos.get(key)
+            if rho is None:
+                rho = rhos[key] = _rho(it, profile.m_eff[i], profile.t_cpu[i], profile.t_npu[i], board)
+            per[key] = _pre(it, choices[i], profile.m_eff[i] * f, rho, tied and it.role == "embedding", board)
+        for key in keys:  # item by item, in order: the same sum as ever
+            t += per[key]
         total += t
         done += rows
     return total
+
+
+def _decision_fields(it: Item, r: _Row, c: str, profile: Profile, i: int, board: Board) -> tuple:
+    """(shape, encoding, tier, min_m, bytes, benefit_us, pin, host_copy, host_copy_bytes) of item ``i`` under choice ``c``."""
+    shape = (it.n, it.k)
+    if c.startswith("npu"):
+        enc = "nf4" if r.forced_enc == "nf4" else "int8"
+        host = "nf4" if c == "npu+nf4" else "tiles"
+        mi = profile.m_eff[i]
+        mm = cost.min_m(it.n, it.k, board, host)  # the router's threshold: against the host path it keeps
+        # benefit_us: what the NPU saves per chunk against that host path (0 below min_m)
+        rho = _rho(it, mi, profile.t_cpu[i], profile.t_npu[i], board)
+        saved = _pre(it, host, mi, rho, False, board) - _pre(it, c, mi, rho, False, board)
+        dual = c == "npu+nf4"
+        return (shape, enc, "npu", mm, r.npu, saved * 1e6, r.pin, "nf4" if dual else None, r.n4 if dual else 0)
+    if c == "float":
+        enc, nb = _FLOAT_ENC.get(it.dtype, "f32"), r.fl
+    elif c == "int8":
+        enc, nb = "int8", r.i8
+    else:
+        enc, nb = "nf4", r.n4
+    return (shape, enc, "host", profile.min_m[i], nb, 0.0, r.pin, None, 0)
 
 
 def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192, kv_type: str = "f16",
@@ -382,7 +417,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
 
     pinned_npu = [i for i, r in enumerate(rows) if r.forced_tier == "npu"]
     npu_pinned_bytes = sum(rows[i].npu for i in pinned_npu)
-    base_items = int(sum(min(md.ram[i]) for i in range(len(items))))
+    base_items = int(sum(map(min, md.ram)))
     fixed_no_kv = board.reserve_bytes + float_1d + base_items
     need = fixed_no_kv + kv
     cap_total = board.total_bytes if goal.max_ram is None else min(board.total_bytes, goal.max_ram)
@@ -436,45 +471,29 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
                             "sense": s_.sense, "value": round(s_.value + const, 9), "bound": round(s_.bound + const, 9),
                             "status": s_.status, "unit": unit, "nodes": s_.nodes})
     choice = [pick[i] for i in range(len(items))]
-    idx = [md.allowed[i].index(c) for i, c in enumerate(choice)]  # md keeps every allowed choice
+    idx = [a.index(c) for a, c in zip(md.allowed, choice)]  # md keeps every allowed choice
 
     # ---- decisions
     decisions, npu_used, host_w = [], 0, {"int8": 0, "nf4": 0, "float": 0, "host_copy_nf4": 0}
     n_npu = 0
-    npu_memo: dict[tuple, tuple[int, float]] = {}  # (min_m, saved) of alike NPU items, computed once
+    # alike items (one class of the cost model, the same choice and profile min_m) get the same decision
+    # but for their name: its fields are worked out once, the budget counted per class
+    seen: dict[tuple, list] = {}
     for i, it in enumerate(items):
-        r, c = rows[i], choice[i]
-        shape = (it.n, it.k)
-        if c.startswith("npu"):
-            enc = "nf4" if r.forced_enc == "nf4" else "int8"
-            host = "nf4" if c == "npu+nf4" else "tiles"
-            mi = profile.m_eff[i]
-            key = (it.n, it.k, it.dtype, mi, profile.t_cpu[i], profile.t_npu[i], c)
-            got = npu_memo.get(key)
-            if got is None:
-                mm = cost.min_m(it.n, it.k, board, host)  # the router's threshold: against the host path it keeps
-                # benefit_us: what the NPU saves per chunk against that host path (0 below min_m)
-                rho = _rho(it, mi, profile.t_cpu[i], profile.t_npu[i], board)
-                got = npu_memo[key] = (mm, _pre(it, host, mi, rho, False, board) - _pre(it, c, mi, rho, False, board))
-            mm, saved = got
-            dual = c == "npu+nf4"
-            decisions.append(Decision(it.tensor, it.expert, shape, enc, "npu", mm, r.npu,
-                                      saved * 1e6, r.pin, "nf4" if dual else None, r.n4 if dual else 0))
-            npu_used += r.npu
-            n_npu += 1
-            if dual:
-                host_w["host_copy_nf4"] += r.n4
-            continue
-        if c == "float":
-            enc, nb = _FLOAT_ENC.get(it.dtype, "f32"), r.fl
-            host_w["float"] += nb
-        elif c == "int8":
-            enc, nb = "int8", r.i8
-            host_w["int8"] += nb
+        key = (md.klass[i], choice[i], profile.min_m[i])
+        got = seen.get(key)
+        if got is None:
+            got = seen[key] = [_decision_fields(it, rows[i], choice[i], profile, i, board), 0]
+        got[1] += 1
+        decisions.append(Decision(it.tensor, it.expert, *got[0]))
+    for fields, count in seen.values():
+        _, _, tier, _, nb, _, _, host_copy, copy_bytes = fields
+        if tier == "npu":
+            npu_used += nb * count
+            n_npu += count
+            host_w["host_copy_nf4"] += copy_bytes * count
         else:
-            enc, nb = "nf4", r.n4
-            host_w["nf4"] += nb
-        decisions.append(Decision(it.tensor, it.expert, shape, enc, "host", profile.min_m[i], nb, 0.0, r.pin))
+            host_w["float" if fields[1] not in ("int8", "nf4") else fields[1]] += nb * count
     for t in manifest.floats:
         enc = "raw" if t.dtype in NON_FLOAT_DTYPES else _FLOAT_ENC.get(t.dtype, "f32")
         decisions.append(Decision(t.name, None, t.shape, enc, "host", cost.MIN_M_NEVER,
@@ -539,12 +558,12 @@ def _phase(md: _Model, idx: list[int], prefill_m: int, ttft: float, prompt: int)
 
 def _prediction(manifest, board, profile, md: _Model, idx, choice, prompt) -> dict:
     m = profile.prefill_m
-    out = _phase(md, idx, m, ttft_s(manifest, board, profile, choice, prompt), prompt)
+    out = _phase(md, idx, m, ttft_s(manifest, board, profile, choice, prompt, md.klass), prompt)
     base = {}
     for enc in ("nf4", "int8"):
         bi = _baseline(md, enc)
         bc = [md.allowed[i][c] for i, c in enumerate(bi)]
-        base[f"cpu_{enc}"] = _phase(md, bi, m, ttft_s(manifest, board, profile, bc, prompt), prompt)
+        base[f"cpu_{enc}"] = _phase(md, bi, m, ttft_s(manifest, board, profile, bc, prompt, md.klass), prompt)
     out.update(prefill_m=m, prompt=prompt, baselines=base,
                model="cost model of the board (docs/TIERMAP.md; constants and their sources: the board TOML, "
                      "checked in docs/CALIBRATION.md); decode at the prompt's position, every item's CPU copy")

@@ -65,8 +65,16 @@ class TierMap:
 
     def __init__(self, decisions: list[Decision], *, model: dict, board: dict, options: dict,
                  objective: dict, budget: dict, prediction: dict):
+        checked = set()  # _check reads min_m (and its type), encoding, tier, host_copy: alike decisions pass once
         for d in decisions:
+            key = (type(d.min_m), d.min_m, d.encoding, d.tier, d.host_copy)
+            try:
+                if key in checked:
+                    continue
+            except TypeError:  # an unhashable value (a damaged JSON): _check names it
+                pass
             _check(d)
+            checked.add(key)
         self.decisions = list(decisions)
         self.model, self.board, self.options = model, board, options
         self.objective, self.budget, self.prediction = objective, budget, prediction
