@@ -151,3 +151,19 @@ def test_max_ram_refusal_names_max_ram():
     with pytest.raises(OrkError) as e:
         solve(man, BOARD, prof, ctx=8192, goal=Goal(max_ram=3 << 30))
     assert "--max-ram" in str(e.value)
+
+
+def test_stage_give_back_is_a_millionth_of_the_item_dependent_part():
+    """docs/TIERMAP.md section 4: OLMoE-1B-7B --goal decode keeps token_embd NF4: int8 would read 2.8e-8 s/token
+    more, beyond 1e-6 of the decode stage's item-dependent part (2.1e-8), within 1e-6 of the whole value."""
+    man = manifest_from_config(_cfg("olmoe"))
+    prof = load_profile(None, man, BOARD, 512)
+    tm = solve(man, BOARD, prof, ctx=8192, goal=Goal("decode"))
+    assert tm.get("token_embd.weight").encoding == "nf4"
+    md = _model(man, BOARD, prof, _rows(man, BOARD, {}), 512, "f16")
+    i = next(j for j, it in enumerate(man.items) if it.role == "embedding")
+    extra = md.dec[i][md.allowed[i].index("int8")] - md.dec[i][md.allowed[i].index("nf4")]
+    value = tm.objective["stages"][0]["value"]
+    assert tm.objective["stages"][0]["metric"] == "decode"
+    assert 1e-6 * (value - md.dec_const) < extra < 1e-6 * value
+    assert extra == pytest.approx(2.8e-8, rel=0.02) and 1e-6 * (value - md.dec_const) == pytest.approx(2.1e-8, rel=0.02)
