@@ -188,12 +188,24 @@ class _Result:
     message: str
 
 
-def _solve(p: Problem, c: np.ndarray, caps: dict[str, float], time_limit: float) -> tuple[_Result, float]:
-    """One stage: min c.x over the group counts, every group placed, every capped metric within its cap.
+@dataclass
+class _Model:
+    """One stage as handed to HiGHS, and what the bound tightening reads back from it."""
+    lp: object
+    rows: np.ndarray  # (variables, 1 + caps): the row of each matrix entry (group row, then the capped metrics)
+    vals: np.ndarray  # its coefficient (rows scaled to O(1))
+    keep: np.ndarray  # whether the entry exists
+    row_hi: np.ndarray  # each row's right-hand side (group sizes, then the scaled caps)
+    n_groups: int
+    cost: np.ndarray  # the scaled objective
+    scale: float  # objective scale: c / scale was handed over
 
-    The model is handed to HiGHS exactly as scipy.optimize.milp would hand it over (column-wise
-    matrix: each column's group row, then its capped-metric rows; rows of O(1) because HiGHS's
-    tolerances are absolute; the objective scaled to max |c| = 1)."""
+
+def _model(p: Problem, c: np.ndarray, caps: dict[str, float], lower: np.ndarray | None = None,
+           upper: np.ndarray | None = None, integer: bool = True) -> _Model:
+    """The model exactly as scipy.optimize.milp would hand it to HiGHS (column-wise matrix: each column's
+    group row, then its capped-metric rows; rows of O(1) because HiGHS's tolerances are absolute; the
+    objective scaled to max |c| = 1); ``lower``/``upper``: tightened bounds of the counts."""
     h = _highs()
     n, n_groups = len(p.cols), len(p.groups)
     sizes = np.array([len(m) for m in p.groups], dtype=np.float64)
@@ -219,25 +231,40 @@ def _solve(p: Problem, c: np.ndarray, caps: dict[str, float], time_limit: float)
     lp.a_matrix_.index_ = rows[keep]
     lp.a_matrix_.value_ = vals[keep]
     scale = max(1e-300, float(np.abs(c).max(initial=0.0)))
-    lp.col_cost_ = np.asarray(c, dtype=np.float64) / scale
-    lp.col_lower_ = np.zeros(n)
-    lp.col_upper_ = np.array([len(p.groups[g]) for g, _ in p.cols], dtype=np.float64)
+    cost = np.asarray(c, dtype=np.float64) / scale
+    lp.col_cost_ = cost
+    lp.col_lower_ = np.zeros(n) if lower is None else lower
+    lp.col_upper_ = np.array([len(p.groups[g]) for g, _ in p.cols], dtype=np.float64) if upper is None else upper
     lp.row_lower_ = np.concatenate(lo)
-    lp.row_upper_ = np.concatenate(hi)
-    lp.integrality_ = [h.HighsVarType.kInteger] * n
+    lp.row_upper_ = row_hi = np.concatenate(hi)
+    if integer:
+        lp.integrality_ = [h.HighsVarType.kInteger] * n
+    return _Model(lp, rows, vals, keep, row_hi, n_groups, cost, scale)
+
+
+def _run(m: _Model, time_limit: float, presolve: bool):
+    h = _highs()
     opts = h.HighsOptions()
     opts.log_to_console = False
     opts.mip_rel_gap = REL_GAP
     opts.time_limit = float(time_limit)
-    # presolve costs more than the whole solve on small models (a few dozen groups: solved at the
-    # root either way); on many groups it is what proves the near-tied later stages fast (the
-    # skewed routing example's quality stage: 2.2 s without, 0.1 s with)
-    opts.presolve = "on" if n_groups > PRESOLVE_MIN_GROUPS else "off"
+    opts.presolve = "on" if presolve else "off"
     highs = h._Highs()
     with _quiet_stdout():
         highs.passOptions(opts)
-        highs.passModel(lp)
+        highs.passModel(m.lp)
         highs.run()
+    return highs
+
+
+def _solve(p: Problem, c: np.ndarray, caps: dict[str, float], time_limit: float,
+           lower: np.ndarray | None = None, upper: np.ndarray | None = None) -> tuple[_Result, float]:
+    """One stage: min c.x over the group counts, every group placed, every capped metric within its cap."""
+    h = _highs()
+    m = _model(p, c, caps, lower, upper)
+    # presolve costs more than the whole solve on small models (a few dozen groups: solved at the
+    # root either way); on many groups it is what proves the near-tied later stages fast
+    highs = _run(m, time_limit, len(p.groups) > PRESOLVE_MIN_GROUPS)
     st = highs.getModelStatus()
     info = highs.getInfo()
     S = h.HighsModelStatus
@@ -247,7 +274,45 @@ def _solve(p: Problem, c: np.ndarray, caps: dict[str, float], time_limit: float)
     res = _Result(x, st == S.kOptimal, st in (S.kInfeasible, S.kUnboundedOrInfeasible),
                   info.mip_dual_bound if has_x else None, int(info.mip_node_count or 0),
                   highs.modelStatusToString(st))
-    return res, scale
+    return res, m.scale
+
+
+def _tighten(p: Problem, c: np.ndarray, caps: dict[str, float], cap: float, lower: np.ndarray,
+             upper: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Bounds on the counts that every assignment with c.x <= ``cap`` (and within ``caps``) obeys.
+
+    Lagrangian (reduced-cost) bound tightening, exact by weak duality: for ANY row multipliers y
+    (those of a cap row taken <= 0), c.x = y.Ax + d.x with d = c - A^T y, so over the feasible counts
+    c.x >= L = y_groups.sizes + y_caps.caps + sum_j min(d_j lower_j, d_j upper_j), and a count can move
+    from its cheaper bound by at most (cap - L) / |d_j|. The multipliers come from the stage's LP
+    relaxation (good ones fix most counts of a near-tied later stage); their quality only affects how
+    much is tightened, never whether it is valid. Margins cover HiGHS's row feasibility tolerance and
+    float round-off. None when nothing can be said (LP not solved, or a check fails)."""
+    h = _highs()
+    m = _model(p, c, caps, lower, upper, integer=False)
+    highs = _run(m, 10.0, False)
+    if highs.getModelStatus() != h.HighsModelStatus.kOptimal:
+        return None
+    y = np.array(highs.getSolution().row_dual, dtype=np.float64)
+    if y.shape != m.row_hi.shape or not np.all(np.isfinite(y)):
+        return None
+    y[m.n_groups:] = np.minimum(y[m.n_groups:], 0.0)  # a <= row's multiplier must be <= 0 (min problem)
+    d = m.cost - (m.vals * m.keep * y[m.rows]).sum(axis=1)
+    lo_term = np.minimum(d * lower, d * upper)
+    rows_part = y * m.row_hi
+    bound = float(rows_part.sum() + lo_term.sum())
+    # HiGHS accepts rows violated by up to its primal feasibility tolerance (1e-7 on these O(1) rows)
+    feas = 1e-7 * (1.0 + float(np.abs(y[m.n_groups:]).sum()))
+    roundoff = 1e-12 * (float(np.abs(rows_part).sum() + np.abs(lo_term).sum()) + abs(cap / m.scale) + 1.0)
+    slack = cap / m.scale + 1e-7 - bound + feas + roundoff
+    if not slack >= 0:
+        return None
+    room = np.floor(slack / np.maximum(np.abs(d), 1e-300))
+    new_lo = np.where(d < 0, np.maximum(lower, upper - room), lower)
+    new_up = np.where(d > 0, np.minimum(upper, lower + room), upper)
+    if np.any(x < new_lo) or np.any(x > new_up):  # the stage's own optimum obeys every valid bound
+        return None
+    return new_lo, new_up
 
 
 def lexicographic(p: Problem, order: list[tuple[str, str]], caps: dict[str, float], *,
@@ -261,10 +326,14 @@ def lexicographic(p: Problem, order: list[tuple[str, str]], caps: dict[str, floa
     caps = dict(caps)
     stages: list[Stage] = []
     x = None
-    for metric, sense in order:
+    # many groups: after each stage, bounds every later stage obeys (_tighten); few: the model as it always was
+    tighten = len(p.groups) > PRESOLVE_MIN_GROUPS
+    lower = np.zeros(len(p.cols)) if tighten else None
+    upper = np.array([len(p.groups[g]) for g, _ in p.cols], dtype=np.float64) if tighten else None
+    for step, (metric, sense) in enumerate(order):
         v = p.vector(metric)
         c = v if sense == "min" else -v
-        res, scale = _solve(p, c, caps, time_limit)
+        res, scale = _solve(p, c, caps, time_limit, lower, upper)
         if res.x is None:
             if res.infeasible:
                 raise OrkError("infeasible")
@@ -286,6 +355,10 @@ def lexicographic(p: Problem, order: list[tuple[str, str]], caps: dict[str, floa
         stages.append(Stage(metric, sense, val, bound, "optimal" if optimal else "gap", res.nodes))
         # fix this stage's optimum for the next ones (a hair of slack for float round-off)
         tol = STAGE_TOL * max(abs(val), 1e-30)
+        if tighten and step + 1 < len(order):
+            got = _tighten(p, c, caps, (val if sense == "min" else -val) + tol, lower, upper, x)
+            if got is not None:
+                lower, upper = got
         if sense == "min":
             caps[metric] = min(caps.get(metric, np.inf), val + tol)
         else:
