@@ -31,6 +31,7 @@ import numpy as np
 from ..errors import OrkError
 
 REL_GAP = 1e-6
+ABS_GAP = 1e-6  # HiGHS's mip_abs_gap (its default), on the objective scaled to max |c| = 1
 STAGE_TOL = 1e-6
 PRESOLVE_MIN_GROUPS = 64  # HiGHS presolve only above this many groups (see _solve)
 
@@ -351,7 +352,9 @@ def lexicographic(p: Problem, order: list[tuple[str, str]], caps: dict[str, floa
         bound = res.bound * scale if res.bound is not None else val
         bound = bound if sense == "min" else -bound
         gap = abs(val - bound)
-        optimal = res.optimal and gap <= max(REL_GAP * abs(val), 1e-12) * 10
+        # HiGHS stops at a relative gap of REL_GAP, or an absolute one of ABS_GAP on the scaled objective
+        # (what decides a stage whose optimum is 0)
+        optimal = res.optimal and gap <= max(REL_GAP * abs(val), ABS_GAP * scale, 1e-12) * 10
         stages.append(Stage(metric, sense, val, bound, "optimal" if optimal else "gap", res.nodes))
         # fix this stage's optimum for the next ones (a hair of slack for float round-off)
         tol = STAGE_TOL * max(abs(val), 1e-30)
