@@ -86,10 +86,9 @@ class Problem:
                 keep = memo[key] = None if len(kept) == len(ch) else (
                     tuple(ch[c] for c in kept), [tuple(key[1 + k][c] for c in kept) for k in range(len(self.metrics))])
             if keep is not None:
-                for i in members:
-                    self.choices[i] = keep[0]
-                    for k, m in enumerate(self.metrics):
-                        self.cost[m][i] = keep[1][k]
+                for lst, value in zip([self.choices] + [self.cost[m] for m in self.metrics], (keep[0], *keep[1])):
+                    for i in members:
+                        lst[i] = value
 
     def group(self) -> None:
         by: dict[tuple, list[int]] = {}

@@ -137,12 +137,19 @@ def analytic(manifest: Manifest, board: Board, prefill_m: int, routing: dict[int
     shape_mm: dict[tuple[int, int], int] = {}
     memo: dict[tuple, tuple[float, float, float]] = {}
     ben, sens, ms, mms, tc, tn = [], [], [], [], [], []
+    alike: dict[tuple, tuple] = {}  # (shape, role, experts) -> the row; items with their own routing aside
     for i, it in enumerate(manifest.items):
-        mm = shape_mm.get((it.n, it.k))
-        if mm is None:
-            mm = shape_mm[(it.n, it.k)] = cost.min_m(it.n, it.k, board)
-        m = _analytic_m(it, prefill_m, routing.get(i))
-        b, c, n = _at_rows(it, m, mm, board, memo)
+        key = None if i in routing else (it.n, it.k, it.role, it.n_experts_used, it.n_experts)
+        got = None if key is None else alike.get(key)
+        if got is None:
+            mm = shape_mm.get((it.n, it.k))
+            if mm is None:
+                mm = shape_mm[(it.n, it.k)] = cost.min_m(it.n, it.k, board)
+            m = _analytic_m(it, prefill_m, routing.get(i))
+            got = (mm, m) + _at_rows(it, m, mm, board, memo)
+            if key is not None:
+                alike[key] = got
+        mm, m, b, c, n = got
         ms.append(m)
         mms.append(mm)
         ben.append(b)
@@ -183,8 +190,10 @@ def _spread_routing(manifest: Manifest, routing: dict[int, float]) -> dict[int, 
         per_layer.setdefault((it.layer, it.expert), r)
     out = dict(routing)
     for i, it in enumerate(manifest.items):
-        if it.role == "expert" and i not in out and (it.layer, it.expert) in per_layer:
-            out[i] = per_layer[(it.layer, it.expert)]
+        if it.role == "expert" and i not in out:
+            r = per_layer.get((it.layer, it.expert))
+            if r is not None:
+                out[i] = r
     return out
 
 
