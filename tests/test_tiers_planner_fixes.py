@@ -167,3 +167,13 @@ def test_stage_give_back_is_a_millionth_of_the_item_dependent_part():
     assert tm.objective["stages"][0]["metric"] == "decode"
     assert 1e-6 * (value - md.dec_const) < extra < 1e-6 * value
     assert extra == pytest.approx(2.9e-8, rel=0.02) and 1e-6 * (value - md.dec_const) == pytest.approx(2.1e-8, rel=0.02)
+
+
+def test_a_profiles_own_prefill_m_is_informative_and_a_difference_is_said(tmp_path):
+    man = manifest_from_config(_cfg("olmoe"))
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps({"schema": "orkpack.hotness", "version": 1, "prefill_m": 64,
+                             "tensors": {"blk.0.attn_q.weight": {"benefit_us": 100.0}}}))
+    a = load_profile(p, man, BOARD, 512)
+    assert a.prefill_m == 512 and any("prefill_m 64" in w and "--prefill-m 512" in w for w in a.warnings)
+    assert not load_profile(p, man, BOARD, 64).warnings

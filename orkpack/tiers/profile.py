@@ -233,6 +233,10 @@ def _load_json_profile(p: Path, manifest: Manifest, board: Board, prefill_m: int
             sens.update(zip(idx, _as_list(ent["sensitivity"], len(idx), "sensitivity", w)))
     prof = analytic(manifest, board, prefill_m)
     _unknown(unknown, where, ignore, prof.warnings)
+    own = d.get("prefill_m")
+    if isinstance(own, int) and not isinstance(own, bool) and own != prefill_m:  # informative only
+        prof.warnings.append(f"{where}: written for prefill_m {own}; planning at --prefill-m {prefill_m} "
+                             "(its benefit_us are taken as given)")
     _apply_routing(prof, manifest, board, _spread_routing(manifest, routing))
     for i, b in benefit.items():  # the NPU saves benefit_us against the host NF4 path
         prof.benefit[i] = b * 1e-6
