@@ -18,6 +18,12 @@ out of time keeps the previous stage's plan (feasible for it) and records its ga
 dual bound: a stage is ``optimal`` when its relative gap is within HiGHS's
 ``mip_rel_gap`` (1e-6 here: HiGHS proved no assignment is better by more than
 that fraction), else the gap is recorded.
+
+Speed (issue 14): HiGHS is driven through the binding scipy ships, loaded without
+``scipy.optimize`` (:func:`_highs`), with the model scipy.optimize.milp would build,
+so small models are solved exactly as before. A model of more than
+``PRESOLVE_MIN_GROUPS`` groups also gets HiGHS presolve and, after each stage, an exact
+Lagrangian bound tightening for the later stages (:func:`_tighten`).
 """
 from __future__ import annotations
 
