@@ -179,8 +179,11 @@ def _highs():
                 return mod
     except Exception:
         pass
-    from scipy.optimize._highspy import _core
-
+    try:
+        from scipy.optimize._highspy import _core
+    except ImportError:
+        raise OrkError("the tier-map solver needs scipy >= 1.15 (its HiGHS binding, scipy.optimize._highspy); "
+                       "upgrade it: pip install -U 'scipy>=1.15'") from None
     return _core
 
 
