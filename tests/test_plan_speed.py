@@ -21,7 +21,7 @@ from orkpack.sources import names as _names
 from orkpack.tiers import milp
 from orkpack.tiers.board import load_board
 from orkpack.tiers.command import plan
-from orkpack.tiers.manifest import TensorEntry, manifest_from_config
+from orkpack.tiers.manifest import manifest_from_config
 from orkpack.tiers.profile import load_profile
 from orkpack.tiers.solver import _model, _rows
 from orkpack.tiers.tiermap import TierMap, dumps
