@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
 from orkpack import __version__
 from orkpack.errors import OrkError
@@ -28,8 +26,14 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-out = Console() if sys.stdout.isatty() else Console(width=160)
-err = Console(stderr=True, highlight=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _out():
+    """The stdout console (rich is imported only by commands that print tables or progress)."""
+    from rich.console import Console
+
+    return Console() if sys.stdout.isatty() else Console(width=160)
 
 
 GOAL_HELP = ("balanced (default): decode within 5% of the best this board allows, then the most prefill, then "
@@ -78,7 +82,10 @@ def _warn_line(message, category, filename, lineno, file=None, line=None):
 warnings.showwarning = _warn_line
 
 
-def _progress(enabled: bool) -> Progress:
+def _progress(enabled: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -86,7 +93,7 @@ def _progress(enabled: bool) -> Progress:
         TransferSpeedColumn(),
         TimeRemainingColumn(),
         TextColumn("{task.fields[tensor]}"),
-        console=err,
+        console=Console(stderr=True, highlight=False),
         disable=not enabled,
         transient=False,
     )
@@ -206,7 +213,7 @@ def build(
             )
         )
     else:
-        build_summary(out, r)
+        build_summary(_out(), r)
 
 
 @app.command()
@@ -225,7 +232,7 @@ def inspect(
     if json_out:
         print(json.dumps(f, indent=1))
     else:
-        render(out, f, rows_limit=None if (all_rows or tensor) else 60)
+        render(_out(), f, rows_limit=None if (all_rows or tensor) else 60)
     if f["untrusted"]:
         print(f"warning: {untrusted_line(f)}", file=sys.stderr)
         raise typer.Exit(f["exit_code"])
@@ -263,7 +270,7 @@ def plan(
     pins = {"npu": npu, "cpu": cpu, "int8": int8, "nf4": nf4, "keep": keep}
     g = Goal(goal, min_decode_tok_s, min_prefill_tok_s, parse_bytes(max_ram, "--max-ram"))
     code = plan_command(model, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, pins=pins,
-                        ignore_unknown=ignore_unknown, json_out=json_out, output=output, console=out, goal=g,
+                        ignore_unknown=ignore_unknown, json_out=json_out, output=output, console=None if json_out else _out(), goal=g,
                         prompt=prompt, frontier_out=frontier)
     raise typer.Exit(code)
 
@@ -282,7 +289,7 @@ def verify(
     """Load packs the way the board does and check every byte. Exit 0: passed; 1: a check failed; 2: unusable input."""
     from orkpack.runtime.command import verify_command
 
-    code = verify_command(packs, device=device, inflate=inflate, threads=threads or (os.cpu_count() or 1), reference=reference, keep_going=keep_going, json_out=json_out, console=out)
+    code = verify_command(packs, device=device, inflate=inflate, threads=threads or (os.cpu_count() or 1), reference=reference, keep_going=keep_going, json_out=json_out, console=_out())
     raise typer.Exit(code)
 
 
@@ -300,16 +307,16 @@ def demo(
 
     folder.mkdir(parents=True, exist_ok=True)
     model = write_hf_model(folder / "model", seed=0)
-    out.print(f"wrote a seeded llama-style model (bf16, 2 shards) to {model}")
+    _out().print(f"wrote a seeded llama-style model (bf16, 2 shards) to {model}")
     # the tier map places the model; ffn_down pinned to NF4 shows both NPU load paths (fill and inflate)
     opts = BuildOptions(nf4=["blk.*.ffn_down.weight"])
     with _progress(True) as prog:
         task = prog.add_task("build", total=None, tensor="")
         r = run_build(model, folder / "demo.orkpack", opts, on_start=lambda t: prog.update(task, total=t), on_progress=lambda n, name: prog.update(task, advance=n, tensor=name))
-    build_summary(out, r)
-    render(out, pack_facts(r.path), rows_limit=12)
-    code = verify_command([r.path], device="host", inflate="direct", threads=os.cpu_count() or 1, reference=True, keep_going=False, json_out=False, console=out)
-    out.print(f"next: orkpack inspect {r.path} --all   |   orkpack verify {r.path}")
+    build_summary(_out(), r)
+    render(_out(), pack_facts(r.path), rows_limit=12)
+    code = verify_command([r.path], device="host", inflate="direct", threads=os.cpu_count() or 1, reference=True, keep_going=False, json_out=False, console=_out())
+    _out().print(f"next: orkpack inspect {r.path} --all   |   orkpack verify {r.path}")
     raise typer.Exit(code)
 
 

@@ -31,7 +31,7 @@ def small_manifest(shapes) -> Manifest:
 def fake_profile(man: Manifest, benefit, sens) -> Profile:
     n = len(man.items)
     return Profile("test", "test", 512, [float(b) for b in benefit], [float(s) for s in sens], [512.0] * n,
-                   [cost.min_m(it.n, it.k, BOARD) for it in man.items], [1.0] * n)
+                   [cost.min_m(it.n, it.k, BOARD) for it in man.items], [1.0] * n, [max(0.0, 1.0 - b) for b in benefit])
 
 
 BOARD = load_board("rk3588-32g")
@@ -97,7 +97,8 @@ def test_min_m_below_2_is_rejected_by_constructor_and_from_json():
 def _brute(md, cap_ram, cap_npu, goal: str, slack: float = 0.05):
     """The lexicographic optimum over every assignment of the coefficient table, by enumeration.
 
-    Returns (decode s/token, prefill s/chunk, quality) of the optimum, or None when nothing fits.
+    Returns every optimum as (decode s/token, prefill s/chunk, quality) (the balanced goal leaves decode
+    free within its slack, so optima may differ in decode), or None when nothing fits.
     """
     combos = []
     for pick in itertools.product(*[range(len(a)) for a in md.allowed]):
@@ -127,7 +128,7 @@ def _brute(md, cap_ram, cap_npu, goal: str, slack: float = 0.05):
         cs = combos
         for k, sense in order:
             _, cs = best(cs, k, sense)
-    return cs[0]
+    return cs
 
 
 @pytest.mark.parametrize("goal", ["balanced", "decode", "prefill", "quality"])
@@ -165,10 +166,10 @@ def test_solver_matches_brute_force_with_alignment_and_pins(goal):
         assert want is not None, trial
         check_budgets(tm, man, board)
         p = tm.prediction
-        assert p["decode_s_per_token"] == pytest.approx(want[0], rel=1e-6, abs=1e-9), trial
-        assert p["prefill_s_per_chunk"] == pytest.approx(want[1], rel=1e-6, abs=1e-9), trial
         q = next(x["value"] for x in tm.objective["stages"] if x["metric"] == "quality")
-        assert q == pytest.approx(want[2], rel=1e-6, abs=1e-6), trial
+        got = (p["decode_s_per_token"], p["prefill_s_per_chunk"], q)
+        assert any(got[0] == pytest.approx(w[0], rel=1e-6, abs=1e-9) and got[1] == pytest.approx(w[1], rel=1e-6, abs=1e-9)
+                   and got[2] == pytest.approx(w[2], rel=1e-6, abs=1e-6) for w in want), (trial, got, want[:3])
         for i, k in pins_by_item.items():
             d = tm.get(man.items[i].tensor)
             assert {"npu": d.tier == "npu", "cpu": d.tier == "host", "keep": d.encoding == "bf16" and d.tier == "host",
@@ -250,7 +251,7 @@ def test_moe_18k_items_optimal_and_grouping_is_exact():
     rng = np.random.default_rng(5)
     for i, it in enumerate(man.items):  # every expert distinct, for the grouping check below
         if it.role == "expert":
-            prof.benefit[i] *= float(rng.uniform(0.2, 3.0))
+            prof.t_npu[i] *= float(rng.uniform(0.2, 3.0))
     # grouping identical items is exact: the same problem with every item its own group gives the same optimum
     sub = list(range(0, len(man.items), max(1, len(man.items) // 300)))
     md = _model(man, BOARD, prof, _rows(man, BOARD, {}), 8192, "f16")

@@ -1,11 +1,26 @@
-"""Readers: safetensors (file, HF folder) and GGUF, one tensor model."""
-from .base import FLOAT_DTYPES, Source, TensorInfo, as_float32
-from .config import FACT_KEYS
-from .gguf import LossyDequantWarning
-from .names import canonical_name, normalize_name, split_expert
-from .open import model_facts, open_source
+"""Readers: safetensors (file, HF folder) and GGUF, one tensor model.
 
-__all__ = [
-    "FLOAT_DTYPES", "Source", "TensorInfo", "as_float32", "FACT_KEYS", "model_facts", "LossyDequantWarning",
-    "canonical_name", "normalize_name", "split_expert", "open_source",
-]
+The names below are imported on first use (PEP 562), so a command that needs only
+``orkpack.sources.names`` or ``.config`` (``orkpack plan`` of a config.json) does not
+load the safetensors and GGUF readers.
+"""
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "FLOAT_DTYPES": "base", "Source": "base", "TensorInfo": "base", "as_float32": "base",
+    "FACT_KEYS": "config", "LossyDequantWarning": "gguf",
+    "canonical_name": "names", "normalize_name": "names", "split_expert": "names",
+    "model_facts": "open", "open_source": "open",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str):
+    where = _EXPORTS.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{where}", __name__), name)
+    globals()[name] = value
+    return value

@@ -190,7 +190,7 @@ def plan_command(model: Path, *, board: str = "rk3588-32g", profile: Path | None
                  ignore_unknown: bool = False, json_out: bool = False, output: Path | None = None, console=None,
                  goal: Goal | None = None, prompt: int = 512, frontier_out: bool = False) -> int:
     """The whole ``orkpack plan``: returns the exit code; raises OrkError for bad input."""
-    if console is None:
+    if console is None and not json_out:  # --json prints no table: rich is not even imported
         from rich.console import Console
 
         console = Console()
@@ -225,16 +225,16 @@ def plan_command(model: Path, *, board: str = "rk3588-32g", profile: Path | None
     tm, solve_s, (man, b, prof) = plan(Path(model), board=board, profile=profile, ctx=ctx, kv_type=kv_type,
                                        prefill_m=prefill_m, pins=pins, ignore_unknown=ignore_unknown, goal=goal,
                                        prompt=prompt)
-    tm.benefits = {it.name: prof.benefit[i] * 1e6 for i, it in enumerate(man.items)}
-    from . import cost
-
-    tm.npu_bytes = {it.name: cost.npu_bytes(it.n, it.k, b) for it in man.items}
     text = dumps(tm)
     if output is not None:
         write_atomic(Path(output), text)
     if json_out:
         console.file.write(text) if hasattr(console, "file") else print(text, end="")
     else:
+        from . import cost
+
+        tm.benefits = {it.name: prof.benefit[i] * 1e6 for i, it in enumerate(man.items)}  # what the tables show
+        tm.npu_bytes = {it.name: cost.npu_bytes(it.n, it.k, b) for it in man.items}
         render(tm, console, solve_s)
         if output is not None:
             console.print(f"tier map written to {escape_name(str(output))}")

@@ -11,7 +11,8 @@ Prefill, one item at M rows of activations:
   t_npu(M)      = calls * submit_overhead + sum over K segments of 2*M*Np*kp / npu_ops(kp)
                   npu_ops(kp) = cores * per_core * efficiency * min(1, (k_ref / kp) ** k_falloff)
   t_cpu(M, enc) = max(2*M*N*K / cpu_ops[enc], weight bytes[enc] / decode bandwidth)
-  min_m         = the smallest integer M >= 2 with t_npu(M) < t_cpu(M, host copy's encoding);
+  min_m         = the smallest integer M >= 2 with t_npu(M) < t_cpu(M, the host path the item keeps:
+                  its NF4 copy, or "tiles" = int8 from an NPU-only item's tiles);
                   MIN_M_NEVER if there is none. M = 1 never goes to the NPU.
 Decode, one token (M = 1, always the CPU): the bytes of the copy the CPU reads
   (decode_bytes: host nf4 / int8 as stored, an NPU-only item's int8 tiles x
@@ -81,11 +82,25 @@ def host_bytes(n: int, k: int, encoding: str) -> int:
     return 4 * n * k if encoding == "f32" else 2 * n * k
 
 
+def _cpu_rate(board: Board, path: str) -> float:
+    """Prefill GEMM ops/s of a host path: the CPU reads an NPU-only item's tiles with its int8 kernel."""
+    return board.cpu_ops("int8" if path == "tiles" else path)
+
+
+def path_bytes(n: int, k: int, path: str, board: Board) -> float:
+    """Bytes the CPU streams to multiply by an N x K weight once by host ``path``: a host encoding's stored
+    bytes, or ``"tiles"`` (an NPU-only item's int8 tiles: their unaligned bytes x tile_read_factor)."""
+    if path == "tiles":
+        return npu_tile_bytes(n, k, board) * board.tile_read_factor
+    return float(host_bytes(n, k, path))
+
+
 def t_cpu(n: int, k: int, m: float, board: Board, encoding: str = "nf4") -> float:
-    """Host GEMM time at M rows for weights in ``encoding``: compute, or streaming the weights, whichever binds."""
+    """Host GEMM time at M rows by host path ``encoding`` (nf4, int8, tiles = int8 from an NPU-only item's
+    tiles, or a float type): compute, or streaming the weights, whichever binds."""
     if m <= 0:
         return 0.0
-    return max(2.0 * m * n * k / board.cpu_ops(encoding), host_bytes(n, k, encoding) / board.decode_bandwidth)
+    return max(2.0 * m * n * k / _cpu_rate(board, encoding), path_bytes(n, k, encoding, board) / board.decode_bandwidth)
 
 
 def t_npu(n: int, k: int, m: float, board: Board) -> float:
@@ -106,7 +121,7 @@ def min_m(n: int, k: int, board: Board, encoding: str = "nf4") -> int:
     # both are affine in M beyond the bandwidth floor: t_npu = c + b*M, t_cpu = a*M
     np_ = _pad(n, board.n_align)
     segs = k_segments(k, board)
-    a = 2.0 * n * k / board.cpu_ops(encoding)
+    a = 2.0 * n * k / _cpu_rate(board, encoding)
     b = sum(2.0 * np_ * kp / npu_ops(kp, board) for _, _, kp in segs)
     if a <= b:
         return MIN_M_NEVER
@@ -134,21 +149,5 @@ def decode_bytes(n: int, k: int, choice: str, board: Board) -> float:
     if choice == "int8":
         return float(host_int8_bytes(n, k))
     if choice == "npu":
-        return npu_tile_bytes(n, k, board) * board.tile_read_factor
+        return path_bytes(n, k, "tiles", board)
     raise ValueError(choice)
-
-
-def t_prefill(n: int, k: int, m: float, choice: str, board: Board) -> float:
-    """One item's time in a prefill chunk where it sees M rows, under ``choice``.
-
-    NPU choices run on the NPU when M >= min_m (against the host path they would
-    otherwise take), else on the CPU from their host copy (NF4) or from the tiles (int8).
-    """
-    if m <= 0:
-        return 0.0
-    if choice in ("nf4", "int8"):
-        return t_cpu(n, k, m, board, choice)
-    host = "nf4" if choice == "npu+nf4" else "int8"
-    if m >= min_m(n, k, board, host):
-        return t_npu(n, k, m, board)
-    return t_cpu(n, k, m, board, host)

@@ -170,10 +170,9 @@ def _items(tensors: list[TensorEntry], facts: dict) -> tuple[list[Item], list[Te
             items.append(Item(t.name, None, t.shape[0], t.shape[1], t.dtype, _role(t.name, 2, facts), _layer(t.name)))
         elif len(t.shape) == 3:
             e_count, n, k = t.shape
-            role = _role(t.name, 3, facts)
-            for e in range(e_count):
-                items.append(Item(t.name, e, n, k, t.dtype, role, _layer(t.name),
-                                  int(facts.get("n_experts") or e_count), int(facts.get("n_experts_used") or 0)))
+            role, layer = _role(t.name, 3, facts), _layer(t.name)
+            n_exp, n_used = int(facts.get("n_experts") or e_count), int(facts.get("n_experts_used") or 0)
+            items.extend(Item(t.name, e, n, k, t.dtype, role, layer, n_exp, n_used) for e in range(e_count))
         else:
             floats.append(t)
     return items, floats
@@ -194,9 +193,23 @@ def manifest_from_config(cfg: dict, source: str = "config.json") -> Manifest:
     L = archs.layers_in_config(cfg) or facts["n_layers"]
     stacked: dict[str, dict[int, tuple[int, ...]]] = {}
     tensors: list[TensorEntry] = []
+    per_expert: dict[tuple[str, str], str | None] = {}  # (before, after the expert index) -> stacked name
     for hf_name, shape in hf:
-        name = _names.canonical_name(hf_name, facts["arch"], L)
-        sp = _names.split_expert(name)
+        # a per-expert HF name (``...experts.E.gate_proj.weight``): its stacked tensor and index, exactly as
+        # canonical_name + split_expert give them, parsed once per projection rather than once per expert
+        head, _, tail = hf_name.partition(".experts.")
+        idx, _, rest = tail.partition(".")
+        if idx.isascii() and idx.isdigit():
+            if (head, rest) not in per_expert:
+                e = _names.hf_expert(hf_name)
+                per_expert[(head, rest)] = None if e is None else f"blk.{e[0]}.ffn_{e[2]}_exps.weight"
+            stacked_name = per_expert[(head, rest)]
+        else:
+            stacked_name = None
+        if stacked_name is not None:
+            sp = (stacked_name, int(idx))
+        else:
+            sp = _names.split_expert(name := _names.canonical_name(hf_name, facts["arch"], L))
         if sp is not None:
             stacked.setdefault(sp[0], {})[sp[1]] = (shape, hf_name)
         else:

@@ -53,7 +53,8 @@ class Profile:
     sensitivity: list[float]
     m_eff: list[float]
     min_m: list[int]
-    t_cpu: list[float]
+    t_cpu: list[float]  # seconds per chunk of the host NF4 path at m_eff rows (measured, for a timing CSV)
+    t_npu: list[float]  # seconds per chunk on the NPU at m_eff rows (t_cpu - benefit_us, if a profile gives it)
     warnings: list[str] = field(default_factory=list)
 
 
@@ -122,21 +123,40 @@ def _benefit(it: Item, m: float, mm: int, board: Board) -> float:
     return max(0.0, cost.t_cpu(it.n, it.k, m, board) - cost.t_npu(it.n, it.k, m, board))
 
 
+def _at_rows(it: Item, m: float, mm: int, board: Board, memo: dict) -> tuple[float, float, float]:
+    """(benefit, t_cpu NF4, t_npu) of an item's shape at m rows; items of one shape and m share one computation."""
+    key = (it.n, it.k, m, mm)
+    v = memo.get(key)
+    if v is None:
+        v = memo[key] = (_benefit(it, m, mm, board), cost.t_cpu(it.n, it.k, m, board), cost.t_npu(it.n, it.k, m, board))
+    return v
+
+
 def analytic(manifest: Manifest, board: Board, prefill_m: int, routing: dict[int, float] | None = None) -> Profile:
     routing = routing or {}
     shape_mm: dict[tuple[int, int], int] = {}
-    ben, sens, ms, mms, tc = [], [], [], [], []
+    memo: dict[tuple, tuple[float, float, float]] = {}
+    ben, sens, ms, mms, tc, tn = [], [], [], [], [], []
+    alike: dict[tuple, tuple] = {}  # (shape, role, experts) -> the row; items with their own routing aside
     for i, it in enumerate(manifest.items):
-        mm = shape_mm.get((it.n, it.k))
-        if mm is None:
-            mm = shape_mm[(it.n, it.k)] = cost.min_m(it.n, it.k, board)
-        m = _analytic_m(it, prefill_m, routing.get(i))
+        key = None if i in routing else (it.n, it.k, it.role, it.n_experts_used, it.n_experts)
+        got = None if key is None else alike.get(key)
+        if got is None:
+            mm = shape_mm.get((it.n, it.k))
+            if mm is None:
+                mm = shape_mm[(it.n, it.k)] = cost.min_m(it.n, it.k, board)
+            m = _analytic_m(it, prefill_m, routing.get(i))
+            got = (mm, m) + _at_rows(it, m, mm, board, memo)
+            if key is not None:
+                alike[key] = got
+        mm, m, b, c, n = got
         ms.append(m)
         mms.append(mm)
-        ben.append(_benefit(it, m, mm, board))
+        ben.append(b)
         sens.append(float(it.numel))
-        tc.append(cost.t_cpu(it.n, it.k, m, board))
-    return Profile("analytic", "analytic", prefill_m, ben, sens, ms, mms, tc)
+        tc.append(c)
+        tn.append(n)
+    return Profile("analytic", "analytic", prefill_m, ben, sens, ms, mms, tc, tn)
 
 
 # --------------------------------------------------------------------------------------------- importers
@@ -154,12 +174,12 @@ def _as_list(v, n: int, what: str, where: str) -> list[float]:
 
 
 def _apply_routing(prof: Profile, manifest: Manifest, board: Board, routing: dict[int, float]) -> None:
+    memo: dict[tuple, tuple[float, float, float]] = {}
     for i, r in routing.items():
         it = manifest.items[i]
         m = prof.prefill_m * r
         prof.m_eff[i] = m
-        prof.benefit[i] = _benefit(it, m, prof.min_m[i], board)
-        prof.t_cpu[i] = cost.t_cpu(it.n, it.k, m, board)
+        prof.benefit[i], prof.t_cpu[i], prof.t_npu[i] = _at_rows(it, m, prof.min_m[i], board, memo)
 
 
 def _spread_routing(manifest: Manifest, routing: dict[int, float]) -> dict[int, float]:
@@ -170,8 +190,10 @@ def _spread_routing(manifest: Manifest, routing: dict[int, float]) -> dict[int, 
         per_layer.setdefault((it.layer, it.expert), r)
     out = dict(routing)
     for i, it in enumerate(manifest.items):
-        if it.role == "expert" and i not in out and (it.layer, it.expert) in per_layer:
-            out[i] = per_layer[(it.layer, it.expert)]
+        if it.role == "expert" and i not in out:
+            r = per_layer.get((it.layer, it.expert))
+            if r is not None:
+                out[i] = r
     return out
 
 
@@ -211,9 +233,14 @@ def _load_json_profile(p: Path, manifest: Manifest, board: Board, prefill_m: int
             sens.update(zip(idx, _as_list(ent["sensitivity"], len(idx), "sensitivity", w)))
     prof = analytic(manifest, board, prefill_m)
     _unknown(unknown, where, ignore, prof.warnings)
+    own = d.get("prefill_m")
+    if isinstance(own, int) and not isinstance(own, bool) and own != prefill_m:  # informative only
+        prof.warnings.append(f"{where}: written for prefill_m {own}; planning at --prefill-m {prefill_m} "
+                             "(its benefit_us are taken as given)")
     _apply_routing(prof, manifest, board, _spread_routing(manifest, routing))
-    for i, b in benefit.items():
+    for i, b in benefit.items():  # the NPU saves benefit_us against the host NF4 path
         prof.benefit[i] = b * 1e-6
+        prof.t_npu[i] = max(0.0, prof.t_cpu[i] - b * 1e-6)
     for i, s in sens.items():
         prof.sensitivity[i] = s
     prof.kind, prof.source = "json", p.name
@@ -333,8 +360,8 @@ def _load_csv(p: Path, manifest, board, prefill_m, ignore) -> Profile:
 
     Per chunk, an item's measured time is total_us / max_calls (max_calls: the most calls
     of any row = the number of prefill chunks profiled); the NPU would spend
-    calls x t_npu(m) over the same run, m the item's analytic rows. benefit_us =
-    max(0, total_us - calls x t_npu) / max_calls, 0 when m < min_m.
+    calls x t_npu(m) over the same run, m the item's analytic rows: t_cpu = total_us / max_calls,
+    t_npu = calls x t_npu(m) / max_calls per chunk, benefit_us = max(0, t_cpu - t_npu), 0 when m < min_m.
     """
     where = escape_name(p.name)
     try:
@@ -367,12 +394,13 @@ def _load_csv(p: Path, manifest, board, prefill_m, ignore) -> Profile:
     for i, calls, tot in data:
         it = manifest.items[i]
         m = prof.m_eff[i]
-        if max_calls == 0 or m < prof.min_m[i] or m <= 0:
+        if max_calls == 0 or m <= 0:
             prof.benefit[i] = 0.0
             continue
-        npu_us = calls * cost.t_npu(it.n, it.k, m, board) * 1e6
-        prof.benefit[i] = max(0.0, tot - npu_us) / max_calls * 1e-6
+        # per chunk: the host NF4 time measured, the NPU's time over the same calls from the cost model
         prof.t_cpu[i] = tot / max_calls * 1e-6
+        prof.t_npu[i] = calls * cost.t_npu(it.n, it.k, m, board) / max_calls
+        prof.benefit[i] = max(0.0, prof.t_cpu[i] - prof.t_npu[i]) if m >= prof.min_m[i] else 0.0
     prof.kind, prof.source = "csv", p.name
     return prof
 

@@ -22,7 +22,7 @@ optimal or carries the proven gap; deterministic.
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -59,6 +59,8 @@ def match_pins(manifest: Manifest, pins: dict[str, list[str]] | None) -> tuple[d
             raise OrkError(f"unknown pin kind {escape_name(str(k))!r}; use {', '.join(PIN_KINDS)}")
     out: dict[int, set[str]] = {}
     warnings = []
+    if not any(pins.values()):
+        return out, warnings
     names = [_item_names(it) for it in manifest.items]
     float_names = {t.name for t in manifest.floats}
     for kind in PIN_KINDS:
@@ -96,8 +98,15 @@ class _Row:
 def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]]) -> list[_Row]:
     rows = []
     has_npu = "npu" in board.engines and board.iova_usable_bytes > 0
+    memo: dict[tuple, _Row] = {}  # items alike in shape, role and pins share one (read-only) row
     for i, it in enumerate(manifest.items):
-        ks = pins.get(i, set())
+        ks = pins.get(i)
+        key = (it.n, it.k, it.dtype, it.role, None if ks is None else frozenset(ks))
+        r = memo.get(key)
+        if r is not None:
+            rows.append(r)
+            continue
+        ks = ks or set()
         keep = "keep" in ks
         forced_tier = "npu" if "npu" in ks else ("host" if ("cpu" in ks or keep) else None)
         forced_enc = "float" if keep else ("int8" if "int8" in ks else ("nf4" if "nf4" in ks else None))
@@ -105,8 +114,9 @@ def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]]) -> list[_
         pin = ",".join(f"--{k}" for k in PIN_KINDS if k in ks) or None
         if forced_tier == "npu" and not has_npu:
             raise OrkError(f"{escape_name(it.name)}: pinned --npu but board {board.name} has no NPU")
-        rows.append(_Row(cost.npu_bytes(it.n, it.k, board), cost.host_int8_bytes(it.n, it.k),
-                         cost.host_nf4_bytes(it.n, it.k), it.float_bytes, eligible, forced_tier, forced_enc, pin))
+        r = memo[key] = _Row(cost.npu_bytes(it.n, it.k, board), cost.host_int8_bytes(it.n, it.k),
+                             cost.host_nf4_bytes(it.n, it.k), it.float_bytes, eligible, forced_tier, forced_enc, pin)
+        rows.append(r)
     return rows
 
 
@@ -119,9 +129,11 @@ def _fmt(b: int) -> str:
 
 
 def _no_fit(manifest: Manifest, board: Board, rows: list[_Row], need: int, cap: int, kv: int, ctx: int,
-            kv_type: str, fixed_no_kv: int) -> OrkError:
+            kv_type: str, fixed_no_kv: int, max_ram: int | None = None) -> OrkError:
     short = need - cap
     hints = []
+    if cap < board.total_bytes and need <= board.total_bytes:  # --max-ram binds, the board has the room
+        hints.append(f"--max-ram {need} or more (the board has {board.total_bytes})")
     room = cap - fixed_no_kv
     if room > 0 and kv > 0:
         max_ctx = int(room // (kv / ctx))
@@ -138,7 +150,8 @@ def _no_fit(manifest: Manifest, board: Board, rows: list[_Row], need: int, cap: 
     if board.reserve_bytes >= short:
         hints.append(f"a smaller reserve (reserve_bytes <= {board.reserve_bytes - short} in a --board file)")
     what = "; it would fit with " + " or ".join(hints) if hints else "; no option fits it on this board: use a larger board"
-    return OrkError(f"{escape_name(manifest.source)} does not fit on {board.name}: short by {short} bytes "
+    within = f" within --max-ram {max_ram}" if max_ram is not None and cap < board.total_bytes else ""
+    return OrkError(f"{escape_name(manifest.source)} does not fit on {board.name}{within}: short by {short} bytes "
                     f"({_fmt(short)}) at ctx {ctx} with {kv_type} KV{what}")
 
 
@@ -188,6 +201,7 @@ class _Model:
     share: list[float]  # decode: how often a token reads the item (routing share, 1 for dense)
     dec_const: float  # seconds per token besides the items (fixed cost, floats, KV read)
     pre_const: float  # seconds per chunk besides the items (forced floats, attention, fixed cost)
+    klass: list[int] = field(default_factory=list)  # items of one class were costed once: all equal
 
 
 def _share(it: Item, m_eff: float, prefill_m: int, tied: bool) -> float:
@@ -215,45 +229,67 @@ def _allowed(r: _Row, it: Item) -> tuple[str, ...]:
 
 
 def _attention_s(manifest: Manifest, rows: int, pos: float, board: Board) -> float:
-    """Attention score and value products of ``rows`` tokens at average position ``pos``, on the CPU."""
+    """Attention score and value products of ``rows`` tokens at average position ``pos``, on the CPU;
+    a sliding-window layer attends to at most its window."""
     f = manifest.facts
     width = f.get("heads", 0) * f.get("head_dim", 0)
-    return 4.0 * rows * pos * width * f.get("n_layers", 0) / board.cpu_float_ops_per_s
+    swa, win = set(f.get("swa_layers") or ()), f.get("swa_window") or 0
+    span = sum(min(pos, win) if (layer in swa and win) else pos for layer in range(f.get("n_layers", 0)))
+    return 4.0 * rows * span * width / board.cpu_float_ops_per_s
 
 
-def _item_cost(it: Item, r: _Row, c: str, mi: float, t4: float, benefit: float, sens: float, share: float,
-               board: Board) -> tuple[float, float, float, float, float]:
+def _float_enc(it: Item) -> str:
+    return _FLOAT_ENC.get(it.dtype, "f32")  # quantized GGUF types are kept as f32
+
+
+def _rho(it: Item, m: float, t4: float, tn: float, board: Board) -> tuple[float, float]:
+    """How the profile scales the cost model at the item's rows m: (its host NF4 time / the model's,
+    its NPU time / the model's); 1 where the model gives 0."""
+    model4, modeln = cost.t_cpu(it.n, it.k, m, board, "nf4"), cost.t_npu(it.n, it.k, m, board)
+    return (t4 / model4 if model4 > 0 else 1.0), (tn / modeln if modeln > 0 else 1.0)
+
+
+def _pre(it: Item, c: str, m: float, rho: tuple[float, float], head: bool, board: Board) -> float:
+    """Seconds one item adds to a prefill chunk in which it sees ``m`` rows, under choice ``c``.
+
+    Host paths: the profile-scaled host time of the encoding (a float item at its source bytes). NPU
+    choices run on the NPU when m >= min_m of the host path they keep (NF4 copy, or int8 from the
+    tiles), else on the CPU by that path. A tied embedding (``head``) also pays the output head: one
+    row times the whole matrix, on the CPU, in the encoding it is stored in.
+    """
+    n, k = it.n, it.k
+    if c in ("nf4", "int8", "tiles", "float"):  # a host path ("tiles": an NPU-only item below its min_m)
+        enc = _float_enc(it) if c == "float" else c
+        t = rho[0] * cost.t_cpu(n, k, m, board, enc)
+        return t + cost.t_cpu(n, k, 1, board, enc) if head else t
+    host = "nf4" if c == "npu+nf4" else "tiles"
+    if m >= cost.min_m(n, k, board, host):
+        return rho[1] * cost.t_npu(n, k, m, board)
+    return rho[0] * cost.t_cpu(n, k, m, board, host)
+
+
+def _item_cost(it: Item, r: _Row, c: str, mi: float, rho: tuple[float, float], sens: float, share: float,
+               head: bool, board: Board) -> tuple[float, float, float, float, float]:
     """(RAM bytes, NPU bytes, decode s/token, prefill s/chunk, quality) of one item under choice ``c``.
 
-    The profile's CPU time ``t4`` is the host NF4 path (measured, for a timing CSV); the other host
-    paths scale from it by the cost model's ratio; an NPU path saves the profile's ``benefit``.
+    Quality: the item's sensitivity where the CPU decodes int8 (host int8, or an NPU-only item's
+    int8 tiles when not stored 4-bit by --nf4); 0 otherwise (NF4, float).
     """
-    bw = board.decode_bandwidth
-    model4 = cost.t_cpu(it.n, it.k, mi, board, "nf4")
-    ratio = (t4 / model4) if model4 > 0 else 1.0
+    pre = _pre(it, c, mi, rho, head, board)
     if c == "float":
-        return (float(r.fl), 0.0, share * r.fl / bw, ratio * cost.t_cpu(it.n, it.k, mi, board, "f16"), sens)
+        return (float(r.fl), 0.0, share * r.fl / board.decode_bandwidth, pre, 0.0)
     ram = {"nf4": r.n4, "int8": r.i8, "npu": r.npu, "npu+nf4": r.npu + r.n4}[c]
     npu = r.npu if c.startswith("npu") else 0
-    dec = share * cost.decode_bytes(it.n, it.k, c, board) / bw
-    if c == "nf4":
-        pre = t4
-    elif c == "int8":
-        pre = ratio * cost.t_cpu(it.n, it.k, mi, board, "int8")
-    else:
-        host = "nf4" if c == "npu+nf4" else "int8"
-        t_host = t4 if host == "nf4" else ratio * cost.t_cpu(it.n, it.k, mi, board, "int8")
-        if mi >= cost.min_m(it.n, it.k, board, host) and benefit > 0:
-            pre = min(t_host, max(0.0, t4 - benefit))
-        else:
-            pre = t_host
-    return (float(ram), float(npu), dec, pre, sens if c in ("int8", "npu") else 0.0)
+    dec = share * cost.decode_bytes(it.n, it.k, c, board) / board.decode_bandwidth
+    q = sens if c == "int8" or (c == "npu" and r.forced_enc != "nf4") else 0.0
+    return (float(ram), float(npu), dec, pre, q)
 
 
 def _float_matmuls_s(manifest: Manifest, rows: float, board: Board) -> float:
     """Prefill seconds of the matmuls that always stay float and so are no items (MoE routers,
-    orkpack/keepfloat.py), at ``rows`` rows on the CPU at the float rate, as a float-kept item."""
-    return sum(cost.t_cpu(t.shape[0], t.shape[1], rows, board, "f16") for t in manifest.floats
+    orkpack/keepfloat.py), at ``rows`` rows on the CPU at the float rate and their source bytes, as a
+    float-kept item."""
+    return sum(cost.t_cpu(t.shape[0], t.shape[1], rows, board, _FLOAT_ENC.get(t.dtype, "f32")) for t in manifest.floats
                if len(t.shape) == 2 and t.dtype not in NON_FLOAT_DTYPES and why_float(t.name, t.shape) == ROUTER)
 
 
@@ -262,27 +298,30 @@ def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row],
     """The linear costs of every item's allowed choices (``allowed`` overrides the pins' choices)."""
     m = profile.prefill_m
     out = _Model([], [], [], [], [], [], [], 0.0, 0.0)
-    memo: dict[tuple, tuple] = {}  # identical items (every expert of a uniform MoE) are computed once
+    # identical items (every expert of a uniform MoE) are computed once: one class each; the key holds
+    # everything the costs depend on (the row object: pins and sizes; the item's shape, type, role and
+    # profile values), so the per-item work is one lookup
+    memo: dict[tuple, int] = {}
+    classes: list[tuple] = []
     tied = not any(it.role == "output" for it in manifest.items)
-    head = 0.0  # a tied head: the embedding matrix times the last row of each chunk, on the CPU
-    for i, it in enumerate(manifest.items):
-        r = rows[i]
-        share = _share(it, profile.m_eff[i], m, tied)
-        if tied and it.role == "embedding":
-            head = cost.t_cpu(it.n, it.k, 1, board, "nf4")
-        al = _allowed(r, it) if allowed is None else allowed[i]
-        mi = profile.m_eff[i]
-        key = (it.n, it.k, mi, share, al, profile.t_cpu[i], profile.benefit[i], profile.sensitivity[i], r.fl)
-        vals = memo.get(key)
-        if vals is None:
-            costs = [_item_cost(it, r, c, mi, profile.t_cpu[i], profile.benefit[i], profile.sensitivity[i], share, board)
-                     for c in al]
-            vals = memo[key] = (al,) + tuple(tuple(x[j] for x in costs) for j in range(5)) + (share,)
-        for lst, v in zip((out.allowed, out.ram, out.npu, out.dec, out.pre, out.qual, out.share), vals):
-            lst.append(v)
+    for i, (it, r, mi, tc, tn, sens) in enumerate(zip(manifest.items, rows, profile.m_eff, profile.t_cpu,
+                                                         profile.t_npu, profile.sensitivity)):
+        key = (id(r), it.n, it.k, it.dtype, it.role, mi, tc, tn, sens, None if allowed is None else allowed[i])
+        got = memo.get(key)
+        if got is None:
+            share = _share(it, mi, m, tied)
+            head = tied and it.role == "embedding"  # the tied head: the last row of each chunk times the embedding
+            al = _allowed(r, it) if allowed is None else allowed[i]
+            rho = _rho(it, mi, tc, tn, board)
+            costs = [_item_cost(it, r, c, mi, rho, sens, share, head, board) for c in al]
+            got = memo[key] = len(classes)
+            classes.append((al,) + tuple(tuple(x[j] for x in costs) for j in range(5)) + (share,))
+        out.klass.append(got)
+    for j, lst in enumerate((out.allowed, out.ram, out.npu, out.dec, out.pre, out.qual, out.share)):
+        lst.extend([classes[c][j] for c in out.klass])
     dec_bytes = sum(t.float_bytes for t in manifest.floats) + manifest.kv_bytes(max(prompt, 1), kv_type)
     out.dec_const = board.decode_token_s + dec_bytes / board.decode_bandwidth
-    out.pre_const = board.decode_token_s + _attention_s(manifest, m, m / 2.0, board) + head + _float_matmuls_s(manifest, m, board)
+    out.pre_const = board.decode_token_s + _attention_s(manifest, m, m / 2.0, board) + _float_matmuls_s(manifest, m, board)
     return out
 
 
@@ -312,31 +351,62 @@ def _baseline(md: _Model, enc: str) -> list[int]:
     return [a.index(enc) if enc in a else 0 for a in md.allowed]
 
 
-def ttft_s(manifest: Manifest, board: Board, profile: Profile, choices: list[str], prompt: int) -> float:
-    """Seconds to process a ``prompt``-token prompt in chunks of prefill_m (the first token's wait)."""
+def ttft_s(manifest: Manifest, board: Board, profile: Profile, choices: list[str], prompt: int,
+           klass: list[int] | None = None) -> float:
+    """Seconds to process a ``prompt``-token prompt in chunks of prefill_m (the first token's wait):
+    each chunk as a prefill chunk, at its own rows (an item sees m_eff x rows / prefill_m) and positions.
+    ``klass`` (the solver's classes of alike items, optional) lets alike items be computed once."""
     m = profile.prefill_m
+    items = manifest.items
+    tied = not any(it.role == "output" for it in items)
+    if klass is None:
+        keys = list(zip(((it.n, it.k, it.dtype, it.role) for it in items), profile.m_eff, profile.t_cpu,
+                        profile.t_npu, choices))
+    else:
+        keys = list(zip(klass, choices))
+    first: dict[tuple, int] = {}
+    for i, key in enumerate(keys):
+        first.setdefault(key, i)
+    rhos: dict[tuple, tuple[float, float]] = {}
     total, done = 0.0, 0
     while done < prompt:
         rows = min(m, prompt - done)
         f = rows / m
         t = board.decode_token_s + _attention_s(manifest, rows, done + rows / 2.0, board) + _float_matmuls_s(manifest, rows, board)
-        if not any(it.role == "output" for it in manifest.items):  # a tied head: the last row's logits
-            t += sum(cost.t_cpu(it.n, it.k, 1, board, "nf4") for it in manifest.items if it.role == "embedding")
-        memo: dict[tuple, float] = {}
-        for i, it in enumerate(manifest.items):
-            key = (it.n, it.k, profile.m_eff[i], profile.t_cpu[i], choices[i])
-            v = memo.get(key)
-            if v is None:
-                c = choices[i]
-                mi = profile.m_eff[i] * f
-                model4 = cost.t_cpu(it.n, it.k, profile.m_eff[i], board, "nf4")
-                ratio = (profile.t_cpu[i] / model4) if model4 > 0 else 1.0
-                v = memo[key] = ratio * (cost.t_cpu(it.n, it.k, mi, board, "f16") if c == "float"
-                                         else cost.t_prefill(it.n, it.k, mi, c, board))
-            t += v
+        per: dict[tuple, float] = {}
+        for key, i in first.items():
+            it = items[i]
+            rho = rhos.get(key)
+            if rho is None:
+                rho = rhos[key] = _rho(it, profile.m_eff[i], profile.t_cpu[i], profile.t_npu[i], board)
+            per[key] = _pre(it, choices[i], profile.m_eff[i] * f, rho, tied and it.role == "embedding", board)
+        for key in keys:  # item by item, in order: the same sum as ever
+            t += per[key]
         total += t
         done += rows
     return total
+
+
+def _decision_fields(it: Item, r: _Row, c: str, profile: Profile, i: int, board: Board) -> tuple:
+    """(shape, encoding, tier, min_m, bytes, benefit_us, pin, host_copy, host_copy_bytes) of item ``i`` under choice ``c``."""
+    shape = (it.n, it.k)
+    if c.startswith("npu"):
+        enc = "nf4" if r.forced_enc == "nf4" else "int8"
+        host = "nf4" if c == "npu+nf4" else "tiles"
+        mi = profile.m_eff[i]
+        mm = cost.min_m(it.n, it.k, board, host)  # the router's threshold: against the host path it keeps
+        # benefit_us: what the NPU saves per chunk against that host path (0 below min_m)
+        rho = _rho(it, mi, profile.t_cpu[i], profile.t_npu[i], board)
+        saved = _pre(it, host, mi, rho, False, board) - _pre(it, c, mi, rho, False, board)
+        dual = c == "npu+nf4"
+        return (shape, enc, "npu", mm, r.npu, saved * 1e6, r.pin, "nf4" if dual else None, r.n4 if dual else 0)
+    if c == "float":
+        enc, nb = _FLOAT_ENC.get(it.dtype, "f32"), r.fl
+    elif c == "int8":
+        enc, nb = "int8", r.i8
+    else:
+        enc, nb = "nf4", r.n4
+    return (shape, enc, "host", profile.min_m[i], nb, 0.0, r.pin, None, 0)
 
 
 def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192, kv_type: str = "f16",
@@ -356,12 +426,12 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
 
     pinned_npu = [i for i, r in enumerate(rows) if r.forced_tier == "npu"]
     npu_pinned_bytes = sum(rows[i].npu for i in pinned_npu)
-    base_items = int(sum(min(md.ram[i]) for i in range(len(items))))
+    base_items = int(sum(map(min, md.ram)))
     fixed_no_kv = board.reserve_bytes + float_1d + base_items
     need = fixed_no_kv + kv
     cap_total = board.total_bytes if goal.max_ram is None else min(board.total_bytes, goal.max_ram)
     if need > cap_total:
-        raise _no_fit(manifest, board, rows, need, cap_total, kv, ctx, kv_type, fixed_no_kv)
+        raise _no_fit(manifest, board, rows, need, cap_total, kv, ctx, kv_type, fixed_no_kv, goal.max_ram)
     if npu_pinned_bytes > board.iova_usable_bytes:
         raise OrkError(f"--npu pins need {npu_pinned_bytes} bytes ({_fmt(npu_pinned_bytes)}) of NPU memory; "
                        f"{board.name} allows {board.iova_usable_bytes} ({_fmt(board.iova_usable_bytes)}); pin fewer tensors")
@@ -369,7 +439,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
 
     prob = milp.Problem(("ram", "npu", "dec", "pre", "q"), list(md.allowed),
                         {"ram": list(md.ram), "npu": list(md.npu), "dec": list(md.dec), "pre": list(md.pre),
-                         "q": list(md.qual)}, names)
+                         "q": list(md.qual)}, names, klass=md.klass)
     prob.prune({"ram": "min", "npu": "min", "dec": "min", "pre": "min", "q": "max"})
     prob.group()
     caps = {"ram": float(ram_items_cap), "npu": float(board.iova_usable_bytes)}
@@ -410,37 +480,29 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
                             "sense": s_.sense, "value": round(s_.value + const, 9), "bound": round(s_.bound + const, 9),
                             "status": s_.status, "unit": unit, "nodes": s_.nodes})
     choice = [pick[i] for i in range(len(items))]
-    idx = [md.allowed[i].index(c) for i, c in enumerate(choice)]  # md keeps every allowed choice
+    idx = [a.index(c) for a, c in zip(md.allowed, choice)]  # md keeps every allowed choice
 
     # ---- decisions
     decisions, npu_used, host_w = [], 0, {"int8": 0, "nf4": 0, "float": 0, "host_copy_nf4": 0}
     n_npu = 0
+    # alike items (one class of the cost model, the same choice and profile min_m) get the same decision
+    # but for their name: its fields are worked out once, the budget counted per class
+    seen: dict[tuple, list] = {}
     for i, it in enumerate(items):
-        r, c = rows[i], choice[i]
-        shape = (it.n, it.k)
-        if c.startswith("npu"):
-            enc = "nf4" if r.forced_enc == "nf4" else "int8"
-            mm = cost.min_m(it.n, it.k, board, "nf4" if c == "npu+nf4" else "int8")
-            if profile.kind != "analytic":
-                mm = max(mm, profile.min_m[i]) if profile.min_m[i] < cost.MIN_M_NEVER else mm
-            dual = c == "npu+nf4"
-            decisions.append(Decision(it.tensor, it.expert, shape, enc, "npu", mm, r.npu,
-                                      profile.benefit[i] * 1e6, r.pin, "nf4" if dual else None, r.n4 if dual else 0))
-            npu_used += r.npu
-            n_npu += 1
-            if dual:
-                host_w["host_copy_nf4"] += r.n4
-            continue
-        if c == "float":
-            enc, nb = _FLOAT_ENC.get(it.dtype, "f32"), r.fl
-            host_w["float"] += nb
-        elif c == "int8":
-            enc, nb = "int8", r.i8
-            host_w["int8"] += nb
+        key = (md.klass[i], choice[i], profile.min_m[i])
+        got = seen.get(key)
+        if got is None:
+            got = seen[key] = [_decision_fields(it, rows[i], choice[i], profile, i, board), 0]
+        got[1] += 1
+        decisions.append(Decision(it.tensor, it.expert, *got[0]))
+    for fields, count in seen.values():
+        _, _, tier, _, nb, _, _, host_copy, copy_bytes = fields
+        if tier == "npu":
+            npu_used += nb * count
+            n_npu += count
+            host_w["host_copy_nf4"] += copy_bytes * count
         else:
-            enc, nb = "nf4", r.n4
-            host_w["nf4"] += nb
-        decisions.append(Decision(it.tensor, it.expert, shape, enc, "host", profile.min_m[i], nb, 0.0, r.pin))
+            host_w["float" if fields[1] not in ("int8", "nf4") else fields[1]] += nb * count
     for t in manifest.floats:
         enc = "raw" if t.dtype in NON_FLOAT_DTYPES else _FLOAT_ENC.get(t.dtype, "f32")
         decisions.append(Decision(t.name, None, t.shape, enc, "host", cost.MIN_M_NEVER,
@@ -497,19 +559,20 @@ def _unreachable(goal: Goal, md: _Model, which: str | None) -> OrkError:
 
 
 def _phase(md: _Model, idx: list[int], prefill_m: int, ttft: float, prompt: int) -> dict:
-    _, _, dec, pre, _ = _totals(md, idx)
+    dec = md.dec_const + sum([d[c] for d, c in zip(md.dec, idx)])  # as _totals sums them, item by item
+    pre = md.pre_const + sum([p[c] for p, c in zip(md.pre, idx)])
     return {"prefill_tok_s": round(prefill_m / pre, 3), "decode_tok_s": round(1.0 / dec, 3),
             "ttft_s": round(ttft, 4), "prefill_s_per_chunk": round(pre, 9), "decode_s_per_token": round(dec, 9)}
 
 
 def _prediction(manifest, board, profile, md: _Model, idx, choice, prompt) -> dict:
     m = profile.prefill_m
-    out = _phase(md, idx, m, ttft_s(manifest, board, profile, choice, prompt), prompt)
+    out = _phase(md, idx, m, ttft_s(manifest, board, profile, choice, prompt, md.klass), prompt)
     base = {}
     for enc in ("nf4", "int8"):
         bi = _baseline(md, enc)
         bc = [md.allowed[i][c] for i, c in enumerate(bi)]
-        base[f"cpu_{enc}"] = _phase(md, bi, m, ttft_s(manifest, board, profile, bc, prompt), prompt)
+        base[f"cpu_{enc}"] = _phase(md, bi, m, ttft_s(manifest, board, profile, bc, prompt, md.klass), prompt)
     out.update(prefill_m=m, prompt=prompt, baselines=base,
                model="cost model of the board (docs/TIERMAP.md; constants and their sources: the board TOML, "
                      "checked in docs/CALIBRATION.md); decode at the prompt's position, every item's CPU copy")

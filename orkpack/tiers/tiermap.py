@@ -10,6 +10,7 @@ a tier map that would let it is rejected.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,8 +66,16 @@ class TierMap:
 
     def __init__(self, decisions: list[Decision], *, model: dict, board: dict, options: dict,
                  objective: dict, budget: dict, prediction: dict):
+        checked = set()  # _check reads min_m (and its type), encoding, tier, host_copy: alike decisions pass once
         for d in decisions:
+            key = (type(d.min_m), d.min_m, d.encoding, d.tier, d.host_copy)
+            try:
+                if key in checked:
+                    continue
+            except TypeError:  # an unhashable value (a damaged JSON): _check names it
+                pass
             _check(d)
+            checked.add(key)
         self.decisions = list(decisions)
         self.model, self.board, self.options = model, board, options
         self.objective, self.budget, self.prediction = objective, budget, prediction
@@ -100,24 +109,52 @@ class TierMap:
         return d.encoding, d.tier, d.min_m
 
     # ------------------------------------------------------------------ JSON
+    def _slice(self, d: Decision) -> dict:
+        out = {"expert": d.expert, "shape": list(d.shape), "encoding": d.encoding, "tier": d.tier,
+               "min_m": d.min_m, "bytes": d.bytes, "benefit_us": round(d.benefit_us, 3), "pin": d.pin}
+        if d.host_copy is not None:  # only dual-resident slices carry the keys (older maps stay as they were)
+            out.update(host_copy=d.host_copy, host_copy_bytes=d.host_copy_bytes)
+        return out
+
+    def _head(self) -> dict:
+        return {"schema": TIERMAP_SCHEMA, "version": TIERMAP_VERSION,
+                "model": self.model, "board": self.board, "options": self.options,
+                "objective": self.objective, "budget": self.budget, "prediction": self.prediction}
+
     def to_json(self) -> dict:
         tensors: dict[str, dict] = {}
         for d in self.decisions:
             t = tensors.get(d.tensor)
             if t is None:
                 t = tensors[d.tensor] = {"name": d.tensor, "slices": []}
-            t["slices"].append({
-                "expert": d.expert, "shape": list(d.shape), "encoding": d.encoding, "tier": d.tier,
-                "min_m": d.min_m, "bytes": d.bytes, "benefit_us": round(d.benefit_us, 3), "pin": d.pin,
-            })
-            if d.host_copy is not None:  # only dual-resident slices carry the keys (older maps stay as they were)
-                t["slices"][-1].update(host_copy=d.host_copy, host_copy_bytes=d.host_copy_bytes)
-        return {
-            "schema": TIERMAP_SCHEMA, "version": TIERMAP_VERSION,
-            "model": self.model, "board": self.board, "options": self.options,
-            "objective": self.objective, "budget": self.budget, "prediction": self.prediction,
-            "tensors": list(tensors.values()),
-        }
+            t["slices"].append(self._slice(d))
+        return {**self._head(), "tensors": list(tensors.values())}
+
+    def _tensor_lines(self) -> list[str]:
+        """``json.dumps(tensor, separators=(",", ":"), ensure_ascii=False)`` of every entry of
+        ``to_json()["tensors"]``, without building them: slices alike but for their expert index
+        (every expert of a MoE layer, mostly) are encoded once. TypeError on an unhashable value."""
+        enc = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+        tails: dict[tuple, str] = {}
+        tensors: dict[str, list[str]] = {}
+        for d in self.decisions:
+            b = d.benefit_us
+            # types and the sign of zero too: values equal as numbers can print differently (1 / 1.0 / True, -0.0)
+            key = (d.shape, d.encoding, d.tier, type(d.min_m), d.min_m, type(d.bytes), d.bytes, type(b), b,
+                   math.copysign(1.0, b) if type(b) is float else 0, d.pin, d.host_copy, type(d.host_copy_bytes),
+                   d.host_copy_bytes)
+            tail = tails.get(key)
+            if tail is None:  # the slice's JSON after its "expert" member
+                one = self._slice(d)
+                del one["expert"]
+                tail = tails[key] = enc(one)[1:]
+            e = d.expert
+            head = f'{{"expert":{e},' if type(e) is int else f'{{"expert":{enc(e)},'
+            parts = tensors.get(d.tensor)
+            if parts is None:
+                parts = tensors[d.tensor] = []
+            parts.append(head + tail)
+        return [f'{{"name":{enc(name)},"slices":[{",".join(parts)}]}}' for name, parts in tensors.items()]
 
     @classmethod
     def from_json(cls, d: Any) -> "TierMap":
@@ -143,8 +180,17 @@ class TierMap:
 
 def dumps(tm: TierMap | dict) -> str:
     """The tier map as text: stable key order, one tensor per line (diff-friendly), trailing newline."""
-    d = tm.to_json() if isinstance(tm, TierMap) else tm
-    head = {k: v for k, v in d.items() if k != "tensors"}
+    lines = None
+    if isinstance(tm, TierMap):
+        head = tm._head()
+        try:
+            lines = tm._tensor_lines()
+        except TypeError:  # an unhashable value (a hand-edited map): encode it the plain way
+            d = tm.to_json()
+    else:
+        d = tm
+        head = {k: v for k, v in d.items() if k != "tensors"}
+    if lines is None:
+        lines = [json.dumps(t, separators=(",", ":"), ensure_ascii=False) for t in d["tensors"]]
     text = json.dumps(head, indent=1, ensure_ascii=False)[:-2]  # drop the closing "\n}"
-    lines = [json.dumps(t, separators=(",", ":"), ensure_ascii=False) for t in d["tensors"]]
     return text + ',\n "tensors": [\n  ' + ",\n  ".join(lines) + "\n ]\n}\n"

@@ -1,0 +1,258 @@
+"""What makes `orkpack plan` fast must not change what it computes (issue 14).
+
+Each shortcut is checked against the plain computation it replaces: the tier-map text
+against json.dumps of to_json(), the HiGHS binding loaded directly against
+scipy.optimize.milp, grouping by the solver's classes against grouping item by item, the
+per-projection parse of per-expert HF names against canonical_name + split_expert, and
+`orkpack plan --json` imports no module it does not use. No test here times anything.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orkpack.sources import names as _names
+from orkpack.tiers import milp
+from orkpack.tiers.board import load_board
+from orkpack.tiers.command import plan
+from orkpack.tiers.manifest import manifest_from_config
+from orkpack.tiers.profile import load_profile
+from orkpack.tiers.solver import _model, _rows
+from orkpack.tiers.tiermap import TierMap, dumps
+
+ROOT = Path(__file__).resolve().parents[1]
+MOE = ROOT / "tiermaps/configs/qwen3-30b-a3b/config.json"
+ROUTING = ROOT / "tiermaps/profiles/qwen3-30b-a3b.routing-example.json"
+CONFIGS = sorted((ROOT / "tests/fixtures/configs").glob("*.json")) + sorted((ROOT / "tiermaps/configs").glob("*/config.json"))
+
+
+def _plain_dumps(tm: TierMap) -> str:
+    d = tm.to_json()
+    head = {k: v for k, v in d.items() if k != "tensors"}
+    text = json.dumps(head, indent=1, ensure_ascii=False)[:-2]
+    lines = [json.dumps(t, separators=(",", ":"), ensure_ascii=False) for t in d["tensors"]]
+    return text + ',\n "tensors": [\n  ' + ",\n  ".join(lines) + "\n ]\n}\n"
+
+
+def test_tiermap_text_is_json_dumps_of_to_json():
+    tm, _, _ = plan(MOE, profile=ROUTING)  # experts alike and not, NPU slices with and without a host copy
+    assert any(d.host_copy for d in tm.decisions) and any(d.tier == "npu" and not d.host_copy for d in tm.decisions)
+    assert dumps(tm) == _plain_dumps(tm)
+    # values equal as numbers but printed differently must not share a cached slice text
+    d = tm.to_json()
+    sl = d["tensors"][0]["slices"]
+    d["tensors"][0]["slices"] = [dict(sl[0], benefit_us=0.0), dict(sl[0], benefit_us=-0.0), dict(sl[0], benefit_us=0),
+                                 dict(sl[0], bytes=7, expert=3), dict(sl[0], bytes=7, expert=None)]
+    d["tensors"].append({"name": 'odd "näme"\\', "slices": [dict(sl[0], pin="--npu,--int8")]})
+    odd = TierMap.from_json(json.loads(json.dumps(d)))
+    assert dumps(odd) == _plain_dumps(odd)
+    assert '"benefit_us":-0.0' in dumps(odd) and '"benefit_us":0.0,' in dumps(odd)
+    # an int benefit (a caller's own Decision) prints as an int, the float beside it as a float
+    from dataclasses import replace
+
+    first = odd.decisions[0]
+    mixed = TierMap([replace(first, benefit_us=0), replace(first, benefit_us=0.0, expert=1)], model=odd.model,
+                    board=odd.board, options=odd.options, objective=odd.objective, budget=odd.budget,
+                    prediction=odd.prediction)
+    assert dumps(mixed) == _plain_dumps(mixed) and '"benefit_us":0,' in dumps(mixed)
+    # an unhashable value from a hand-edited map: the plain encoding, same text
+    d["tensors"][0]["slices"][0]["pin"] = ["--npu"]
+    odd = TierMap.from_json(d)
+    assert dumps(odd) == _plain_dumps(odd)
+
+
+def _random_problem(rng, n_items: int, alike: int):
+    """Items in runs of ``alike`` identical ones (one class each), 2-4 choices, 5 metrics."""
+    choices, cost, klass = [], {m: [] for m in ("ram", "npu", "dec", "pre", "q")}, []
+    while len(choices) < n_items:
+        ch = ("nf4", "int8", "npu", "npu+nf4")[: int(rng.integers(2, 5))]
+        vals = {m: tuple(float(x) for x in rng.integers(1, 50, len(ch))) for m in cost}
+        # like the planner's: host choices use no NPU memory; the first (NF4) needs the least RAM
+        vals["npu"] = tuple(0.0 if c in ("nf4", "int8") else v for c, v in zip(ch, vals["npu"]))
+        vals["ram"] = tuple(sorted(vals["ram"]))
+        for _ in range(alike):
+            klass.append(len(choices) // alike)  # the run's number
+            choices.append(ch)
+            for m in cost:
+                cost[m].append(vals[m])
+    return choices[:n_items], {m: v[:n_items] for m, v in cost.items()}, klass[:n_items]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_highs_as_loaded_gives_scipy_milp_solutions(seed):
+    """The planner drives scipy's own HiGHS binding without scipy.optimize; the model it hands over is the one
+    scipy.optimize.milp builds, so the solutions (ties included) are scipy's."""
+    from scipy.optimize import LinearConstraint
+    from scipy.optimize import milp as scipy_milp
+    from scipy.sparse import csr_matrix
+
+    rng = np.random.default_rng(seed)
+    for trial in range(6):
+        ch, cost, _ = _random_problem(rng, int(rng.integers(4, 30)), 1)
+        p = milp.Problem(tuple(cost), ch, cost, [f"i{j:03d}" for j in range(len(ch))])
+        p.group()
+        caps = {"ram": float(sum(min(x) for x in cost["ram"]) * 1.3), "npu": float(rng.integers(20, 200)),
+                "dec": float(sum(max(x) for x in cost["dec"]))}
+        c = p.vector("pre")
+        res, scale = milp._solve(p, c, caps, 10.0)
+        # the same model through scipy.optimize.milp (the code this replaces)
+        n = len(p.cols)
+        r_idx, c_idx, vals = [g for g, _ in p.cols], list(range(n)), [1.0] * n
+        sizes = np.array([len(m) for m in p.groups], dtype=np.float64)
+        lo, hi = [sizes], [sizes]
+        for k, (metric, cap) in enumerate(caps.items()):
+            v = p.vector(metric)
+            sc = float(np.abs(v).max(initial=0.0)) or 1.0
+            nz = np.nonzero(v)[0]
+            r_idx += [len(p.groups) + k] * len(nz)
+            c_idx += nz.tolist()
+            vals += (v[nz] / sc).tolist()
+            lo.append(np.array([-np.inf]))
+            hi.append(np.array([cap / sc]))
+        A = csr_matrix((vals, (r_idx, c_idx)), shape=(len(p.groups) + len(caps), n))
+        ub = np.array([len(p.groups[g]) for g, _ in p.cols], dtype=np.float64)
+        ref = scipy_milp(c / scale, integrality=np.ones(n), bounds=(np.zeros(n), ub),
+                         constraints=LinearConstraint(A, np.concatenate(lo), np.concatenate(hi)),
+                         options={"mip_rel_gap": milp.REL_GAP, "time_limit": 10.0, "presolve": False})
+        if ref.x is None:
+            assert res.x is None and res.infeasible == (ref.status == 2), trial
+            continue
+        assert res.optimal == (ref.status == 0) and res.nodes == ref.mip_node_count, trial
+        assert np.array_equal(res.x, ref.x), trial
+
+
+def test_grouping_by_classes_is_grouping_item_by_item():
+    rng = np.random.default_rng(7)
+    ch, cost, klass = _random_problem(rng, 600, 12)
+    names = [f"blk.{j // 40}.w[{j % 40}]" for j in range(600)]
+    a = milp.Problem(tuple(cost), list(ch), {m: list(v) for m, v in cost.items()}, names, klass=klass)
+    b = milp.Problem(tuple(cost), list(ch), {m: list(v) for m, v in cost.items()}, names)
+    for p in (a, b):
+        p.prune({"ram": "min", "npu": "min", "dec": "min", "pre": "min", "q": "max"})
+        p.group()
+    assert a.choices == b.choices and a.cost == b.cost and a.groups == b.groups and a.cols == b.cols
+    assert len(a.groups) < 600
+    # and on the real MoE: the solver's classes group exactly as item-by-item keys do
+    board = load_board("rk3588-32g")
+    from orkpack.tiers.manifest import manifest_from_path
+
+    man = manifest_from_path(MOE)
+    prof = load_profile(ROUTING, man, board, 512)
+    md = _model(man, board, prof, _rows(man, board, {}), 512, "f16")
+    names = [it.name for it in man.items]
+    kw = lambda: ({"ram": list(md.ram), "npu": list(md.npu), "dec": list(md.dec), "pre": list(md.pre),  # noqa: E731
+                   "q": list(md.qual)})
+    a = milp.Problem(("ram", "npu", "dec", "pre", "q"), list(md.allowed), kw(), names, klass=md.klass)
+    b = milp.Problem(("ram", "npu", "dec", "pre", "q"), list(md.allowed), kw(), names)
+    for p in (a, b):
+        p.prune({"ram": "min", "npu": "min", "dec": "min", "pre": "min", "q": "max"})
+        p.group()
+    assert a.groups == b.groups and a.cols == b.cols and a.choices == b.choices
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda p: p.parent.name if p.name == "config.json" else p.stem)
+def test_per_expert_names_parse_as_canonical_then_split(cfg):
+    """manifest_from_config parses a per-expert HF name once per projection; the result is what
+    canonical_name + split_expert give name by name."""
+    from orkpack import archs
+    from orkpack.errors import OrkError
+
+    data = json.loads(cfg.read_text())
+    try:
+        man = manifest_from_config(data, cfg.name)
+    except OrkError:
+        pytest.skip("not a plannable config")
+    from orkpack.tiers.manifest import _TORCH_DTYPE
+
+    facts, hf = archs.hf_tensors(data, cfg.name)
+    L = archs.layers_in_config(data) or facts["n_layers"]
+    dtype = _TORCH_DTYPE.get(str(data.get("torch_dtype", data.get("dtype", "bfloat16"))), "BF16")
+    stacked: dict[str, dict[int, tuple]] = {}
+    want = set()
+    for hf_name, shape, _ in hf:  # name by name, as the manifest was built before
+        name = _names.canonical_name(hf_name, facts["arch"], L)
+        sp = _names.split_expert(name)
+        if sp is not None:
+            stacked.setdefault(sp[0], {})[sp[1]] = (shape, hf_name)
+        else:
+            want.add((name, tuple(shape), archs.stored_dtype(data, hf_name, dtype)))
+    for name, per in stacked.items():
+        shape, hf_name = per[0]
+        want.add((name, (len(per),) + tuple(shape), archs.stored_dtype(data, hf_name, dtype)))
+    assert {(t.name, t.shape, t.dtype) for t in man.tensors} == want
+    assert len(man.tensors) == len(want)
+
+
+def test_plan_json_imports_only_what_it_uses(tmp_path):
+    """`orkpack plan --json` of a config loads no table renderer, no weight reader and not scipy.optimize
+    (only its HiGHS binding)."""
+    code = ("import sys\nfrom orkpack.cli import main\nsys.argv = ['orkpack', 'plan', sys.argv[1], '--json']\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print(' '.join(sorted(sys.modules)), file=sys.stderr)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", code, str(MOE)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["schema"] == "orkpack.tiermap"
+    mods = set(r.stderr.split())
+    assert "scipy.optimize._highspy._core" in mods
+    for m in ("scipy.optimize", "scipy.sparse", "rich", "rich.console", "safetensors", "orkpack.sources.gguf",
+              "orkpack.sources.safetensors", "orkpack.sources.open"):
+        assert m not in mods, m
+
+
+@pytest.mark.parametrize("goal", ["balanced", "decode", "prefill", "quality"])
+def test_many_group_path_still_matches_brute_force(goal, monkeypatch):
+    """Presolve and the Lagrangian bound tightening (the path of models with many groups) forced onto the
+    brute-force instances of tests/test_tiers_solver.py: the same optima."""
+    import test_tiers_solver as ts
+
+    monkeypatch.setattr(milp, "PRESOLVE_MIN_GROUPS", 0)
+    ts.test_solver_matches_brute_force_with_alignment_and_pins(goal)
+
+
+def test_bound_tightening_keeps_every_stage_optimum(monkeypatch):
+    """Random multiple-choice programs of 100-200 groups with 2-4 caps, solved lexicographically with and
+    without the tightening: equal stage values; and every bound it derives holds at every optimum found."""
+    rng = np.random.default_rng(11)
+    seen_fixed = 0
+    real = milp._tighten
+
+    def spy(*a, **k):
+        nonlocal seen_fixed
+        got = real(*a, **k)
+        if got is not None:
+            seen_fixed += int(np.sum(got[0] == got[1]))
+        return got
+
+    for trial in range(6):
+        alike = (2, 30)[trial % 2]
+        ch, cost, klass = _random_problem(rng, int(rng.integers(150, 400)) * (alike // 2), alike)
+        order = [("dec", "min"), ("pre", "min"), ("q", "max")]
+        caps = {"ram": float(sum(min(x) for x in cost["ram"]) * 1.15), "npu": float(sum(max(x) for x in cost["npu"]) / 4)}
+        vals = []
+        for threshold in (10**9, 0):
+            monkeypatch.setattr(milp, "PRESOLVE_MIN_GROUPS", threshold)
+            monkeypatch.setattr(milp, "_tighten", spy)
+            p = milp.Problem(tuple(cost), list(ch), {m: list(v) for m, v in cost.items()},
+                             [f"i{j:04d}" for j in range(len(ch))], klass=klass)
+            p.group()
+            assert len(p.groups) > 64
+            try:
+                _, st = milp.lexicographic(p, order, caps, time_limit=30.0)
+            except Exception as e:  # noqa: BLE001 (both paths must agree on infeasibility too)
+                vals.append(str(e))
+                continue
+            assert all(s.status == "optimal" for s in st), (trial, threshold, st)
+            vals.append([s.value for s in st])
+        if isinstance(vals[0], str):
+            assert vals[0] == vals[1]
+            continue
+        for a, b in zip(*vals):
+            assert a == pytest.approx(b, rel=1e-6, abs=1e-9), (trial, vals)
+    assert seen_fixed > 0  # the tightening did fix counts on these instances

@@ -1,0 +1,482 @@
+"""docs/TIERMAP.md is enough to reproduce a tier map.
+
+A second, small implementation of docs/TIERMAP.md section 2 (sizes, rows per chunk, how a
+profile scales the model, prefill / TTFT / decode, min_m, benefit_us, budgets, baselines)
+and of the stage rules of section 4, written from the text alone: it reads only the tier
+map's JSON (board, model facts, options, tensors) and the hotness profile file, and
+imports nothing from orkpack.tiers but the entry point that makes the plan under test.
+Every number it recomputes must match the plan's. A formula that drifts in the code (or in
+the doc) fails here.
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from orkpack.tiers.command import plan
+from orkpack.tiers.solver import Goal
+
+NEVER = 1 << 30
+FIX = "tests/fixtures/configs"
+
+
+def pad(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+class DocModel:
+    """docs/TIERMAP.md section 2, from the tier map JSON ``tm`` and the profile JSON ``prof`` (or None)."""
+
+    def __init__(self, tm: dict, prof: dict | None):
+        self.tm, self.b, self.f, self.o = tm, tm["board"], tm["model"], tm["options"]
+        self.pm = self.o["prefill_m"]
+        self.slices = [(t["name"], s) for t in tm["tensors"] for s in t["slices"]]
+        self.items = [(n, s) for n, s in self.slices if self.is_item(n, s)]
+        self.others = [(n, s) for n, s in self.slices if not self.is_item(n, s)]
+        self.tied = not any(n == "output.weight" for n, _ in self.items)
+        self._mm: dict = {}
+        self.routing, self.benefit, self.sens = self._read_profile(prof)
+
+    # ---------------------------------------------------------------- items and roles
+    @staticmethod
+    def is_item(name: str, s: dict) -> bool:
+        if name.endswith((".bias", "_bias")) or ".ffn_gate_inp." in name or s["encoding"] == "raw":
+            return False  # biases, MoE routers (always float) and raw tensors are no items
+        return s["expert"] is not None or len(s["shape"]) == 2
+
+    @staticmethod
+    def role(name: str, s: dict) -> str:
+        if name == "token_embd.weight":
+            return "embedding"
+        if name == "output.weight":
+            return "output"
+        if name.startswith(("vision_tower.", "multi_modal_projector.")):
+            return "vision"
+        return "expert" if s["expert"] is not None else "matmul"
+
+    def _read_profile(self, prof):
+        routing, benefit, sens = {}, {}, {}
+        self.timed = {}
+        if prof is None:
+            return routing, benefit, sens
+        if isinstance(prof, list):  # a timing table: [(tensor, calls, total_us)]; a stacked row split evenly
+            rows = []
+            for name, calls, tot in prof:
+                e = int(name[:-1].split("[")[1]) if name.endswith("]") else None
+                name = name.split("[")[0]
+                keys = [(n, s["expert"]) for n, s in self.items if n == name and e in (None, s["expert"])]
+                rows += [(key, calls, tot / len(keys)) for key in keys]
+            max_calls = max(c for _, c, _ in rows)
+            self.timed = {key: (calls, tot, max_calls) for key, calls, tot in rows}
+            return routing, benefit, sens
+        stacked = {}
+        for n, s in self.items:
+            if s["expert"] is not None:
+                stacked.setdefault(n, []).append(s["expert"])
+        for name, ent in prof["tensors"].items():  # canonical names and name[e] (what this test's profiles use)
+            e = None
+            if name.endswith("]"):
+                name, e = name[:-1].split("[")
+                e = int(e)
+            keys = [(name, e)] if (e is not None or name not in stacked) else [(name, x) for x in stacked[name]]
+            for field, out in (("routing", routing), ("benefit_us", benefit), ("sensitivity", sens)):
+                if field in ent:
+                    v = ent[field]
+                    vals = v if isinstance(v, list) else [v] * len(keys)
+                    out.update(zip(keys, vals))
+        # routing given for one expert tensor applies to the layer's other expert tensors without their own
+        by_layer = {}
+        for (n, e), r in list(routing.items()):
+            by_layer.setdefault((n.split(".")[1], e), r)
+        for n, s in self.items:
+            if s["expert"] is not None and (n, s["expert"]) not in routing:
+                r = by_layer.get((n.split(".")[1], s["expert"]))
+                if r is not None:
+                    routing[(n, s["expert"])] = r
+        return routing, benefit, sens
+
+    # ---------------------------------------------------------------- sizes
+    def segs(self, k: int) -> list[int]:
+        seg = self.b["k_segment"]
+        return [pad(min(seg, k - k0), self.b["k_align"]) for k0 in range(0, k, seg)]
+
+    def align(self, x: int) -> int:
+        return pad(x, self.b["alloc_granularity"])
+
+    def npu_bytes(self, n, k):
+        return self.align(pad(n, self.b["n_align"]) * sum(self.segs(k))) + self.align(4 * n)
+
+    def tiles(self, n, k):
+        return pad(n, self.b["n_align"]) * sum(self.segs(k)) + 4 * n
+
+    @staticmethod
+    def int8(n, k):
+        return n * k + 4 * n
+
+    @staticmethod
+    def nf4(n, k):
+        return math.ceil(n * k / 2) + 4 * math.ceil(n * k / 64)
+
+    @staticmethod
+    def itemsize(enc):
+        return {"f32": 4, "f16": 2, "bf16": 2}[enc]
+
+    def path_bytes(self, n, k, path):
+        if path == "tiles":
+            return self.tiles(n, k) * self.b["tile_read_factor"]
+        if path == "int8":
+            return self.int8(n, k)
+        if path == "nf4":
+            return self.nf4(n, k)
+        return n * k * self.itemsize(path)
+
+    def rate(self, path):
+        return {"nf4": self.b["cpu_nf4_ops_per_s"], "int8": self.b["cpu_int8_ops_per_s"],
+                "tiles": self.b["cpu_int8_ops_per_s"]}.get(path, self.b["cpu_float_ops_per_s"])
+
+    def kv(self, p: int) -> int:
+        f = self.f
+
+        def row(x):
+            return 2 * x if self.o["kv_type"] == "f16" else 34 * math.ceil(x / 32)
+
+        swa, w = set(f["swa_layers"] or ()), f["swa_window"] or 0
+        return sum(min(p, w) if (layer in swa and w > 0) else p for layer in range(f["n_layers"])) * (row(f["kv_k"]) + row(f["kv_v"]))
+
+    # ---------------------------------------------------------------- times
+    def t_cpu(self, n, k, m, path):
+        if m <= 0:
+            return 0.0
+        return max(2 * m * n * k / self.rate(path), self.path_bytes(n, k, path) / self.b["decode_bandwidth_bytes_per_s"])
+
+    def t_npu(self, n, k, m):
+        if m <= 0:
+            return 0.0
+        b = self.b
+        base = b["npu_cores"] * b["npu_ops_per_s_per_core"] * b["npu_efficiency"]
+        t = len(self.segs(k)) * b["submit_overhead_s"]
+        for kp in self.segs(k):
+            t += 2 * m * pad(n, b["n_align"]) * kp / (base * min(1.0, (b["npu_k_ref"] / kp) ** b["npu_k_falloff"]))
+        return t
+
+    def min_m(self, n, k, path):
+        key = (n, k, path)
+        if key not in self._mm:
+            out = NEVER
+            if "npu" in self.b["engines"]:
+                # a finite scan: beyond the CPU's bandwidth floor (m >= floor_m) both times are affine in m,
+                # t_cpu = a*m and t_npu = c + b*m, so nothing wins past c / (a - b) that did not win before
+                c = len(self.segs(k)) * self.b["submit_overhead_s"]
+                a = 2 * n * k / self.rate(path)
+                b = self.t_npu(n, k, 1) - c
+                floor_m = self.path_bytes(n, k, path) / self.b["decode_bandwidth_bytes_per_s"] / a
+                limit = math.ceil(floor_m) + 2 + (math.ceil(c / (a - b)) + 2 if a > b else 0)
+                out = next((m for m in range(2, limit + 1) if self.t_npu(n, k, m) < self.t_cpu(n, k, m, path)), NEVER)
+            self._mm[key] = out
+        return self._mm[key]
+
+    # ---------------------------------------------------------------- per item
+    def rows(self, name, s) -> float:
+        role = self.role(name, s)
+        if role in ("embedding", "vision"):
+            return 0.0
+        if role == "output":
+            return 1.0
+        if role == "expert":
+            return self.pm * self.share_r(name, s)
+        return float(self.pm)
+
+    def share_r(self, name, s) -> float:
+        r = self.routing.get((name, s["expert"]))
+        if r is not None:
+            return r
+        return self.f["n_experts_used"] / self.f["n_experts"]
+
+    def rhos(self, name, s):
+        n, k = s["shape"]
+        m = self.rows(name, s)
+        t4, tn = self.t_cpu(n, k, m, "nf4"), self.t_npu(n, k, m)
+        T_cpu, T_npu = t4, tn
+        b = self.benefit.get((name, s["expert"]))
+        if b is not None:
+            T_npu = max(0.0, T_cpu - b * 1e-6)
+        if (name, s["expert"]) in self.timed and m > 0:
+            calls, tot, max_calls = self.timed[(name, s["expert"])]
+            T_cpu, T_npu = tot / max_calls * 1e-6, calls * tn / max_calls
+        return (T_cpu / t4 if t4 > 0 else 1.0), (T_npu / tn if tn > 0 else 1.0)
+
+    @staticmethod
+    def choice(s) -> str:
+        if s["tier"] == "npu":
+            return "npu+nf4" if s.get("host_copy") == "nf4" else "npu"
+        return s["encoding"] if s["encoding"] in ("nf4", "int8") else "float"
+
+    def pre_item(self, name, s, choice, frac=1.0) -> float:
+        n, k = s["shape"]
+        m = self.rows(name, s) * frac
+        rc, rn = self.rhos(name, s)
+        enc = s["encoding"] if choice == "float" else choice
+        if choice == "float" and enc not in ("f32", "f16", "bf16"):
+            enc = "f32"
+        if choice in ("nf4", "int8", "float"):
+            t = rc * self.t_cpu(n, k, m, enc)
+            if self.tied and self.role(name, s) == "embedding":
+                t += self.t_cpu(n, k, 1, enc)
+            return t
+        path = "nf4" if choice == "npu+nf4" else "tiles"
+        if m >= self.min_m(n, k, path):
+            return rn * self.t_npu(n, k, m)
+        return rc * self.t_cpu(n, k, m, path)
+
+    def dec_item(self, name, s, choice) -> float:
+        n, k = s["shape"]
+        role = self.role(name, s)
+        share = {"expert": self.share_r(name, s) if role == "expert" else 0, "vision": 0.0}.get(role, 1.0)
+        if role == "embedding":
+            share = 1.0 / n + (1.0 if self.tied else 0.0)
+        nbytes = {"nf4": self.nf4(n, k), "npu+nf4": self.nf4(n, k), "int8": self.int8(n, k),
+                  "npu": self.tiles(n, k) * self.b["tile_read_factor"]}.get(choice)
+        if nbytes is None:  # float: the source bytes
+            nbytes = n * k * self.itemsize(s["encoding"])
+        return share * nbytes / self.b["decode_bandwidth_bytes_per_s"]
+
+    def quality(self, name, s, choice) -> float:
+        n, k = s["shape"]
+        sens = self.sens.get((name, s["expert"]), float(n * k))
+        return sens if choice == "int8" or (choice == "npu" and s["encoding"] == "int8") else 0.0
+
+    # ---------------------------------------------------------------- whole plan
+    def attention(self, r, p):
+        f = self.f
+        swa, w = set(f["swa_layers"] or ()), f["swa_window"] or 0
+        span = sum(min(p, w) if (layer in swa and w > 0) else p for layer in range(f["n_layers"]))
+        return 4 * r * f["heads"] * f["head_dim"] * span / self.b["cpu_float_ops_per_s"]
+
+    def dec_const(self):
+        p = min(self.o["prompt"], self.o["ctx"])
+        other = sum(s["bytes"] for _, s in self.others)
+        return self.b["decode_token_s"] + (other + self.kv(p)) / self.b["decode_bandwidth_bytes_per_s"]
+
+    def routers(self, r):
+        """The MoE routers: non-item tensors whose matmul every token runs, float at their source bytes."""
+        return sum(self.t_cpu(*s["shape"], r, s["encoding"]) for n, s in self.others
+                   if ".ffn_gate_inp." in n and len(s["shape"]) == 2)
+
+    def pre_const(self):
+        return self.b["decode_token_s"] + self.attention(self.pm, self.pm / 2) + self.routers(self.pm)
+
+    def phase(self, choices: list[str]) -> dict:
+        dec = self.dec_const() + sum(self.dec_item(n, s, c) for (n, s), c in zip(self.items, choices))
+        pre = self.pre_const() + sum(self.pre_item(n, s, c) for (n, s), c in zip(self.items, choices))
+        ttft, done, prompt = 0.0, 0, self.o["prompt"]
+        while done < prompt:
+            r = min(self.pm, prompt - done)
+            ttft += self.b["decode_token_s"] + self.attention(r, done + r / 2) + self.routers(r)
+            ttft += sum(self.pre_item(n, s, c, r / self.pm) for (n, s), c in zip(self.items, choices))
+            done += r
+        return {"decode_s_per_token": dec, "prefill_s_per_chunk": pre, "ttft_s": ttft,
+                "decode_tok_s": 1 / dec, "prefill_tok_s": self.pm / pre}
+
+    def allowed(self, name, s) -> list[str]:
+        """Section 4: the choices the pins (recorded in the slice's ``pin``) leave, in the doc's order."""
+        pins = set((s["pin"] or "").split(","))
+        if "default-keep" in pins or "--keep" in pins:
+            return ["float"]
+        al = ["nf4", "int8", "npu", "npu+nf4"]
+        if self.role(name, s) == "embedding" or "npu" not in self.b["engines"]:
+            al = ["nf4", "int8"]
+        if "--npu" in pins:
+            al = [c for c in al if c.startswith("npu")]
+        if "--cpu" in pins:
+            al = [c for c in al if not c.startswith("npu")]
+        if "--int8" in pins:
+            al = [c for c in al if c in ("int8", "npu")]
+        if "--nf4" in pins:
+            al = [c for c in al if c != "int8"]
+        return al
+
+
+def _assert_phase(got: dict, want: dict, what: str) -> None:
+    for k, nd in (("decode_s_per_token", 9), ("prefill_s_per_chunk", 9), ("ttft_s", 4), ("decode_tok_s", 3),
+                  ("prefill_tok_s", 3)):
+        assert got[k] == pytest.approx(round(want[k], nd), rel=1e-9, abs=0.6 * 10 ** -nd), (what, k, got[k], want[k])
+
+
+def check(tm: dict, prof: dict | None) -> None:
+    d = DocModel(tm, prof)
+    b = d.b
+    choices = [d.choice(s) for _, s in d.items]
+
+    # every slice: bytes, min_m, benefit_us
+    for name, s in d.slices:
+        where = f"{name}[{s['expert']}]"
+        if not d.is_item(name, s):
+            assert s["min_m"] == NEVER and s["tier"] == "host" and s["benefit_us"] == 0.0, where
+            if s["encoding"] != "raw":
+                assert s["bytes"] == math.prod(s["shape"]) * d.itemsize(s["encoding"]), where
+            continue
+        n, k = s["shape"]
+        c = d.choice(s)
+        want_bytes = {"npu": d.npu_bytes(n, k), "npu+nf4": d.npu_bytes(n, k), "nf4": d.nf4(n, k),
+                      "int8": d.int8(n, k)}.get(c)
+        assert s["bytes"] == (want_bytes if want_bytes is not None else n * k * d.itemsize(s["encoding"])), where
+        if c == "npu+nf4":
+            assert s["host_copy_bytes"] == d.nf4(n, k), where
+        path = {"npu": "tiles", "npu+nf4": "nf4"}.get(c, "nf4")
+        assert s["min_m"] == d.min_m(n, k, path), where
+        if c.startswith("npu"):  # saved against the host path it keeps
+            host_t = d.rhos(name, s)[0] * d.t_cpu(n, k, d.rows(name, s), path)
+            want_ben = (host_t - d.pre_item(name, s, c)) * 1e6
+            assert s["benefit_us"] == pytest.approx(round(want_ben, 3), rel=1e-9, abs=6e-4), where
+        else:
+            assert s["benefit_us"] == 0.0, where
+
+    # budgets
+    npu_used = sum(s["bytes"] for _, s in d.slices if s["tier"] == "npu")
+    parts = {"host_int8": 0, "host_nf4": 0, "host_float": 0, "host_copy_nf4": 0}
+    for _, s in d.slices:
+        if s["tier"] == "npu":
+            parts["host_copy_nf4"] += s.get("host_copy_bytes", 0)
+        else:
+            parts["host_" + (s["encoding"] if s["encoding"] in ("int8", "nf4") else "float")] += s["bytes"]
+    kv = d.kv(d.o["ctx"])
+    ram = tm["budget"]["ram"]
+    assert tm["budget"]["npu"]["used"] == npu_used <= b["iova_usable_bytes"]
+    assert tm["budget"]["npu"]["items"] == sum(1 for _, s in d.slices if s["tier"] == "npu")
+    assert ram["kv_cache"] == kv and ram["reserve"] == b["reserve_bytes"] and ram["npu_weights"] == npu_used
+    for k_, v in parts.items():
+        assert ram[k_] == v, k_
+    used = b["reserve_bytes"] + kv + npu_used + sum(parts.values())
+    cap = b["total_bytes"] if tm["objective"]["goal"]["max_ram"] is None else min(b["total_bytes"], tm["objective"]["goal"]["max_ram"])
+    assert ram["used"] == used <= cap and ram["cap"] == cap and ram["headroom"] == cap - used
+
+    # predictions: the plan and both baselines
+    p = tm["prediction"]
+    _assert_phase(p, d.phase(choices), "plan")
+    for enc in ("nf4", "int8"):
+        base = []
+        for name, s in d.items:
+            al = d.allowed(name, s)
+            base.append(enc if enc in al else next(c for c in ("nf4", "int8", "npu", "npu+nf4", "float") if c in al))
+        _assert_phase(p["baselines"][f"cpu_{enc}"], d.phase(base), f"cpu_{enc}")
+    for (name, s), c in zip(d.items, choices):
+        assert c in d.allowed(name, s), (name, s)
+
+    # the stages (section 4): value = the plan's metric where it is the last word, and every earlier stage
+    # kept within its give-back (1e-6 of the item-dependent part) or, for balanced, the 5 % tok/s slack
+    ph = d.phase(choices)
+    plan_q = sum(d.quality(n, s, c) for (n, s), c in zip(d.items, choices))
+    plan_v = {"decode": ph["decode_s_per_token"], "prefill": ph["prefill_s_per_chunk"], "quality": plan_q}
+    const = {"decode": d.dec_const(), "prefill": d.pre_const(), "quality": 0.0}
+    stages = tm["objective"]["stages"]
+    goal = tm["objective"]["goal"]
+    for j, st in enumerate(stages):
+        v, got = st["value"], plan_v[st["metric"]]
+        part = abs(v - const[st["metric"]])
+        hair = 1e-6 * part + 2e-9 + 1e-9 * abs(v)
+        if j == len(stages) - 1:
+            assert got == pytest.approx(v, rel=1e-9, abs=2e-9), st
+        elif goal["goal"] == "balanced" and j == 0:
+            assert 1 / got >= 0.95 * (1 / v) * (1 - 1e-9), st
+        elif st["sense"] == "min":
+            assert got <= v + hair, st
+        else:
+            assert got >= v - hair, st
+    if goal["goal"] == "quality":
+        assert stages[0]["metric"] == "quality"
+
+
+def _run(model, profile=None, **kw):
+    tm, _, _ = plan(model, profile=profile, **kw)
+    js = json.loads(json.dumps(tm.to_json()))  # what a reader holds: the JSON
+    prof = None
+    if profile and str(profile).endswith(".csv"):
+        lines = open(profile).read().split("\n")[1:]
+        prof = [(a, int(b), float(c)) for a, b, c in (ln.split(",") for ln in lines if ln.strip())]
+    elif profile:
+        prof = json.load(open(profile))
+    check(js, prof)
+    return js
+
+
+CASES = [  # (model, options): dense, MoE, sliding window, MLA, tied/untied, f32 source, pins, q8_0 KV, goals
+    ("tiermaps/configs/qwen2.5-7b/config.json", dict(ctx=8192)),
+    ("tiermaps/configs/qwen2.5-7b/config.json", dict(ctx=4096, goal=Goal("prefill"), prompt=1300, prefill_m=256)),
+    (f"{FIX}/llama.json", dict(ctx=4096, goal=Goal("quality"), prefill_m=16, prompt=40)),
+    (f"{FIX}/gemma3_text.json", dict(ctx=8192, goal=Goal("quality"), prefill_m=16, prompt=100)),
+    (f"{FIX}/gemma3_text.json", dict(ctx=8192, prompt=3000, kv_type="q8_0")),  # windows cap attention and KV
+    (f"{FIX}/gemma2.json", dict(ctx=8192, goal=Goal("decode"), prompt=9000)),  # decode KV at min(prompt, ctx)
+    (f"{FIX}/olmoe.json", dict(ctx=4096, goal=Goal("decode"))),
+    (f"{FIX}/olmoe.json", dict(ctx=4096, pins={"keep": ["output.weight"], "npu": ["blk.0.attn_q.weight"],
+                                               "int8": ["blk.1.*"], "nf4": ["blk.2.ffn_down_exps.weight"],
+                                               "cpu": ["blk.3.attn_k.weight"]})),
+    (f"{FIX}/olmoe.json", dict(ctx=4096, goal=Goal("quality"), pins={"npu": ["blk.0.attn_*"], "nf4": ["blk.0.attn_q.weight"]})),
+    (f"{FIX}/granitemoe.json", dict(ctx=4096, goal=Goal("quality"))),  # f32 source, tied head
+    (f"{FIX}/deepseek_v2.json", dict(ctx=8192, goal=Goal("prefill"))),  # MLA
+    (f"{FIX}/minicpm3.json", dict(ctx=8192, board="rk3588-16g")),  # MLA, tied
+]
+
+
+@pytest.mark.parametrize("model,kw", CASES, ids=[f"{m.split('/')[-2 if 'tiermaps' in m else -1]}-{i}" for i, (m, _) in enumerate(CASES)])
+def test_tier_map_recomputed_from_the_doc(model, kw):
+    _run(model, **kw)
+
+
+def test_routing_profile_with_benefit_and_sensitivity(tmp_path):
+    """A JSON profile: skewed routing on one expert tensor per layer (the others follow), benefit_us on
+    some dense items and some experts (one that makes the NPU slower than the host), sensitivities."""
+    E, top_k, layers = 64, 8, 16
+    tensors = {}
+    for layer in range(layers):
+        w = [1.0 / (1 + ((e * 7 + layer) % E)) for e in range(E)]
+        tot = sum(w)
+        tensors[f"blk.{layer}.ffn_gate_exps.weight"] = {"routing": [min(1.0, x * top_k / tot) for x in w]}
+    tensors["blk.0.attn_q.weight"] = {"benefit_us": 50000.0, "sensitivity": 5e9}
+    tensors["blk.1.attn_output.weight"] = {"benefit_us": 0.5}
+    tensors["blk.2.ffn_down_exps.weight[3]"] = {"benefit_us": 3000.0}
+    tensors["blk.2.ffn_up_exps.weight"] = {"routing": [top_k / E] * E, "sensitivity": 1.0}
+    tensors["blk.5.attn_v.weight"] = {"sensitivity": 1e10}
+    prof = {"schema": "orkpack.hotness", "version": 1, "prefill_m": 64, "tensors": tensors}  # its prefill_m: ignored
+    p = tmp_path / "olmoe.routing.json"
+    p.write_text(json.dumps(prof))
+    for goal in ("balanced", "prefill"):
+        tm = _run(f"{FIX}/olmoe.json", profile=p, ctx=4096, goal=Goal(goal))
+        assert tm["options"]["prefill_m"] == 512
+    tm = _run(f"{FIX}/olmoe.json", profile=p, ctx=4096, prefill_m=32, prompt=100, goal=Goal("quality"))
+
+
+def test_committed_routing_example_tier_map_is_reproduced():
+    with open("tiermaps/compiled/qwen3-30b-a3b.rk3588-32g.ctx8192.routing-example.json") as f:
+        tm = json.load(f)
+    with open("tiermaps/profiles/qwen3-30b-a3b.routing-example.json") as f:
+        prof = json.load(f)
+    check(tm, prof)
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-7b", "qwen2.5-32b", "qwen3-30b-a3b"])
+def test_committed_tier_maps_are_reproduced(name):
+    with open(f"tiermaps/compiled/{name}.rk3588-32g.ctx8192.json") as f:
+        check(json.load(f), None)
+
+
+def test_timing_table_profile(tmp_path):
+    p = tmp_path / "olmoe.times.csv"
+    p.write_text("tensor,calls,total_us\nblk.0.attn_q.weight,4,90000\nblk.0.ffn_up_exps.weight,4,3000000\n"
+                 "blk.1.attn_k.weight,4,20\noutput.weight,2,500\nblk.3.ffn_down_exps.weight[5],1,80000\n")
+    for goal in ("balanced", "quality"):
+        _run(f"{FIX}/olmoe.json", profile=p, ctx=4096, goal=Goal(goal), prompt=700)
+
+
+def test_padding_segments_and_tile_read_factor(tmp_path):
+    """Shapes off the 32-alignment and beyond one K segment, on a board whose CPU reads tiles at 1.3x."""
+    cfg = json.load(open(f"{FIX}/llama.json"))
+    cfg.update(intermediate_size=9000, num_hidden_layers=4)
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    board = open("tiermaps/boards/rk3588-8g.toml").read()
+    assert "tile_read_factor = 1.0" in board
+    (tmp_path / "b.toml").write_text(board.replace("tile_read_factor = 1.0", "tile_read_factor = 1.3"))
+    for goal, m in (("quality", 8), ("quality", 512), ("balanced", 40), ("decode", 512)):
+        tm = _run(tmp_path / "config.json", board=str(tmp_path / "b.toml"), ctx=2048, goal=Goal(goal), prefill_m=m)
+        assert tm["board"]["tile_read_factor"] == 1.3

@@ -1,0 +1,180 @@
+"""Regression tests for the places where the planner disagreed with docs/TIERMAP.md (issue 14).
+
+Each test states the doc's rule and checks the planner's own output against it.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orkpack.errors import OrkError
+from orkpack.tiers import cost
+from orkpack.tiers.board import load_board
+from orkpack.tiers.manifest import manifest_from_config
+from orkpack.tiers.profile import load_profile
+from orkpack.tiers.solver import Goal, _model, _rows, match_pins, solve
+
+BOARD = load_board("rk3588-32g")
+FIX = "tests/fixtures/configs"
+
+
+def _cfg(name: str, **over) -> dict:
+    with open(f"{FIX}/{name}.json") as f:
+        cfg = json.load(f)
+    cfg.update(over)
+    return cfg
+
+
+def llama_3_2_3b() -> dict:
+    return _cfg("llama", hidden_size=3072, num_hidden_layers=28, num_attention_heads=24, num_key_value_heads=8,
+                intermediate_size=8192, head_dim=128)
+
+
+def granite_3_0_2b() -> dict:
+    return _cfg("granite", hidden_size=2048, num_hidden_layers=40, num_attention_heads=32, num_key_value_heads=8,
+                intermediate_size=8192, vocab_size=49155)
+
+
+# ------------------------------------------------------------------ a. min_m under a hotness profile
+
+def test_min_m_of_npu_slices_is_their_host_paths_under_a_profile():
+    """docs/TIERMAP.md section 2: min_m against the host path the item keeps: NF4 for NPU + host copy,
+    int8 (from the tiles) for NPU only, with or without a profile."""
+    man = manifest_from_config(json.load(open("tiermaps/configs/qwen3-30b-a3b/config.json")))
+    prof = load_profile("tiermaps/profiles/qwen3-30b-a3b.routing-example.json", man, BOARD, 512)
+    tm = solve(man, BOARD, prof, ctx=8192)
+    npu_only = differ = 0
+    for d in tm.decisions:
+        if d.tier != "npu":
+            continue
+        n, k = d.shape
+        want = cost.min_m(n, k, BOARD, "nf4" if d.host_copy == "nf4" else "tiles")
+        assert d.min_m == want, d
+        if d.host_copy is None:
+            npu_only += 1
+            differ += want != cost.min_m(n, k, BOARD, "nf4")
+    assert npu_only > 100 and differ > 100  # the plan has NPU-only slices where the two paths differ
+
+
+# ------------------------------------------------------------------ b. NPU-only items between the two min_m
+
+@pytest.mark.parametrize("cfg,ms", [(lambda: _cfg("gemma3_text"), (2, 3, 8, 16)), (llama_3_2_3b, (2, 3, 4, 6))])
+def test_npu_only_item_is_priced_at_the_npu_once_m_reaches_its_min_m(cfg, ms):
+    """An NPU-only item with min_m(tiles) <= M runs on the NPU (the router reads min_m(tiles)): its prefill
+    cost is t_npu(M), also when M is below the NF4 path's min_m (where the analytic benefit is 0)."""
+    man = manifest_from_config(cfg())
+    rows = _rows(man, BOARD, {})
+    between = 0
+    for m in ms:
+        prof = load_profile(None, man, BOARD, m)
+        md = _model(man, BOARD, prof, rows, 512, "f16")
+        for i, it in enumerate(man.items):
+            if "npu" not in md.allowed[i] or prof.m_eff[i] < 2:
+                continue
+            mi = prof.m_eff[i]
+            pre = md.pre[i][md.allowed[i].index("npu")]
+            if mi >= cost.min_m(it.n, it.k, BOARD, "tiles"):
+                assert pre == pytest.approx(cost.t_npu(it.n, it.k, mi, BOARD), rel=1e-12), (m, it.name)
+                between += mi < cost.min_m(it.n, it.k, BOARD, "nf4")
+            else:
+                assert pre == pytest.approx(cost.t_cpu(it.n, it.k, mi, BOARD, "tiles"), rel=1e-12), (m, it.name)
+    assert between > 0
+
+
+def test_gemma_quality_plan_at_m16_keeps_attention_projections_on_the_npu():
+    man = manifest_from_config(_cfg("gemma3_text"))
+    prof = load_profile(None, man, BOARD, 16)
+    tm = solve(man, BOARD, prof, ctx=8192, goal=Goal("quality"))
+    q_o = [d for d in tm.decisions if d.tensor.endswith((".attn_q.weight", ".attn_output.weight"))]
+    assert len(q_o) == 52
+    for d in q_o:  # int8 either way (same quality, same decode bytes): the NPU wins prefill at M = 16
+        assert d.tier == "npu" and d.host_copy is None and d.min_m <= 16, d
+    # and the prediction charges what runs: the same plan with them host int8 is slower
+    assert tm.prediction["prefill_s_per_chunk"] < 0.08
+
+
+# ------------------------------------------------------------------ c. float-kept items at their source bytes
+
+def test_float_kept_item_is_priced_at_its_source_bytes_in_prefill():
+    man = manifest_from_config(_cfg("olmoe", torch_dtype="float32"))
+    pinmap, _ = match_pins(man, {"keep": ["output.weight"]})
+    prof = load_profile(None, man, BOARD, 512)
+    md = _model(man, BOARD, prof, _rows(man, BOARD, pinmap), 512, "f16")
+    i = next(j for j, it in enumerate(man.items) if it.tensor == "output.weight")
+    it = man.items[i]
+    assert md.allowed[i] == ("float",) and it.float_bytes == 4 * it.n * it.k
+    want = max(2.0 * 1 * it.n * it.k / BOARD.cpu_float_ops_per_s, 4 * it.n * it.k / BOARD.decode_bandwidth)
+    assert md.pre[i][0] == pytest.approx(want, rel=1e-12)
+
+
+# ------------------------------------------------------------------ d. the smaller ones
+
+def test_quality_stage_counts_int8_where_the_cpu_decodes_only():
+    """Float-kept routers are not int8: the quality stage value is the sum of the sensitivities of the host
+    int8 and NPU-only (int8 tiles) slices, nothing else."""
+    man = manifest_from_config(_cfg("olmoe"))
+    prof = load_profile(None, man, BOARD, 512)
+    for goal in ("quality", "balanced"):
+        tm = solve(man, BOARD, prof, ctx=4096, goal=Goal(goal))
+        q = next(s["value"] for s in tm.objective["stages"] if s["metric"] == "quality")
+        want = sum(d.shape[0] * d.shape[1] for d in tm.decisions
+                   if d.encoding == "int8" and (d.tier == "host" or d.host_copy is None))
+        assert q == pytest.approx(want, rel=1e-9), goal
+        routers = [d for d in tm.decisions if ".ffn_gate_inp." in d.tensor]
+        assert routers and all(d.encoding not in ("int8", "nf4") and d.tier == "host" for d in routers)
+
+
+def test_tied_head_is_priced_at_the_embeddings_encoding():
+    """A tied head multiplies the last row by the embedding as stored: its prefill time follows the
+    embedding's encoding (int8 is slower than NF4 on this CPU at M = 1: more bytes)."""
+    man = manifest_from_config(granite_3_0_2b())
+    prof = load_profile(None, man, BOARD, 512)
+    md = _model(man, BOARD, prof, _rows(man, BOARD, {}), 512, "f16")
+    i = next(j for j, it in enumerate(man.items) if it.role == "embedding")
+    it = man.items[i]
+    for c in ("nf4", "int8"):
+        head = cost.t_cpu(it.n, it.k, 1, BOARD, c)
+        assert md.pre[i][md.allowed[i].index(c)] == pytest.approx(head, rel=1e-12), c
+    # the prediction pays for the embedding's encoding: two assignments that differ in it alone
+    from orkpack.tiers.solver import evaluate
+
+    base = ["nf4"] * len(man.items)
+    with8 = ["int8" if j == i else "nf4" for j in range(len(man.items))]
+    got = (evaluate(man, BOARD, prof, with8)["prefill_s_per_chunk"] - evaluate(man, BOARD, prof, base)["prefill_s_per_chunk"])
+    diff = cost.t_cpu(it.n, it.k, 1, BOARD, "int8") - cost.t_cpu(it.n, it.k, 1, BOARD, "nf4")
+    assert diff > 1e-4 and got == pytest.approx(diff, rel=1e-5)
+
+
+def test_max_ram_refusal_names_max_ram():
+    man = manifest_from_config(granite_3_0_2b())
+    prof = load_profile(None, man, BOARD, 512)
+    with pytest.raises(OrkError) as e:
+        solve(man, BOARD, prof, ctx=8192, goal=Goal(max_ram=3 << 30))
+    assert "--max-ram" in str(e.value)
+
+
+def test_stage_give_back_is_a_millionth_of_the_item_dependent_part():
+    """docs/TIERMAP.md section 4: OLMoE-1B-7B --goal decode keeps token_embd NF4: int8 would read 2.9e-8 s/token
+    more, beyond 1e-6 of the decode stage's item-dependent part (2.1e-8), within 1e-6 of the whole value."""
+    man = manifest_from_config(_cfg("olmoe"))
+    prof = load_profile(None, man, BOARD, 512)
+    tm = solve(man, BOARD, prof, ctx=8192, goal=Goal("decode"))
+    assert tm.get("token_embd.weight").encoding == "nf4"
+    md = _model(man, BOARD, prof, _rows(man, BOARD, {}), 512, "f16")
+    i = next(j for j, it in enumerate(man.items) if it.role == "embedding")
+    extra = md.dec[i][md.allowed[i].index("int8")] - md.dec[i][md.allowed[i].index("nf4")]
+    value = tm.objective["stages"][0]["value"]
+    assert tm.objective["stages"][0]["metric"] == "decode"
+    assert 1e-6 * (value - md.dec_const) < extra < 1e-6 * value
+    assert extra == pytest.approx(2.9e-8, rel=0.02) and 1e-6 * (value - md.dec_const) == pytest.approx(2.1e-8, rel=0.02)
+
+
+def test_a_profiles_own_prefill_m_is_informative_and_a_difference_is_said(tmp_path):
+    man = manifest_from_config(_cfg("olmoe"))
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps({"schema": "orkpack.hotness", "version": 1, "prefill_m": 64,
+                             "tensors": {"blk.0.attn_q.weight": {"benefit_us": 100.0}}}))
+    a = load_profile(p, man, BOARD, 512)
+    assert a.prefill_m == 512 and any("prefill_m 64" in w and "--prefill-m 512" in w for w in a.warnings)
+    assert not load_profile(p, man, BOARD, 64).warnings
