@@ -534,7 +534,8 @@ def build(
     if not out_path.parent.is_dir():
         raise OrkError(f"{escape_name(str(out_path.parent))}: output folder does not exist; create it first")
     threads = opts.resolved_threads()
-    src = open_source(Path(src_path))
+    late: list[str] = []  # what the source says while it is read (a quantized GGUF): into the result, not stderr
+    src = open_source(Path(src_path), on_warning=late.append)
     try:
         refuse_overwriting_inputs(out_path, src, Path(src_path), opts)
         infos = src.tensors()
@@ -623,7 +624,7 @@ def build(
         seconds=time.perf_counter() - t0,
         by_kind=by_kind,
         worst_sqnr=worst,
-        warnings=warnings,
+        warnings=list(dict.fromkeys(warnings + late)),  # a plan may have said the same already
         info=info_lines,
         skipped=[s.to_json() for s in skipped],
     )

@@ -314,3 +314,24 @@ def test_hostile_config_values_are_left_out_not_raised(tmp_path, key, bad):
     cfg[key] = bad
     model = modelkv.from_hf(tmp_path, cfg)  # no tokenizer files: only the hyperparameters
     assert M.check_model(json.loads(json.dumps(model))) is None
+
+
+# ---------------------------------------------------------------- a quantized source is said out loud, in every mode
+
+
+def test_quantized_gguf_warning_reaches_build_json_and_plan(tmp_path):
+    src = synth.write_gguf_model(tmp_path / "q.gguf", tensor_type="Q8_0")
+    r = CliRunner().invoke(cli.app, ["build", str(src), "-o", str(tmp_path / "q.orkpack"), "--json", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    said = [w for w in doc["warnings"] if "holds quantized tensors" in w]
+    assert len(said) == 1  # once, though the plan and the reader both notice
+    r = CliRunner().invoke(cli.app, ["plan", str(src), "--json"])
+    assert r.exit_code == 0, r.output
+    json.loads(r.stdout)  # stdout stays JSON
+    assert "holds quantized tensors" in r.stderr
+    r = CliRunner().invoke(cli.app, ["plan", str(src)])
+    assert "holds quantized tensors" in r.output
+    f16 = synth.write_gguf_model(tmp_path / "f.gguf", tensor_type="F16")
+    r = CliRunner().invoke(cli.app, ["plan", str(f16), "--json"])
+    assert "quantized" not in r.stderr

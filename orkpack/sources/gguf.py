@@ -46,7 +46,7 @@ from gguf import quants as _quants
 
 from ..errors import SourceError, escape_name
 from ..pack import spec
-from .base import RAW_DTYPES, FileSource, TensorInfo, array_in
+from .base import FLOAT_DTYPES, RAW_DTYPES, FileSource, TensorInfo, array_in, is_raw
 from .config import facts_from_gguf_kv
 from .names import natural_key
 from .safetensors import read_into
@@ -288,12 +288,18 @@ class GGUFSource(FileSource):
         finally:
             reader = None  # drop the memmap
 
+    def quantized_warning(self) -> str | None:
+        """The one line that says this GGUF holds quantized tensors (re-quantizing loses accuracy), or None."""
+        if not any(e.info.dtype not in FLOAT_DTYPES and not is_raw(e.info.dtype) for e in self._entries.values()):
+            return None
+        return (f"{escape_name(str(self.root))} holds quantized tensors; they are dequantized to float32 and "
+                "re-quantizing them loses accuracy: prefer an F16/BF16/F32 GGUF or the original safetensors")
+
     def _warn(self) -> None:
         if self._warned:
             return
         self._warned = True
-        msg = (f"{escape_name(str(self.root))} holds quantized tensors; they are dequantized to float32 and "
-               "re-quantizing them loses accuracy: prefer an F16/BF16/F32 GGUF or the original safetensors")
+        msg = self.quantized_warning() or ""
         if self._on_warning is not None:
             self._on_warning(msg)
         else:

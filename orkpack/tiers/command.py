@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import sys
 import time
 from pathlib import Path
 
@@ -230,6 +231,8 @@ def plan_command(model: Path, *, board: str = "rk3588-32g", profile: Path | None
         write_atomic(Path(output), text)
     if json_out:
         console.file.write(text) if hasattr(console, "file") else print(text, end="")
+        for w in getattr(tm, "warnings", []):  # stdout stays JSON; people still hear about the source
+            print(f"warning: {w}", file=sys.stderr)
     else:
         from . import cost
 

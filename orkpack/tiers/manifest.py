@@ -101,6 +101,7 @@ class Manifest:
     items: list[Item] = field(default_factory=list)
     floats: list[TensorEntry] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what a generic plan assumed
+    source_warnings: list[str] = field(default_factory=list)  # about the source itself (a quantized GGUF)
 
     def __post_init__(self) -> None:
         self.tensors = sorted(self.tensors, key=lambda t: _names.natural_key(t.name))
@@ -246,7 +247,9 @@ def manifest_from_path(path: str | Path) -> Manifest:
         else:  # no entry for this architecture (or no config.json): the generic plan, said out loud
             cfg = src.config if src.kind != "gguf" else archs.gguf_generic_config(getattr(src, "metadata", {}))
             facts, warnings = archs.generic_facts(cfg, [t.source_name for t in infos], escape_name(p.name))
-        return Manifest(facts, tensors, src.kind, p.name, warnings=warnings)
+        quantized = getattr(src, "quantized_warning", lambda: None)()
+        return Manifest(facts, tensors, src.kind, p.name, warnings=warnings,
+                        source_warnings=[quantized] if quantized else [])
     finally:
         src.close()
 

@@ -540,7 +540,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
              "tensors": len(manifest.tensors), "items": len(items), "assumptions": list(manifest.warnings)}
     tm = TierMap(decisions, model=model, board=board.to_json(), options=options, objective=objective,
                  budget=budget, prediction=prediction)
-    tm.warnings = list(manifest.warnings) + pin_warn + list(profile.warnings)
+    tm.warnings = list(manifest.source_warnings) + list(manifest.warnings) + pin_warn + list(profile.warnings)
     return tm
 
 
