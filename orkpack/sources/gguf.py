@@ -46,7 +46,7 @@ from gguf import quants as _quants
 
 from ..errors import SourceError, escape_name
 from ..pack import spec
-from .base import RAW_DTYPES, FileSource, TensorInfo, array_in
+from .base import RAW_DTYPES, FileSource, TensorInfo, array_in, map_array
 from .config import facts_from_gguf_kv
 from .names import natural_key
 from .safetensors import read_into
@@ -288,6 +288,23 @@ class GGUFSource(FileSource):
             self._on_warning(msg)
         else:
             warnings.warn(msg, LossyDequantWarning, stacklevel=3)
+
+    def _np_dtype(self, qname: str):
+        """The numpy type a tensor of GGUF type ``qname`` is handed out as; None for quantized types."""
+        if qname in ("F32", "F16", "BF16"):
+            return {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[qname]
+        if qname in RAW_TYPES:
+            return np.dtype(spec.RAW_DTYPES[RAW_TYPES[qname]]).newbyteorder("=")
+        return None
+
+    def mapped(self, name: str) -> np.ndarray | None:
+        """Float and raw tensors as a read-only view of the file's pages (base.map_array); None for
+        quantized types (dequantized by ``read``)."""
+        ent = self._entries.get(name)
+        if ent is None or self._fd < 0:
+            return None
+        dt = self._np_dtype(ent.qtype.name)
+        return None if dt is None else map_array(self._fd, ent.offset, ent.info.shape, dt)
 
     def read(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
         """The tensor in numpy order (see module docstring for dtypes); raw types land in ``out`` when given."""
