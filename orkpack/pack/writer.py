@@ -44,6 +44,7 @@ asks for a ``created`` time (UTC, or ``SOURCE_DATE_EPOCH`` when set).
 """
 from __future__ import annotations
 
+import bisect
 import errno
 import fcntl
 import json
@@ -179,66 +180,82 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+_ANON = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS  # private: a shared anonymous mapping is shmem (slower faults)
+
+
 class _Buf:
-    """One page-aligned anonymous mapping, as a uint8 array; ``addr`` is its first byte's address."""
+    """A page-aligned piece of memory as a uint8 array: ``off`` is its place in the pool's region
+    (None: a one-off mapping of its own); ``addr`` is its first byte's address."""
 
-    __slots__ = ("arr", "addr", "cap")
+    __slots__ = ("arr", "addr", "off", "size")
 
-    def __init__(self, cap: int):
-        m = mmap.mmap(-1, cap)  # page-aligned; released (munmap) when the last view of it goes
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
-                m.madvise(mmap.MADV_HUGEPAGE)  # fewer faults for the pages a part touches the first time
-            except OSError:
-                pass
-        self.arr = np.frombuffer(m, dtype=np.uint8)
-        self.addr = self.arr.__array_interface__["data"][0]
-        self.cap = cap
+    def __init__(self, arr: np.ndarray, off: int | None):
+        self.arr, self.off, self.size = arr, off, arr.size
+        self.addr = arr.__array_interface__["data"][0]
 
 
 class BufferPool:
-    """Reusable page-aligned buffers in size classes (8 per power of two, at least ``spec.ALIGN``).
+    """Page-aligned buffers carved first-fit out of one reserved region of ``reserve`` bytes.
 
-    ``take(n)`` returns a free buffer of ``n``'s class or maps a new one; ``give`` returns it.
-    Free buffers are kept while the pool's total capacity stays within ``keep_bytes``; past that,
-    a new buffer first evicts free ones (largest first). ``fresh_bytes`` counts the bytes of every
-    buffer ever mapped: what a build paid in fresh pages at most (tests hold it to a bound).
+    The region is mapped once with MAP_NORESERVE: a page costs something only once it is
+    touched, and first-fit from the low end reuses the same pages from tensor to tensor, so a
+    whole build touches about its peak of live parts (``high_water``), not the sum of all
+    parts (each fresh page is a fault and a page the kernel zeroes: ~1 s per GB on a VM that
+    hands free memory back to its host). A request that does not fit in what is free gets a
+    one-off mapping of its own (``extra_bytes``). ``give`` returns a buffer; neighbours
+    coalesce. No huge pages: a huge page is zeroed whole on its first fault, measured slower.
     Main thread only.
     """
 
-    def __init__(self, keep_bytes: int):
-        self.keep_bytes = int(keep_bytes)
-        self._free: dict[int, list[_Buf]] = {}
-        self.total = 0  # capacity of every live buffer, free or lent
-        self.fresh_bytes = 0
+    def __init__(self, reserve: int):
+        self.reserve = _round_up(max(int(reserve), spec.ALIGN), spec.ALIGN)
+        self._region = np.frombuffer(mmap.mmap(-1, self.reserve, flags=_ANON | getattr(mmap, "MAP_NORESERVE", 0)),
+                                     dtype=np.uint8)
+        self._free: list[list[int]] = [[0, self.reserve]]  # sorted [offset, size] runs
+        self.high_water = 0
+        self.extra_bytes = 0
 
-    @staticmethod
-    def size_class(n: int) -> int:
-        n = max(int(n), spec.ALIGN)
-        step = max(spec.ALIGN, 1 << max(0, (n - 1).bit_length() - 4))  # 8..16 steps per power of two
-        return _round_up(n, step)
+    @property
+    def fresh_bytes(self) -> int:
+        """At most the bytes of fresh pages this pool has touched."""
+        return self.high_water + self.extra_bytes
 
     def take(self, n: int) -> _Buf:
-        cap = self.size_class(n)
-        free = self._free.get(cap)
-        if free:
-            return free.pop()
-        while self.total + cap > self.keep_bytes and self._free:
-            big = max(c for c, lst in self._free.items() if lst)
-            self._free[big].pop()
-            if not self._free[big]:
-                del self._free[big]
-            self.total -= big
-        self.total += cap
-        self.fresh_bytes += cap
-        return _Buf(cap)
+        size = _round_up(max(int(n), 1), spec.ALIGN)
+        for i, (off, free) in enumerate(self._free):
+            if free >= size:
+                if free == size:
+                    del self._free[i]
+                else:
+                    self._free[i] = [off + size, free - size]
+                self.high_water = max(self.high_water, off + size)
+                return _Buf(self._region[off: off + size], off)
+        self.extra_bytes += size
+        return _Buf(np.frombuffer(mmap.mmap(-1, size, flags=_ANON), dtype=np.uint8), None)
+
+    def fits_touched(self, n: int) -> bool:
+        """Whether ``take(n)`` would be served from pages already touched (below ``high_water``)."""
+        size = _round_up(max(int(n), 1), spec.ALIGN)
+        for off, free in self._free:
+            if free >= size:
+                return off + size <= self.high_water
+        return False
 
     def give(self, b: _Buf) -> None:
-        self._free.setdefault(b.cap, []).append(b)
+        if b.off is None:
+            return  # a one-off mapping: unmapped when its last view goes
+        runs = self._free
+        i = bisect.bisect_left(runs, [b.off, 0])
+        runs.insert(i, [b.off, b.size])
+        if i + 1 < len(runs) and runs[i][0] + runs[i][1] == runs[i + 1][0]:
+            runs[i][1] += runs.pop(i + 1)[1]
+        if i > 0 and runs[i - 1][0] + runs[i - 1][1] == runs[i][0]:
+            runs[i - 1][1] += runs.pop(i)[1]
 
     def clear(self) -> None:
-        self._free.clear()
-        self.total = 0
+        """Forget the region (unmapped once no view of it is left); later takes map one-off buffers."""
+        self._free = []
+        self._region = np.empty(0, dtype=np.uint8)
 
 
 class _Job:
@@ -323,10 +340,17 @@ class PackWriter:
         n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         if n == 0:
             return np.empty(shape, dtype=dt)
-        self._reap()
-        b = self.pool.take(n)
+        b = self._take(n)
         self._lent[b.addr] = (b, n)
         return b.arr[:n].view(dt).reshape(shape)
+
+    def _take(self, n: int) -> _Buf:
+        """A pool buffer; rather than touch fresh pages, first wait for the writes of earlier tensors
+        (their buffers come back): a build then touches about its largest tensor's parts, once."""
+        self._reap()
+        while not self.pool.fits_touched(n) and self._queue and self._queue[0].tensor < self._seq:
+            self._retire(self._queue.popleft())
+        return self.pool.take(n)
 
     # -- low level -------------------------------------------------------
     def _fail(self, e: OSError) -> OrkError:
@@ -365,7 +389,7 @@ class PackWriter:
             b = lent[0]
         else:
             src = _as_bytes(a)
-            b = self.pool.take(n)
+            b = self._take(n)
             b.arr[:n] = np.frombuffer(src, dtype=np.uint8)
         padded = _round_up(n, spec.ALIGN)
         b.arr[n:padded] = 0
