@@ -22,10 +22,17 @@ system CPU time (wait4's rusage), every case once per round (interleaved):
 
 `--cpus 0` (the default) pins every case to CPU 0 (sched_setaffinity, as `taskset -c 0`):
 one core for everything, orkpack's I/O and hashing threads included. `--cpus all` leaves
-the affinity alone. Between cases (untimed) the output is deleted, dirty pages are synced,
-and as much fresh memory as a case needs is touched and freed (bench_build.prefault: on VMs
-with free page reporting this puts every case in the same state). Ratios are per round
-(paired), then their median. Nothing fails when a target is missed; it exits non-zero when
+the affinity alone. Between cases (untimed) the output is deleted and dirty pages are
+synced; then every case starts in the same memory state, one of two:
+
+  * settled (default, `--settle 3`): 3 s of idle first, as when a person starts a command.
+    On a VM with free page reporting (virtio-balloon) memory left free for ~2 s goes back
+    to the host, and every fresh page a process touches then costs a host fault (measured
+    here: ~1-2 s per GB): what issue 14 measured, and what a user's build pays;
+  * `--prefault`: as much fresh memory as a case needs is touched and freed just before it
+    (bench_build.prefault), so fresh pages are cheap: the state right after other work.
+
+Ratios are per round (paired), then their median. Nothing fails when a target is missed; it exits non-zero when
 a command fails.
 """
 from __future__ import annotations
@@ -121,6 +128,9 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline", type=Path, default=None,
                     help="also time `orkpack build --threads 1` from this source tree (PYTHONPATH=DIR), e.g. a checkout "
                          "of an earlier commit: before and after in one run")
+    ap.add_argument("--settle", type=float, default=3.0, help="seconds of idle before each case (default 3)")
+    ap.add_argument("--prefault", action="store_true",
+                    help="touch and free fresh memory before each case instead of idling (cheap fresh pages)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
     a = ap.parse_args(argv)
     if a.reps < 1:
@@ -154,19 +164,26 @@ def main(argv=None) -> int:
     log(f"warming the page cache ({src_bytes / 1e9:.2f} GB + the GGUF) and one untimed round ...")
     warm([*model.glob("*.safetensors"), gguf])
     fresh = src_bytes + 512 * MB
+
+    def ready() -> None:
+        clear(out)
+        if a.prefault:
+            prefault(fresh)
+        else:
+            time.sleep(a.settle)
+
     for c in cases:
         c()
         clear(out)
     for c in cases:
         c.wall.clear(), c.user.clear(), c.sys.clear()
-    prefault(fresh)
+    ready()
     log(f"measuring: {len(cases)} cases x {a.reps} interleaved rounds ...")
     t_start = time.perf_counter()
     for _ in range(a.reps):
         for c in cases:
             c()
-            clear(out)
-            prefault(fresh)
+            ready()
     wall = time.perf_counter() - t_start
     rows = []
     base = cases[0]
@@ -181,7 +198,8 @@ def main(argv=None) -> int:
     result = {
         "machine": machine(), "load_before": load_before, "load_after": loadavg(),
         "model": {"folder": str(model), "gguf": str(gguf), **DIMS, "source_bytes": src_bytes},
-        "cpus": "all" if cpus is None else sorted(cpus), "reps": a.reps, "measure_seconds": round(wall, 1),
+        "cpus": "all" if cpus is None else sorted(cpus), "reps": a.reps,
+        "memory_state": "prefaulted" if a.prefault else f"settled {a.settle:g} s", "measure_seconds": round(wall, 1),
         "llama_quantize": quantize, "rows": rows, "notes": notes,
         "target": "llama-quantize Q4_0 wall / orkpack build --threads 1 wall >= 2",
         "met": None if q4 is None else q4["wall_vs_orkpack_t1"][0] >= 2.0,
@@ -199,7 +217,8 @@ def print_table(res: dict) -> None:
     print(f"load average (1, 5, 15 min): before {res['load_before']}; after {res['load_after']}")
     print(f"model: {md['layers']} layers, hidden {md['hidden']}, ffn {md['intermediate']}, vocab {md['vocab']}, "
           f"bf16, {md['source_bytes'] / 1e9:.2f} GB (safetensors; the GGUF holds the same tensors)")
-    print(f"cpus: {res['cpus']}; {res['reps']} interleaved rounds, medians; {res['measure_seconds']:.0f} s")
+    print(f"cpus: {res['cpus']}; memory state before each case: {res['memory_state']}; "
+          f"{res['reps']} interleaved rounds, medians; {res['measure_seconds']:.0f} s")
     hdr = f"{'case':34s} {'wall s':>7s} {'min-max':>11s} {'user s':>7s} {'sys s':>6s} {'output MB':>10s} {'x orkpack t1 wall':>18s}"
     print(hdr)
     print("-" * len(hdr))
