@@ -1,18 +1,27 @@
 """`orkpack build`: source checkpoint -> placement -> codecs/layout -> pack writer.
 
-Pipeline: an I/O thread reads the next tensor while this one is encoded (C
+Pipeline: an I/O thread maps the next tensor while this one is encoded (C
 kernels, ``--threads`` of them, reading bf16/f16/f32 directly), and the
 writer's thread writes and checksums the previous tensor's parts; a third
 thread hashes the source files for the provenance. The bytes never depend on
 the timing or the thread count.
 
-Memory: tensors stream one at a time. A build holds at most two reused read
-buffers of the largest source tensor (one when the source is float32), the
-parts being encoded (int8: 1/4 of the float32 size, NF4: ~1/7; both for a
-dual-resident slice: int8 tiles plus its host NF4 copy), and at most
-half the largest tensor as float32 queued for writing: under 2x the largest
-tensor as float32, plus the interpreter (~100 MB). tests/test_build.py and
-bench/bench_build.py measure it.
+I/O (issue 14; bench/README.md has the profile before and after): float and
+raw source tensors are the source file's own pages (``Source.mapped``: no
+read into a buffer, no copy); the codecs encode into the pack writer's
+reused, page-aligned buffers (``alloc=w.alloc``), which go to the file with
+no copy, by ``O_DIRECT`` where the file system takes it (no page cache to
+fill, then flush again at fsync). Fresh pages, which the kernel faults in and
+zeroes, are touched about once for the largest tensor's parts, not for every
+tensor.
+
+Memory: tensors stream one at a time. A build maps at most two source
+tensors (one when the source is float32; dequantized types are read into at
+most two reused buffers instead), holds the parts being encoded (int8: 1/4 of
+the float32 size, NF4: ~1/7; both for a dual-resident slice: int8 tiles plus
+its host NF4 copy), and at most half the largest tensor as float32 queued for
+writing: under 2x the largest tensor as float32, plus the interpreter
+(~100 MB). tests/test_build.py and bench/bench_build.py measure it.
 
 Every source tensor is accounted for: float tensors are placed (tier map or
 rules) and encoded; non-float tensors (bool, integers, f64, c64) are carried
