@@ -80,14 +80,23 @@ typedef struct {
 
 static int64_t round32(int64_t v) { return (v + 31) & ~(int64_t)31; }
 
+/* the largest n, k and k_segment the load paths take */
+#define ORK_RT_MAX_DIM ((int64_t)1 << 40)
+
+/* The geometry of an [n, k] slice tiled in K segments of kseg columns; 0 on arguments no pack can hold.
+ * Guarded here, whatever the caller checked: kseg is a multiple of 32 in [32, 2^40] (a segment at least
+ * k wide is the one segment: the same tiling whatever its width), n and k in [1, 2^40], and the tiled
+ * image (np * round32(k) bytes: the segments' padded widths sum to round32(k)) fits int64, so no
+ * size, offset or segment count below can overflow. */
 static int geom_init(geom_t *g, int64_t n, int64_t k, int64_t kseg) {
-    if (n < 1 || k < 1 || kseg < TILE || kseg % TILE) return 0;
-    if (n > ((int64_t)1 << 40) || k > ((int64_t)1 << 40) || n > INT64_MAX / k) return 0;
+    if (n < 1 || k < 1 || n > ORK_RT_MAX_DIM || k > ORK_RT_MAX_DIM) return 0;
+    if (kseg < TILE || kseg % TILE || kseg > ORK_RT_MAX_DIM) return 0;
+    if (n > INT64_MAX / k || round32(n) > INT64_MAX / round32(k)) return 0;
     g->n = n;
     g->k = k;
     g->kseg = kseg;
     g->np = round32(n);
-    g->nseg = (k + kseg - 1) / kseg;
+    g->nseg = kseg >= k ? 1 : (k + kseg - 1) / kseg;
     g->klast = k - (g->nseg - 1) * kseg;
     return 1;
 }

@@ -32,7 +32,9 @@
 #define ORK_RT_ISA_AVX512 3 /* AVX-512 F/BW/VL/DQ + VBMI */
 
 /* CDEF BEGIN */
-/* Bytes of the tiled int8 image of an [n, k] slice with K segments of k_segment columns (0 on bad args). */
+/* Bytes of the tiled int8 image of an [n, k] slice with K segments of k_segment columns (0 on bad args:
+ * k_segment not a multiple of 32 in [32, 2^40], n or k outside [1, 2^40], an image beyond int64; the
+ * inflates return ORK_RT_EARGS on the same). A k_segment >= k is one segment. */
 size_t ork_rt_tiled_size(int64_t n, int64_t k, int64_t k_segment);
 /* Clean [p, p+n) from the data cache to the point of coherency (aarch64: DC CVAC per line, DSB); no-op elsewhere. */
 void ork_rt_clean(void *p, size_t n);

@@ -47,6 +47,7 @@ from orkpack import globs
 from orkpack.codecs import get_codec
 from orkpack.codecs.reference import nf4_to_npu_int8
 from orkpack.errors import OrkError, SourceError, escape_name
+from orkpack.keepfloat import pin_warnings, stays_float
 from orkpack.pack import spec
 from orkpack.pack.writer import PackWriter
 from orkpack.sources import open_source
@@ -90,6 +91,9 @@ class BuildOptions:
     min_prefill_tok_s: float | None = None
     max_ram: int | None = None
     prompt: int = 512
+    # the options the user gave explicitly (the CLI fills it), so that --tiermap can refuse the planning
+    # options it would ignore even when they equal their defaults (:func:`refuse_ignored_plan_options`)
+    given: frozenset = frozenset()
 
     def resolved_threads(self) -> int:
         return self.threads if self.threads > 0 else (os.cpu_count() or 1)
@@ -146,7 +150,8 @@ class RulePlacement:
     """Precision and placement from rules alone (``--no-plan``).
 
     Precedence: --keep (stay float), --npu (int8 tiles on the NPU), --int8,
-    --nf4, then the defaults: 1-D tensors stay float; the output head is int8
+    --nf4, then the defaults: what always stays float (orkpack/keepfloat.py: ranks other than 2 and 3, biases of any
+    rank, MoE routers; before every pin) stays float; the output head is int8
     (it is the most quantization-sensitive matrix, which is why llama.cpp's
     quantizer keeps it at higher precision); the token embedding is NF4 (row
     lookups), or int8 when it doubles as the output head (tied); every other
@@ -166,7 +171,7 @@ class RulePlacement:
         o = self.opts
         names = [info.name] if expert is None else [info.name, f"{info.name}[{expert}]"]
         hit = lambda gl: any(_match(n, gl) for n in names)  # noqa: E731
-        if len(info.shape) < 2 or hit(o.keep):
+        if stays_float(info.name, info.shape) or hit(o.keep):
             return Decision(FLOAT_ENC_BY_DTYPE.get(info.dtype, spec.ENC_F32), spec.TIER_HOST)
         if hit(o.npu):
             enc = spec.ENC_NF4 if o.npu_storage == "nf4" else spec.ENC_INT8
@@ -199,6 +204,8 @@ class TierMapPlacement:
         raw = raw_decision(info)
         if raw is not None:  # before the tier map: whatever it says of this tensor, its values are not weights
             return raw
+        if stays_float(info.name, info.shape):  # the one float rule, whatever the map says (load_tiermap warns)
+            return Decision(FLOAT_ENC_BY_DTYPE.get(info.dtype, spec.ENC_F32), spec.TIER_HOST)
         d = self.tm.get(info.name, expert)
         enc, tier, min_m = d.encoding, d.tier, d.min_m
         if tier == spec.TIER_NPU:
@@ -252,7 +259,7 @@ def load_tiermap(path: Path, infos: list[TensorInfo]) -> tuple["TierMap", list[s
         raise OrkError(f"tier map {label}: {e}") from None
     if not all(math.isfinite(x.benefit_us) for x in tm.decisions):
         raise OrkError(f"tier map {label}: a benefit_us is not a finite number; plan again")
-    missing, wrong, used = [], [], set()
+    missing, wrong, used, overruled = [], [], set(), []
     for info in infos:
         if is_raw(info.dtype):  # carried raw whatever the map says (raw_decision)
             continue
@@ -266,6 +273,8 @@ def load_tiermap(path: Path, infos: list[TensorInfo]) -> tuple["TierMap", list[s
                 missing.append(item)
                 continue
             used.add(id(dec))
+            if dec.encoding not in spec.FLOAT_ENCODINGS and stays_float(info.name, info.shape):
+                overruled.append(info.name)
             if tuple(dec.shape) != want:
                 wrong.append(f"{escape_name(item)} is {list(dec.shape)} in the map, {list(want)} in the source")
             elif dec.encoding == spec.ENC_RAW:
@@ -280,12 +289,86 @@ def load_tiermap(path: Path, infos: list[TensorInfo]) -> tuple["TierMap", list[s
         raise OrkError(f"tier map {label} does not fit this source: {wrong[0]}"
                        f"{f' (and {len(wrong) - 1} more)' if len(wrong) > 1 else ''}; plan this source again")
     warnings = list(getattr(tm, "warnings", []))
+    overruled = sorted(set(overruled), key=overruled.index)
+    if overruled:
+        warnings.append(f"tier map {label} quantizes {len(overruled)} tensor{'s' if len(overruled) != 1 else ''} "
+                        f"that always stay float ({', '.join(escape_name(m, 80) for m in overruled[:4])}"
+                        f"{', ...' if len(overruled) > 4 else ''}); kept float")
     extra = [x.name for x in tm.decisions if id(x) not in used and x.encoding != spec.ENC_RAW]
     if extra:
         shown = ", ".join(escape_name(m, 80) for m in extra[:4]) + (", ..." if len(extra) > 4 else "")
         warnings.append(f"tier map {label} lists {len(extra)} item{'s' if len(extra) != 1 else ''} the source "
                         f"does not have ({shown}); ignored")
     return tm, warnings
+
+
+# the options that shape a plan, which a given tier map makes meaningless: field -> flag
+PLAN_OPTIONS = {"board": "--board", "profile": "--profile", "ctx": "--ctx", "kv_type": "--kv-type",
+                "prefill_m": "--prefill-m", "ignore_unknown": "--ignore-unknown", "goal": "--goal",
+                "min_decode_tok_s": "--min-decode-tok-s", "min_prefill_tok_s": "--min-prefill-tok-s",
+                "max_ram": "--max-ram", "prompt": "--prompt"}
+
+
+def refuse_ignored_plan_options(opts: BuildOptions) -> None:
+    """With --tiermap (the map is followed as it is) or --no-plan (no plan at all), refuse in one line the
+    planning options the build would silently ignore: those given explicitly (``opts.given``) and those
+    that differ from their defaults."""
+    if opts.tiermap is None and opts.plan:
+        return
+    default = BuildOptions()
+    flags = [flag for f, flag in PLAN_OPTIONS.items() if f in opts.given or getattr(opts, f) != getattr(default, f)]
+    if not flags:
+        return
+    it, these = ("it", "this option") if len(flags) == 1 else ("them", "these options")
+    if opts.tiermap is not None:
+        head, why, alt = "--tiermap", "a given tier map is followed as it is", f"plan with {it} (orkpack plan SOURCE ... -o FILE)"
+    else:
+        head, why, alt = "--no-plan", "no tier map is solved", "drop --no-plan"
+    raise OrkError(f"{head} with {', '.join(flags)}: {why}, so {these} would be ignored; drop {it}, or {alt}")
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the file ``path`` names (symlinks followed), or None when there is none."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def build_inputs(src, src_path: Path, opts: BuildOptions) -> list[tuple[Path, str]]:
+    """Every file a build reads, as (path, what it is): the source's weight files; for a model folder
+    every other file in it too (config, index, tokenizer, ...; previous ``*.orkpack`` packs excepted);
+    a lone .safetensors file's config.json beside it; the --tiermap, --profile and --board files."""
+    out = [(Path(f), "a weight file of the source") for f in src.files]
+    root = Path(src_path)
+    if root.is_dir():
+        try:
+            listing = sorted(root.iterdir())
+        except OSError:
+            listing = []
+        out += [(q, "a file of the source model folder") for q in listing
+                if not q.name.endswith(".orkpack") and q.is_file()]
+    elif src.kind == "safetensors":
+        out.append((root.parent / "config.json", "the config.json of the source"))
+    for flag, p in (("--tiermap", opts.tiermap), ("--profile", opts.profile), ("--board", opts.board)):
+        if p is not None and Path(p).is_file():
+            out.append((Path(p), f"the {flag} file"))
+    return out
+
+
+def refuse_overwriting_inputs(out_path: Path, src, src_path: Path, opts: BuildOptions) -> None:
+    """OrkError when ``out_path`` is one of the build's own input files, compared by identity (device and
+    inode), so a symlink, a hard link or another spelling of the path is caught as well as the same name.
+    Writing the pack there would replace the user's model (often the only copy) with the pack."""
+    target = _identity(out_path)
+    if target is None:  # nothing there yet: nothing to destroy
+        return
+    for path, what in build_inputs(src, src_path, opts):
+        if _identity(path) == target:
+            same = "" if os.path.abspath(path) == os.path.abspath(out_path) else f" ({escape_name(str(path))})"
+            raise OrkError(f"{escape_name(str(out_path))}: is {what}{same}; the pack would replace it; "
+                           "give another output path")
 
 
 def unmatched_globs(opts: BuildOptions, infos: list[TensorInfo]) -> list[str]:
@@ -296,7 +379,7 @@ def unmatched_globs(opts: BuildOptions, infos: list[TensorInfo]) -> list[str]:
         for g in getattr(opts, flag):
             if not any(globs.matches(n, g) or globs.matches(f"{n}[0]", g) for n in names):
                 out.append(globs.no_match_warning(flag, g, names))
-    return out
+    return out + pin_warnings(opts.pins(), [(i.name, i.shape) for i in infos if not is_raw(i.dtype)])
 
 
 @dataclass
@@ -484,11 +567,13 @@ def build(
     if opts.tiermap is not None and any(opts.pins().values()):
         raise OrkError("--tiermap with --npu/--cpu/--int8/--nf4/--keep: pins shape a plan, and a given tier map is "
                        "followed as it is; re-plan with the pins (orkpack plan ... -o FILE) or edit the map")
+    refuse_ignored_plan_options(opts)
     if not out_path.parent.is_dir():
         raise OrkError(f"{escape_name(str(out_path.parent))}: output folder does not exist; create it first")
     threads = opts.resolved_threads()
     src = open_source(Path(src_path))
     try:
+        refuse_overwriting_inputs(out_path, src, Path(src_path), opts)
         infos = src.tensors()
         if not infos:
             raise SourceError(f"{escape_name(str(src_path))}: no tensors found")

@@ -65,6 +65,12 @@ def _fail_cleanly(fn):
     return wrapper
 
 
+def _given(context: typer.Context) -> frozenset:
+    """The parameters given on the command line (not left at their defaults)."""
+    names = (p.name for p in context.command.params)
+    return frozenset(n for n in names if getattr(context.get_parameter_source(n), "name", None) == "COMMANDLINE")
+
+
 def _warn_line(message, category, filename, lineno, file=None, line=None):
     print(f"warning: {message}", file=sys.stderr)
 
@@ -100,6 +106,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=version_call
 @app.command()
 @_fail_cleanly
 def build(
+    context: typer.Context,
     source: Path = typer.Argument(..., help="An HF folder (config.json + safetensors), a .safetensors file, or a .gguf file."),
     output: Path = typer.Option(..., "-o", "--output", help="The .orkpack file to write (atomically)."),
     int8: List[str] = typer.Option([], "--int8", metavar="GLOB", help="Store matching tensors as int8 (per-channel)."),
@@ -120,7 +127,7 @@ def build(
     min_prefill_tok_s: Optional[float] = typer.Option(None, "--min-prefill-tok-s", metavar="X", help="Only plans that prefill at least X tokens/s."),
     max_ram: Optional[str] = typer.Option(None, "--max-ram", metavar="BYTES", help="Use at most this much RAM (e.g. 24GiB)."),
     prompt: int = typer.Option(512, "--prompt", metavar="N", help="Prompt length the TTFT and decode predictions are for."),
-    tiermap: Optional[Path] = typer.Option(None, "--tiermap", metavar="FILE", help="Follow this tier-map JSON (orkpack plan -o FILE, or edited) instead of planning; it must cover every tensor of SOURCE."),
+    tiermap: Optional[Path] = typer.Option(None, "--tiermap", metavar="FILE", help="Follow this tier-map JSON (orkpack plan -o FILE, or edited) instead of planning; it must cover every tensor of SOURCE. The planning options (--board, --ctx, --profile, --goal, ...) are refused with it: give them to orkpack plan."),
     threads: int = typer.Option(0, "--threads", "-t", help="Encoder threads (0: all cores). The output does not depend on it."),
     allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite", help="Encode NaN/Inf weights as 0 instead of stopping."),
     timestamp: bool = typer.Option(False, "--timestamp", help="Record the build time (UTC, or SOURCE_DATE_EPOCH) as provenance.created; off by default so builds are byte-reproducible."),
@@ -143,7 +150,7 @@ def build(
         threads=threads, int8=int8, nf4=nf4, keep=keep, npu=npu, cpu=cpu, npu_storage=npu_storage, allow_nonfinite=allow_nonfinite,
         timestamp=timestamp, plan=not no_plan, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, ignore_unknown=ignore_unknown,
         tiermap=tiermap, goal=goal, min_decode_tok_s=min_decode_tok_s, min_prefill_tok_s=min_prefill_tok_s,
-        max_ram=parse_bytes(max_ram, "--max-ram"), prompt=prompt,
+        max_ram=parse_bytes(max_ram, "--max-ram"), prompt=prompt, given=_given(context),
     )
     with _progress(not json_out) as prog:
         task = prog.add_task("build", total=None, tensor="")

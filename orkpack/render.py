@@ -17,6 +17,19 @@ def human_bytes(n: int | float) -> str:
     return f"{n:.2f} TiB"
 
 
+def human_rate(nbytes: int | float, seconds: float) -> str:
+    """A speed in the decimal unit that shows it with three significant digits: 1.41 GB/s, 215 MB/s,
+    3.40 MB/s, 812 kB/s (a small model's build would read "0.00 GB/s")."""
+    if not seconds > 0:
+        return "n/a"
+    v = nbytes / seconds
+    for unit in ("B/s", "kB/s", "MB/s", "GB/s"):
+        if v < 999.5 or unit == "GB/s":
+            return f"{v:.{2 if v < 9.995 else 1 if v < 99.95 else 0}f} {unit}"
+        v /= 1000
+    return f"{v:.2f} GB/s"  # not reached
+
+
 def build_summary(console: Console, r) -> None:
     t = Table(title=f"built {escape_name(r.path.name)}", show_lines=False)
     t.add_column("encoding")
@@ -29,7 +42,7 @@ def build_summary(console: Console, r) -> None:
     worst = f"{r.worst_sqnr[1]:.2f} dB ({escape_name(r.worst_sqnr[0])})" if r.worst_sqnr else "n/a"
     console.print(
         f"{r.tensors} tensors, {human_bytes(r.source_bytes)} source -> {human_bytes(r.pack_bytes)} pack "
-        f"in {r.seconds:.2f} s ({r.gbps:.2f} GB/s of source); worst SQNR {worst}"
+        f"in {r.seconds:.2f} s ({human_rate(r.source_bytes, r.seconds)} of source); worst SQNR {worst}"
     )
 
 

@@ -35,3 +35,16 @@ def check(tmp_path_factory) -> Path:
         pytest.skip(f"C reader not built: libraries missing ({INSTALL}): {res.stderr.strip()[-300:]}")
     assert res.returncode == 0, res.stderr
     return out / "orkpack-check"
+
+
+@pytest.fixture(autouse=True)
+def _solver_limit_only_a_hang_reaches(monkeypatch):
+    """The planner's MILP stops at a wall-clock limit (orkpack.tiers.solver.solve: 10 s, milp.lexicographic:
+    30 s) and then keeps a feasible plan marked "gap". A loaded machine reached it in the tests (the skewed
+    18k-item MoE: ~5 s alone, more under load), so an "optimal" assert or a committed tier map compared byte
+    for byte raced the clock. In-process plans in the tests get a limit only a hang reaches; the answers
+    no longer depend on the machine's load. (Subprocess CLI runs keep the defaults: they plan small models.)"""
+    from orkpack.tiers import milp, solver
+
+    monkeypatch.setitem(solver.solve.__kwdefaults__, "time_limit", 600.0)
+    monkeypatch.setitem(milp.lexicographic.__kwdefaults__, "time_limit", 600.0)

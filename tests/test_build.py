@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -271,3 +272,6 @@ def test_python_dash_m_demo(tmp_path):
     r = subprocess.run([sys.executable, "-m", "orkpack", "demo", "--dir", str(tmp_path / "d")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "ok" in r.stdout and (tmp_path / "d" / "demo.orkpack").exists()
+    # the build line's speed shows a number (the small model read "0.00 GB/s of source")
+    m = re.search(r"\(([0-9.]+) (B|kB|MB|GB)/s of source\)", r.stdout)
+    assert m and float(m.group(1)) >= 1.0, r.stdout[-2000:]

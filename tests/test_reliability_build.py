@@ -26,12 +26,19 @@ ROOT = Path(__file__).resolve().parents[1]
 NEW = ["blk.0.attn_q.weight"]  # the options of "the new build"
 OLD = ["blk.1.ffn_up.weight"]  # the options the previous pack was built with
 
+# a build in a child process; prints P after each tensor. With "pause" it then waits for a line on stdin
+# before going on: the test knows exactly where the build is (N tensors handed to the writer, the temp file
+# open, nothing renamed) when it signals, so no signal races the build (a loaded machine once finished
+# the build before a Ctrl-C arrived).
 RUNNER = textwrap.dedent(
     """
     import sys
     from orkpack.build import BuildOptions, build
+    pause = sys.argv[4:] == ["pause"]
     def prog(n, name):
         print("P", flush=True)
+        if pause:
+            sys.stdin.readline()
     build(sys.argv[1], sys.argv[2], BuildOptions(threads=1, npu=sys.argv[3].split(",")), on_progress=prog)
     print("DONE", flush=True)
     """
@@ -54,9 +61,19 @@ def _env():
     return env
 
 
-def _start(model: Path, out: Path, globs=NEW) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", RUNNER, str(model), str(out), ",".join(globs)],
+def _start(model: Path, out: Path, globs=NEW, *, pause: bool = False) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", RUNNER, str(model), str(out), ",".join(globs)]
+                            + (["pause"] if pause else []), stdin=subprocess.PIPE if pause else subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+
+
+def _run_to(proc: subprocess.Popen, n: int) -> None:
+    """Let a paused build (``_start(pause=True)``) hand n tensors to the writer and stop there."""
+    for i in range(n):
+        assert proc.stdout.readline().strip() == b"P", proc.stderr.read().decode()[-2000:]
+        if i + 1 < n:
+            proc.stdin.write(b"\n")
+            proc.stdin.flush()
 
 
 def _partials(folder: Path) -> list[Path]:
@@ -72,29 +89,25 @@ def _assert_target(out: Path, allowed: list[bytes | None]) -> None:
 
 @pytest.mark.parametrize("with_previous", [False, True])
 def test_sigkill_at_progress_points(model, tmp_path, with_previous):
-    """SIGKILL after N tensors (0 .. all): target absent or previous pack; orphans cleaned by the next build."""
+    """SIGKILL while the build is stopped after N tensors (0 .. all): the target is the previous pack (or
+    absent), the temp file is an orphan naming its dead owner, and the next build cleans it."""
     m, new, old = model
     out = tmp_path / "m.orkpack"
     if with_previous:
         out.write_bytes(old)
     n_tensors = 3 * 9 + 3
-    orphans = 0
+    orphans: list[Path] = []
     for n in (0, 1, 5, 17, n_tensors):
-        proc = _start(m, out)
-        seen = 0
-        while seen < n:
-            line = proc.stdout.readline()
-            if not line or line.strip() == b"DONE":
-                break
-            seen += 1
+        proc = _start(m, out, pause=True)
+        _run_to(proc, n)  # n = 0: killed while starting up, before any temp file may exist
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        _assert_target(out, [old if with_previous else None, new])
-        for p in _partials(tmp_path):  # an orphan names its dead owner
-            pid = partial_owner(p.name)
-            assert pid == proc.pid
-            orphans += 1
-    assert orphans > 0  # the kills did land mid-build
+        _assert_target(out, [old if with_previous else None])  # never renamed: the build was stopped
+        left = [p for p in _partials(tmp_path) if p not in orphans]
+        assert [partial_owner(p.name) for p in left] == ([proc.pid] if n else [proc.pid] * len(left))
+        assert len(left) == 1 or n == 0  # stopped mid-write: exactly its own temp file is left behind
+        orphans += left
+    assert len(orphans) >= 4
     # the next build into that folder removes the orphans and succeeds
     r = build(m, out, BuildOptions(threads=1, npu=NEW))
     assert r.path.read_bytes() == new and _partials(tmp_path) == []
@@ -131,10 +144,14 @@ def test_ctrl_c_exits_130_and_removes_its_temp(model, tmp_path):
         """
         import sys, orkpack.build as b
         real = b.build
+        after, seen = int(sys.argv[3]), [0]
         def wrapped(*a, on_progress=None, **k):
             def p(n, name):
-                print("P", flush=True)
                 on_progress(n, name)
+                seen[0] += 1
+                if seen[0] == after:  # stop here until the SIGINT (stdin never gets a line)
+                    print("P", flush=True)
+                    sys.stdin.readline()
             return real(*a, on_progress=p, **k)
         b.build = wrapped
         from orkpack.cli import main
@@ -143,12 +160,14 @@ def test_ctrl_c_exits_130_and_removes_its_temp(model, tmp_path):
         """
     )
     for after in (1, 6):
-        proc = subprocess.Popen([sys.executable, "-c", code, str(m), str(out)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=_env())
-        for _ in range(after):
-            assert proc.stdout.readline().strip() == b"P"
+        proc = subprocess.Popen([sys.executable, "-c", code, str(m), str(out), str(after)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env())
+        # the build stops in its progress callback after `after` tensors (it waits on stdin, which the test
+        # never writes): the temp file is open and nothing is renamed when the SIGINT is sent
+        assert proc.stdout.readline().strip() == b"P", proc.stderr.read().decode()[-2000:]
+        assert len(_partials(tmp_path)) == 1 and out.read_bytes() == old
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=600)  # a hang guard only: the child exits as soon as it reads the signal
         assert proc.returncode == 130, err.decode()
         assert b"Traceback" not in err and b"interrupted" in err
         assert out.read_bytes() == old

@@ -2,7 +2,12 @@
 reference agree bit for bit; the fill copies exactly; the portable C fallback matches SIMD."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +16,8 @@ from orkpack._kernels import lib
 from orkpack.codecs.reference import int8_encode, nf4_decode, nf4_encode
 from orkpack.layout import npu_layout, npu_tiled_size, tile_int8
 from orkpack.runtime.inflate import fill, inflate, inflate_into, inflate_reference, nf4_decode_c, tiled_size
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SHAPES = [
     (1, 1, 8192), (2, 1, 8192), (1, 63, 32), (7, 65, 32), (33, 100, 8192), (64, 128, 8192),
@@ -156,3 +163,50 @@ def test_simd_level_and_fallback_switch():
         assert lib.ork_rt_simd_level() == 0
     finally:
         lib.ork_rt_force_portable(0)
+
+
+HOSTILE_K_SEGMENTS = [2**63 - 32, 2**62, 2**40 + 32, 2**63 - 1, 0, -32, 16, 48]
+
+
+def test_runtime_guards_a_hostile_k_segment_itself():
+    """geom_init (kernels/runtime.c) refuses a k_segment no pack can hold, whatever its caller checked:
+    tiled_size is 0 and both inflates return ORK_RT_EARGS (-1) without writing. Before the guard,
+    2**63 - 32 overflowed k + k_segment - 1 (UBSan in C, a heap overflow under Python). The calls run in
+    a child process, so a crash fails this test instead of killing the run."""
+    code = textwrap.dedent(f"""
+        import numpy as np
+        from orkpack._kernels import ffi, lib
+        from orkpack.codecs.reference import nf4_encode
+        codes, absmax = nf4_encode(np.ones((32, 64), np.float32))
+        for ks in {HOSTILE_K_SEGMENTS!r}:
+            q = np.full(2048 + 64, 0x5A, np.uint8)
+            s = np.full(32, 7.0, np.float32)
+            out = [lib.ork_rt_tiled_size(32, 64, ks)]
+            for fn in (lib.ork_rt_inflate_direct, lib.ork_rt_inflate_two_step):
+                out.append(fn(ffi.from_buffer(codes), codes.nbytes, ffi.cast("float *", ffi.from_buffer(absmax)),
+                              absmax.size, 32, 64, ks, 0, 1, ffi.cast("int8_t *", ffi.from_buffer(q)), 2048,
+                              ffi.cast("float *", ffi.from_buffer(s))))
+            untouched = bool((q == 0x5A).all() and (s == 7.0).all())
+            print(ks, *out, untouched, flush=True)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [line.split() for line in r.stdout.splitlines()]
+    assert [int(x[0]) for x in rows] == HOSTILE_K_SEGMENTS
+    for ks, size, direct, two_step, untouched in rows:
+        assert (size, direct, two_step, untouched) == ("0", "-1", "-1", "True"), ks
+    # through the Python binding: one clear line naming the rule
+    codes, absmax = nf4_encode(np.ones((32, 64), np.float32))
+    with pytest.raises(ValueError, match="multiple of 32 from 32 to 2\\*\\*40"):
+        inflate(codes, absmax, (32, 64), k_segment=2**63 - 32)
+
+
+def test_runtime_takes_any_sane_single_segment_width():
+    """A k_segment of at least K is one segment: the widest the runtime takes (2**40) tiles as K does."""
+    rng = np.random.default_rng(9)
+    codes, absmax = nf4_encode(rng.standard_normal((40, 96)).astype(np.float32))
+    want = inflate(codes, absmax, (40, 96), k_segment=128)
+    for ks in (96, 2**20, 2**40):
+        got = inflate(codes, absmax, (40, 96), k_segment=ks)
+        assert _same(got[0], want[0]) and _same(got[1], want[1])

@@ -98,7 +98,8 @@ def test_kv_cache_bytes_and_shipped_configs():
     cfg = json.loads((TM / "configs" / "qwen3-30b-a3b" / "config.json").read_text())
     m = manifest_from_config(cfg)
     assert m.facts["n_experts"] == 128 and m.facts["n_experts_used"] == 8
-    assert len(m.items) == 48 * (4 + 1 + 3 * 128) + 2  # attn q,k,v,o + router + experts; embd + output
+    assert len(m.items) == 48 * (4 + 3 * 128) + 2  # attn q,k,v,o + experts; embd + output (routers stay float)
+    assert sum(t.name.endswith(".ffn_gate_inp.weight") for t in m.floats) == 48
     assert m.kv_bytes(8192) == 2 * 48 * 8192 * 4 * 128 * 2
     assert m.kv_bytes(8192, "q8_0") == 2 * 48 * 8192 * (4 * 128 // 32) * 34
     with pytest.raises(OrkError, match="kv-type"):
@@ -288,6 +289,8 @@ def test_plan_command_json_output_and_tables(moe, tmp_path):
 def test_shipped_tier_maps_are_in_sync_with_the_code():
     from orkpack.tiers.regenerate import expected
 
+    assert all(m["objective"]["status"] == "optimal" for m in
+               (json.loads(p.read_text()) for p in (TM / "compiled").glob("*.json")))
     for path, text in expected().items():
         assert path.is_file(), f"missing {path}: run python -m orkpack.tiers.regenerate"
         assert path.read_text(encoding="utf-8") == text, f"{path} is stale: run python -m orkpack.tiers.regenerate"

@@ -36,7 +36,9 @@ inflate_reference = nf4_to_npu_int8
 def tiled_size(n: int, k: int, k_segment: int = K_SEGMENT) -> int:
     size = lib.ork_rt_tiled_size(int(n), int(k), int(k_segment))
     if size == 0:
-        raise ValueError(f"no npu_int8 tiling for a [{n}, {k}] slice with k_segment {k_segment}")
+        raise ValueError(f"no npu_int8 tiling for a [{n}, {k}] slice with k_segment {k_segment}: the runtime takes "
+                         "a k_segment that is a multiple of 32 from 32 to 2**40 (one of at least K is one segment) "
+                         "and N, K from 1 to 2**40 (kernels/runtime.c geom_init)")
     return int(size)
 
 

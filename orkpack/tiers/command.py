@@ -144,7 +144,7 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
                       str(x.min_m) if x.min_m < (1 << 30) else "never")
         console.print(t)
     fell = [x for x in tm.decisions if x.tier == "host" and ben.get(x.name, 0) > 0]
-    fell.sort(key=lambda x: (x.pin == "default-keep", -ben[x.name], x.name))  # built-in keeps (MoE routers) last
+    fell.sort(key=lambda x: (-ben[x.name], x.name))
     if fell:
         t = Table(title=f"Fell off the NPU ({len(fell)} items with a benefit; top {min(top, len(fell))})")
         for c in ("item", "benefit", "why"):

@@ -11,8 +11,8 @@ model gives the same manifest from either path.
 
 An *item* is what the solver places: a 2-D tensor, or one expert slice of a
 stacked 3-D tensor. Its key is ``(tensor name, expert index or None)``; its
-display name is ``name`` or ``name[e]``. Tensors of other ranks (norms, biases)
-are always float on the host.
+display name is ``name`` or ``name[e]``. What always stays float on the host (tensors of
+other ranks, biases of any rank, MoE routers: orkpack/keepfloat.py) is never an item.
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from ..sources import names as _names
 import numpy as np
 
 from .. import archs
+from ..keepfloat import stays_float
 from ..pack import spec
 from ..sources.base import RAW_DTYPES, is_raw
 from ..sources.config import load_hf_config
@@ -69,7 +70,7 @@ class Item:
     n: int  # rows = output channels
     k: int  # columns = input features
     dtype: str
-    role: str  # "matmul", "expert", "router", "embedding", "output", "vision" (an image encoder)
+    role: str  # "matmul", "expert", "embedding", "output", "vision" (an image encoder)
     layer: int | None
     n_experts: int = 0  # experts in this item's layer (role "expert")
     n_experts_used: int = 0
@@ -143,8 +144,6 @@ def _role(name: str, ndim: int, facts: dict) -> str:
         return "embedding"
     if name == "output.weight":
         return "output"
-    if ".ffn_gate_inp." in name:
-        return "router"
     if name.startswith(VISION_PREFIXES):
         return "vision"  # runs once per image, not per prompt token
     if ndim == 3 and _names.is_stacked_experts(name):
@@ -165,8 +164,8 @@ def _items(tensors: list[TensorEntry], facts: dict) -> tuple[list[Item], list[Te
     items: list[Item] = []
     floats: list[TensorEntry] = []
     for t in tensors:
-        if t.name.endswith((".bias", "_bias")) or t.dtype in NON_FLOAT_DTYPES:
-            floats.append(t)  # biases (gpt-oss has 2-D expert biases), integer buffers: kept as they are
+        if t.dtype in NON_FLOAT_DTYPES or stays_float(t.name, t.shape):
+            floats.append(t)  # integer buffers (raw); what the one float rule keeps (orkpack/keepfloat.py)
         elif len(t.shape) == 2:
             items.append(Item(t.name, None, t.shape[0], t.shape[1], t.dtype, _role(t.name, 2, facts), _layer(t.name)))
         elif len(t.shape) == 3:

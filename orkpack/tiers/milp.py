@@ -146,6 +146,8 @@ def lexicographic(p: Problem, order: list[tuple[str, str]], caps: dict[str, floa
     """
     if not p.groups:
         p.group()
+    if not p.cols:  # nothing to place (every tensor stays float or raw): each stage is 0, and that is optimal
+        return {}, [Stage(metric, sense, 0.0, 0.0, "optimal", 0) for metric, sense in order]
     caps = dict(caps)
     stages: list[Stage] = []
     x = None

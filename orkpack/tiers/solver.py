@@ -8,7 +8,7 @@ Constraints (docs/TIERMAP.md "The solver and the objectives"):
   pins   --npu, --cpu, --int8, --nf4, --keep narrow an item's choices; fnmatch globs against the
          tensor name, the item name ``name[e]`` and the expert-slice name ``blk.N.ffn_gate.E.weight``.
          An exact name always matches itself (so ``name[3]`` needs no escaping).
-         The MoE router (``*.ffn_gate_inp.weight``) stays float unless a pin says otherwise.
+         What always stays float (MoE routers, biases, ranks other than 2 and 3: orkpack/keepfloat.py) is no item.
 
 Costs per item and choice come from the board's cost model (cost.py) and the hotness
 profile: decode seconds per token (the bytes the CPU reads), prefill seconds per chunk,
@@ -28,6 +28,7 @@ import numpy as np
 
 from ..errors import OrkError, escape_name
 from .. import globs
+from ..keepfloat import FLOAT_GLOBS, ROUTER, pin_warnings, why_float
 from ..sources import names as _names
 from . import cost, milp
 from .board import Board
@@ -36,7 +37,7 @@ from .profile import Profile
 from .tiermap import Decision, TierMap
 
 PIN_KINDS = ("npu", "cpu", "int8", "nf4", "keep")
-DEFAULT_KEEP = ("*.ffn_gate_inp.weight",)  # MoE routers stay float (llama.cpp does the same)
+DEFAULT_KEEP = FLOAT_GLOBS  # what always stays float besides ranks other than 2, 3 (orkpack/keepfloat.py): never items
 _FLOAT_ENC = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 GiB = 1 << 30
 
@@ -69,6 +70,7 @@ def match_pins(manifest: Manifest, pins: dict[str, list[str]] | None) -> tuple[d
                     hit = True
             if not hit and not any(fnmatch.fnmatchcase(n, glob) for n in float_names):
                 warnings.append(globs.no_match_warning(kind, glob, sorted({ns[0] for ns in names} | float_names)))
+    warnings += pin_warnings(pins, [(t.name, t.shape) for t in manifest.tensors if t.dtype not in NON_FLOAT_DTYPES])
     for i, ks in out.items():
         it = manifest.items[i]
         for a, b in (("npu", "cpu"), ("npu", "keep"), ("int8", "nf4"), ("int8", "keep"), ("nf4", "keep")):
@@ -96,12 +98,11 @@ def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]]) -> list[_
     has_npu = "npu" in board.engines and board.iova_usable_bytes > 0
     for i, it in enumerate(manifest.items):
         ks = pins.get(i, set())
-        default_keep = it.role == "router" and not (ks & {"npu", "int8", "nf4"})
-        keep = "keep" in ks or default_keep
+        keep = "keep" in ks
         forced_tier = "npu" if "npu" in ks else ("host" if ("cpu" in ks or keep) else None)
         forced_enc = "float" if keep else ("int8" if "int8" in ks else ("nf4" if "nf4" in ks else None))
         eligible = has_npu and it.role != "embedding" and forced_tier != "host"
-        pin = ",".join(f"--{k}" for k in PIN_KINDS if k in ks) or ("default-keep" if default_keep else None)
+        pin = ",".join(f"--{k}" for k in PIN_KINDS if k in ks) or None
         if forced_tier == "npu" and not has_npu:
             raise OrkError(f"{escape_name(it.name)}: pinned --npu but board {board.name} has no NPU")
         rows.append(_Row(cost.npu_bytes(it.n, it.k, board), cost.host_int8_bytes(it.n, it.k),
@@ -249,6 +250,13 @@ def _item_cost(it: Item, r: _Row, c: str, mi: float, t4: float, benefit: float, 
     return (float(ram), float(npu), dec, pre, sens if c in ("int8", "npu") else 0.0)
 
 
+def _float_matmuls_s(manifest: Manifest, rows: float, board: Board) -> float:
+    """Prefill seconds of the matmuls that always stay float and so are no items (MoE routers,
+    orkpack/keepfloat.py), at ``rows`` rows on the CPU at the float rate, as a float-kept item."""
+    return sum(cost.t_cpu(t.shape[0], t.shape[1], rows, board, "f16") for t in manifest.floats
+               if len(t.shape) == 2 and t.dtype not in NON_FLOAT_DTYPES and why_float(t.name, t.shape) == ROUTER)
+
+
 def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row], prompt: int, kv_type: str,
            allowed: list[tuple[str, ...]] | None = None) -> _Model:
     """The linear costs of every item's allowed choices (``allowed`` overrides the pins' choices)."""
@@ -274,7 +282,7 @@ def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row],
             lst.append(v)
     dec_bytes = sum(t.float_bytes for t in manifest.floats) + manifest.kv_bytes(max(prompt, 1), kv_type)
     out.dec_const = board.decode_token_s + dec_bytes / board.decode_bandwidth
-    out.pre_const = board.decode_token_s + _attention_s(manifest, m, m / 2.0, board) + head
+    out.pre_const = board.decode_token_s + _attention_s(manifest, m, m / 2.0, board) + head + _float_matmuls_s(manifest, m, board)
     return out
 
 
@@ -311,7 +319,7 @@ def ttft_s(manifest: Manifest, board: Board, profile: Profile, choices: list[str
     while done < prompt:
         rows = min(m, prompt - done)
         f = rows / m
-        t = board.decode_token_s + _attention_s(manifest, rows, done + rows / 2.0, board)
+        t = board.decode_token_s + _attention_s(manifest, rows, done + rows / 2.0, board) + _float_matmuls_s(manifest, rows, board)
         if not any(it.role == "output" for it in manifest.items):  # a tied head: the last row's logits
             t += sum(cost.t_cpu(it.n, it.k, 1, board, "nf4") for it in manifest.items if it.role == "embedding")
         memo: dict[tuple, float] = {}
