@@ -617,8 +617,9 @@ def build(
         # parts wait for the write thread up to half the largest tensor as float32; the writer's buffers
         # (reused from tensor to tensor) can hold that plus one tensor's parts (<= 2 bytes per element)
         write_behind = max(16 << 20, 2 * max(i.numel for i in infos))
+        model = src.model_metadata(warnings.append)
         with PackWriter(out_path, provenance=None, config=src.config, tiermap=tiermap, write_behind=write_behind,
-                        pool_bytes=2 * write_behind + (64 << 20)) as w:
+                        pool_bytes=2 * write_behind + (64 << 20), model=model) as w:
             for info, arr in _read_ahead(src, infos, io):
                 if tuple(arr.shape) != tuple(info.shape):
                     raise SourceError(f"{escape_name(info.name)}: read shape {arr.shape} != header shape {info.shape}")

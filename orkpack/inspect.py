@@ -39,6 +39,7 @@ import xxhash
 
 from orkpack.errors import PackError
 from orkpack.pack import spec
+from orkpack.pack.model import summary as model_summary
 from orkpack.pack.reader import Pack, PackDamaged, Preamble, parse_header_json, validate_header
 
 UNTRUSTED = "UNTRUSTED"
@@ -176,6 +177,8 @@ def _facts(path: Path, p: Preamble, h: dict | None, tensor_glob, checks: dict, u
         dts = sorted({s["dtype"] for s in slices if s["dtype"] is not None})
         tiers = sorted({s["placement"] for s in slices})
         sq = [s["sqnr_db"] for s in slices if s["sqnr_db"] is not None]
+        # what decode reads: a dual-resident slice's host NF4 copy, else the slice itself
+        dsq = [(s["host_copy"] or s)["sqnr_db"] for s in slices if (s["host_copy"] or s)["sqnr_db"] is not None]
         rows.append(
             {
                 "name": t["name"],
@@ -188,6 +191,7 @@ def _facts(path: Path, p: Preamble, h: dict | None, tensor_glob, checks: dict, u
                 "stored_bytes": tsum["stored_bytes"],
                 "resident_bytes": tsum["resident_bytes"],
                 "sqnr_db": min(sq) if sq else None,
+                "decode_sqnr_db": min(dsq) if dsq else None,
                 "slices": slices,
             }
         )
@@ -205,6 +209,7 @@ def _facts(path: Path, p: Preamble, h: dict | None, tensor_glob, checks: dict, u
         "provenance": prov,
         "arch": (prov or {}).get("arch"),
         "tiermap": None if tm is None else {k: v for k, v in tm.items() if k != "items"},
+        "model": model_summary(h.get("model")),
         "tensor_count": len(tensors),
         "residency": residency,
         "encodings": encodings,

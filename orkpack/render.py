@@ -57,6 +57,9 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
     head.add_row("source", f"{prov.get('source_format', '?')}: " + ", ".join(escape_name(s["file"]) for s in prov.get("sources", [])))
     head.add_row("arch", str(f.get("arch")))
     head.add_row("tensors", str(f["tensor_count"]))
+    line = _model_line(f.get("model"))
+    if line:
+        head.add_row("model", line)
     if f.get("tiermap"):
         tm = f["tiermap"]
         head.add_row("tier map", escape_name(str(tm.get("board", {}).get("name") if isinstance(tm.get("board"), dict) else tm.get("board"))))
@@ -82,6 +85,8 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
     rows = f["tensors"] if rows_limit is None else f["tensors"][:rows_limit]
     for r in rows:
         sq = "" if r["sqnr_db"] is None else f"{r['sqnr_db']:.2f}"
+        if r.get("decode_sqnr_db") is not None and r["decode_sqnr_db"] != r["sqnr_db"]:
+            sq += f" / {r['decode_sqnr_db']:.2f} decode"  # dual residency: decode reads the host NF4 copy
         first = r["slices"][0]["xxh3"]
         ck = next(iter(first.values())) if first else ""
         if len(r["slices"]) > 1:
@@ -101,6 +106,28 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
                                                     "?" if s["shape"] is None else _shape(s["shape"]),
                                                     escape_name(str(s["reason"]), 120))))
         console.print(t)
+
+
+def _model_line(m: dict | None) -> str | None:
+    """One line of the pack's model record: what a runtime needs to run it alone (docs/FORMAT.md 9)."""
+    if not m:
+        return "none (packs before format 1.3, or a source without config.json)" if m is None else None
+    if m.get("problem"):
+        return f"malformed: {escape_name(m['problem'], 120)}"
+    bits = [f"{escape_name(str(m['architecture']), 40)} (from {m['source']}, {len(m['keys'])} keys)"]
+    for k, label in (("context_length", "ctx"), ("block_count", "blocks"), ("embedding_length", "hidden"),
+                     ("rope_freq_base", "rope base"), ("rms_epsilon", "rms eps")):
+        if m.get(k) is not None:
+            bits.append(f"{label} {m[k]:g}" if isinstance(m[k], float) else f"{label} {m[k]}")
+    if m.get("tokenizer"):
+        bits.append(f"tokenizer {escape_name(str(m['tokenizer']), 20)} ({m.get('vocab')} tokens"
+                    + (f", {m['merges']} merges)" if m.get("merges") else ")"))
+    elif m.get("hf_tokenizer_json"):
+        bits.append("tokenizer.json")
+    else:
+        bits.append("no tokenizer")
+    bits.append("chat template" if m.get("chat_template") else "no chat template")
+    return markup_escape(", ".join(bits))
 
 
 def _shape(shape) -> str:

@@ -416,8 +416,12 @@ def _gguf_header(w, cfg: dict, f: dict, name: str) -> None:
 def write_gguf_model(path, *, arch: str = "llama", layers: int = 2, hidden: int = 256, intermediate: int = 688,
                      heads: int = 4, kv_heads: int = 2, vocab: int = 512, experts: int = 0, experts_used: int = 0,
                      seed: int = 0, tied: bool = False, tensor_type: str = "F16",
-                     shards: int | None = None, dtype: str | None = None, config: dict | None = None) -> Path:
+                     shards: int | None = None, dtype: str | None = None, config: dict | None = None,
+                     kv: tuple = ()) -> Path:
     """Write the same model as ``write_hf_model`` (same arguments and seed) as one GGUF; returns the path.
+
+    ``kv``: extra metadata, ``(key, value, GGUFValueType[, item GGUFValueType])`` tuples, written after the
+    model's own (tokenizer keys, odd types for the pack's model record).
 
     ``tensor_type`` applies to 2-D and 3-D weights (F32, F16, BF16, Q8_0, Q4_0;
     a quantized type falls back to F16 when K is not a multiple of 32); 1-D
@@ -440,6 +444,8 @@ def write_gguf_model(path, *, arch: str = "llama", layers: int = 2, hidden: int 
     path = Path(path)
     w = gguf.GGUFWriter(path, archs.gguf_arch_name(arch))
     _gguf_header(w, config, f, f"orkpack synthetic {arch} seed {seed}")
+    for key, val, vtype, *sub in kv:
+        w.add_key_value(key, val, vtype, sub_type=sub[0] if sub else None)
     Q = gguf.GGMLQuantizationType
 
     def qtype(t: _T) -> Q:

@@ -122,7 +122,7 @@ def _items(pack: Pack) -> dict[str, tuple[dict, dict]]:
 @pytest.mark.parametrize("storage", ["int8", "nf4"])
 def test_dual_slices_in_the_pack(w, storage):
     with Pack.open(w[storage]) as pack:
-        assert (pack.preamble.version_major, pack.preamble.version_minor) == (1, 2) and pack.header["version"] == [1, 2]
+        assert (pack.preamble.version_major, pack.preamble.version_minor) == (1, spec.VERSION_MINOR) and pack.header["version"] == [1, spec.VERSION_MINOR]
         items = _items(pack)
         duals = sorted(k for k, (_, s) in items.items() if "host_copy" in s)
         assert duals == DUAL
@@ -195,7 +195,7 @@ def test_verify_passes_and_counts_dual_slices(w, storage):
 def test_inspect_shows_dual_slices(w):
     f = pack_facts(w["int8"])
     assert f["untrusted"] is None and f["provenance"]["source_format"] == "safetensors" and f["arch"] == "qwen3_moe"
-    assert f["tiermap"]["board"]["name"] == "hand-made" and f["format_version"] == "1.2"
+    assert f["tiermap"]["board"]["name"] == "hand-made" and f["format_version"] == f"1.{spec.VERSION_MINOR}"
     rows = {r["name"]: r for r in f["tensors"]}
     assert rows["blk.0.attn_k.weight"]["tier"] == "npu+host nf4"
     assert rows["blk.0.attn_q.weight"]["tier"] == "npu"
@@ -229,7 +229,7 @@ def test_build_summary_counts_host_copies(w, tmp_path):
     r = CliRunner().invoke(cli.app, ["build", str(w["model"]), "-o", str(tmp_path / "c.orkpack"), "--tiermap",
                                      str(w["tiermap"]), "--json", "--threads", "1"])
     assert r.exit_code == 0, r.output
-    doc = json.loads(r.output[r.output.index("{"):])
+    doc = json.loads(r.stdout)
     row = [k for k in doc["by_kind"] if k["tier"] == "host copy"]
     assert row == [{"encoding": "nf4", "tier": "host copy", "slices": len(DUAL), "bytes": row[0]["bytes"]}] and row[0]["bytes"] > 0
     assert (tmp_path / "c.orkpack").read_bytes() == w["int8"].read_bytes()
@@ -360,7 +360,7 @@ def test_unknown_host_copy_encoding_from_a_newer_minor(w, tmp_path):
     with pytest.raises(PackError) as e:
         Pack.open(p)
     assert not isinstance(e.value, PackDamaged) and e.value.exit_code == 2
-    assert "newer orkpack (format 1.3" in str(e.value) and "unknown host copy encoding 'q4_0'" in str(e.value)
+    assert f"newer orkpack (format 1.{spec.VERSION_MINOR + 1}" in str(e.value) and "unknown host copy encoding 'q4_0'" in str(e.value)
 
 
 def test_a_reader_that_ignores_host_copy_still_has_a_correct_pack(w, tmp_path):

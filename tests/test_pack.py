@@ -227,7 +227,7 @@ def test_raw_roundtrip(tmp_path):
     p = tmp_path / "r.orkpack"
     want = write_raw(p)
     with Pack.open(p) as pack:
-        assert pack.header["version"] == [1, 2] and (pack.preamble.version_major, pack.preamble.version_minor) == (1, 2)
+        assert pack.header["version"] == [1, spec.VERSION_MINOR] and (pack.preamble.version_major, pack.preamble.version_minor) == (1, spec.VERSION_MINOR)
         seen = 0
         for t, s in pack.slices():
             if t["name"] in want:

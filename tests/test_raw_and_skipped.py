@@ -290,7 +290,7 @@ def test_minilm_like_checkpoint_builds_inspects_verifies(tmp_path):
 
     with Pack.open(out) as pack:
         h = pack.header
-        assert h["version"] == [1, 2] and pack.preamble.version_minor == 2  # raw came in 1.1; orkpack writes 1.2
+        assert h["version"] == [1, spec.VERSION_MINOR] and pack.preamble.version_minor == spec.VERSION_MINOR  # raw came in 1.1
         assert [s["name"] for s in h["provenance"]["skipped"]] == SKIPPED
         assert h["provenance"]["skipped"][0] == {
             "name": "embeddings.position_ids", "dtype": "I64", "shape": [1, 512],
@@ -320,7 +320,7 @@ def test_minilm_like_checkpoint_builds_inspects_verifies(tmp_path):
     assert [s["name"] for s in f["skipped"]] == SKIPPED and f["skipped"][1]["dtype"] == "BOOL"
     row = next(t for t in f["tensors"] if t["source_name"] == "embeddings.token_type_ids")
     assert row["encoding"] == "raw" and row["dtype"] == "i64" and row["slices"][0]["dtype"] == "i64"
-    assert f["encodings"]["raw"]["slices"] == 1 and f["format_version"] == "1.2"
+    assert f["encodings"]["raw"]["slices"] == 1 and f["format_version"] == f"1.{spec.VERSION_MINOR}"
 
     r = runner.invoke(app, ["verify", str(out), "--reference"])
     assert r.exit_code == 0, r.output

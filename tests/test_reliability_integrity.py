@@ -9,6 +9,7 @@ import struct
 import pytest
 from rich.console import Console
 
+from orkpack.pack import spec
 from orkpack.errors import PackError
 from orkpack.inspect import pack_facts, untrusted_line
 from orkpack.render import pack_facts as render
@@ -86,7 +87,7 @@ def test_inspect_truncated_shows_preamble_facts(small, tmp_path):
     cut.write_bytes(data[:5000])
     f = pack_facts(cut)
     assert f["exit_code"] == 2 and "truncated" in f["untrusted"]
-    assert f["file_size"] == len(data) and f["format_version"] == "1.2" and f["checksums"]["preamble"] == "ok"
+    assert f["file_size"] == len(data) and f["format_version"] == f"1.{spec.VERSION_MINOR}" and f["checksums"]["preamble"] == "ok"
     assert "5000 bytes on disk" in _render(f)
     cut.write_bytes(data[:100])  # not even a preamble: nothing to show, the error stands
     with pytest.raises(PackError, match="truncated"):

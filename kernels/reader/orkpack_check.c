@@ -13,7 +13,12 @@
  *
  * --dump also prints, for a pack that opens, one line per part and per loaded NPU image (tab-separated:
  * "part"|"host", tensor index, slice index, part name, offset, size, xxh3 of the bytes the reader
- * returns; "npu", tensor index, slice index, image size, q xxh3, scale xxh3), for tests/test_c_reader.py. */
+ * returns; "npu", tensor index, slice index, image size, q xxh3, scale xxh3), for tests/test_c_reader.py.
+ *
+ * --model prints, for a pack that opens, its model record (format 1.3, docs/FORMAT.md 9) as read through
+ * orkpack_model_kv / orkpack_kv_*: one line per entry, tab-separated: "kv", key, type, element count, and
+ * the xxh3 of its elements (integers as int64 LE, floats as double LE with every NaN as eight 0xff bytes,
+ * strings as u64 LE length + bytes), or "bad" and why. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,7 +65,63 @@ static void dump_parts(const orkpack_t *pk) {
     }
 }
 
-static int check_one(const char *path, int dump) {
+static void dump_model(const orkpack_t *pk) {
+    size_t n = orkpack_model_kv_count(pk);
+    for (size_t i = 0; i < n; i++) {
+        orkpack_kv_t kv;
+        orkpack_err_t err;
+        printf("kv\t");
+        if (orkpack_model_kv(pk, i, &kv, &err)) {
+            printf("?\t?\t0\tbad %s\n", err.msg);
+            continue;
+        }
+        print_path(kv.key);
+        printf("\t%s\t%zu\t", kv.type, kv.count);
+        size_t m = kv.count ? kv.count : 1, bytes = 0;
+        int64_t *iv = malloc(m * sizeof *iv);
+        double *dv = malloc(m * sizeof *dv);
+        const char **sv = malloc(m * sizeof *sv);
+        size_t *lv = malloc(m * sizeof *lv);
+        unsigned char *buf = NULL;
+        int rc = -1;
+        if (iv && dv && sv && lv) {
+            int is_f = strstr(kv.type, "float") != NULL, is_s = strstr(kv.type, "string") != NULL;
+            if (!is_f && !is_s) {
+                if (orkpack_kv_ints(pk, &kv, iv, kv.count, &err) == ORKPACK_OK) {
+                    buf = malloc(m * 8);
+                    if (buf) { memcpy(buf, iv, kv.count * 8); bytes = kv.count * 8; rc = 0; }
+                }
+            } else if (is_f && orkpack_kv_floats(pk, &kv, dv, kv.count, &err) == ORKPACK_OK) {
+                for (size_t k = 0; k < kv.count; k++)
+                    if (dv[k] != dv[k]) memset(&dv[k], 0xff, 8);
+                buf = malloc(m * 8);
+                if (buf) { memcpy(buf, dv, kv.count * 8); bytes = kv.count * 8; rc = 0; }
+            } else if (is_s && orkpack_kv_strings(pk, &kv, sv, lv, kv.count, &err) == ORKPACK_OK) {
+                size_t total = 0;
+                for (size_t k = 0; k < kv.count; k++) total += 8 + lv[k];
+                buf = malloc(total ? total : 1);
+                if (buf) {
+                    for (size_t k = 0; k < kv.count; k++) {
+                        uint64_t L = lv[k];
+                        memcpy(buf + bytes, &L, 8);
+                        memcpy(buf + bytes + 8, sv[k], lv[k]);
+                        bytes += 8 + lv[k];
+                    }
+                    rc = 0;
+                }
+            }
+        }
+        if (rc == 0) printf("%016llx\n", (unsigned long long)orkpack_xxh3(buf, bytes));
+        else printf("bad %s\n", err.msg);
+        free(buf);
+        free(iv);
+        free(dv);
+        free(sv);
+        free(lv);
+    }
+}
+
+static int check_one(const char *path, int dump, int model) {
     double t0 = now();
     orkpack_t *pk = NULL;
     orkpack_err_t err;
@@ -78,6 +139,7 @@ static int check_one(const char *path, int dump) {
         return 2;
     }
     if (dump) dump_parts(pk);
+    if (model) dump_model(pk);
     int code = 0;
     size_t nparts = 0, nslices = 0, nnpu = 0;
     uint64_t loaded = 0;
@@ -166,11 +228,12 @@ out:
 }
 
 int main(int argc, char **argv) {
-    int dump = 0, worst = 0, npacks = 0;
+    int dump = 0, model = 0, worst = 0, npacks = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--dump") == 0) dump = 1;
+        else if (strcmp(argv[i], "--model") == 0) model = 1;
         else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            printf("usage: orkpack-check [--dump] PACK...\n"
+            printf("usage: orkpack-check [--dump] [--model] PACK...\n"
                    "the checks of `orkpack verify --device host`; exit 0 passed, 1 a check failed, 2 unusable input\n");
             return 0;
         } else if (strncmp(argv[i], "--", 2) == 0 && argv[i][2]) {
@@ -179,14 +242,14 @@ int main(int argc, char **argv) {
         } else npacks++;
     }
     if (!npacks) {
-        fprintf(stderr, "usage: orkpack-check [--dump] PACK...\n");
+        fprintf(stderr, "usage: orkpack-check [--dump] [--model] PACK...\n");
         return 2;
     }
     int opts = 1;
     for (int i = 1; i < argc; i++) {
         if (opts && strcmp(argv[i], "--") == 0) { opts = 0; continue; }
         if (opts && strncmp(argv[i], "--", 2) == 0) continue;
-        int c = check_one(argv[i], dump);
+        int c = check_one(argv[i], dump, model);
         fflush(stdout);
         if (c > worst) worst = c;
     }

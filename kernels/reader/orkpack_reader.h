@@ -137,6 +137,33 @@ uint64_t orkpack_npu_cap(const orkpack_t *pack, const char **source);
 int orkpack_load_npu(const orkpack_t *pack, const orkpack_slice_t *s, void *q, size_t q_size, float *scale,
                      size_t scale_count, int clean, orkpack_err_t *err);
 
+/* The model record (format 1.3, docs/FORMAT.md 9): the GGUF key-value pairs a runtime builds the model
+ * from (hyperparameters, RoPE, norms, tokenizer, chat template). Types are GGUF's, spelled "uint32",
+ * "float32", "string", "array[string]", ... Values are checked against their type when read, not at open
+ * (a malformed value is ORKPACK_E_DAMAGED naming the key). */
+typedef struct {
+    const char *key;    /* NUL-terminated (WTF-8) */
+    size_t key_len;
+    const char *type;   /* NUL-terminated */
+    size_t count;       /* elements: the array's length, 1 for a scalar */
+    const void *node_;  /* internal */
+} orkpack_kv_t;
+
+/* Entries in the record (0 when the pack has none: packs before 1.3, a source without metadata). */
+size_t orkpack_model_kv_count(const orkpack_t *pack);
+/* Entry i (file order); ORKPACK_E_ARGS when i is out of range, ORKPACK_E_DAMAGED when it is malformed. */
+int orkpack_model_kv(const orkpack_t *pack, size_t i, orkpack_kv_t *out, orkpack_err_t *err);
+/* The entry with this key; ORKPACK_E_ARGS (message "no key ...") when there is none. */
+int orkpack_model_find(const orkpack_t *pack, const char *key, orkpack_kv_t *out, orkpack_err_t *err);
+/* All n = kv->count elements in one pass (n must equal it), converted: integer types (and bool as 0/1) to
+ * int64 (a uint64 above INT64_MAX is ORKPACK_E_ARGS); float32/float64 to double ("nan", "inf", "-inf"
+ * restored); strings as pointers into the header (NUL-terminated, valid until orkpack_close) and lengths.
+ * A type that does not convert is ORKPACK_E_ARGS; a value that does not match its type ORKPACK_E_DAMAGED. */
+int orkpack_kv_ints(const orkpack_t *pack, const orkpack_kv_t *kv, int64_t *out, size_t n, orkpack_err_t *err);
+int orkpack_kv_floats(const orkpack_t *pack, const orkpack_kv_t *kv, double *out, size_t n, orkpack_err_t *err);
+int orkpack_kv_strings(const orkpack_t *pack, const orkpack_kv_t *kv, const char **out, size_t *lens, size_t n,
+                       orkpack_err_t *err);
+
 /* XXH3_64bits (seed 0) of a buffer, as the format uses it. */
 uint64_t orkpack_xxh3(const void *p, size_t n);
 

@@ -495,8 +495,8 @@ static int validate(V *v, const cJSON *h) {
     const cJSON *tensors = get(j, h, "tensors");
     if (!cJSON_IsObject(h) || !str_eq(j, get(j, h, "format"), "orkpack") || !cJSON_IsArray(tensors))
         return prob(v, 0, "header is not an orkpack header");
-    static const char *const objkeys[] = {"tool", "provenance", "config", "tiermap"};
-    for (int i = 0; i < 4; i++) {
+    static const char *const objkeys[] = {"tool", "provenance", "config", "model", "tiermap"};
+    for (int i = 0; i < 5; i++) {
         const cJSON *x = get(j, h, objkeys[i]);
         if (!is_none(x) && !cJSON_IsObject(x)) return prob(v, 0, "header key '%s' is not an object", objkeys[i]);
     }
@@ -836,6 +836,166 @@ uint64_t orkpack_npu_image_size(const orkpack_slice_t *s) {
 uint64_t orkpack_npu_cap(const orkpack_t *pk, const char **source) {
     if (source) *source = pk->cap_source;
     return pk->cap;
+}
+
+/* ------------------------------------------------------------------ the model record (1.3) */
+
+static const cJSON *model_kv_array(const orkpack_t *pk) {
+    J jj = {&pk->js};
+    const cJSON *m = get(&jj, pk->root, "model");
+    const cJSON *kv = cJSON_IsObject(m) ? get(&jj, m, "kv") : NULL;
+    return cJSON_IsArray(kv) ? kv : NULL;
+}
+
+size_t orkpack_model_kv_count(const orkpack_t *pk) {
+    const cJSON *kv = model_kv_array(pk);
+    size_t n = 0;
+    if (kv)
+        for (const cJSON *e = kv->child; e; e = e->next) n++;
+    return n;
+}
+
+static int kv_fill(const orkpack_t *pk, const cJSON *e, size_t i, orkpack_kv_t *out, orkpack_err_t *err) {
+    J jj = {&pk->js};
+    const cJSON *k = cJSON_IsArray(e) ? e->child : NULL, *t = k ? k->next : NULL, *v = t ? t->next : NULL;
+    const jtok_t *kt = valtok(&jj, k), *tt = valtok(&jj, t);
+    if (!v || v->next || !kt || kt->kind != JTOK_STR || !tt || tt->kind != JTOK_STR)
+        return seterr(err, ORKPACK_E_DAMAGED, "%s: damaged pack: model.kv[%zu] is not a [key, type, value] entry",
+                      pk->label, i);
+    out->key = tokstr(&jj, kt);
+    out->key_len = kt->len;
+    out->type = tokstr(&jj, tt);
+    out->node_ = v;
+    if (strncmp(out->type, "array[", 6) == 0) {
+        if (!cJSON_IsArray(v))
+            return seterr(err, ORKPACK_E_DAMAGED, "%s: damaged pack: model key %.100s: %s value is not a list",
+                          pk->label, out->key, out->type);
+        size_t n = 0;
+        for (const cJSON *x = v->child; x; x = x->next) n++;
+        out->count = n;
+    } else {
+        out->count = 1;
+    }
+    return ORKPACK_OK;
+}
+
+int orkpack_model_kv(const orkpack_t *pk, size_t i, orkpack_kv_t *out, orkpack_err_t *err) {
+    if (!pk || !out) return seterr(err, ORKPACK_E_ARGS, "orkpack_model_kv: NULL argument");
+    const cJSON *kv = model_kv_array(pk);
+    size_t n = 0;
+    for (const cJSON *e = kv ? kv->child : NULL; e; e = e->next, n++)
+        if (n == i) return kv_fill(pk, e, i, out, err);
+    return seterr(err, ORKPACK_E_ARGS, "%s: model entry %zu out of range (%zu entries)", pk->label, i, n);
+}
+
+int orkpack_model_find(const orkpack_t *pk, const char *key, orkpack_kv_t *out, orkpack_err_t *err) {
+    if (!pk || !key || !out) return seterr(err, ORKPACK_E_ARGS, "orkpack_model_find: NULL argument");
+    J jj = {&pk->js};
+    const cJSON *kv = model_kv_array(pk);
+    size_t L = strlen(key), i = 0;
+    for (const cJSON *e = kv ? kv->child : NULL; e; e = e->next, i++) {
+        const jtok_t *kt = cJSON_IsArray(e) ? valtok(&jj, e->child) : NULL;
+        if (kt && kt->kind == JTOK_STR && kt->len == L && memcmp(tokstr(&jj, kt), key, L) == 0)
+            return kv_fill(pk, e, i, out, err);
+    }
+    return seterr(err, ORKPACK_E_ARGS, "%s: no key %.100s in the pack's model record", pk->label, key);
+}
+
+/* the element type of kv (the type itself for a scalar), and the first element node */
+static const char *kv_elems(const orkpack_kv_t *kv, const cJSON **first) {
+    const cJSON *v = (const cJSON *)kv->node_;
+    if (strncmp(kv->type, "array[", 6) == 0) {
+        *first = v->child;
+        return kv->type + 6; /* "T]" */
+    }
+    *first = v;
+    return kv->type;
+}
+static int type_is(const char *t, const char *name) {
+    size_t L = strlen(name);
+    return strncmp(t, name, L) == 0 && (t[L] == 0 || (t[L] == ']' && t[L + 1] == 0));
+}
+
+int orkpack_kv_ints(const orkpack_t *pk, const orkpack_kv_t *kv, int64_t *out, size_t n, orkpack_err_t *err) {
+    if (!pk || !kv || (!out && n) || n != kv->count)
+        return seterr(err, ORKPACK_E_ARGS, "orkpack_kv_ints: NULL argument or n != count");
+    static const char *const names[] = {"uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64"};
+    static const int64_t lo[] = {0, -128, 0, -32768, 0, -2147483648LL, 0, INT64_MIN};
+    static const int64_t hi[] = {255, 127, 65535, 32767, 4294967295LL, 2147483647, INT64_MAX, INT64_MAX};
+    J jj = {&pk->js};
+    const cJSON *x;
+    const char *t = kv_elems(kv, &x);
+    int ty = -1, is_bool = type_is(t, "bool");
+    for (int i = 0; i < 8 && !is_bool; i++)
+        if (type_is(t, names[i])) ty = i;
+    if (ty < 0 && !is_bool) return seterr(err, ORKPACK_E_ARGS, "model key %.100s is %s, not an integer type", kv->key, kv->type);
+    for (size_t i = 0; i < n; i++, x = x->next) {
+        if (!x) return seterr(err, ORKPACK_E_DAMAGED, "%s: damaged pack: model key %.100s is short", pk->label, kv->key);
+        if (is_bool) {
+            if (!cJSON_IsBool(x))
+                return seterr(err, ORKPACK_E_DAMAGED, "%s: damaged pack: model key %.100s: bool value is not true/false",
+                              pk->label, kv->key);
+            out[i] = cJSON_IsTrue(x) ? 1 : 0;
+            continue;
+        }
+        const jtok_t *vt = valtok(&jj, x);
+        if (!vt || vt->kind != JTOK_NUM || !vt->is_int || (vt->ovf && !(ty == 6 && vt->ovf > 0)))
+            return seterr(err, ORKPACK_E_DAMAGED, "%s: damaged pack: model key %.100s: %s value out of range",
+                          pk->label, kv->key, kv->type);
+        if (vt->ovf) /* a uint64 above INT64_MAX: valid, but not an int64 */
+            return seterr(err, ORKPACK_E_ARGS, "model key %.100s: value above INT64_MAX", kv->key);
+        if (vt->i < lo[ty] || vt->i > hi[ty])
+            return seterr(err, ORKPACK_E_DAMAGED, "%s: damaged pack: model key %.100s: %s value out of range",
+                          pk->label, kv->key, kv->type);
+        out[i] = vt->i;
+    }
+    return ORKPACK_OK;
+}
+
+int orkpack_kv_floats(const orkpack_t *pk, const orkpack_kv_t *kv, double *out, size_t n, orkpack_err_t *err) {
+    if (!pk || !kv || (!out && n) || n != kv->count)
+        return seterr(err, ORKPACK_E_ARGS, "orkpack_kv_floats: NULL argument or n != count");
+    J jj = {&pk->js};
+    const cJSON *x;
+    const char *t = kv_elems(kv, &x);
+    if (!type_is(t, "float32") && !type_is(t, "float64"))
+        return seterr(err, ORKPACK_E_ARGS, "model key %.100s is %s, not a float type", kv->key, kv->type);
+    for (size_t i = 0; i < n; i++, x = x->next) {
+        const jtok_t *vt = x ? valtok(&jj, x) : NULL;
+        if (vt && vt->kind == JTOK_NUM && !cJSON_IsBool(x)) {
+            out[i] = vt->is_int ? (double)vt->i : vt->d;
+            if (vt->is_int && vt->ovf) out[i] = vt->d;
+        } else if (vt && vt->kind == JTOK_STR && strcmp(tokstr(&jj, vt), "nan") == 0) {
+            out[i] = NAN;
+        } else if (vt && vt->kind == JTOK_STR && strcmp(tokstr(&jj, vt), "inf") == 0) {
+            out[i] = INFINITY;
+        } else if (vt && vt->kind == JTOK_STR && strcmp(tokstr(&jj, vt), "-inf") == 0) {
+            out[i] = -INFINITY;
+        } else {
+            return seterr(err, ORKPACK_E_DAMAGED, "%s: damaged pack: model key %.100s: %s value is not a number",
+                          pk->label, kv->key, kv->type);
+        }
+    }
+    return ORKPACK_OK;
+}
+
+int orkpack_kv_strings(const orkpack_t *pk, const orkpack_kv_t *kv, const char **out, size_t *lens, size_t n,
+                       orkpack_err_t *err) {
+    if (!pk || !kv || (!out && n) || n != kv->count)
+        return seterr(err, ORKPACK_E_ARGS, "orkpack_kv_strings: NULL argument or n != count");
+    J jj = {&pk->js};
+    const cJSON *x;
+    const char *t = kv_elems(kv, &x);
+    if (!type_is(t, "string")) return seterr(err, ORKPACK_E_ARGS, "model key %.100s is %s, not a string type", kv->key, kv->type);
+    for (size_t i = 0; i < n; i++, x = x->next) {
+        const jtok_t *vt = x ? valtok(&jj, x) : NULL;
+        if (!vt || vt->kind != JTOK_STR)
+            return seterr(err, ORKPACK_E_DAMAGED, "%s: damaged pack: model key %.100s: string value is not a string",
+                          pk->label, kv->key);
+        out[i] = tokstr(&jj, vt);
+        if (lens) lens[i] = vt->len;
+    }
+    return ORKPACK_OK;
 }
 
 int orkpack_check_npu_slice(const orkpack_t *pk, const orkpack_tensor_t *t, const orkpack_slice_t *s, orkpack_err_t *err) {

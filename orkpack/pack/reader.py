@@ -333,7 +333,7 @@ def validate_header(h, p: Preamble) -> str | None:
     """
     if not isinstance(h, dict) or h.get("format") != "orkpack" or not isinstance(h.get("tensors"), list):
         return "header is not an orkpack header"
-    for key in ("tool", "provenance", "config", "tiermap"):
+    for key in ("tool", "provenance", "config", "model", "tiermap"):
         if h.get(key) is not None and not isinstance(h[key], dict):
             return f"header key {key!r} is not an object"
     if len(h["tensors"]) > spec.MAX_TENSORS:

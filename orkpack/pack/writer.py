@@ -285,7 +285,8 @@ class PackWriter:
     """
 
     def __init__(self, path: Path, *, provenance: dict, config: dict | None, tiermap: dict | None,
-                 write_behind: int = 64 << 20, pool_bytes: int | None = None, direct: bool = True):
+                 write_behind: int = 64 << 20, model: dict | None = None, pool_bytes: int | None = None,
+                 direct: bool = True):
         self.path = Path(path)
         folder = self.path.parent if str(self.path.parent) else Path(".")
         if not folder.is_dir():
@@ -316,6 +317,7 @@ class PackWriter:
             "tool": {"name": "orkpack", "version": __version__},
             "provenance": provenance,
             "config": config,
+            "model": model,
             "tiermap": tiermap,
         }
         self._tensors: list[dict] = []

@@ -278,6 +278,16 @@ class GGUFSource(FileSource):
     def tensors(self) -> list[TensorInfo]:
         return [self._entries[n].info for n in self._order]
 
+    def model_metadata(self, warn: Callable[[str], None] | None = None) -> dict:
+        """The pack's ``model`` record: this file's key-value pairs as they are (orkpack.sources.modelkv)."""
+        from .modelkv import from_gguf_fields
+
+        reader = GGUFReader(self.root)  # parsed and checked once already (prescan + _parse)
+        try:
+            return from_gguf_fields(reader.fields)
+        finally:
+            reader = None  # drop the memmap
+
     def _warn(self) -> None:
         if self._warned:
             return

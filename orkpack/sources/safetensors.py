@@ -45,6 +45,7 @@ import struct
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -191,6 +192,14 @@ class SafetensorsSource(FileSource):
         except BaseException:
             self.close()
             raise
+
+    def model_metadata(self, warn: Callable[[str], None] | None = None) -> dict | None:
+        """The pack's ``model`` record from config.json and the tokenizer files beside the weights, or None
+        without a config.json (orkpack.sources.modelkv)."""
+        from .modelkv import from_hf
+
+        folder = self.root if self.root.is_dir() else self.root.parent
+        return from_hf(folder, self.config, warn or (lambda s: None))
 
     def _open(self, expected: dict[str, str] | None) -> None:
         raw: list[tuple[str, str, list[int], int, int, int]] = []  # hf name, dtype, shape, file, offset, nbytes

@@ -1,0 +1,1 @@
+"""``orkpack eval``: what a pack does to the model's answers (docs/EVAL.md)."""

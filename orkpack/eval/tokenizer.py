@@ -1,0 +1,141 @@
+"""Token ids for the eval, from the model record a pack or a source carries (docs/FORMAT.md 9).
+
+The same ids as transformers' tokenizer of the same model:
+
+* a record with ``tokenizer.huggingface.json`` (an HF source): that tokenizer.json, loaded by the
+  ``tokenizers`` library, special tokens added as its post-processor adds them;
+* a GGUF-style record (``tokenizer.ggml.*``): rebuilt as transformers rebuilds a GGUF's tokenizer
+  (``transformers.integrations.gguf``), the reference the tests hold it to: ``gpt2`` is a byte-level
+  BPE over the record's tokens and merges, split by the pre-tokenizer its ``tokenizer.ggml.pre``
+  names when that is one of :data:`SPLITS` (else GPT-2's own split); ``llama`` is a SentencePiece-style
+  BPE with byte fallback, whose merges come from the tokens' scores. CONTROL tokens are special and
+  USER_DEFINED ones whole; the BOS token is prepended when ``tokenizer.ggml.add_bos_token`` says so
+  (a ``llama`` vocabulary that does not say adds it, as llama.cpp does).
+
+Other tokenizer models are refused with one line (:class:`TokenizerError`).
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from ..errors import OrkError
+from ..pack.model import get
+
+# pre-tokenizer splits by the name llama.cpp gives them in tokenizer.ggml.pre (the published models' regexes)
+_LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+          r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+SPLITS = {"llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "smaug-bpe": _LLAMA3, "dbrx": _LLAMA3,
+          "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2, "megrez": _QWEN2}
+
+CONTROL, USER_DEFINED = 3, 4
+
+
+class TokenizerError(OrkError):
+    pass
+
+
+class Tokenizer:
+    """``encode(text) -> list[int]`` (with the model's BOS where it wants one) and ``decode(ids)``."""
+
+    def __init__(self, backend: Any, bos: int | None):
+        self._t = backend
+        self._bos = bos
+
+    def encode(self, text: str) -> list[int]:
+        ids = list(self._t.encode(text, add_special_tokens=True).ids)
+        if self._bos is not None and (not ids or ids[0] != self._bos):
+            ids.insert(0, self._bos)
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._t.decode(list(ids), skip_special_tokens=False)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's printable spelling of the 256 byte values (the byte-level BPE alphabet)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    out, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
+
+
+def _scored_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, str]]:
+    """The merges a SentencePiece vocabulary implies: every split of a token into two tokens, best score first."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for tok, score in zip(tokens, scores):
+        local = [(tok[:i], tok[i:], score) for i in range(1, len(tok)) if tok[:i] in vocab and tok[i:] in vocab]
+        local.sort(key=lambda x: (vocab[x[0]], vocab[x[1]]))
+        merges.extend(local)
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(a, b) for a, b, _ in merges]
+
+
+def from_model(model: Mapping | None, where: str = "the pack") -> Tokenizer:
+    """The tokenizer a model record describes (TokenizerError naming what is missing)."""
+    try:
+        import tokenizers
+        from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
+    except ImportError:
+        raise TokenizerError("the eval needs the tokenizers library: pip install tokenizers") from None
+    if not model:
+        raise TokenizerError(f"{where}: carries no model record (a pack before format 1.3, or a source without "
+                             "config.json): rebuild the pack, or give the source beside it")
+    hf = get(model, "tokenizer.huggingface.json")
+    if hf is not None:
+        return Tokenizer(tokenizers.Tokenizer.from_str(hf), None)
+    kind = get(model, "tokenizer.ggml.model")
+    tokens = get(model, "tokenizer.ggml.tokens")
+    if kind not in ("gpt2", "llama") or not isinstance(tokens, list):
+        raise TokenizerError(f"{where}: tokenizer {kind!r} cannot be built for the eval yet (gpt2 and llama "
+                             "vocabularies can, or a tokenizer.json); give --tokens FILE with token ids instead")
+    types = get(model, "tokenizer.ggml.token_type") or [1] * len(tokens)
+    if kind == "gpt2":
+        spell = _bytes_to_unicode()
+        alphabet = set(spell.values())
+        vocab = {(t if set(t) <= alphabet else "".join(spell[b] for b in t.encode("utf-8"))): i
+                 for i, t in enumerate(tokens)}
+        merges = [tuple(m.split(" ", 1)) for m in get(model, "tokenizer.ggml.merges") or []]
+        t = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+        split = SPLITS.get(get(model, "tokenizer.ggml.pre"))
+        if split is None:
+            t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        else:
+            t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                                                       pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        t.decoder = decoders.ByteLevel()
+        special = [AddedToken(x, normalized=False, special=True) for x, ty in zip(tokens, types)
+                   if ty == CONTROL and set(x) <= alphabet]
+        add_bos = get(model, "tokenizer.ggml.add_bos_token", False)
+    else:
+        scores = get(model, "tokenizer.ggml.scores") or [0.0] * len(tokens)
+        vocab = {x: i for i, x in enumerate(tokens)}
+        unk_id = get(model, "tokenizer.ggml.unknown_token_id")
+        unk = tokens[unk_id] if isinstance(unk_id, int) and 0 <= unk_id < len(tokens) else None
+        t = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=_scored_merges(tokens, scores), unk_token=unk,
+                                            fuse_unk=True, byte_fallback=True))
+        t.normalizer = None
+        add_prefix = get(model, "tokenizer.ggml.add_space_prefix", True)
+        t.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first" if add_prefix else "never",
+                                                   split=False)
+        seq = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+        if add_prefix:
+            seq.append(decoders.Strip(content=" ", left=1))
+        t.decoder = decoders.Sequence(seq)
+        special = [AddedToken(x, normalized=False, special=True) for x, ty in zip(tokens, types) if ty == CONTROL]
+        add_bos = get(model, "tokenizer.ggml.add_bos_token", True)
+    if special:
+        t.add_special_tokens(special)
+    user = [AddedToken(x, normalized=False, special=False) for x, ty in zip(tokens, types)
+            if ty == USER_DEFINED and x in vocab]
+    if user:
+        t.add_tokens(user)
+    bos_id = get(model, "tokenizer.ggml.bos_token_id")
+    return Tokenizer(t, bos_id if add_bos and isinstance(bos_id, int) else None)

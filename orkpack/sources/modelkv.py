@@ -1,0 +1,328 @@
+"""The model a runtime runs, as GGUF key-value pairs (the pack's ``model`` header key, docs/FORMAT.md 9).
+
+A pack carries what a llama.cpp-based runtime needs to run the model without its
+source: the architecture's hyperparameters, RoPE base and scaling, norm epsilons,
+context length, sliding-window and softcap settings, the tokenizer and the chat
+template, with the keys and meanings of GGUF metadata (llama.cpp builds its
+model from exactly these keys).
+
+* From a GGUF: its key-value pairs as they are, types included (only gguf-py's
+  synthesized ``GGUF.*`` entries, which describe the file rather than the model,
+  are left out).
+* From an HF folder: config.json, tokenizer.json and tokenizer_config.json,
+  converted as llama.cpp's converter (convert_hf_to_gguf.py) converts them:
+  ``{arch}.*`` hyperparameters (the common ones of its ``TextModel``, and the
+  family's own from :data:`FAMILY_KEYS`), ``tokenizer.ggml.*`` through gguf-py's
+  own vocabulary readers (``gguf.vocab``: the same code the converter uses), and
+  the tokenizer.json itself as ``tokenizer.huggingface.json`` (a key of the GGUF
+  specification), so a reader can tokenize exactly as transformers does.
+
+The record's format (entries, types, values as JSON) is orkpack.pack.model.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from ..errors import SourceError, escape_name
+from ..pack.model import json_value
+
+# ------------------------------------------------------------------------------------------ from a GGUF
+
+def from_gguf_fields(fields: Mapping[str, Any]) -> dict:
+    """The ``model`` record of a GGUF's metadata: gguf-py ``GGUFReader.fields``, in file order, types kept."""
+    from gguf import GGUFValueType
+
+    def tname(types: list) -> str:
+        if types[0] == GGUFValueType.ARRAY:
+            return f"array[{tname(types[1:])}]" if len(types) > 1 else "array[uint8]"
+        return types[0].name.lower()
+
+    kv = []
+    for key, f in fields.items():
+        if key.startswith("GGUF.") or not f.types:
+            continue
+        typ = tname(list(f.types))
+        if typ == "array[uint8]" and len(f.types) == 1:  # an empty array of unknown type: gguf-py gives no item type
+            kv.append([key, typ, []])
+            continue
+        kv.append([key, typ, json_value(typ, f.contents())])
+    return {"source": "gguf", "kv": kv}
+
+
+# ------------------------------------------------------------------------------------------ from an HF folder
+
+# llama.cpp's TextModel.set_gguf_parameters: GGUF key suffix -> config.json keys, first found wins, and the type
+COMMON_KEYS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("context_length", ("max_position_embeddings", "n_ctx", "n_positions", "max_length", "max_sequence_length"), "uint32"),
+    ("embedding_length", ("hidden_size", "n_embd", "dim"), "uint32"),
+    ("feed_forward_length", ("intermediate_size", "n_inner", "ffn_hidden_size"), "uint32"),
+    ("block_count", ("num_hidden_layers", "n_layer", "num_layers"), "uint32"),
+    ("attention.head_count", ("num_attention_heads", "n_head", "num_heads"), "uint32"),
+    ("attention.head_count_kv", ("num_key_value_heads", "n_head_kv", "multi_query_group_num"), "uint32"),
+    ("rope.freq_base", ("rope_theta", "rotary_emb_base"), "float32"),
+    ("attention.layer_norm_rms_epsilon", ("rms_norm_eps",), "float32"),
+    ("attention.layer_norm_epsilon", ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"), "float32"),
+    ("expert_count", ("num_local_experts", "num_experts", "n_routed_experts"), "uint32"),
+    ("expert_used_count", ("num_experts_per_tok", "num_experts_per_token", "top_k_experts"), "uint32"),
+    ("attention.key_length", ("head_dim",), "uint32"),
+    ("attention.value_length", ("head_dim",), "uint32"),
+    ("vocab_size", ("vocab_size", "padded_vocab_size"), "uint32"),
+)
+
+# the family's own keys, as llama.cpp's converter writes them for it (GGUF key suffix, config keys, type)
+FAMILY_KEYS: dict[str, tuple[tuple[str, tuple[str, ...], str], ...]] = {
+    "gemma2": (("attn_logit_softcapping", ("attn_logit_softcapping",), "float32"),
+               ("final_logit_softcapping", ("final_logit_softcapping",), "float32"),
+               ("attention.sliding_window", ("sliding_window",), "uint32")),
+    "gemma3_text": (("attention.sliding_window", ("sliding_window",), "uint32"),
+                    ("rope.freq_base_swa", ("rope_local_base_freq",), "float32")),
+    "gemma3": (("attention.sliding_window", ("sliding_window",), "uint32"),
+               ("rope.freq_base_swa", ("rope_local_base_freq",), "float32")),
+    "qwen2_moe": (("expert_feed_forward_length", ("moe_intermediate_size",), "uint32"),
+                  ("expert_shared_feed_forward_length", ("shared_expert_intermediate_size",), "uint32")),
+    "qwen3_moe": (("expert_feed_forward_length", ("moe_intermediate_size",), "uint32"),),
+    "olmoe": (),
+    "granite": (("embedding_scale", ("embedding_multiplier",), "float32"),
+                ("residual_scale", ("residual_multiplier",), "float32"),
+                ("attention.scale", ("attention_multiplier",), "float32"),
+                ("logit_scale", ("logits_scaling",), "float32")),
+    "granitemoe": (("embedding_scale", ("embedding_multiplier",), "float32"),
+                   ("residual_scale", ("residual_multiplier",), "float32"),
+                   ("attention.scale", ("attention_multiplier",), "float32"),
+                   ("logit_scale", ("logits_scaling",), "float32"),
+                   ("expert_feed_forward_length", ("intermediate_size",), "uint32")),
+    "deepseek_v2": (("leading_dense_block_count", ("first_k_dense_replace",), "uint32"),
+                    ("attention.q_lora_rank", ("q_lora_rank",), "uint32"),
+                    ("attention.kv_lora_rank", ("kv_lora_rank",), "uint32"),
+                    ("expert_feed_forward_length", ("moe_intermediate_size",), "uint32"),
+                    ("expert_shared_count", ("n_shared_experts",), "uint32"),
+                    ("expert_weights_scale", ("routed_scaling_factor",), "float32"),
+                    ("expert_weights_norm", ("norm_topk_prob",), "bool")),
+    "deepseek_v3": (("leading_dense_block_count", ("first_k_dense_replace",), "uint32"),
+                    ("attention.q_lora_rank", ("q_lora_rank",), "uint32"),
+                    ("attention.kv_lora_rank", ("kv_lora_rank",), "uint32"),
+                    ("expert_feed_forward_length", ("moe_intermediate_size",), "uint32"),
+                    ("expert_shared_count", ("n_shared_experts",), "uint32"),
+                    ("expert_weights_scale", ("routed_scaling_factor",), "float32"),
+                    ("expert_weights_norm", ("norm_topk_prob",), "bool"),
+                    ("nextn_predict_layers", ("num_nextn_predict_layers",), "uint32")),
+    "gpt_oss": (("attention.sliding_window", ("sliding_window",), "uint32"),
+                ("expert_feed_forward_length", ("intermediate_size",), "uint32")),
+    "starcoder2": (("attention.layer_norm_epsilon", ("norm_epsilon",), "float32"),),
+    "minicpm": (("embedding_scale", ("scale_emb",), "float32"),),
+}
+
+# GGUF token types (llama.cpp's llama_token_type / gguf.TokenType)
+_TOKEN_TYPES = {"NORMAL": 1, "UNKNOWN": 2, "CONTROL": 3, "USER_DEFINED": 4, "UNUSED": 5, "BYTE": 6}
+
+
+def _first(cfg: Mapping, keys: Iterable[str]) -> Any:
+    for k in keys:
+        v = cfg.get(k)
+        if v is not None:
+            return v
+    return None
+
+
+def _hparams(cfg: Mapping, fam_name: str | None, garch: str, kv: list, warn: Callable[[str], None]) -> None:
+    from .. import archs
+
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), Mapping) else None
+    c = {**cfg, **text} if text else cfg
+    seen = set()
+    for suffix, keys, typ in COMMON_KEYS + FAMILY_KEYS.get(fam_name or "", ()):
+        if not keys or f"{garch}.{suffix}" in seen:
+            continue
+        v = _first(c, keys)
+        if v is None or isinstance(v, (dict, list)):
+            continue
+        if typ == "uint32" and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            continue
+        seen.add(f"{garch}.{suffix}")
+        kv.append([f"{garch}.{suffix}", typ, json_value(typ, v)])
+    # head dims and the rotary dimensions (partial rotary: phi, glm, stablelm)
+    hd = _first(c, ("head_dim",))
+    nh, hidden = _first(c, ("num_attention_heads", "n_head")), _first(c, ("hidden_size", "n_embd"))
+    if hd is None and isinstance(nh, int) and isinstance(hidden, int) and nh > 0:
+        hd = hidden // nh
+    fam = archs.family(fam_name) if fam_name else None
+    if fam is not None and fam.attention == "mla":
+        rope = _first(c, ("qk_rope_head_dim",))
+        if isinstance(rope, int):
+            kv.append([f"{garch}.rope.dimension_count", "uint32", rope])
+    elif isinstance(hd, int):
+        frac = _first(c, ("partial_rotary_factor",))
+        rot = int(hd * frac) if isinstance(frac, (int, float)) and not isinstance(frac, bool) else hd
+        kv.append([f"{garch}.rope.dimension_count", "uint32", rot])
+    _rope_scaling(c, garch, kv, warn)
+
+
+def _rope_scaling(c: Mapping, garch: str, kv: list, warn: Callable[[str], None]) -> None:
+    rs = c.get("rope_scaling")
+    if not isinstance(rs, Mapping):
+        return
+    kind = rs.get("rope_type", rs.get("type"))
+    factor = rs.get("factor")
+    if kind in ("linear", "yarn", "longrope", "dynamic") and isinstance(factor, (int, float)):
+        kv.append([f"{garch}.rope.scaling.type", "string", {"dynamic": "linear"}.get(kind, kind)])
+        kv.append([f"{garch}.rope.scaling.factor", "float32", float(factor)])
+        orig = rs.get("original_max_position_embeddings")
+        if isinstance(orig, int):
+            kv.append([f"{garch}.rope.scaling.original_context_length", "uint32", orig])
+        if kind == "yarn":
+            for src, dst in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow"),
+                             ("mscale_all_dim", "yarn_log_multiplier")):
+                if isinstance(rs.get(src), (int, float)) and not isinstance(rs.get(src), bool):
+                    kv.append([f"{garch}.rope.scaling.{dst}", "float32", float(rs[src])])
+    elif kind == "llama3":
+        # llama.cpp's converter turns llama3 scaling into a rope_freqs tensor; the pack keeps its parameters
+        kv.append([f"{garch}.rope.scaling.type", "string", "llama3"])
+        for src in ("factor", "low_freq_factor", "high_freq_factor"):
+            if isinstance(rs.get(src), (int, float)) and not isinstance(rs.get(src), bool):
+                kv.append([f"{garch}.rope.scaling.{src}", "float32", float(rs[src])])
+        orig = rs.get("original_max_position_embeddings")
+        if isinstance(orig, int):
+            kv.append([f"{garch}.rope.scaling.original_context_length", "uint32", orig])
+    elif kind not in (None, "default"):
+        warn(f"config.json: rope_scaling type {escape_name(repr(kind), 40)} is not carried into the pack's model "
+             "metadata; a runtime will run the model without it")
+
+
+def _tokenizer(folder: Path, kv: list, warn: Callable[[str], None]) -> None:
+    """tokenizer.ggml.* as llama.cpp's converter writes them, plus tokenizer.json as tokenizer.huggingface.json."""
+    import gguf
+    from gguf.vocab import SentencePieceVocab, SpecialVocab
+
+    tj = folder / "tokenizer.json"
+    tok_model = None
+    vocab = None
+    if tj.is_file():
+        try:
+            text = tj.read_text(encoding="utf-8")
+            tdata = json.loads(text)
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise SourceError(f"{escape_name(str(tj))}: cannot read ({e.__class__.__name__}); restore the original") from None
+        model = tdata.get("model") if isinstance(tdata, dict) else None
+        mtype = model.get("type") if isinstance(model, dict) else None
+        if mtype == "BPE" and isinstance(model.get("vocab"), dict):
+            vocab = _HfVocab(tdata)
+            tok_model = "llama" if model.get("byte_fallback") else "gpt2"
+        else:
+            warn(f"{escape_name(str(tj))}: tokenizer model {escape_name(repr(mtype), 30)} is carried only as "
+                 "tokenizer.huggingface.json (no tokenizer.ggml.* keys)")
+        kv.append(["tokenizer.huggingface.json", "string", text])
+    elif (folder / "tokenizer.model").is_file():
+        try:
+            vocab, tok_model = SentencePieceVocab(folder), "llama"
+        except Exception as e:  # sentencepiece missing (ImportError) or the model unreadable
+            warn(f"{escape_name(str(folder / 'tokenizer.model'))}: not read ({e.__class__.__name__}); "
+                 "the pack carries no tokenizer")
+            vocab = None
+    else:
+        warn(f"{escape_name(str(folder))}: no tokenizer.json or tokenizer.model; the pack carries no tokenizer")
+    if vocab is not None:
+        tokens, scores, types = [], [], []
+        for text_, score, ttype in vocab.all_tokens():
+            tokens.append(text_)
+            scores.append(score)
+            types.append(int(ttype))
+        kv.append(["tokenizer.ggml.model", "string", tok_model])
+        if tok_model == "gpt2":
+            # llama.cpp picks the pre-tokenizer by a hash of a test text's tokens; the pack names none
+            # ("default") and carries tokenizer.json, whose pre-tokenizer is the exact one
+            kv.append(["tokenizer.ggml.pre", "string", "default"])
+        kv.append(["tokenizer.ggml.tokens", "array[string]", json_value("array[string]", tokens)])
+        if tok_model == "llama":
+            kv.append(["tokenizer.ggml.scores", "array[float32]", json_value("array[float32]", scores)])
+        kv.append(["tokenizer.ggml.token_type", "array[int32]", types])
+    special = SpecialVocab(folder, load_merges=(tok_model == "gpt2"), n_vocab=None)
+    if special.merges:
+        kv.append(["tokenizer.ggml.merges", "array[string]", [str(m) for m in special.merges]])
+    keys = gguf.Keys.Tokenizer  # the GGUF key of each special token type, as SpecialVocab.add_to_gguf names it
+    for typ, tid in sorted(special.special_token_ids.items()):
+        key = getattr(keys, f"{typ.upper()}_ID", None)
+        if key and isinstance(tid, int) and not isinstance(tid, bool) and 0 <= tid < 2**32:
+            kv.append([key, "uint32", tid])
+    for typ, flag in sorted(special.add_special_token.items()):
+        key = getattr(keys, f"ADD_{typ.upper()}", None)
+        if key:
+            kv.append([key, "bool", bool(flag)])
+    tmpl = special.chat_template
+    if isinstance(tmpl, str):
+        kv.append(["tokenizer.chat_template", "string", tmpl])
+    elif isinstance(tmpl, list):  # named templates: the default one, and each by name (as llama.cpp stores them)
+        for t in tmpl:
+            if isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str):
+                key = "tokenizer.chat_template" if t["name"] == "default" else f"tokenizer.chat_template.{t['name']}"
+                kv.append([key, "string", t["template"]])
+
+
+class _HfVocab:
+    """The tokens of a BPE tokenizer.json in id order, typed as llama.cpp's converter types them.
+
+    Added tokens marked special are CONTROL, other added tokens USER_DEFINED, ``<0xXX>`` tokens of a
+    byte-fallback (SentencePiece-style) model BYTE, its unknown token UNKNOWN, ids no token names
+    ``[PADn]`` UNUSED, the rest NORMAL. Scores (used by the ``llama`` model only): minus the id, the merge
+    order of a BPE vocabulary (llama.cpp's ``LlamaHfVocab`` does the same).
+    """
+
+    def __init__(self, tdata: dict):
+        model = tdata["model"]
+        vocab = model["vocab"]
+        added = {a["id"]: a for a in tdata.get("added_tokens") or [] if isinstance(a, dict) and isinstance(a.get("id"), int)}
+        n = max([*vocab.values(), *added, -1]) + 1
+        by_id: list = [None] * n
+        for tok, i in vocab.items():
+            by_id[i] = tok
+        for i, a in added.items():
+            by_id[i] = a.get("content", "")
+        fallback, unk = bool(model.get("byte_fallback")), model.get("unk_token")
+        self._items = []
+        for i, tok in enumerate(by_id):
+            if tok is None:
+                self._items.append((f"[PAD{i}]".encode(), -1000.0, _TOKEN_TYPES["UNUSED"]))
+                continue
+            if i in added:
+                ttype = _TOKEN_TYPES["CONTROL" if added[i].get("special") else "USER_DEFINED"]
+            elif fallback and len(tok) == 6 and tok.startswith("<0x") and tok.endswith(">"):
+                ttype = _TOKEN_TYPES["BYTE"]
+            elif fallback and tok == unk:
+                ttype = _TOKEN_TYPES["UNKNOWN"]
+            else:
+                ttype = _TOKEN_TYPES["NORMAL"]
+            self._items.append((tok.encode("utf-8"), -float(i), ttype))
+
+    def all_tokens(self):
+        return iter(self._items)
+
+
+def from_hf(folder: Path, config: Mapping | None, warn: Callable[[str], None] = lambda s: None) -> dict | None:
+    """The ``model`` record of an HF folder (config.json + tokenizer files), or None without a config.json."""
+    from .. import archs
+
+    if not isinstance(config, Mapping):
+        return None
+    fam = archs.config_family(config)
+    kv: list = []
+    if fam is not None:
+        garch = archs.gguf_arch_name(fam.name)
+    else:
+        garch = str(config.get("model_type") or "unknown")
+        warn(f"model_type {escape_name(repr(config.get('model_type')), 40)} is not a known architecture: the pack's "
+             "model metadata holds the common hyperparameters only")
+    kv.append(["general.architecture", "string", garch])
+    kv.append(["general.type", "string", "model"])
+    name = config.get("_name_or_path")
+    if isinstance(name, str) and name:
+        kv.append(["general.name", "string", Path(name).name])
+    _hparams(config, fam.name if fam else None, garch, kv, warn)
+    _tokenizer(Path(folder), kv, warn)
+    # keep the first of any duplicate (a tokenizer key the config path also wrote): keys are unique in GGUF
+    out, seen = [], set()
+    for e in kv:
+        if e[0] not in seen:
+            seen.add(e[0])
+            out.append(e)
+    return {"source": "hf", "kv": out}

@@ -1,0 +1,304 @@
+"""The pack's model record (format 1.3, docs/FORMAT.md 9): what a runtime needs to run the model alone.
+
+From a GGUF: its key-value pairs as they are (checked against gguf-py's own reading of the source, types
+and values). From an HF folder: config.json + tokenizer.json + tokenizer_config.json converted with the
+keys and meanings of llama.cpp's converter. Older readers ignore the record; a malformed one is reported.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGUFReader, GGUFValueType as VT
+from typer.testing import CliRunner
+
+from orkpack import cli, synth
+from orkpack.build import BuildOptions, build
+from orkpack.pack import model as M
+from orkpack.pack import spec
+from orkpack.pack.reader import Pack
+from orkpack.sources import modelkv
+
+# ---------------------------------------------------------------- a tokenizer.json like a real byte-level BPE one
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+
+
+def write_tokenizer(folder: Path, n_merges: int = 40) -> dict:
+    """A byte-level BPE tokenizer.json (GPT-2 style, specials first as SmolLM's) + tokenizer_config.json."""
+    vocab = {t: i for i, t in enumerate(SPECIAL)}
+    for ch in _bytes_to_unicode().values():
+        vocab[ch] = len(vocab)
+    merges = []
+    rng = np.random.default_rng(7)
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["Ġ"]
+    while len(merges) < n_merges:
+        a, b = rng.choice(letters), rng.choice(letters)
+        if a + b not in vocab:
+            merges.append(f"{a} {b}")
+            vocab[a + b] = len(vocab)
+    tok = {
+        "version": "1.0",
+        "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for i, t in enumerate(SPECIAL)],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "vocab": vocab,
+                  "merges": merges},
+    }
+    (folder / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+        "unk_token": "<|endoftext|>", "add_bos_token": False, "chat_template": TEMPLATE}))
+    return tok
+
+
+# ---------------------------------------------------------------- GGUF: as they are
+
+
+ODD_KV = (
+    ("test.u8", 200, VT.UINT8), ("test.i8", -100, VT.INT8), ("test.u16", 60000, VT.UINT16),
+    ("test.i16", -30000, VT.INT16), ("test.u64", 2**63 + 5, VT.UINT64), ("test.i64", -2**62, VT.INT64),
+    ("test.f64", 0.1, VT.FLOAT64), ("test.f32", 0.1, VT.FLOAT32), ("test.nan", math.nan, VT.FLOAT32),
+    ("test.inf", -math.inf, VT.FLOAT64), ("test.flag", True, VT.BOOL), ("test.utf8", "Grüße ✓ 😀", VT.STRING),
+    ("test.floats", [1.5, -0.0, 3.25e-5], VT.ARRAY, VT.FLOAT32), ("test.ints", [-1, 0, 7], VT.ARRAY, VT.INT32),
+    ("tokenizer.ggml.model", "gpt2", VT.STRING),
+    ("tokenizer.ggml.tokens", ["<s>", "a", "b", "ab", "Ġ"], VT.ARRAY, VT.STRING),
+    ("tokenizer.ggml.token_type", [3, 1, 1, 1, 1], VT.ARRAY, VT.INT32),
+    ("tokenizer.ggml.merges", ["a b"], VT.ARRAY, VT.STRING),
+    ("tokenizer.chat_template", TEMPLATE, VT.STRING),
+)
+
+
+def _equal(typ: str, ours, theirs) -> bool:
+    if typ.startswith("array["):
+        return len(ours) == len(theirs) and all(_equal(typ[6:-1], a, b) for a, b in zip(ours, theirs))
+    if typ == "float32":
+        return np.array(ours, np.float32).tobytes() == np.array(theirs, np.float32).tobytes()
+    if typ == "float64":
+        return np.array(ours, np.float64).tobytes() == np.array(theirs, np.float64).tobytes()
+    return type(ours) is type(theirs) and ours == theirs
+
+
+def test_gguf_pairs_are_carried_as_they_are(tmp_path):
+    src = synth.write_gguf_model(tmp_path / "m.gguf", kv=ODD_KV)
+    out = tmp_path / "m.orkpack"
+    build(src, out, BuildOptions(threads=1))
+    with Pack.open(out) as p:
+        model = p.header["model"]
+        assert p.preamble.version_minor == spec.VERSION_MINOR == 3
+    assert M.check_model(model) is None and model["source"] == "gguf"
+    fields = {k: f for k, f in GGUFReader(src).fields.items() if not k.startswith("GGUF.")}
+    assert [e[0] for e in model["kv"]] == list(fields)  # every pair, in file order
+    names = {VT.UINT8: "uint8", VT.INT8: "int8", VT.UINT16: "uint16", VT.INT16: "int16", VT.UINT32: "uint32",
+             VT.INT32: "int32", VT.FLOAT32: "float32", VT.BOOL: "bool", VT.STRING: "string", VT.UINT64: "uint64",
+             VT.INT64: "int64", VT.FLOAT64: "float64"}
+    for key, typ, _ in model["kv"]:
+        f = fields[key]
+        want = names[f.types[0]] if f.types[0] != VT.ARRAY else f"array[{names.get(f.types[1], 'uint8') if len(f.types) > 1 else 'uint8'}]"
+        assert typ == want, key
+        theirs = f.contents()
+        ours = M.get(model, key)
+        if typ in ("float32", "float64") and math.isnan(theirs):
+            assert math.isnan(ours)
+        else:
+            assert _equal(typ, ours, theirs), (key, ours, theirs)
+    assert M.get(model, "test.nan") != M.get(model, "test.nan")  # "nan" restored as NaN
+    assert M.get(model, "test.inf") == -math.inf and M.get(model, "test.u64") == 2**63 + 5
+    s = M.summary(model)
+    assert s["architecture"] == "llama" and s["tokenizer"] == "gpt2" and s["vocab"] == 5 and s["merges"] == 1
+    assert s["chat_template"] and s["rope_freq_base"] == 10000.0 and s["context_length"] == 4096
+
+
+def test_gguf_string_that_is_not_utf8_round_trips():
+    class F:  # a gguf-py field whose string bytes are not valid UTF-8
+        types = [VT.STRING]
+        def contents(self):
+            return b"ok\xff\xfe".decode("utf-8", "surrogateescape")
+    model = modelkv.from_gguf_fields({"x.bad": F()})
+    assert M.check_model(model) is None
+    js = json.loads(json.dumps(model, ensure_ascii=True))
+    assert M.get(js, "x.bad").encode("utf-8", "surrogateescape") == b"ok\xff\xfe"
+
+
+# ---------------------------------------------------------------- HF: converted as llama.cpp's converter does
+
+
+def test_hf_folder_config_and_tokenizer(tmp_path):
+    cfg = dict(synth.TINY["qwen2"])
+    cfg["rope_theta"] = 100000.0
+    cfg["rms_norm_eps"] = 1e-5
+    cfg["max_position_embeddings"] = 8192
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}
+    folder = synth.write_hf_model(tmp_path / "m", config=cfg)
+    tok = write_tokenizer(folder)
+    out = tmp_path / "m.orkpack"
+    r = build(folder, out, BuildOptions(threads=1))
+    assert not any("tokenizer" in w for w in r.warnings)
+    with Pack.open(out) as p:
+        model = p.header["model"]
+    assert M.check_model(model) is None and model["source"] == "hf"
+    g = lambda k: M.get(model, k)
+    assert g("general.architecture") == "qwen2"
+    assert g("qwen2.context_length") == 8192 and g("qwen2.block_count") == cfg["num_hidden_layers"]
+    assert g("qwen2.embedding_length") == cfg["hidden_size"] and g("qwen2.feed_forward_length") == cfg["intermediate_size"]
+    assert g("qwen2.attention.head_count") == cfg["num_attention_heads"]
+    assert g("qwen2.attention.head_count_kv") == cfg["num_key_value_heads"]
+    assert g("qwen2.rope.freq_base") == 100000.0 and np.float32(g("qwen2.attention.layer_norm_rms_epsilon")) == np.float32(1e-5)
+    hd = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    assert g("qwen2.rope.dimension_count") == hd
+    assert g("qwen2.rope.scaling.type") == "yarn" and g("qwen2.rope.scaling.factor") == 4.0
+    assert g("qwen2.rope.scaling.original_context_length") == 2048
+    types = {e[0]: e[1] for e in model["kv"]}
+    assert types["qwen2.context_length"] == "uint32" and types["qwen2.rope.freq_base"] == "float32"
+    # the tokenizer, typed as llama.cpp types it
+    by_id = sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])
+    assert g("tokenizer.ggml.model") == "gpt2" and g("tokenizer.ggml.pre") == "default"
+    assert g("tokenizer.ggml.tokens") == [t for t, _ in by_id]
+    assert g("tokenizer.ggml.token_type") == [3] * len(SPECIAL) + [1] * (len(by_id) - len(SPECIAL))
+    assert g("tokenizer.ggml.merges") == tok["model"]["merges"]
+    assert g("tokenizer.ggml.bos_token_id") == 1 and g("tokenizer.ggml.eos_token_id") == 2
+    assert g("tokenizer.ggml.padding_token_id") == 0 and g("tokenizer.ggml.add_bos_token") is False
+    assert g("tokenizer.chat_template") == TEMPLATE
+    assert json.loads(g("tokenizer.huggingface.json")) == tok
+    assert "tokenizer.ggml.scores" not in types  # gpt2 vocabularies carry no scores
+
+
+def test_hf_byte_fallback_tokenizer_is_the_llama_model(tmp_path):
+    folder = synth.write_hf_model(tmp_path / "m")
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}, "▁a": 259, "b": 260}
+    (folder / "tokenizer.json").write_text(json.dumps({
+        "added_tokens": [{"id": i, "content": t, "special": True} for t, i in list(vocab.items())[:3]],
+        "model": {"type": "BPE", "byte_fallback": True, "unk_token": "<unk>", "vocab": vocab, "merges": []}}))
+    model = modelkv.from_hf(folder, json.loads((folder / "config.json").read_text()))
+    assert M.get(model, "tokenizer.ggml.model") == "llama"
+    tt = M.get(model, "tokenizer.ggml.token_type")
+    assert tt[:3] == [3, 3, 3] and tt[3:259] == [6] * 256 and tt[259:] == [1, 1]
+    assert M.get(model, "tokenizer.ggml.scores")[259] == -259.0
+
+
+def test_hf_folder_without_tokenizer_warns_and_still_carries_the_hyperparameters(tmp_path):
+    folder = synth.write_hf_model(tmp_path / "m")
+    r = CliRunner().invoke(cli.app, ["build", str(folder), "-o", str(tmp_path / "m.orkpack"), "--json", "--threads", "1"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert any("no tokenizer.json or tokenizer.model" in w for w in doc["warnings"])
+    with Pack.open(tmp_path / "m.orkpack") as p:
+        assert M.get(p.header["model"], "llama.block_count") == 2
+
+
+def test_inspect_shows_the_model(tmp_path):
+    folder = synth.write_hf_model(tmp_path / "m")
+    write_tokenizer(folder)
+    build(folder, tmp_path / "m.orkpack", BuildOptions(threads=1))
+    r = CliRunner().invoke(cli.app, ["inspect", str(tmp_path / "m.orkpack"), "--json"])
+    f = json.loads(r.stdout)
+    assert f["model"]["architecture"] == "llama" and f["model"]["tokenizer"] == "gpt2" and f["model"]["chat_template"]
+    assert {"key": "llama.block_count", "type": "uint32", "value": 2} in f["model"]["keys"]
+    r = CliRunner().invoke(cli.app, ["inspect", str(tmp_path / "m.orkpack")])
+    assert "tokenizer gpt2" in r.stdout and "chat template" in r.stdout
+
+
+@pytest.mark.parametrize("bad, why", [
+    ({"source": "gguf"}, "keys source and kv"),
+    ({"source": "x", "kv": []}, "model.source"),
+    ({"source": "gguf", "kv": [["a", "uint8", 256]]}, "out of range"),
+    ({"source": "gguf", "kv": [["a", "uint32", True]]}, "out of range"),
+    ({"source": "gguf", "kv": [["a", "float32", "1.0"]]}, "not a number"),
+    ({"source": "gguf", "kv": [["a", "string", "x"], ["a", "string", "y"]]}, "appears twice"),
+    ({"source": "gguf", "kv": [["a", "array[int32]", [1, "2"]]]}, "out of range"),
+    ({"source": "gguf", "kv": [["a", "complex", 1]]}, "unknown type"),
+    ({"source": "gguf", "kv": [["a", "string"]]}, "not a [key, type, value]"),
+])
+def test_malformed_records_are_named(bad, why):
+    assert why in M.check_model(bad)
+    assert "problem" in M.summary(bad)
+
+
+# ---------------------------------------------------------------- the C reader exposes the same record
+
+
+def _digest(typ: str, vals) -> str:
+    import struct as st
+
+    import xxhash
+
+    inner = typ[6:-1] if typ.startswith("array[") else typ
+    vals = vals if typ.startswith("array[") else [vals]
+    out = bytearray()
+    for v in vals:
+        if inner == "string":
+            b = v.encode("utf-8", "surrogatepass")
+            out += st.pack("<Q", len(b)) + b
+        elif inner in ("float32", "float64"):
+            out += b"\xff" * 8 if v != v else st.pack("<d", v)
+        else:
+            out += st.pack("<q", int(v))
+    return f"{xxhash.xxh3_64_intdigest(bytes(out)):016x}"
+
+
+def test_c_reader_reads_the_same_record(check, tmp_path):
+    import subprocess
+
+    src = synth.write_gguf_model(tmp_path / "m.gguf", kv=ODD_KV)
+    gpack = build(src, tmp_path / "g.orkpack", BuildOptions(threads=1)).path
+    folder = synth.write_hf_model(tmp_path / "hf")
+    write_tokenizer(folder)
+    hpack = build(folder, tmp_path / "h.orkpack", BuildOptions(threads=1)).path
+    for pack in (gpack, hpack):
+        with Pack.open(pack) as p:
+            model = p.header["model"]
+        res = subprocess.run([str(check), "--model", str(pack)], capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stdout + res.stderr
+        lines = [ln.split("\t") for ln in res.stdout.splitlines() if ln.startswith("kv\t")]
+        want = []
+        for key, typ, _ in model["kv"]:
+            v = M.get(model, key)
+            if typ == "uint64" and v > 2**63 - 1:  # not an int64: the C reader says so
+                want.append(["kv", key, typ, "1", "bad model key test.u64: value above INT64_MAX"])
+                continue
+            want.append(["kv", key, typ, str(len(v) if typ.startswith("array[") else 1), _digest(typ, v)])
+        assert lines == want
+
+
+def test_c_reader_names_a_malformed_value(check, tmp_path):
+    import subprocess
+
+    sys_path = Path(__file__).resolve().parent
+    import sys
+
+    sys.path.insert(0, str(sys_path))
+    from test_c_reader import _rewrite
+
+    folder = synth.write_hf_model(tmp_path / "hf")
+    pack = build(folder, tmp_path / "h.orkpack", BuildOptions(threads=1)).path
+
+    def mutate(h):
+        h["model"]["kv"][1][2] = "not a uint32"  # general.type is a string: make the block count wrong instead
+        h["model"]["kv"].append(["x.count", "uint32", -1])
+    bad = _rewrite(pack, tmp_path / "bad.orkpack", mutate)
+    res = subprocess.run([str(check), "--model", str(bad)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0  # the record is read on demand; the pack itself is sound
+    assert "kv\tx.count\tuint32\t1\tbad" in res.stdout and "uint32 value out of range" in res.stdout
+    with Pack.open(bad) as p:
+        assert "out of range" in M.check_model(p.header["model"])
