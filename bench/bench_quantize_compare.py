@@ -88,8 +88,12 @@ def ensure_inputs(workdir: Path) -> tuple[Path, Path]:
 class Proc:
     """One command, timed around the child alone: wall seconds, and its user / system CPU from wait4."""
 
-    def __init__(self, name: str, argv: list[str], out: Path, cpus: set[int] | None, env: dict | None = None):
-        self.name, self.argv, self.out, self.cpus, self.env = name, argv, out, cpus, env
+    def __init__(self, name: str, argv: list[str], out: Path, cpus: set[int] | None, tree: Path | None = None):
+        """``tree``: run ``python -m orkpack`` from this source tree (cwd and PYTHONPATH: ``-m`` puts the
+        working folder first on sys.path, ahead of PYTHONPATH)."""
+        self.name, self.argv, self.out, self.cpus = name, argv, out, cpus
+        self.cwd = None if tree is None else str(tree)
+        self.env = None if tree is None else dict(os.environ, PYTHONPATH=str(tree))
         self.wall: list[float] = []
         self.user: list[float] = []
         self.sys: list[float] = []
@@ -99,7 +103,8 @@ class Proc:
         pre = (lambda: os.sched_setaffinity(0, self.cpus)) if self.cpus else None
         with open(os.devnull, "wb") as null:
             t0 = time.perf_counter()
-            p = subprocess.Popen(self.argv, stdout=null, stderr=subprocess.PIPE, preexec_fn=pre, env=self.env)
+            p = subprocess.Popen(self.argv, stdout=null, stderr=subprocess.PIPE, preexec_fn=pre, env=self.env,
+                                 cwd=self.cwd)
             err = p.stderr.read()
             _, status, ru = os.wait4(p.pid, 0)
             dt = time.perf_counter() - t0
@@ -147,8 +152,9 @@ def main(argv=None) -> int:
     out.mkdir()
     notes = []
     quantize = find_quantize(a.quantize)
+    here = Path(__file__).resolve().parents[1]  # this source tree
     cases = [Proc("orkpack build --threads 1", [sys.executable, "-m", "orkpack", "build", str(model), "-o",
-                                                  str(out / "t1.orkpack"), "--threads", "1"], out / "t1.orkpack", cpus)]
+                                                  str(out / "t1.orkpack"), "--threads", "1"], out / "t1.orkpack", cpus, here)]
     if quantize:
         for q in ("Q4_0", "Q8_0"):
             cases.append(Proc(f"llama-quantize {q}, 1 thread", [quantize, str(gguf), str(out / f"{q}.gguf"), q, "1"],
@@ -156,11 +162,11 @@ def main(argv=None) -> int:
     else:
         notes.append("llama-quantize isn't on PATH (nor given with --quantize): orkpack's figures alone")
     if a.baseline is not None:
-        env = dict(os.environ, PYTHONPATH=str(a.baseline.resolve()))
         cases.append(Proc(f"baseline {a.baseline.name}: --threads 1", [sys.executable, "-m", "orkpack", "build", str(model),
-                          "-o", str(out / "base.orkpack"), "--threads", "1"], out / "base.orkpack", cpus, env))
+                          "-o", str(out / "base.orkpack"), "--threads", "1"], out / "base.orkpack", cpus,
+                          a.baseline.resolve()))
     cases.append(Proc("orkpack build (all cores)", [sys.executable, "-m", "orkpack", "build", str(model), "-o",
-                                                    str(out / "t0.orkpack")], out / "t0.orkpack", cpus))
+                                                    str(out / "t0.orkpack")], out / "t0.orkpack", cpus, here))
     log(f"warming the page cache ({src_bytes / 1e9:.2f} GB + the GGUF) and one untimed round ...")
     warm([*model.glob("*.safetensors"), gguf])
     fresh = src_bytes + 512 * MB
