@@ -224,3 +224,16 @@ def test_hash_file_from_mapped_windows(tmp_path, size):
     want = xxhash.xxh3_64_hexdigest(p.read_bytes())
     assert hash_file(p, window=2 * mmap.ALLOCATIONGRANULARITY) == want
     assert hash_file(p) == want
+
+
+def test_mapped_equals_read_gguf_raw_types(tmp_path):
+    """GGUF integer and F64 tensors mapped hold their bytes as read() gives them (own numpy type)."""
+    from test_raw_and_skipped import _gguf_with_ints
+
+    p = tmp_path / "i.gguf"
+    want = _gguf_with_ints(p)
+    with open_source(p) as src:
+        for name, arr in want.items():
+            m = src.mapped(name)
+            assert m is not None and m.dtype == arr.dtype and m.shape == arr.shape, name
+            assert m.tobytes() == arr.tobytes() == src.read(name).tobytes(), name

@@ -303,8 +303,8 @@ class GGUFSource(FileSource):
         """The numpy type a tensor of GGUF type ``qname`` is handed out as; None for quantized types."""
         if qname in ("F32", "F16", "BF16"):
             return {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[qname]
-        if qname in RAW_TYPES:
-            return np.dtype(spec.RAW_DTYPES[RAW_TYPES[qname]]).newbyteorder("=")
+        if qname in RAW_TYPES:  # bytes as stored, as their own numpy type
+            return np.dtype(spec.RAW_DTYPES[RAW_DTYPES[qname]]).newbyteorder("=")
         return None
 
     def mapped(self, name: str) -> np.ndarray | None:
@@ -325,12 +325,9 @@ class GGUFSource(FileSource):
         if self._fd < 0:
             raise SourceError(f"{escape_name(str(self.root))}: source is closed; open it again")
         info, q = ent.info, ent.qtype
-        if q.name in ("F32", "F16", "BF16"):
-            arr = array_in(out, info.shape, {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[q.name])
-            read_into(self._fd, ent.offset, memoryview(arr.reshape(-1).view(np.uint8)), self.root)
-            return arr
-        if q.name in RAW_TYPES:  # bytes as stored, as their own numpy type
-            arr = array_in(out, info.shape, np.dtype(spec.RAW_DTYPES[RAW_DTYPES[q.name]]).newbyteorder("="))
+        dt = self._np_dtype(q.name)
+        if dt is not None:  # float (exact bits) and raw types
+            arr = array_in(out, info.shape, dt)
             read_into(self._fd, ent.offset, memoryview(arr.reshape(-1).view(np.uint8)), self.root)
             return arr
         self._warn()
