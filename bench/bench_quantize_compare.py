@@ -18,7 +18,7 @@ system CPU time (wait4's rusage), every case once per round (interleaved):
   * `llama-quantize GGUF OUT Q4_0 1` and `... Q8_0 1` (1 thread), when llama-quantize is found
     (--quantize, else $PATH); otherwise the script says so and reports orkpack's figures alone
   * with --baseline DIR: the same orkpack build from another source tree (PYTHONPATH=DIR)
-  * `orkpack build MODEL -o OUT` (all cores), for reference
+  * `orkpack build MODEL -o OUT` (default --threads: all cores; pinned, they share one), for reference
 
 `--cpus 0` (the default) pins every case to CPU 0 (sched_setaffinity, as `taskset -c 0`):
 one core for everything, orkpack's I/O and hashing threads included. `--cpus all` leaves
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
         cases.append(Proc(f"baseline {a.baseline.name}: --threads 1", [sys.executable, "-m", "orkpack", "build", str(model),
                           "-o", str(out / "base.orkpack"), "--threads", "1"], out / "base.orkpack", cpus,
                           a.baseline.resolve()))
-    cases.append(Proc("orkpack build (all cores)", [sys.executable, "-m", "orkpack", "build", str(model), "-o",
+    cases.append(Proc("orkpack build (default threads)", [sys.executable, "-m", "orkpack", "build", str(model), "-o",
                                                     str(out / "t0.orkpack")], out / "t0.orkpack", cpus, here))
     log(f"warming the page cache ({src_bytes / 1e9:.2f} GB + the GGUF) and one untimed round ...")
     warm([*model.glob("*.safetensors"), gguf])
