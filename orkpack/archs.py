@@ -13,7 +13,10 @@ An entry says, for one family of Hugging Face checkpoints:
 * its attention: ``gqa`` (K and V of ``kv_heads x head_dim`` per token and
   layer) or ``mla`` (the compressed latent, ``kv_lora_rank +
   qk_rope_head_dim``); which layers use a sliding window (``swa``) and which
-  layers are MoE (``moe``).
+  layers are MoE (``moe``);
+* how its forward pass computes the logits (``forward``, a :class:`Forward`: norms
+  and their placement, activation, RoPE style, QK norms, multipliers, MoE routing),
+  read by the reference forward pass :mod:`orkpack.model`.
 
 Adding a family is one entry here plus a fixture (``orkpack.synth.TINY``).
 Everything else reads these tables: :func:`facts_from_config` (the facts a
@@ -116,6 +119,45 @@ def t(name: str, *shape, when: str = "", experts: bool = False, kind: str | None
 
 
 @dataclass(frozen=True)
+class Forward:
+    """How a family computes its logits: what :mod:`orkpack.model` reads (the Hugging Face layout).
+
+    Numbers (epsilons, RoPE bases, softcaps, multipliers) come from the config or the GGUF metadata
+    (:mod:`orkpack.model.hparams`); this says which of them apply and how the blocks are wired.
+    A family without one (``Family.forward is None``) is not evaluable yet: the forward pass refuses it.
+    """
+    norm: str = "rms"  # rms | layer (LayerNorm; adds the stored bias when there is one)
+    norm_offset: float = 0.0  # gemma: the gain is (offset + w); llama.cpp's converter stores w + offset
+    block: str = "pre"  # pre: x + f(norm(x)) | sandwich: x + post_norm(f(norm(x))) (gemma2/3, glm4)
+    act: str = "silu"  # silu | gelu_tanh | gelu (exact): the activation when the config names none
+    # | swiglu_oai (gpt-oss: gate clamped <= limit, up to +-limit, gate * sigmoid(alpha * gate) * (up + 1))
+    act_key: str = "hidden_act"  # the config key naming it (gemma: hidden_activation; its hidden_act is ignored)
+    qkv: str = "blocks"  # a fused attn_qkv: blocks (all q rows, all k, all v) | grouped (per KV head: its q heads,
+    # k, v: internlm2's wqkv; llama.cpp's converter splits it into attn_q/k/v)
+    mlp: str = "gated"  # gated: down(act(gate) * up) | fused: ffn_up holds gate then up rows | plain: down(act(up))
+    # | interleaved: the fused gate_up holds gate and up rows alternately (gpt-oss)
+    ffn_norm: str = "ffn_norm"  # the pre-FFN norm's GGUF name (gpt-oss: post_attention_norm)
+    rope: str = "neox"  # neox (rotate the halves of each head) | interleaved (rotate pairs (2i, 2i+1))
+    rope_ratio: bool = False  # chatglm: the RoPE base is 10000 x the config's rope_ratio (default 1)
+    rope_layers: str = "all"  # all | no_rope_layers (smollm3: the config's per-layer list, 1 = RoPE)
+    qk_norm: str = ""  # "" | head (RMS over head_dim, one gain for every head) | full (RMS over all heads)
+    window: str = "facts"  # facts: the layers archs lists (swa_layers) | config: sliding_window on every layer
+    swa_rope_base: float = 0.0  # gemma3: sliding layers use their own RoPE base (this default), never scaled
+    embed_scale: str = ""  # "" | sqrt_hidden (gemma) | a config key (granite embedding_multiplier, minicpm scale_emb)
+    residual_scale: str = ""  # "" | a config key (granite residual_multiplier) | depth (scale_depth / sqrt(L))
+    attn_scale: str = ""  # "" (head_dim^-0.5) | a config key (granite attention_multiplier) | qpas (gemma2/3)
+    logit_scale: str = ""  # "" | a config key the logits are divided by (granite logits_scaling) | dim_base (minicpm)
+    router: str = "softmax"  # MoE gate scores: softmax | sigmoid (deepseek-v3 noaux_tc)
+    router_norm: str = "config"  # always (mixtral, granitemoe) | config (norm_topk_prob, default false)
+    router_groups: str = ""  # deepseek: experts chosen in the best topk_group of n_group groups, a group scored by its
+    # max (v2, topk_method group_limited_greedy) | top2sum (v3: the sum of its two best bias-corrected scores)
+    router_scale: bool = False  # deepseek: routed_scaling_factor multiplies the routed experts' sum
+    shared_gate: bool = False  # qwen2_moe: a sigmoid gate (ffn_gate_inp_shexp) on the shared expert
+    gguf_permuted_qk: bool = False  # llama.cpp's converter permutes q/k rows: the GGUF rotates pairs
+    refuse: tuple[tuple[str, str], ...] = ()  # (config key, what is missing) when that key is set and truthy
+
+
+@dataclass(frozen=True)
 class Family:
     name: str  # our id: the HF model_type
     gguf: str  # gguf-py MODEL_ARCH member whose TensorNameMap names the tensors
@@ -133,6 +175,7 @@ class Family:
     classes: tuple[str, ...] = ()  # HF ``architectures`` class names, for configs without a model_type
     head_stored_when_tied: bool = False  # the release stores lm_head.weight even with tied embeddings
     flags: Callable[[dict, dict], dict] | None = None  # extra model-level flags from (config, dims)
+    forward: Forward | None = None  # the reference forward pass (orkpack.model); None: not evaluable yet
 
 
 # --------------------------------------------------------------------------------------- shared templates
@@ -224,38 +267,59 @@ def _always(*names: str) -> Callable[[dict, dict], dict]:
 
 # --------------------------------------------------------------------------------------------- the families
 
+# the forward passes shared by several entries (orkpack.model reads them)
+_NO_QWEN_SWA = (("use_sliding_window", "Qwen2-style sliding-window layers (use_sliding_window)"),)
+_FWD_LLAMA = Forward(gguf_permuted_qk=True, window="config")  # a mistral GGUF says llama: its window applies
+_GEMMA = dict(norm_offset=1.0, act="gelu_tanh", act_key="hidden_activation", embed_scale="sqrt_hidden")
+_FWD_GEMMA2 = Forward(block="sandwich", attn_scale="qpas", **_GEMMA)
+_FWD_GEMMA3 = Forward(block="sandwich", attn_scale="qpas", qk_norm="head", swa_rope_base=10000.0, **_GEMMA)
+_FWD_GRANITE = dict(gguf_permuted_qk=True, embed_scale="embedding_multiplier", residual_scale="residual_multiplier",
+                    attn_scale="attention_multiplier", logit_scale="logits_scaling")
+
+
 _F = [
     Family("llama", "LLAMA", _LLAMA_LAYER, _llama_top(), flags=_qkv_bias_flag,
-           defaults={"tie_word_embeddings": False}),
-    Family("mistral", "LLAMA", _LLAMA_LAYER, _llama_top(), defaults={"tie_word_embeddings": False}),
+           defaults={"tie_word_embeddings": False},
+           forward=_FWD_LLAMA),
+    Family("mistral", "LLAMA", _LLAMA_LAYER, _llama_top(), defaults={"tie_word_embeddings": False},
+           forward=_FWD_LLAMA),
     Family("mixtral", "LLAMA", _NORMS + _QKVO + (
         t(P + "block_sparse_moe.gate.weight", "E", "H", when="moe"),
         t(P + "block_sparse_moe.experts.{e}.w1.weight", "Im", "H", when="moe", experts=True),
         t(P + "block_sparse_moe.experts.{e}.w3.weight", "Im", "H", when="moe", experts=True),
         t(P + "block_sparse_moe.experts.{e}.w2.weight", "H", "Im", when="moe", experts=True),
-    ), _llama_top(), keys={"moe_intermediate": ("intermediate_size",)}, defaults={"tie_word_embeddings": False}),
+    ), _llama_top(), keys={"moe_intermediate": ("intermediate_size",)}, defaults={"tie_word_embeddings": False},
+           forward=Forward(gguf_permuted_qk=True, window="config", router_norm="always")),
     Family("qwen2", "QWEN2", _LLAMA_LAYER, _llama_top(), flags=_always("qkv_bias"),
-           defaults={"tie_word_embeddings": False}),
+           defaults={"tie_word_embeddings": False},
+           forward=Forward(refuse=_NO_QWEN_SWA)),
     Family("qwen2_moe", "QWEN2MOE", _NORMS + _QKVO + _QKV_BIAS + _MLP + _EXPERTS + (
         t(P + "mlp.shared_expert.gate_proj.weight", "Is", "H", when="moe shared"),
         t(P + "mlp.shared_expert.up_proj.weight", "Is", "H", when="moe shared"),
         t(P + "mlp.shared_expert.down_proj.weight", "H", "Is", when="moe shared"),
         t(P + "mlp.shared_expert_gate.weight", 1, "H", when="moe shared"),
     ), _llama_top(), moe="qwen", flags=lambda cfg, d: {"qkv_bias": True, "shared": d["Is"] > 0},
-        defaults={"tie_word_embeddings": False}),
+        defaults={"tie_word_embeddings": False},
+           forward=Forward(shared_gate=True, refuse=_NO_QWEN_SWA)),
     # Qwen3's tied releases (0.6B, 1.7B, 4B) store lm_head.weight anyway (Qwen3-0.6B: 751,632,384 params)
     Family("qwen3", "QWEN3", _LLAMA_LAYER + _QK_NORM, _llama_top(), flags=_qkv_bias_flag,
-           defaults={"tie_word_embeddings": False}, head_stored_when_tied=True),
+           defaults={"tie_word_embeddings": False}, head_stored_when_tied=True,
+           forward=Forward(qk_norm="head", refuse=_NO_QWEN_SWA)),
     Family("qwen3_moe", "QWEN3MOE", _NORMS + _QKVO + _QKV_BIAS + _O_BIAS + _QK_NORM + _MLP + _EXPERTS, _llama_top(),
-           moe="qwen", flags=_qkv_bias_flag, defaults={"tie_word_embeddings": False}),
-    Family("gemma", "GEMMA", _NORMS + _QKVO + _MLP, _llama_top(), defaults={"tie_word_embeddings": True}),
+           moe="qwen", flags=_qkv_bias_flag, defaults={"tie_word_embeddings": False},
+           forward=Forward(qk_norm="head", refuse=_NO_QWEN_SWA)),
+    Family("gemma", "GEMMA", _NORMS + _QKVO + _MLP, _llama_top(), defaults={"tie_word_embeddings": True},
+           forward=Forward(**_GEMMA)),
     Family("gemma2", "GEMMA2", _NORMS + _GEMMA2_NORMS + _QKVO + _MLP, _llama_top(), swa="even",
-           defaults={"tie_word_embeddings": True}),
+           defaults={"tie_word_embeddings": True, "query_pre_attn_scalar": 256},
+           forward=_FWD_GEMMA2),
     # Gemma3TextConfig defaults (a real config.json leaves some of them out)
     Family("gemma3_text", "GEMMA3", _NORMS + _GEMMA2_NORMS + _QKVO + _QK_NORM + _MLP, _llama_top(), swa="pattern",
            defaults={"tie_word_embeddings": True, "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
                      "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-                     "sliding_window": 4096, "sliding_window_pattern": 6}),
+                     "sliding_window": 4096, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
+                     "rope_theta": 1000000.0},
+           forward=_FWD_GEMMA3),
     # Gemma3ForConditionalGeneration: the text model under language_model., a SigLIP vision tower, a projector
     Family("gemma3", "GEMMA3", tuple(T(x.name.replace("model.layers.", "language_model.model.layers."), x.shape, x.when,
                                        x.experts, x.kind)
@@ -274,11 +338,14 @@ _F = [
                     (r"^language_model\.lm_head\.", "lm_head.")),
            defaults={"tie_word_embeddings": True, "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
                      "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
-                     "sliding_window": 4096, "sliding_window_pattern": 6}),
+                     "sliding_window": 4096, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
+                     "rope_theta": 1000000.0},
+           forward=_FWD_GEMMA3),
     Family("phi3", "PHI3", _NORMS + (
         t(P + "self_attn.qkv_proj.weight", "(nh+2*nkv)*hd", "H"), t(P + "self_attn.o_proj.weight", "H", "nh*hd"),
         t(P + "mlp.gate_up_proj.weight", "2*I", "H"), t(P + "mlp.down_proj.weight", "H", "I"),
-    ), _llama_top(), defaults={"tie_word_embeddings": False}),
+    ), _llama_top(), defaults={"tie_word_embeddings": False},
+        forward=Forward(mlp="fused", window="config")),
     Family("internlm2", "INTERNLM2", (
         t(P + "attention_norm.weight", "H"), t(P + "ffn_norm.weight", "H"),
         t(P + "attention.wqkv.weight", "(nh+2*nkv)*hd", "H"), t(P + "attention.wqkv.bias", "(nh+2*nkv)*hd", when="qkv_bias"),
@@ -288,13 +355,16 @@ _F = [
     ), _llama_top("model.tok_embeddings.weight", "model.norm.weight", "output.weight"),
         renames=((r"^model\.layers\.(\d+)\.attention\.wqkv\.", r"blk.\1.attn_qkv."),),
         flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("bias"))}, defaults={"tie_word_embeddings": False},
-        classes=("InternLM2ForCausalLM",)),
+        classes=("InternLM2ForCausalLM",), forward=Forward(qkv="grouped", gguf_permuted_qk=True)),
     # MiniCPM-2B's config.json has no model_type: its architectures class names it
     Family("minicpm", "MINICPM", _LLAMA_LAYER, _llama_top(), flags=_qkv_bias_flag,
-           defaults={"tie_word_embeddings": True}, classes=("MiniCPMForCausalLM",)),
+           defaults={"tie_word_embeddings": True}, classes=("MiniCPMForCausalLM",),
+           forward=Forward(gguf_permuted_qk=True, embed_scale="scale_emb", residual_scale="depth",
+                           logit_scale="dim_base")),
     Family("minicpm3", "MINICPM3", _NORMS + _MLA + _MLP, _llama_top(), attention="mla",
            flags=lambda cfg, d: {"q_lora": bool(d["qlr"])}, defaults={"tie_word_embeddings": True},
-           classes=("MiniCPM3ForCausalLM",)),
+           classes=("MiniCPM3ForCausalLM",),
+           forward=Forward(embed_scale="scale_emb", residual_scale="depth", logit_scale="dim_base")),
     # ChatGLM3 and GLM-4-9B-chat (model_type chatglm): the transformer.encoder.* layout
     Family("chatglm", "CHATGLM", (
         t("transformer.encoder.layers.{i}.input_layernorm.weight", "H"),
@@ -319,23 +389,28 @@ _F = [
                  (r"^transformer\.encoder\.layers\.(\d+)\.mlp\.dense_h_to_4h\.", r"blk.\1.ffn_up."),
                  (r"^transformer\.encoder\.layers\.(\d+)\.mlp\.dense_4h_to_h\.", r"blk.\1.ffn_down.")),
         flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("add_qkv_bias"))},
-        defaults={"tie_word_embeddings": False}, classes=("ChatGLMModel", "ChatGLMForConditionalGeneration")),
+        defaults={"tie_word_embeddings": False, "partial_rotary_factor": 0.5},
+        classes=("ChatGLMModel", "ChatGLMForConditionalGeneration"),
+        forward=Forward(mlp="fused", rope="interleaved", rope_ratio=True)),
     # GLM-4-0414 (model_type glm4): llama-style names, fused gate_up, sandwich norms
     Family("glm4", "GLM4", _NORMS + _QKVO + _QKV_BIAS + (
         t(P + "post_self_attn_layernorm.weight", "H"), t(P + "post_mlp_layernorm.weight", "H"),
         t(P + "mlp.gate_up_proj.weight", "2*I", "H"), t(P + "mlp.down_proj.weight", "H", "I"),
     ), _llama_top(), flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("attention_bias"))},
-        defaults={"tie_word_embeddings": False}),
+        defaults={"tie_word_embeddings": False, "partial_rotary_factor": 0.5},
+        forward=Forward(block="sandwich", mlp="fused", rope="interleaved")),
     Family("deepseek_v2", "DEEPSEEK2", _NORMS + _MLA + _MLP + _DEEPSEEK_MOE, _llama_top(), attention="mla",
            moe="deepseek", flags=_deepseek_flags("greedy"),
-           defaults={"tie_word_embeddings": False}),
+           defaults={"tie_word_embeddings": False},
+           forward=Forward(rope="interleaved", router_groups="max", router_scale=True)),
     Family("deepseek_v3", "DEEPSEEK2", _NORMS + _MLA + _MLP + _DEEPSEEK_MOE + _NEXTN, _llama_top(), attention="mla",
            moe="deepseek", flags=_deepseek_flags("noaux_tc"),
            renames=((r"^model\.layers\.(\d+)\.(embed_tokens|enorm|hnorm|eh_proj)\.", r"blk.\1.nextn.\2."),
                     (r"^model\.layers\.(\d+)\.shared_head\.norm\.", r"blk.\1.nextn.shared_head_norm."),
                     (r"^model\.layers\.(\d+)\.shared_head\.head\.", r"blk.\1.nextn.shared_head_head."),
                     (r"^model\.layers\.(\d+)\.mlp\.gate\.e_score_correction_bias$", r"blk.\1.exp_probs_b.bias")),
-           defaults={"tie_word_embeddings": False}),
+           defaults={"tie_word_embeddings": False},
+           forward=Forward(rope="interleaved", router="sigmoid", router_groups="top2sum", router_scale=True)),
     Family("gpt_oss", "GPT_OSS", _NORMS + _QKVO + (
         t(P + "self_attn.q_proj.bias", "nh*hd"), t(P + "self_attn.k_proj.bias", "nkv*hd"),
         t(P + "self_attn.v_proj.bias", "nkv*hd"), t(P + "self_attn.o_proj.bias", "H"),
@@ -349,22 +424,27 @@ _F = [
                  (r"^model\.layers\.(\d+)\.mlp\.experts\.gate_up_proj\.weight$", r"blk.\1.ffn_gate_up_exps.weight"),
                  (r"^model\.layers\.(\d+)\.mlp\.experts\.gate_up_proj_bias$", r"blk.\1.ffn_gate_up_exps.bias"),
                  (r"^model\.layers\.(\d+)\.mlp\.experts\.down_proj_bias$", r"blk.\1.ffn_down_exps.bias")),
-        defaults={"tie_word_embeddings": False}),
+        defaults={"tie_word_embeddings": False},
+        forward=Forward(act="swiglu_oai", act_key="", mlp="interleaved", ffn_norm="post_attention_norm",
+                        router_norm="always")),
     Family("olmoe", "OLMOE", _NORMS + _QKVO + (
         t(P + "self_attn.q_norm.weight", "nh*hd"), t(P + "self_attn.k_norm.weight", "nkv*hd"),
     ) + _EXPERTS, _llama_top(), keys={"moe_intermediate": ("intermediate_size",)},
-        defaults={"tie_word_embeddings": False}),
+        defaults={"tie_word_embeddings": False},
+        forward=Forward(qk_norm="full", refuse=(("clip_qkv", "OLMoE's clip_qkv"),))),
     Family("granite", "GRANITE", _LLAMA_LAYER, _llama_top(), flags=_qkv_bias_flag,
-           defaults={"tie_word_embeddings": True}),
+           defaults={"tie_word_embeddings": True}, forward=Forward(**_FWD_GRANITE)),
     Family("granitemoe", "GRANITE_MOE", _NORMS + _QKVO + (
         t(P + "block_sparse_moe.router.layer.weight", "E", "H"),
         t(P + "block_sparse_moe.input_linear.weight", "E", "2*Im", "H"),
         t(P + "block_sparse_moe.output_linear.weight", "E", "H", "Im"),
     ), _llama_top(), keys={"moe_intermediate": ("intermediate_size",)},
         renames=((r"^model\.layers\.(\d+)\.block_sparse_moe\.input_linear\.weight$", r"blk.\1.ffn_gate_up_exps.weight"),),
-        defaults={"tie_word_embeddings": True}),
+        defaults={"tie_word_embeddings": True}, forward=Forward(router_norm="always", **_FWD_GRANITE)),
     Family("smollm3", "SMOLLM3", _LLAMA_LAYER, _llama_top(), flags=_qkv_bias_flag,
-           defaults={"tie_word_embeddings": True}),
+           defaults={"tie_word_embeddings": True},
+           forward=Forward(gguf_permuted_qk=True, rope_layers="no_rope_layers",
+                           refuse=(("use_sliding_window", "SmolLM3 sliding-window layers (use_sliding_window)"),))),
     Family("starcoder2", "STARCODER2", (
         t(P + "input_layernorm.weight", "H"), t(P + "input_layernorm.bias", "H"),
         t(P + "post_attention_layernorm.weight", "H"), t(P + "post_attention_layernorm.bias", "H"),
@@ -373,7 +453,8 @@ _F = [
         t(P + "mlp.c_fc.weight", "I", "H"), t(P + "mlp.c_fc.bias", "I", when="use_bias"),
         t(P + "mlp.c_proj.weight", "H", "I"), t(P + "mlp.c_proj.bias", "H", when="use_bias"),
     ), _llama_top() + (t("model.norm.bias", "H"),),
-        flags=lambda cfg, d: {"use_bias": bool(cfg.get("use_bias", True))}, defaults={"tie_word_embeddings": True}),
+        flags=lambda cfg, d: {"use_bias": bool(cfg.get("use_bias", True))}, defaults={"tie_word_embeddings": True},
+        forward=Forward(norm="layer", mlp="plain", act="gelu_tanh", window="config")),
 ]
 
 FAMILIES: dict[str, Family] = {f.name: f for f in _F}

@@ -92,6 +92,27 @@ def _progress(enabled: bool) -> Progress:
     )
 
 
+class _LazyBar:
+    """A progress bar on stderr that appears with the first progress report (so an early error is one line)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.prog, self.task = enabled, None, None
+
+    def update(self, done: float, total: float, what: str) -> None:
+        if not self.enabled:
+            return
+        if self.prog is None:
+            self.prog = Progress(TextColumn("[bold]eval"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                                 TimeRemainingColumn(), TextColumn("{task.fields[what]}"), console=err)
+            self.prog.start()
+            self.task = self.prog.add_task("eval", total=total, what="")
+        self.prog.update(self.task, completed=done, total=total, what=what)
+
+    def stop(self) -> None:
+        if self.prog is not None:
+            self.prog.stop()
+
+
 def version_callback(value: bool):
     if value:
         print(f"orkpack {__version__}")
@@ -305,6 +326,43 @@ def calibrate(
 
     f, _ = run_calibrate(times, output, board=board)
     print(json.dumps(report_json(f, str(output)), indent=1) if json_out else report_text(f, str(output)))
+
+
+@app.command(name="eval")
+@_fail_cleanly
+def eval_(
+    models: List[Path] = typer.Argument(..., metavar="[SOURCE] PACK", help="PACK: an .orkpack or a (quantized) GGUF; SOURCE (optional, first): the float checkpoint it came from, the reference."),
+    text: Optional[Path] = typer.Option(None, "--text", metavar="FILE", help="UTF-8 text to score (default: the built-in prose, ~2,300 tokens)."),
+    tokens: Optional[Path] = typer.Option(None, "--tokens", metavar="FILE", help="Token ids to score instead of a text (integers separated by spaces)."),
+    ctx: int = typer.Option(512, "--ctx", metavar="N", help="Chunk length: each chunk is one sequence, scored on its second half (as llama-perplexity)."),
+    chunks: int = typer.Option(0, "--chunks", metavar="N", help="Score only the first N chunks (0: all)."),
+    act: str = typer.Option("token", "--act", help="NPU activations quantized to int8 per token (as the public RK3588 llama.cpp backends) or per tensor; float: not quantized (to tell the weights' cost from the activations')."),
+    cpu_act: str = typer.Option("float", "--cpu-act", help="CPU activations for int8/NF4 weights: float, or q8 (llama.cpp's Q8_0 blocks)."),
+    per_tensor: bool = typer.Option(False, "--per-tensor", help="Rank the items by the KLD each adds alone (its path's numerics, every other matrix float) on a sample, with its matmul output SNR over the run (needs SOURCE)."),
+    per_tensor_tokens: int = typer.Option(128, "--per-tensor-tokens", metavar="N", help="The sample of --per-tensor: the first N tokens (one forward pass per item and path)."),
+    rows: int = typer.Option(20, "--rows", metavar="N", help="Per-tensor rows shown."),
+    threads: int = typer.Option(1, "--threads", "-t", help="BLAS threads (0: all cores). One is fastest on a busy machine: the attention's many small products lose to thread synchronisation."),
+    json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+):
+    """What a pack does to the model's answers: KL divergence, top-1 agreement and perplexity of each path
+    (prefill and decode, in the board's numerics) against the source's float model (docs/EVAL.md)."""
+    from orkpack.eval.run import Options, evaluate
+    from orkpack.render import eval_report
+
+    if len(models) not in (1, 2):
+        raise OrkError(f"give PACK, or SOURCE PACK ({len(models)} paths given)")
+    source, pack = (None, models[0]) if len(models) == 1 else models
+    opts = Options(text=text, tokens=tokens, ctx=ctx, chunks=chunks, act=act, cpu_act=cpu_act, per_tensor=per_tensor,
+                   per_tensor_tokens=per_tensor_tokens, threads=threads)
+    bar = _LazyBar(not json_out)
+    try:
+        r = evaluate(source, pack, opts, progress=bar.update)
+    finally:
+        bar.stop()
+    if json_out:
+        print(json.dumps(r, indent=1))
+    else:
+        eval_report(out, r, rows=rows)
 
 
 def main() -> None:

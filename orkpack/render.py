@@ -143,3 +143,31 @@ def _prediction_line(pr: dict) -> str | None:
                 f"{float(base['decode_tok_s']):.2f}, prefill {float(base['prefill_tok_s']):.1f})")
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def eval_report(console: Console, r: dict, *, rows: int = 20) -> None:
+    """``orkpack eval``: one row per path (KLD against the reference, top-1 agreement, perplexity)."""
+    src = f"{escape_name(r['source'])} (float) vs " if r.get("source") else ""
+    t = Table(title=markup_escape(f"{src}{escape_name(r['pack'])}: {r['scored']} tokens scored "
+                                  f"({r['chunks']} chunks of {r['ctx']}, {escape_name(r['text'])})"))
+    for c in ("path", "KLD mean", "± se", "median", "p99", "max", "top-1", "ppl"):
+        t.add_column(c, justify="left" if c == "path" else "right")
+    for p in r["paths"]:
+        k = p.get("kld")
+        cells = [f"{k['mean']:.5f}", f"{k['se']:.5f}", f"{k['median']:.5f}", f"{k['p99']:.4f}", f"{k['max']:.4f}",
+                 f"{100 * p['top1']:.1f} %"] if k else ["(reference)", "", "", "", "", ""]
+        t.add_row(p["path"], *cells, f"{p['ppl']:.3f}")
+    console.print(t)
+    for p in r["paths"]:
+        console.print(markup_escape(f"{p['path']}: {p['numerics']}"))
+    if r.get("note"):
+        console.print(markup_escape(f"note: {r['note']}"))
+    for label, items in (r.get("per_tensor") or {}).items():
+        pt = Table(title=f"{label}: items by the KLD each adds alone (top {min(rows, len(items))} of {len(items)}; "
+                         f"{r.get('per_tensor_tokens')}-token sample)")
+        for c in ("item", "KLD alone", "share", "output SNR dB"):
+            pt.add_column(c, justify="left" if c == "item" else "right")
+        for it in items[:rows]:
+            pt.add_row(escape_name(it["item"]), f"{it['kld_alone']:.5f}", f"{100 * it['share']:.1f} %",
+                       "" if it["rel_error"] is None else "exact" if it["snr_db"] is None else f"{it['snr_db']:.2f}")
+        console.print(pt)

@@ -382,8 +382,13 @@ def _convert(bits: np.ndarray, q) -> np.ndarray:
 _GGUF_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
 
 
-def _gguf_header(w, cfg: dict, f: dict, name: str) -> None:
-    """The GGUF metadata of a model with these facts (``orkpack.archs``): what llama.cpp's loader reads."""
+def _gguf_header(w, cfg: dict, f: dict, name: str, extra: dict | None = None) -> None:
+    """The GGUF metadata of a model with these facts (``orkpack.archs``): what llama.cpp's loader reads.
+
+    ``extra``: further ``{arch}.`` keys (without the prefix), e.g. the forward pass's hyperparameters
+    (:func:`orkpack.model.hparams.to_gguf`); they replace the fixed epsilon and RoPE base.
+    """
+    extra = dict(extra or {})
     w.add_name(name)
     w.add_block_count(f["n_layers"])
     w.add_context_length(4096)
@@ -392,8 +397,8 @@ def _gguf_header(w, cfg: dict, f: dict, name: str) -> None:
     w.add_head_count(f["heads"])
     w.add_head_count_kv(f["kv_heads"])
     w.add_key_length(f["head_dim"])
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(float(extra.pop("attention.layer_norm_rms_epsilon", 1e-6)))
+    w.add_rope_freq_base(float(extra.pop("rope.freq_base", 10000.0)))
     w.add_vocab_size(f["vocab"])
     if f["attention"] == "mla":
         d = archs.dims(cfg)
@@ -402,6 +407,7 @@ def _gguf_header(w, cfg: dict, f: dict, name: str) -> None:
         if d["qlr"]:
             w.add_q_lora_rank(d["qlr"])
         w.add_rope_dimension_count(d["rope"])
+        extra.pop("rope.dimension_count", None)
     else:
         w.add_value_length(f["head_dim"])
     if f["swa_window"]:
@@ -411,6 +417,21 @@ def _gguf_header(w, cfg: dict, f: dict, name: str) -> None:
         w.add_expert_count(f["n_experts"])
         w.add_expert_used_count(f["n_experts_used"])
         w.add_expert_feed_forward_length(f["moe_intermediate"])
+    if f["swa_window"]:
+        extra.pop("attention.sliding_window", None)
+    arch = w.arch
+    for key, v in sorted(extra.items()):
+        k = f"{arch}.{key}"
+        if isinstance(v, bool):
+            w.add_bool(k, v)
+        elif isinstance(v, int):
+            w.add_uint32(k, v)
+        elif isinstance(v, float):
+            w.add_float32(k, v)
+        elif isinstance(v, list):
+            w.add_array(k, v)
+        else:
+            w.add_string(k, str(v))
 
 
 def write_gguf_model(path, *, arch: str = "llama", layers: int = 2, hidden: int = 256, intermediate: int = 688,
@@ -482,7 +503,7 @@ def write_gguf_model(path, *, arch: str = "llama", layers: int = 2, hidden: int 
     return path
 
 
-def write_gguf_from_hf(folder, path) -> Path:
+def write_gguf_from_hf(folder, path, *, llama_cpp: bool = False) -> Path:
     """Write the model in HF ``folder`` (any family) as one GGUF holding the same tensor data.
 
     Tensors are read through orkpack's own readers (quantized releases dequantized),
@@ -491,36 +512,128 @@ def write_gguf_from_hf(folder, path) -> Path:
     (MLA ranks, sliding-window pattern). Like :func:`write_gguf_model` it is not
     what llama.cpp's converter writes (no rope permutation, fused tensors stay fused).
     One tensor in memory at a time.
+
+    ``llama_cpp=True`` writes what llama.cpp's converter changes in the weights and metadata
+    the reference forward pass reads (:mod:`orkpack.model`): q/k rows (and biases) permuted for
+    the families whose converter permutes them (``Forward.gguf_permuted_qk``), norm gains stored
+    as ``offset + w`` (gemma's ``Forward.norm_offset``, as F32), and the hyperparameters
+    (epsilon, RoPE base and scaling, softcaps, multipliers, routing) under llama.cpp's keys; the
+    fused tensors the converter splits are split (internlm2's grouped wqkv, stacked gate_up experts),
+    the others stay fused.
     """
     import gguf
 
     from .sources import model_facts, open_source
+    from .sources.base import as_float32
 
     src = open_source(folder)
     try:
         f = model_facts(src)
         cfg = src.config
+        fam = archs.FAMILIES[f["arch"]]
+        extra, fix, added = None, (lambda name, a: a), {}
+        if llama_cpp:
+            from .model.hparams import from_config, rope_factors, to_gguf
+
+            hp = from_config(cfg)
+            extra = to_gguf(hp)
+            fix = _llama_cpp_fix(fam, f)
+            if rope_factors(hp) is not None:  # llama3 RoPE: llama.cpp's converter writes the factors as a tensor
+                added["rope_freqs.weight"] = rope_factors(hp)
         w = gguf.GGUFWriter(Path(path), archs.gguf_arch_name(f["arch"]))
-        _gguf_header(w, cfg, f, f"orkpack synthetic {f['arch']}")
+        _gguf_header(w, cfg, f, f"orkpack synthetic {f['arch']}", extra)
         gt = {np.dtype(np.float32): gguf.GGMLQuantizationType.F32, np.dtype(np.float16): gguf.GGMLQuantizationType.F16,
               np.dtype(np.uint16): gguf.GGMLQuantizationType.BF16}
         infos = [t for t in src.tensors() if t.dtype not in ("BOOL", "I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64")]
-        kinds = []
+        split = _llama_cpp_split(fam, f) if llama_cpp else (lambda t: [(t.name, t.shape, lambda a: a)])
+        entries = []  # (GGUF name, shape, type, the array from the source tensor's)
         for t in infos:  # the type each tensor is read as, from its source dtype
             q = {"F16": np.float16, "BF16": np.uint16}.get(t.dtype, np.float32)
-            kinds.append(gt[np.dtype(q)])
-            item = np.dtype(q).itemsize
-            w.add_tensor_info(t.name, t.shape, np.dtype(np.uint16) if q is np.uint16 else np.dtype(q),
-                              math.prod(t.shape) * item, raw_dtype=gt[np.dtype(q)] if q is np.uint16 else None)
+            if llama_cpp and fam.forward is not None and fam.forward.norm_offset and t.name.endswith("norm.weight"):
+                q = np.float32
+            for name, shape, part in split(t):
+                entries.append((name, t.name, shape, gt[np.dtype(q)], part))
+                item = np.dtype(q).itemsize
+                w.add_tensor_info(name, shape, np.dtype(np.uint16) if q is np.uint16 else np.dtype(q),
+                                  math.prod(shape) * item, raw_dtype=gt[np.dtype(q)] if q is np.uint16 else None)
+        for name, a in added.items():
+            w.add_tensor_info(name, a.shape, np.dtype(np.float32), a.nbytes)
         w.write_header_to_file()
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
-        for t, k in zip(infos, kinds):
-            a = src.read(t.name)
+        for name, src_name, _, k, part in entries:
+            a = fix(name, part(src.read(src_name)))
+            if k == gguf.GGMLQuantizationType.F32:
+                a = as_float32(a)
             if gt[a.dtype] != k:
-                raise ValueError(f"{t.name}: read as {a.dtype}, declared {k.name}")
+                raise ValueError(f"{name}: read as {a.dtype}, declared {k.name}")
             w.write_tensor_data(np.ascontiguousarray(a))
+        for a in added.values():
+            w.write_tensor_data(a)
         w.close()
     finally:
         src.close()
     return Path(path)
+
+
+def _llama_cpp_fix(fam: archs.Family, facts: dict):
+    """(canonical name, array) -> the array as llama.cpp's converter stores it (see write_gguf_from_hf)."""
+    import re
+
+    from .sources.base import as_float32
+
+    fwd = fam.forward
+    nh, nkv = facts["heads"], facts["kv_heads"]
+
+    def permute(a: np.ndarray, heads: int) -> np.ndarray:  # llama.cpp's LlamaModel.permute
+        return a.reshape(heads, 2, a.shape[0] // heads // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
+
+    def fix(name: str, a: np.ndarray) -> np.ndarray:
+        if fwd is None:
+            return a
+        if fwd.gguf_permuted_qk and re.match(r"^blk\.\d+\.attn_q\.(weight|bias)$", name):
+            return np.ascontiguousarray(permute(a, nh))
+        if fwd.gguf_permuted_qk and re.match(r"^blk\.\d+\.attn_k\.(weight|bias)$", name):
+            return np.ascontiguousarray(permute(a, nkv))
+        if fwd.norm_offset and name.endswith("norm.weight"):
+            return as_float32(a) + np.float32(fwd.norm_offset)
+        return a
+
+    return fix
+
+
+def _llama_cpp_split(fam: archs.Family, facts: dict):
+    """TensorInfo -> [(GGUF name, shape, array -> array)]: the fused tensors llama.cpp's converter splits
+    (internlm2's grouped wqkv into attn_q / attn_k / attn_v, stacked gate_up experts into gate and up);
+    every other tensor as it is."""
+    import re
+
+    nh, nkv, hd = facts["heads"], facts["kv_heads"], facts["head_dim"]
+    grouped = fam.forward is not None and fam.forward.qkv == "grouped"
+
+    interleaved = fam.forward is not None and fam.forward.mlp == "interleaved"
+
+    def split(t):
+        e = re.match(r"^(blk\.\d+\.)ffn_gate_up_exps\.(weight|bias)$", t.name)
+        if e:  # stacked gate_up experts: gate and up apart (granitemoe: halves; gpt-oss: even / odd rows)
+            n = t.shape[1] // 2
+            sl = ((slice(None), slice(0, None, 2)), (slice(None), slice(1, None, 2))) if interleaved else \
+                ((slice(None), slice(0, n)), (slice(None), slice(n, None)))
+            return [(f"{e.group(1)}ffn_{x}_exps.{e.group(2)}", (t.shape[0], n, *t.shape[2:]),
+                     lambda a, s=s: np.ascontiguousarray(a[s])) for x, s in zip(("gate", "up"), sl)]
+        m = re.match(r"^(blk\.\d+\.)attn_qkv\.(weight|bias)$", t.name)
+        if not (grouped and m):
+            return [(t.name, t.shape, lambda a: a)]
+        rest = t.shape[1:]
+
+        def part(which):
+            def fn(a):
+                g = a.reshape(nkv, nh // nkv + 2, hd, *rest)
+                sel = g[:, : nh // nkv] if which == "q" else g[:, -2 if which == "k" else -1]
+                return np.ascontiguousarray(sel).reshape(-1, *rest)
+            return fn
+
+        return [(f"{m.group(1)}attn_{x}.{m.group(2)}", ((nh if x == "q" else nkv) * hd, *rest), part(x))
+                for x in ("q", "k", "v")]
+
+    return split

@@ -302,3 +302,15 @@ def test_c_reader_names_a_malformed_value(check, tmp_path):
     assert "kv\tx.count\tuint32\t1\tbad" in res.stdout and "uint32 value out of range" in res.stdout
     with Pack.open(bad) as p:
         assert "out of range" in M.check_model(p.header["model"])
+
+
+@pytest.mark.parametrize("key, bad", [("rope_theta", "ten thousand"), ("rope_theta", True), ("partial_rotary_factor", 1e300),
+                                      ("max_position_embeddings", 2**40), ("rms_norm_eps", -1e300 * 1e300),
+                                      ("rope_scaling", {"rope_type": "yarn", "factor": "x"}),
+                                      ("rope_scaling", {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": None,
+                                                        "original_max_position_embeddings": -1})])
+def test_hostile_config_values_are_left_out_not_raised(tmp_path, key, bad):
+    cfg = dict(synth.TINY["llama"])
+    cfg[key] = bad
+    model = modelkv.from_hf(tmp_path, cfg)  # no tokenizer files: only the hyperparameters
+    assert M.check_model(json.loads(json.dumps(model))) is None

@@ -22,6 +22,7 @@ The record's format (entries, types, values as JSON) is orkpack.pack.model.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -126,6 +127,18 @@ def _first(cfg: Mapping, keys: Iterable[str]) -> Any:
     return None
 
 
+def _valid(typ: str, v: Any) -> bool:
+    """A config value that is a well-formed value of GGUF type ``typ`` (others are left out, as the
+    converter would fail on them: a config's own checks name them elsewhere)."""
+    if typ == "uint32":
+        return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**32
+    if typ == "float32":
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) < 3.4e38
+    if typ == "bool":
+        return isinstance(v, bool)
+    return isinstance(v, str)
+
+
 def _hparams(cfg: Mapping, fam_name: str | None, garch: str, kv: list, warn: Callable[[str], None]) -> None:
     from .. import archs
 
@@ -136,25 +149,23 @@ def _hparams(cfg: Mapping, fam_name: str | None, garch: str, kv: list, warn: Cal
         if not keys or f"{garch}.{suffix}" in seen:
             continue
         v = _first(c, keys)
-        if v is None or isinstance(v, (dict, list)):
-            continue
-        if typ == "uint32" and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+        if not _valid(typ, v):
             continue
         seen.add(f"{garch}.{suffix}")
         kv.append([f"{garch}.{suffix}", typ, json_value(typ, v)])
     # head dims and the rotary dimensions (partial rotary: phi, glm, stablelm)
     hd = _first(c, ("head_dim",))
     nh, hidden = _first(c, ("num_attention_heads", "n_head")), _first(c, ("hidden_size", "n_embd"))
-    if hd is None and isinstance(nh, int) and isinstance(hidden, int) and nh > 0:
+    if hd is None and _valid("uint32", nh) and _valid("uint32", hidden) and nh > 0:
         hd = hidden // nh
     fam = archs.family(fam_name) if fam_name else None
     if fam is not None and fam.attention == "mla":
         rope = _first(c, ("qk_rope_head_dim",))
-        if isinstance(rope, int):
+        if _valid("uint32", rope):
             kv.append([f"{garch}.rope.dimension_count", "uint32", rope])
-    elif isinstance(hd, int):
+    elif _valid("uint32", hd):
         frac = _first(c, ("partial_rotary_factor",))
-        rot = int(hd * frac) if isinstance(frac, (int, float)) and not isinstance(frac, bool) else hd
+        rot = int(hd * frac) if _valid("float32", frac) and 0 < frac <= 1 else hd
         kv.append([f"{garch}.rope.dimension_count", "uint32", rot])
     _rope_scaling(c, garch, kv, warn)
 
@@ -164,27 +175,26 @@ def _rope_scaling(c: Mapping, garch: str, kv: list, warn: Callable[[str], None])
     if not isinstance(rs, Mapping):
         return
     kind = rs.get("rope_type", rs.get("type"))
-    factor = rs.get("factor")
-    if kind in ("linear", "yarn", "longrope", "dynamic") and isinstance(factor, (int, float)):
-        kv.append([f"{garch}.rope.scaling.type", "string", {"dynamic": "linear"}.get(kind, kind)])
-        kv.append([f"{garch}.rope.scaling.factor", "float32", float(factor)])
-        orig = rs.get("original_max_position_embeddings")
-        if isinstance(orig, int):
-            kv.append([f"{garch}.rope.scaling.original_context_length", "uint32", orig])
+    r = f"{garch}.rope.scaling"
+
+    def put(key: str, typ: str, v: Any) -> None:
+        if _valid(typ, v):
+            kv.append([f"{r}.{key}", typ, json_value(typ, v)])
+
+    if kind in ("linear", "yarn", "longrope", "dynamic") and _valid("float32", rs.get("factor")):
+        kv.append([f"{r}.type", "string", {"dynamic": "linear"}.get(kind, kind)])
+        put("factor", "float32", rs["factor"])
+        put("original_context_length", "uint32", rs.get("original_max_position_embeddings"))
         if kind == "yarn":
             for src, dst in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow"),
                              ("mscale_all_dim", "yarn_log_multiplier")):
-                if isinstance(rs.get(src), (int, float)) and not isinstance(rs.get(src), bool):
-                    kv.append([f"{garch}.rope.scaling.{dst}", "float32", float(rs[src])])
+                put(dst, "float32", rs.get(src))
     elif kind == "llama3":
         # llama.cpp's converter turns llama3 scaling into a rope_freqs tensor; the pack keeps its parameters
-        kv.append([f"{garch}.rope.scaling.type", "string", "llama3"])
+        kv.append([f"{r}.type", "string", "llama3"])
         for src in ("factor", "low_freq_factor", "high_freq_factor"):
-            if isinstance(rs.get(src), (int, float)) and not isinstance(rs.get(src), bool):
-                kv.append([f"{garch}.rope.scaling.{src}", "float32", float(rs[src])])
-        orig = rs.get("original_max_position_embeddings")
-        if isinstance(orig, int):
-            kv.append([f"{garch}.rope.scaling.original_context_length", "uint32", orig])
+            put(src, "float32", rs.get(src))
+        put("original_context_length", "uint32", rs.get("original_max_position_embeddings"))
     elif kind not in (None, "default"):
         warn(f"config.json: rope_scaling type {escape_name(repr(kind), 40)} is not carried into the pack's model "
              "metadata; a runtime will run the model without it")

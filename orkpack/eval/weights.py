@@ -1,0 +1,235 @@
+"""Weight providers (orkpack.model.weights.Weights) that run a pack, or a llama.cpp GGUF, in the board's numerics.
+
+:class:`PackWeights` reads an :class:`orkpack.pack.reader.Pack` one layer at a time and runs every
+matmul the way one path of the board runs it (docs/EVAL.md):
+
+* ``path="prefill"`` (a chunk of M tokens): an NPU slice with ``M >= min_m`` is its int8 image (the
+  ``q`` tiles de-tiled, or an nf4-stored slice inflated as FORMAT.md 5 defines it) against int8
+  activations (:func:`numerics.int8_act`, per token or per tensor), products accumulated exactly and
+  rescaled by both scales; below ``min_m`` it takes its CPU path (below).
+* ``path="decode"`` (M = 1): every matmul on the CPU.
+* the CPU path of a slice: a dual-resident slice's host NF4 copy; an NPU slice without one, its int8
+  image (the CPU reads the tiles); a host slice as stored (int8, nf4, or float). With ``cpu_act="q8"``
+  the activations of a quantized (int8 / nf4) weight are llama.cpp's Q8_0 blocks; float-kept
+  weights always take float activations.
+
+The embedding rows come from the CPU copy of ``token_embd.weight`` on both paths (a row lookup is a
+CPU operation). Weights are dequantized in row blocks from the mapped file: memory is one layer's
+int8 images plus one block of float32.
+
+:class:`GGUFWeights` runs a (quantized) GGUF as llama.cpp's CPU backend does: each weight
+dequantized by gguf-py, its activations converted to the weight type's ``vec_dot_type``
+(:func:`numerics.llama_cpp_act`).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from ..codecs import get_codec
+from ..errors import OrkError, escape_name
+from ..layout import untile_int8
+from ..model.weights import matmul_rows
+from ..pack import spec
+from ..pack.reader import Pack, host_copy_slice
+from ..sources.base import as_float32
+from . import numerics
+
+_BLOCK = 1 << 22  # weight elements dequantized to float32 at a time
+
+PATHS = ("prefill", "decode")
+ACT_SCHEMES = ("token", "tensor", "float")  # float: NPU weights with unquantized activations (to split the costs)
+CPU_ACTS = ("float", "q8")
+
+
+class EvalError(OrkError):
+    pass
+
+
+class _Operand:
+    """One slice as a matmul runs it: ``rows(r0, r1)`` gives float32 weight rows; ``int8`` (q, scale)
+    when it runs as int8 x int8 on the NPU; ``quantized``: the CPU quantizes its activations."""
+
+    def __init__(self, n: int, k: int, rows: Callable[[int, int], np.ndarray], *, int8=None, quantized=False,
+                 engine="cpu"):
+        self.n, self.k, self.rows, self.int8, self.quantized, self.engine = n, k, rows, int8, quantized, engine
+
+    def matmul(self, x: np.ndarray) -> np.ndarray:
+        out = np.empty((x.shape[0], self.n), dtype=np.float32)
+        step = max(1, _BLOCK // max(self.k, 1))
+        for r in range(0, self.n, step):
+            out[:, r: r + step] = x @ self.rows(r, min(self.n, r + step)).T
+        return out
+
+
+def _int8_rows(q: np.ndarray, scale: np.ndarray) -> Callable[[int, int], np.ndarray]:
+    return lambda r0, r1: q[r0:r1].astype(np.float32) * scale[r0:r1, None]
+
+
+def _nf4_rows(codes: np.ndarray, absmax: np.ndarray, n: int, k: int) -> Callable[[int, int], np.ndarray]:
+    """Rows r0..r1 of an nf4 [n, k] slice, decoding only the 64-element blocks that hold them."""
+    codec, B, total = get_codec(spec.ENC_NF4), spec.NF4_BLOCK, n * k
+
+    def rows(r0: int, r1: int) -> np.ndarray:
+        e0, e1 = r0 * k, r1 * k
+        b0, b1 = e0 // B, -(-e1 // B)
+        m = min(b1 * B, total) - b0 * B
+        v = codec.decode({"codes": codes[b0 * B // 2: b0 * B // 2 + (m + 1) // 2], "absmax": absmax[b0:b1]}, (m,))
+        return v[e0 - b0 * B: e1 - b0 * B].reshape(r1 - r0, k)
+
+    return rows
+
+
+def _float_rows(data: np.ndarray) -> Callable[[int, int], np.ndarray]:
+    return lambda r0, r1: as_float32(data[r0:r1])
+
+
+class PackWeights:
+    """The board's numerics of one path over a pack (see the module docstring)."""
+
+    def __init__(self, pack: Pack, path: str, *, m: int = 512, act: str = "token", cpu_act: str = "float",
+                 on_matmul: Callable[[str, int | None, str], None] | None = None):
+        if path not in PATHS or act not in ACT_SCHEMES or cpu_act not in CPU_ACTS:
+            raise EvalError(f"unknown numerics: path {path!r}, activations {act!r}, CPU activations {cpu_act!r}")
+        self.pack, self.path, self.m, self.act, self.cpu_act = pack, path, int(m), act, cpu_act
+        self.on_matmul = on_matmul
+        self._slices: dict[tuple[str, int | None], tuple[dict, dict]] = {}
+        for t, s in pack.slices():
+            self._slices[(t["name"], s["expert"])] = (t, s)
+        self._names = {t["name"] for t in pack.tensors}
+        self._cache: dict[tuple[str, int | None], _Operand] = {}
+
+    # -- the provider protocol ---------------------------------------------------------------
+    def has(self, name: str) -> bool:
+        return name in self._names
+
+    def _slice(self, name: str, expert: int | None) -> dict:
+        ts = self._slices.get((name, expert))
+        if ts is None:
+            what = name if expert is None else f"{name}[{expert}]"
+            raise EvalError(f"{escape_name(str(self.pack.path))}: tensor {escape_name(what)} is missing; the pack does "
+                            "not hold this model's weights")
+        return ts[1]
+
+    def tensor(self, name: str) -> np.ndarray:
+        s = self._slice(name, None)
+        if s["encoding"] == spec.ENC_RAW:
+            raise EvalError(f"{escape_name(name)}: a raw (non-float) tensor where the forward pass needs weights")
+        return get_codec(s["encoding"]).decode(self.pack.typed_parts(s), s["shape"], s["layout"])
+
+    def engine(self, name: str, expert: int | None = None) -> str:
+        """Where this path runs the matmul: "npu" or "cpu"."""
+        s = self._slice(name, expert)
+        npu = s["tier"] == spec.TIER_NPU and self.path == "prefill" and self.m >= s["min_m"]
+        return "npu" if npu else "cpu"
+
+    def matmul(self, name: str, x: np.ndarray, expert: int | None = None) -> np.ndarray:
+        op = self._cache.get((name, expert))
+        if op is None:
+            op = self._cache[(name, expert)] = self._operand(name, expert)
+        if self.on_matmul:
+            self.on_matmul(name, expert, op.engine)
+        x = np.asarray(x, dtype=np.float32)
+        if op.int8 is not None and self.act != "float":
+            qx, sx = numerics.int8_act(x, self.act)
+            return numerics.int8_matmul(qx, sx, *op.int8)
+        if op.quantized and self.cpu_act == "q8":
+            x = numerics.q8_0(x)
+        return op.matmul(x)
+
+    def embed(self, ids: np.ndarray) -> np.ndarray:
+        op = self._cpu_operand(self._slice("token_embd.weight", None))
+        ids = np.asarray(ids, dtype=np.int64)
+        out = np.empty((ids.size, op.k), dtype=np.float32)
+        step = max(1, _BLOCK // max(op.k, 1))
+        for r in range(0, op.n, step):
+            sel = np.nonzero((ids >= r) & (ids < r + step))[0]
+            if sel.size:
+                out[sel] = op.rows(r, min(op.n, r + step))[ids[sel] - r]
+        return out
+
+    def release(self) -> None:
+        self._cache.clear()
+
+    # -- operands ----------------------------------------------------------------------------
+    def _operand(self, name: str, expert: int | None) -> _Operand:
+        s = self._slice(name, expert)
+        if len(s["shape"]) != 2:
+            raise EvalError(f"{escape_name(name)}: a {len(s['shape'])}-D slice where the forward pass needs a matrix")
+        if self.engine(name, expert) == "npu":
+            q, scale = self._int8_image(s)
+            return _Operand(q.shape[0], q.shape[1], _int8_rows(q, scale), int8=(q, scale), engine="npu")
+        return self._cpu_operand(s)
+
+    def _int8_image(self, s: dict) -> tuple[np.ndarray, np.ndarray]:
+        """(q int8 [N, K] row-major, scale float32[N]) of an NPU slice: its tiles de-tiled, or its nf4 inflated."""
+        n, k = s["shape"]
+        if s["encoding"] == spec.ENC_INT8:
+            q = self.pack.typed_part(s, "q")
+            if s["layout"]["kind"] == spec.LAYOUT_NPU_INT8:
+                q = untile_int8(q, n, k, s["layout"])
+            return np.asarray(q).reshape(n, k), self.pack.typed_part(s, "scale")
+        # nf4 stored for the NPU: the image it inflates to (FORMAT.md 5) is int8 of its decoded values
+        v = get_codec(spec.ENC_NF4).decode(self.pack.typed_parts(s), (n, k))
+        enc = get_codec(spec.ENC_INT8).encode(v)
+        return enc.parts["q"].reshape(n, k), enc.parts["scale"]
+
+    def _cpu_operand(self, s: dict) -> _Operand:
+        n, k = s["shape"]
+        hc = host_copy_slice(s)
+        if hc is not None:
+            s = hc  # dual residency: the CPU reads the host copy
+        enc = s["encoding"]
+        if s["tier"] == spec.TIER_NPU and enc == spec.ENC_NF4:  # no copy: the CPU reads the inflated tiles
+            q, scale = self._int8_image(s)
+            return _Operand(n, k, _int8_rows(q, scale), quantized=True)
+        if enc == spec.ENC_INT8:
+            q, scale = self._int8_image(s) if s["layout"]["kind"] == spec.LAYOUT_NPU_INT8 else \
+                (self.pack.typed_part(s, "q").reshape(n, k), self.pack.typed_part(s, "scale"))
+            return _Operand(n, k, _int8_rows(q, scale), quantized=True)
+        if enc == spec.ENC_NF4:
+            p = self.pack.typed_parts(s)
+            return _Operand(n, k, _nf4_rows(p["codes"], p["absmax"], n, k), quantized=True)
+        if enc in spec.FLOAT_ENCODINGS:
+            dt = np.dtype(spec.PART_DTYPES[(enc, "data")])
+            return _Operand(n, k, _float_rows(self.pack.part(s["parts"]["data"]).view(dt).reshape(n, k)))
+        raise EvalError(f"{escape_name(str(self.pack.path))}: a {enc} slice where the forward pass needs a matrix")
+
+
+class GGUFWeights:
+    """A GGUF's weights as llama.cpp's CPU backend runs them (see the module docstring).
+
+    ``source``: an opened GGUF source (orkpack.sources.gguf.GGUFSource)."""
+
+    def __init__(self, source):
+        self.source = source
+        self.infos = {t.name: t for t in source.tensors()}
+        self._cache: dict[str, np.ndarray] = {}
+
+    def has(self, name: str) -> bool:
+        return name in self.infos
+
+    def _raw(self, name: str) -> np.ndarray:
+        a = self._cache.get(name)
+        if a is None:
+            if name not in self.infos:
+                raise EvalError(f"{escape_name(str(self.source.root))}: tensor {escape_name(name)} is missing")
+            a = self._cache[name] = self.source.read(name)
+        return a
+
+    def tensor(self, name: str) -> np.ndarray:
+        return as_float32(self._raw(name))
+
+    def matmul(self, name: str, x: np.ndarray, expert: int | None = None) -> np.ndarray:
+        w = self._raw(name)
+        if expert is not None:
+            w = w[expert]
+        act = numerics.llama_cpp_act(self.infos[name].dtype)
+        return matmul_rows(act(x) if act else x, w)
+
+    def embed(self, ids: np.ndarray) -> np.ndarray:
+        return as_float32(self.source.read("token_embd.weight")[ids])
+
+    def release(self) -> None:
+        self._cache.clear()

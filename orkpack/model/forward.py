@@ -1,0 +1,361 @@
+"""The reference forward pass: float32 logits of a token sequence, full causal attention, layer by layer.
+
+Every family's behaviour is its :class:`orkpack.archs.Forward` declaration and the numbers of
+:mod:`orkpack.model.hparams`; this code reads them and has no per-family branches. Tensors are
+read by canonical (GGUF-style) names, through a weight provider (:mod:`orkpack.model.weights`):
+the hidden states of every token are kept, the weights of one layer at a time.
+
+Shapes: ``x`` is (T, hidden); q/k/v are (T, heads, head_dim). Attention runs per KV head and
+block of queries, so its scores take (group x 256 x T) floats at most.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from scipy.special import erf, expit  # exact GELU; a sigmoid that does not overflow
+
+from ..errors import SourceError, escape_name
+from ..sources import open_source
+from . import hparams as _hp
+from .hparams import Hparams, NotEvaluable, Rope
+from .weights import SourceWeights, Weights
+
+_Q_BLOCK = 256  # queries per attention block
+_LOGIT_CHUNK = 256  # tokens per output-head call
+
+
+def model_hparams(source) -> Hparams:
+    """The hyperparameters of an opened source (NotEvaluable / SourceError: one line)."""
+    where = escape_name(str(source.root))
+    hp = _source_hparams(source, where)
+    for t in source.tensors():  # stacked experts must be (E, out, in), as every reader but one release form gives
+        if re.match(r"^blk\.\d+\.ffn_(gate|up|gate_up)_exps\.weight$", t.name) and t.shape[-1] != hp.hidden:
+            raise NotEvaluable(f"{where}: {escape_name(t.source_name)} {t.shape} is not (experts, out, {hp.hidden}): "
+                               "expert matrices stored (in, out) (transformers' float gpt-oss) are not evaluable yet")
+    return hp
+
+
+def _source_hparams(source, where: str) -> Hparams:
+    if source.kind == "gguf":
+        if source.config is None:
+            raise NotEvaluable(f"{where}: GGUF architecture {escape_name(repr(source.arch), 40)} is not evaluable "
+                               "yet: orkpack has no entry for it")
+        names = {t.name for t in source.tensors()}
+        freqs = source.read("rope_freqs.weight") if "rope_freqs.weight" in names else None
+        return _hp.from_gguf(source.metadata, source.config, freqs, where)
+    if source.config is None:
+        raise SourceError(f"{where}: no config.json beside the weights; the forward pass needs the model's config")
+    return _hp.from_config(source.config, where + "/config.json" if Path(source.root).is_dir() else where)
+
+
+# --------------------------------------------------------------------------------------------- pieces
+
+def _act(x: np.ndarray, kind: str) -> np.ndarray:
+    if kind == "silu":
+        return x * expit(x)
+    if kind == "gelu_tanh":
+        c = np.float32(np.sqrt(2.0 / np.pi))
+        return np.float32(0.5) * x * (np.float32(1) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
+    return (np.float32(0.5) * x * (np.float32(1) + erf(x / np.float32(np.sqrt(2.0))))).astype(np.float32)
+
+
+def _norm(x: np.ndarray, w: Weights, name: str, hp: Hparams) -> np.ndarray:
+    g = w.tensor(name + ".weight")
+    if hp.norm_offset:
+        g = g + np.float32(hp.norm_offset)
+    if hp.fwd.norm == "layer":
+        mu = x.mean(-1, keepdims=True, dtype=np.float32)
+        xc = x - mu
+        y = xc / np.sqrt((xc * xc).mean(-1, keepdims=True) + np.float32(hp.eps))
+        y = y * g
+        return y + w.tensor(name + ".bias") if w.has(name + ".bias") else y
+    y = x / np.sqrt((x * x).mean(-1, keepdims=True, dtype=np.float32) + np.float32(hp.eps))
+    return y * g
+
+
+def _lin(w: Weights, name: str, x: np.ndarray, expert: int | None = None) -> np.ndarray:
+    y = w.matmul(name + ".weight", x, expert)
+    if w.has(name + ".bias"):
+        b = w.tensor(name + ".bias")
+        y = y + (b if expert is None else b[expert])
+    return y
+
+
+def _glu(gate: np.ndarray, up: np.ndarray, hp: Hparams) -> np.ndarray:
+    if hp.act == "swiglu_oai":  # gpt-oss
+        alpha, limit = (np.float32(v) for v in hp.swiglu)
+        gate = np.minimum(gate, limit)
+        up = np.clip(up, -limit, limit)
+        return gate * expit(alpha * gate) * (up + np.float32(1))
+    return _act(gate, hp.act) * up
+
+
+def _rope(x: np.ndarray, rope: Rope, pos: np.ndarray) -> np.ndarray:
+    """Rotate the first ``rope.dim`` dims of each head of x (T, heads, d)."""
+    ang = np.outer(pos.astype(np.float32), rope.inv_freq).astype(np.float32)  # (T, dim/2)
+    cos = (np.cos(ang) * np.float32(rope.attn_factor))[:, None, :]
+    sin = (np.sin(ang) * np.float32(rope.attn_factor))[:, None, :]
+    d = rope.dim
+    out = x.copy()
+    if rope.style == "neox":
+        a, b = x[..., : d // 2], x[..., d // 2: d]
+        out[..., : d // 2] = a * cos - b * sin
+        out[..., d // 2: d] = b * cos + a * sin
+    else:
+        a, b = x[..., 0:d:2], x[..., 1:d:2]
+        out[..., 0:d:2] = a * cos - b * sin
+        out[..., 1:d:2] = b * cos + a * sin
+    return out
+
+
+def _softmax(s: np.ndarray) -> np.ndarray:
+    s = s - s.max(-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(-1, keepdims=True)
+    return s
+
+
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, hp: Hparams, window: int,
+            sinks: np.ndarray | None = None) -> np.ndarray:
+    """Causal attention: q (T, nh, d), k (T, nkv, d), v (T, nkv, dv) -> (T, nh * dv).
+
+    ``sinks`` (nh,): a per-head logit in every softmax's denominator that attends to nothing (gpt-oss).
+    """
+    T, nh, _ = q.shape
+    nkv, dv = k.shape[1], v.shape[2]
+    g = nh // nkv
+    out = np.empty((T, nh, dv), dtype=np.float32)
+    j = np.arange(T)
+    scale = np.float32(hp.attn_scale)
+    cap = np.float32(hp.attn_softcap)
+    for h in range(nkv):  # contiguous 2-D operands: one BLAS call each (numpy's batched matmul is slow here)
+        kh, vh = np.ascontiguousarray(k[:, h, :]), np.ascontiguousarray(v[:, h, :])
+        qh = np.ascontiguousarray(q[:, h * g:(h + 1) * g, :].transpose(1, 0, 2))  # (g, T, d)
+        for t0 in range(0, T, _Q_BLOCK):
+            t1 = min(T, t0 + _Q_BLOCK)
+            i = np.arange(t0, t1)[:, None]
+            allowed = j[None, :t1] <= i
+            if window:
+                allowed &= i - j[None, :t1] < window
+            s = (qh[:, t0:t1].reshape(-1, qh.shape[2]) @ kh[:t1].T).reshape(g, t1 - t0, t1)
+            s *= scale
+            if cap:
+                s = np.tanh(s / cap) * cap
+            s[:, ~allowed] = -np.inf
+            if sinks is None:
+                p = _softmax(s)
+            else:
+                sk = sinks[h * g:(h + 1) * g][:, None, None]
+                m = np.maximum(s.max(-1, keepdims=True), sk)
+                p = np.exp(s - m)
+                p /= p.sum(-1, keepdims=True) + np.exp(sk - m)
+            out[t0:t1, h * g:(h + 1) * g, :] = (p.reshape(-1, t1) @ vh[:t1]).reshape(g, t1 - t0, dv).transpose(1, 0, 2)
+    return out.reshape(T, nh * dv)
+
+
+def _rope_for(i: int, hp: Hparams) -> Rope | None:
+    if i not in hp.rope_layers:
+        return None
+    if hp.rope_swa is not None and i in hp.swa_layers:
+        return hp.rope_swa
+    return hp.rope
+
+
+def _qk_norm(x: np.ndarray, w: Weights, name: str, hp: Hparams) -> np.ndarray:
+    if hp.fwd.qk_norm == "full":  # over every head at once (olmoe): x is (T, heads * d)
+        return _norm(x, w, name, hp)
+    T = x.shape[0]
+    d = w.tensor(name + ".weight").shape[0]
+    return _norm(x.reshape(T, -1, d), w, name, hp).reshape(T, -1)
+
+
+def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
+    p = f"blk.{i}."
+    T = x.shape[0]
+    pos = np.arange(T)
+    rope = _rope_for(i, hp)
+    window = hp.swa_window if i in hp.swa_layers else 0
+    if hp.mla:
+        m = hp.mla
+        nope, rd, dv = m["nope"], m["rope"], m["v_head_dim"]
+        if w.has(p + "attn_q_a.weight"):
+            q = _lin(w, p + "attn_q_b", _norm(_lin(w, p + "attn_q_a", x), w, p + "attn_q_a_norm", hp))
+        else:
+            q = _lin(w, p + "attn_q", x)
+        q = q.reshape(T, hp.heads, nope + rd)
+        kv_a = _lin(w, p + "attn_kv_a_mqa", x)
+        c, k_pe = kv_a[:, : m["kv_lora_rank"]], kv_a[:, m["kv_lora_rank"]:].reshape(T, 1, rd)
+        kv = _lin(w, p + "attn_kv_b", _norm(c, w, p + "attn_kv_a_norm", hp)).reshape(T, hp.heads, nope + dv)
+        q_pe, k_pe = q[..., nope:], k_pe
+        if rope is not None:
+            q_pe, k_pe = _rope(q_pe, rope, pos), _rope(k_pe, rope, pos)
+        q = np.concatenate([q[..., :nope], q_pe], -1)
+        k = np.concatenate([kv[..., :nope], np.broadcast_to(k_pe, (T, hp.heads, rd))], -1)
+        v = np.ascontiguousarray(kv[..., nope:])
+    else:
+        nh, nkv, d = hp.heads, hp.kv_heads, hp.head_dim
+        if w.has(p + "attn_qkv.weight"):
+            qkv = _lin(w, p + "attn_qkv", x)
+            if hp.fwd.qkv == "grouped":  # per KV head: its nh / nkv q heads, then k, then v
+                g = qkv.reshape(T, nkv, nh // nkv + 2, d)
+                q, k, v = g[:, :, :-2].reshape(T, nh * d), g[:, :, -2].reshape(T, nkv * d), g[:, :, -1].reshape(T, -1)
+            else:
+                q, k, v = qkv[:, : nh * d], qkv[:, nh * d: (nh + nkv) * d], qkv[:, (nh + nkv) * d:]
+        else:
+            q, k, v = _lin(w, p + "attn_q", x), _lin(w, p + "attn_k", x), _lin(w, p + "attn_v", x)
+        if hp.fwd.qk_norm:
+            q, k = _qk_norm(q, w, p + "attn_q_norm", hp), _qk_norm(k, w, p + "attn_k_norm", hp)
+        q, k, v = q.reshape(T, nh, d), k.reshape(T, nkv, d), v.reshape(T, nkv, -1)
+        if rope is not None:
+            q, k = _rope(q, rope, pos), _rope(k, rope, pos)
+    sink = next((n for n in (p + "attn_sinks", p + "attn_sinks.weight") if w.has(n)), None)
+    sinks = w.tensor(sink) if sink else None
+    return _lin(w, p + "attn_output", _attend(q, k, v, hp, window, sinks))
+
+
+def _mlp(x: np.ndarray, w: Weights, p: str, sfx: str, hp: Hparams, expert: int | None = None) -> np.ndarray:
+    """One (expert's) MLP over the ``{p}ffn_{gate,up,down}{sfx}`` tensors."""
+    kind, up = hp.fwd.mlp, f"{p}ffn_up{sfx}"
+    if w.has(f"{p}ffn_gate{sfx}.weight"):  # gate and up apart (llama.cpp splits gpt-oss's and granitemoe's)
+        kind = "gated"
+    elif w.has(f"{p}ffn_gate_up{sfx}.weight"):  # one stacked gate_up (granitemoe: halves, gpt-oss: interleaved)
+        kind, up = ("interleaved" if kind == "interleaved" else "fused"), f"{p}ffn_gate_up{sfx}"
+    if kind == "plain":
+        h = _act(_lin(w, up, x, expert), hp.act)
+    elif kind == "fused":
+        gu = _lin(w, up, x, expert)
+        n = gu.shape[1] // 2
+        h = _glu(gu[:, :n], gu[:, n:], hp)
+    elif kind == "interleaved":
+        gu = _lin(w, up, x, expert)
+        h = _glu(gu[:, 0::2], gu[:, 1::2], hp)
+    else:
+        h = _glu(_lin(w, f"{p}ffn_gate{sfx}", x, expert), _lin(w, up, x, expert), hp)
+    return _lin(w, f"{p}ffn_down{sfx}", h, expert)
+
+
+def _route(logits: np.ndarray, p: str, hp: Hparams, w: Weights) -> tuple[np.ndarray, np.ndarray]:
+    """(expert ids, weights), each (T, top_k), as the family's router picks them."""
+    if hp.router == "sigmoid":
+        scores = expit(logits)
+    else:
+        scores = _softmax(logits.copy())
+    choice = scores + w.tensor(p + "exp_probs_b.bias") if w.has(p + "exp_probs_b.bias") else scores.copy()
+    T, E = scores.shape
+    if hp.n_group > 1:
+        grouped = choice.reshape(T, hp.n_group, E // hp.n_group)
+        if hp.router_groups == "top2sum":
+            gs = np.sort(grouped, -1)[..., -2:].sum(-1)
+        else:
+            gs = grouped.max(-1)
+        keep = np.argsort(-gs, -1, kind="stable")[:, : hp.topk_group]
+        mask = np.zeros((T, hp.n_group), dtype=bool)
+        np.put_along_axis(mask, keep, True, -1)
+        fill = np.float32(-np.inf) if hp.router_groups == "top2sum" else np.float32(0)
+        choice = np.where(np.repeat(mask, E // hp.n_group, -1), choice, fill)
+    idx = np.argsort(-choice, -1, kind="stable")[:, : hp.top_k]
+    wts = np.take_along_axis(scores, idx, -1)
+    if hp.router_norm:
+        wts = wts / (wts.sum(-1, keepdims=True) + (np.float32(1e-20) if hp.router == "sigmoid" else 0))
+    return idx, (wts * np.float32(hp.routed_scale)).astype(np.float32)
+
+
+def _ffn(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
+    p = f"blk.{i}."
+    if not w.has(p + "ffn_gate_inp.weight"):
+        return _mlp(x, w, p, "", hp)
+    idx, wts = _route(_lin(w, p + "ffn_gate_inp", x), p, hp, w)
+    out = np.zeros_like(x)
+    stacked = "_exps"
+    for e in np.unique(idx):
+        rows, slot = np.nonzero(idx == e)
+        y = _mlp(x[rows], w, p, stacked, hp, expert=int(e))
+        np.add.at(out, rows, y * wts[rows, slot][:, None])
+    if w.has(p + "ffn_up_shexp.weight"):
+        s = _mlp(x, w, p, "_shexp", hp)
+        if hp.fwd.shared_gate:
+            gate = w.matmul(p + "ffn_gate_inp_shexp.weight", x)
+            s = s * expit(gate)
+        out = out + s
+    return out
+
+
+def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
+    p = f"blk.{i}."
+    sandwich = hp.fwd.block == "sandwich"
+    a = _attention(i, _norm(x, w, p + "attn_norm", hp), hp, w)
+    if sandwich:
+        a = _norm(a, w, p + "post_attention_norm", hp)
+    x = x + a * np.float32(hp.residual_scale)
+    m = _ffn(i, _norm(x, w, p + hp.fwd.ffn_norm, hp), hp, w)
+    if sandwich:
+        m = _norm(m, w, p + "post_ffw_norm", hp)
+    return x + m * np.float32(hp.residual_scale)
+
+
+# ----------------------------------------------------------------------------------------------- entry
+
+def run(source, tokens, *, weights: Weights | None = None, hp: Hparams | None = None,
+        on_logits: Callable[[int, np.ndarray], None] | None = None,
+        progress: Callable[[int, int], None] | None = None, chunk: int = _LOGIT_CHUNK) -> np.ndarray | None:
+    """Logits (T, vocab) float32 of ``tokens`` under the model in ``source`` (an opened Source).
+
+    ``hp``: the hyperparameters (default: :func:`model_hparams` of the source).
+    ``weights``: the provider (default: :class:`SourceWeights`, float32 of the source).
+    ``source`` may be None when both are given (a pack's weights and the metadata it carries).
+    ``on_logits(t0, block)``: receives the logits in blocks of ``chunk`` tokens instead of one
+    (T, vocab) array (then None is returned): a long text's logits need not fit in memory.
+    ``progress(done, total)``: after each layer and each block of logits.
+    """
+    if source is None and (hp is None or weights is None):
+        raise ValueError("run() without a source needs both hp and weights")
+    hp = hp or model_hparams(source)
+    w = weights if weights is not None else SourceWeights(source)
+    ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    where = escape_name(str(source.root)) if source is not None else "model"
+    if ids.size == 0:
+        raise SourceError(f"{where}: no tokens to evaluate")
+    if ids.min() < 0 or ids.max() >= hp.vocab:
+        raise SourceError(f"{where}: token id {int(ids.max() if ids.max() >= hp.vocab else ids.min())} is outside "
+                          f"the vocabulary (0..{hp.vocab - 1}); tokenize with this model's tokenizer")
+    if hp.rope is not None and hp.rope.params.get("rope_type") == "dynamic" and hp.max_pos and ids.size > hp.max_pos:
+        raise NotEvaluable(f"{where}: dynamic RoPE scaling beyond max_position_embeddings ({hp.max_pos} tokens) is "
+                           "not evaluable yet; use fewer tokens")
+    T = ids.size
+    total = hp.n_layers + -(-T // chunk)
+    x = w.embed(ids) * np.float32(hp.embed_scale)
+    for i in range(hp.n_layers):
+        x = _layer(i, x, hp, w)
+        w.release()
+        if progress:
+            progress(i + 1, total)
+    x = _norm(x, w, "output_norm", hp)
+    head = "output.weight" if w.has("output.weight") else "token_embd.weight"
+    out = None if on_logits else np.empty((T, hp.vocab), dtype=np.float32)
+    for t0 in range(0, T, chunk):
+        lg = w.matmul(head, x[t0: t0 + chunk])
+        if hp.logit_scale != 1.0:
+            lg = lg / np.float32(hp.logit_scale)
+        if hp.final_softcap:
+            cap = np.float32(hp.final_softcap)
+            lg = np.tanh(lg / cap) * cap
+        if on_logits:
+            on_logits(t0, lg)
+        else:
+            out[t0: t0 + lg.shape[0]] = lg
+        if progress:
+            progress(hp.n_layers + t0 // chunk + 1, total)
+    w.release()
+    return out
+
+
+def logits(path, tokens, **kw) -> np.ndarray | None:
+    """:func:`run` on the checkpoint at ``path`` (HF folder, .safetensors or .gguf)."""
+    src = open_source(path)
+    try:
+        return run(src, tokens, **kw)
+    finally:
+        src.close()

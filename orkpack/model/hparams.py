@@ -1,0 +1,441 @@
+"""The numbers a forward pass needs, from an HF config.json or a GGUF's metadata, resolved once.
+
+The family's :class:`orkpack.archs.Forward` says which behaviours apply; this module reads the
+values they need (epsilon, RoPE base and scaling, softcaps, multipliers, MoE routing options)
+from either source kind, under one name each (:class:`Hparams`), and turns the weight layout
+of the source into the forward pass's terms:
+
+* HF folders hold the Hugging Face layout.
+* GGUF files hold llama.cpp's converter layout: for families whose converter permutes the q/k
+  rows (``Forward.gguf_permuted_qk``) RoPE rotates pairs (2i, 2i+1) instead of halves (the same
+  attention scores: the permutation is the same for q and k); gemma's norm gains are stored as
+  ``1 + w`` (``Forward.norm_offset`` is then 0).
+
+GGUF keys are llama.cpp's (``{arch}.rope.freq_base``, ``.attention.layer_norm_rms_epsilon``, ...);
+the scalar multipliers are stored as the value the graph applies: ``embedding_scale`` multiplies
+the embeddings, ``residual_scale`` each block's output, ``attention.scale`` is the score scale,
+``logit_scale`` divides the logits.
+
+Anything this reference does not implement raises :class:`NotEvaluable`: one line naming it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from .. import archs
+from ..errors import SourceError, escape_name
+
+
+class NotEvaluable(SourceError):
+    """The reference forward pass does not implement something this model needs (one line naming it)."""
+
+
+# (config keys, GGUF key) of each scalar an HF config or GGUF metadata may carry
+_EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "layer_norm_epsilon", "layernorm_epsilon")
+# Forward.embed_scale / residual_scale / attn_scale / logit_scale -> the llama.cpp key holding the applied value
+_GGUF_SCALE = {"embed": "embedding_scale", "residual": "residual_scale", "attn": "attention.scale",
+               "logit": "logit_scale"}
+
+
+@dataclass
+class Rope:
+    """One RoPE: inverse frequencies (float32, one per rotated pair), cos/sin factor, rotated dims, style."""
+    inv_freq: np.ndarray
+    attn_factor: float
+    dim: int
+    style: str  # neox | interleaved
+    params: dict = field(default_factory=dict)  # transformers-style: rope_type, rope_theta, factor, ...
+
+
+@dataclass
+class Hparams:
+    arch: str
+    fwd: archs.Forward
+    layout: str  # hf | gguf
+    n_layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int  # q/k head (MLA: nope + rope)
+    v_head_dim: int
+    vocab: int
+    eps: float
+    norm_offset: float
+    act: str
+    rope: Rope | None  # None: no RoPE at all
+    rope_swa: Rope | None  # gemma3's sliding layers
+    rope_layers: set[int]  # layers that apply RoPE
+    swa_window: int
+    swa_layers: set[int]
+    attn_scale: float
+    attn_softcap: float
+    final_softcap: float
+    embed_scale: float
+    residual_scale: float
+    logit_scale: float  # logits are divided by it
+    max_pos: int = 0  # the trained context (max_position_embeddings / context_length)
+    swiglu: tuple[float, float] = (1.702, 7.0)  # swiglu_oai's (alpha, limit)
+    n_experts: int = 0
+    top_k: int = 0
+    router: str = "softmax"  # softmax | sigmoid (the gate's scores)
+    router_groups: str = ""  # "" | max | top2sum (archs.Forward.router_groups), active when n_group > 1
+    router_norm: bool = False
+    routed_scale: float = 1.0
+    n_group: int = 1
+    topk_group: int = 1
+    mla: dict = field(default_factory=dict)  # q_lora_rank, kv_lora_rank, nope, rope, v_head_dim
+
+
+def _num(v: Any, what: str, where: str) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise SourceError(f"{where}: '{escape_name(what)}' = {escape_name(repr(v), 40)} is not a number; fix it")
+    return float(v)
+
+
+def _act(name: Any, where: str) -> str:
+    table = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
+             "gelu_fast": "gelu_tanh", "gelu_tanh": "gelu_tanh", "gelu": "gelu"}
+    if name not in table:
+        raise NotEvaluable(f"{where}: activation {escape_name(repr(name), 40)} is not evaluable yet "
+                           f"(known: {', '.join(sorted(table))})")
+    return table[name]
+
+
+def _inv_freq(base: float, dim: int) -> np.ndarray:
+    # as transformers computes it: float32 throughout
+    return (np.float32(1.0) / (np.float32(base) ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32)
+                                                    / np.float32(dim)))).astype(np.float32)
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _rope_from(params: Mapping[str, Any], dim: int, max_pos: int, style: str, where: str) -> Rope:
+    """A RoPE from transformers-style parameters (rope_type, rope_theta, factor, ...)."""
+    base = _num(params.get("rope_theta", 10000.0), "rope_theta", where)
+    kind = params.get("rope_type", params.get("type", "default")) or "default"
+    inv = _inv_freq(base, dim)
+    factor = params.get("factor")
+    p = dict(params, rope_type=kind, rope_theta=base)
+    if kind == "default":
+        return Rope(inv, 1.0, dim, style, p)
+    if kind == "linear":
+        return Rope((inv / np.float32(_num(factor, "rope factor", where))).astype(np.float32), 1.0, dim, style, p)
+    if kind == "dynamic":  # NTK-aware: equals the default within max_position_embeddings (checked per run)
+        return Rope(inv, 1.0, dim, style, p)
+    if kind == "llama3":
+        factor = _num(factor, "rope factor", where)
+        lo, hi = _num(params["low_freq_factor"], "low_freq_factor", where), _num(params["high_freq_factor"],
+                                                                                 "high_freq_factor", where)
+        old = _num(params.get("original_max_position_embeddings", max_pos), "original_max_position_embeddings", where)
+        wavelen = np.float32(2 * math.pi) / inv
+        out = np.where(wavelen > old / lo, inv / np.float32(factor), inv).astype(np.float32)
+        smooth = ((old / wavelen - lo) / (hi - lo)).astype(np.float32)
+        smoothed = (1 - smooth) * out / np.float32(factor) + smooth * out
+        medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+        return Rope(np.where(medium, smoothed, out).astype(np.float32), 1.0, dim, style, p)
+    if kind == "yarn":
+        factor = _num(factor, "rope factor", where)
+        orig = _num(params.get("original_max_position_embeddings") or max_pos, "original_max_position_embeddings",
+                    where)
+        att = params.get("attention_factor")
+        ms, msa = params.get("mscale"), params.get("mscale_all_dim")
+        if att is None:
+            att = _yarn_mscale(factor, ms) / _yarn_mscale(factor, msa) if ms and msa else _yarn_mscale(factor)
+        beta_fast, beta_slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
+
+        def corr(rot: float) -> float:
+            return (dim * math.log(orig / (rot * 2 * math.pi))) / (2 * math.log(base))
+
+        lo, hi = corr(beta_fast), corr(beta_slow)
+        if params.get("truncate", True):
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, dim - 1)
+        if lo == hi:
+            hi += 0.001
+        ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - lo) / (hi - lo), 0, 1).astype(np.float32)
+        pos = np.float32(base) ** (np.arange(0, dim, 2).astype(np.float32) / np.float32(dim))
+        extra, inter = np.float32(1.0) / pos, np.float32(1.0) / (np.float32(factor) * pos)
+        keep = np.float32(1) - ramp
+        return Rope((inter * (1 - keep) + extra * keep).astype(np.float32), float(att), dim, style,
+                    dict(p, original_max_position_embeddings=orig))
+    raise NotEvaluable(f"{where}: RoPE scaling {escape_name(repr(kind), 40)} is not evaluable yet "
+                       "(default, linear, dynamic, llama3 and yarn are)")
+
+
+def _hf_rope_params(tc: Mapping[str, Any], which: str | None) -> dict:
+    """transformers 5 ``rope_parameters`` (flat, or nested by layer type) or 4.x ``rope_theta`` + ``rope_scaling``."""
+    rp = tc.get("rope_parameters")
+    if isinstance(rp, Mapping) and rp:
+        if "full_attention" in rp or "sliding_attention" in rp:
+            sub = rp.get(which or "full_attention") or {}
+            return dict(sub)
+        return dict(rp)
+    out: dict[str, Any] = {}
+    if which == "sliding_attention":
+        out["rope_theta"] = tc.get("rope_local_base_freq")
+        return out if out["rope_theta"] is not None else {}
+    if tc.get("rope_theta") is not None:
+        out["rope_theta"] = tc["rope_theta"]
+    rs = tc.get("rope_scaling")
+    if isinstance(rs, Mapping):
+        out.update(rs)
+    return out
+
+
+def _refuse(fam: archs.Family, tc: Mapping[str, Any], where: str) -> None:
+    if fam.forward is None:
+        raise NotEvaluable(f"{where}: architecture {fam.name} is not evaluable yet: the reference forward pass has "
+                           "no declaration for it (orkpack/archs.py Forward)")
+    for key, what in fam.forward.refuse:
+        if tc.get(key):
+            raise NotEvaluable(f"{where}: {what} is not evaluable yet ('{key}' is set)")
+
+
+def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
+    """Hparams of an HF checkpoint (its parsed config.json)."""
+    facts = archs.facts_from_config(cfg, where)
+    fam = archs.FAMILIES[facts["arch"]]
+    tc = archs._text_config(cfg, fam, where)
+    _refuse(fam, tc, where)
+    f = fam.forward
+    d = archs.dims(cfg, where)
+
+    def get(key: str, default: Any = None) -> Any:  # the config, else the family's defaults (archs)
+        v = tc.get(key)
+        if v is None:
+            v = fam.defaults.get(key)
+        return default if v is None else v
+
+    eps = next((tc[k] for k in _EPS_KEYS if tc.get(k) is not None), 1e-6)
+    act = _act(get(f.act_key, f.act), where) if f.act_key and tc.get(f.act_key) is not None else f.act
+    H, L = d["H"], d["L"]
+    mla = facts["attention"] == "mla"
+    hd = d["hd"]
+    max_pos = int(get("max_position_embeddings", 4096))
+    style = "neox" if tc.get("rope_interleave") is False else f.rope
+    params = _hf_rope_params(tc, "full_attention")
+    params.setdefault("rope_theta", get("rope_theta", 10000.0))  # a family default (gemma3: 1e6) when unstated
+    if f.rope_ratio:
+        params["rope_theta"] = 10000.0 * _num(get("rope_ratio", 1.0), "rope_ratio", where)
+    prf = params.get("partial_rotary_factor") or get("partial_rotary_factor", 1.0)
+    rot = d["rope"] if mla else int(hd * _num(prf, "partial_rotary_factor", where))
+    rope = _rope_from(params, rot, max_pos, style, where)
+    rope_swa = None
+    if f.swa_rope_base:
+        p2 = _hf_rope_params(tc, "sliding_attention")
+        p2.setdefault("rope_theta", f.swa_rope_base)
+        rope_swa = _rope_from(p2, rot, max_pos, style, where)
+    rope_layers = set(range(L))
+    if f.rope_layers == "no_rope_layers":  # 1 = RoPE; transformers' default: every no_rope_layer_interval-th has none
+        nrl = tc.get("no_rope_layers")
+        every = int(get("no_rope_layer_interval", 4))
+        rope_layers = {i for i, u in enumerate(nrl) if u} if isinstance(nrl, list) else \
+            {i for i in range(L) if (i + 1) % every != 0}
+    window = int(get("sliding_window", 0) or 0)
+    if f.window == "config":
+        swa_window, swa_layers = window, set(range(L)) if window else set()
+    else:
+        swa_window, swa_layers = facts["swa_window"], set(facts["swa_layers"])
+
+    def scale(spec: str, default: float) -> float:
+        if not spec:
+            return default
+        v = tc.get(spec)
+        return default if v is None else _num(v, spec, where)
+
+    attn_scale = hd ** -0.5
+    if f.attn_scale == "qpas":
+        attn_scale = _num(get("query_pre_attn_scalar", hd), "query_pre_attn_scalar", where) ** -0.5
+    elif f.attn_scale:
+        attn_scale = scale(f.attn_scale, attn_scale)
+    if mla and params.get("rope_type", params.get("type")) == "yarn" and params.get("mscale_all_dim"):
+        m = _yarn_mscale(_num(params["factor"], "rope factor", where), params["mscale_all_dim"])
+        attn_scale *= m * m
+    embed = math.sqrt(H) if f.embed_scale == "sqrt_hidden" else scale(f.embed_scale, 1.0)
+    if f.residual_scale == "depth":
+        residual = _num(get("scale_depth", 1.0), "scale_depth", where) / math.sqrt(L)
+    else:
+        residual = scale(f.residual_scale, 1.0)
+    if f.logit_scale == "dim_base":
+        logit = H / _num(get("dim_model_base", H), "dim_model_base", where)
+    else:
+        logit = scale(f.logit_scale, 1.0)
+    groups = f.router_groups and (f.router_groups != "max" or tc.get("topk_method") == "group_limited_greedy")
+    return Hparams(
+        arch=fam.name, fwd=f, layout="hf", n_layers=L, hidden=H, heads=d["nh"], kv_heads=d["nkv"], head_dim=hd,
+        v_head_dim=d["vhd"] if mla else hd, vocab=d["V"], eps=_num(eps, "rms_norm_eps", where),
+        norm_offset=f.norm_offset, act=act, rope=rope, rope_swa=rope_swa, rope_layers=rope_layers,
+        swa_window=swa_window, swa_layers=swa_layers, attn_scale=float(attn_scale),
+        attn_softcap=_num(get("attn_logit_softcapping", 0.0), "attn_logit_softcapping", where),
+        final_softcap=_num(get("final_logit_softcapping", 0.0), "final_logit_softcapping", where),
+        embed_scale=float(embed), residual_scale=float(residual), logit_scale=float(logit), max_pos=max_pos,
+        swiglu=(_num(get("swiglu_alpha", 1.702), "swiglu_alpha", where),
+                _num(get("swiglu_limit", 7.0), "swiglu_limit", where)),
+        n_experts=d["E"], top_k=d["top_k"], router=f.router, router_groups=f.router_groups if groups else "",
+        router_norm=f.router_norm == "always" or bool(get("norm_topk_prob", False)),
+        routed_scale=_num(get("routed_scaling_factor", 1.0), "routed_scaling_factor", where) if f.router_scale else 1.0,
+        n_group=int(get("n_group", 1)) if groups else 1, topk_group=int(get("topk_group", 1)) if groups else 1,
+        mla={"q_lora_rank": d["qlr"], "kv_lora_rank": d["kvlr"], "nope": d["nope"], "rope": d["rope"],
+             "v_head_dim": d["vhd"]} if mla else {},
+    )
+
+
+def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.ndarray | None, where: str,
+              layout: str = "llama.cpp") -> Hparams:
+    """Hparams of a GGUF: its metadata, the facts orkpack read from it and its ``rope_freqs.weight``
+    (llama3-style RoPE: each frequency divided by its factor), if any.
+
+    ``layout``: how the weights the pass will read are laid out: ``llama.cpp`` (a GGUF, or a pack built
+    from one) or ``hf`` (GGUF-style metadata beside weights in the Hugging Face layout, e.g. a pack built
+    from an HF folder: q/k rows not permuted, gemma gains as stored in HF).
+    """
+    if layout not in ("llama.cpp", "hf"):
+        raise ValueError(f"layout must be llama.cpp or hf, not {layout!r}")
+    fam = archs.FAMILIES[facts["arch"]]
+    _refuse(fam, {}, where)
+    f = fam.forward
+    garch = kv.get("general.architecture")
+
+    def get(key: str, default: Any = None) -> Any:
+        v = kv.get(f"{garch}.{key}")
+        return default if v is None else v
+
+    L, H, nh = facts["n_layers"], facts["hidden"], facts["heads"]
+    mla = facts["attention"] == "mla"
+    if get("attention.clamp_kqv"):
+        raise NotEvaluable(f"{where}: clamped q/k/v (attention.clamp_kqv) is not evaluable yet")
+    if mla and get("attention.key_length_mla") is not None:
+        raise NotEvaluable(f"{where}: MLA with split attn_k_b / attn_v_b (llama.cpp's absorbed layout) is not "
+                           "evaluable yet")
+    hd = facts["head_dim"]
+    eps = get("attention.layer_norm_rms_epsilon", get("attention.layer_norm_epsilon", 1e-6))
+    style = "interleaved" if f.gguf_permuted_qk and layout == "llama.cpp" else f.rope
+    rot = int(get("rope.dimension_count", hd))
+    max_pos = int(get("context_length", 4096))
+    params: dict[str, Any] = {"rope_theta": get("rope.freq_base", 10000.0)}
+    kind = get("rope.scaling.type", "none")
+    if kind == "linear":
+        params.update(rope_type="linear", factor=get("rope.scaling.factor", 1.0))
+    elif kind == "yarn":
+        if get("rope.scaling.yarn_log_multiplier") is not None:
+            raise NotEvaluable(f"{where}: YaRN with yarn_log_multiplier (llama.cpp's DeepSeek form) is not evaluable "
+                               "yet")
+        params.update(rope_type="yarn", factor=get("rope.scaling.factor", 1.0),
+                      original_max_position_embeddings=get("rope.scaling.original_context_length", max_pos))
+        if get("rope.scaling.attn_factor") is not None:
+            params["attention_factor"] = float(get("rope.scaling.attn_factor"))
+        if get("rope.scaling.yarn_truncate") is not None:  # not a llama.cpp key (ggml always truncates)
+            params["truncate"] = bool(get("rope.scaling.yarn_truncate"))
+    elif kind not in ("none", None):
+        raise NotEvaluable(f"{where}: RoPE scaling {escape_name(repr(kind), 40)} is not evaluable yet")
+    rope = _rope_from(params, rot, max_pos, style, where)
+    if rope_freqs is not None:
+        fr = np.asarray(rope_freqs, dtype=np.float32).reshape(-1)
+        if fr.size != rope.inv_freq.size or not np.all(np.isfinite(fr)) or np.any(fr <= 0):
+            raise SourceError(f"{where}: rope_freqs.weight holds {fr.size} factors, not {rope.inv_freq.size} positive "
+                              "ones; the file is damaged")
+        rope.inv_freq = (rope.inv_freq / fr).astype(np.float32)
+    rope_swa = None
+    if f.swa_rope_base:
+        rope_swa = _rope_from({"rope_theta": get("rope.freq_base_swa", f.swa_rope_base)}, rot, max_pos, style, where)
+    rope_layers = set(range(L))
+    if f.rope_layers == "no_rope_layers":
+        nrl = get("no_rope_layers")  # not a llama.cpp key: llama.cpp's smollm3 skips RoPE on every 4th layer
+        rope_layers = {i for i, u in enumerate(nrl) if u} if isinstance(nrl, list) else \
+            {i for i in range(L) if (i + 1) % 4 != 0}
+    window = int(get("attention.sliding_window", 0) or 0)
+    if f.window == "config":
+        swa_window, swa_layers = window, set(range(L)) if window else set()
+    else:
+        swa_window, swa_layers = facts["swa_window"], set(facts["swa_layers"])
+
+    def scale(spec: str, which: str, default: float) -> float:
+        return float(get(_GGUF_SCALE[which], default)) if spec else default
+
+    attn_scale = float(get("attention.scale", hd ** -0.5))
+    embed = math.sqrt(H) if f.embed_scale == "sqrt_hidden" else scale(f.embed_scale, "embed", 1.0)
+    E = facts["n_experts"]
+    # llama.cpp's expert_gating_func (1 softmax, 2 sigmoid) tells DeepSeek-V3 from V2 (one GGUF architecture)
+    router = {1: "softmax", 2: "sigmoid"}.get(get("expert_gating_func"), f.router)
+    n_group = int(get("expert_group_count", 1)) if f.router_groups else 1
+    groups = ("top2sum" if router == "sigmoid" else "max") if n_group > 1 else ""
+    return Hparams(
+        arch=fam.name, fwd=f, layout="gguf" if layout == "llama.cpp" else "hf", n_layers=L, hidden=H, heads=nh,
+        kv_heads=facts["kv_heads"], head_dim=hd, v_head_dim=int(get("attention.value_length", hd)),
+        vocab=facts["vocab"], eps=_num(eps, "layer_norm_rms_epsilon", where),
+        norm_offset=0.0 if layout == "llama.cpp" else f.norm_offset, act=f.act, rope=rope, rope_swa=rope_swa,
+        rope_layers=rope_layers, swa_window=swa_window, swa_layers=swa_layers, attn_scale=attn_scale,
+        attn_softcap=float(get("attn_logit_softcapping", 0.0)),
+        final_softcap=float(get("final_logit_softcapping", 0.0)),
+        embed_scale=float(embed), residual_scale=scale(f.residual_scale, "residual", 1.0),
+        logit_scale=scale(f.logit_scale, "logit", 1.0), max_pos=max_pos, n_experts=E, top_k=facts["n_experts_used"],
+        router=router, router_groups=groups,
+        router_norm=f.router_norm == "always" or bool(get("expert_weights_norm", False)),
+        routed_scale=float(get("expert_weights_scale", 1.0)) if f.router_scale else 1.0,
+        n_group=n_group, topk_group=int(get("expert_group_used_count", 1)) if n_group > 1 else 1,
+        mla={"q_lora_rank": int(get("attention.q_lora_rank", 0)), "kv_lora_rank": int(get("attention.kv_lora_rank", 0)),
+             "nope": hd - rot, "rope": rot, "v_head_dim": int(get("attention.value_length", hd))} if mla else {},
+    )
+
+
+def to_gguf(hp: Hparams) -> dict[str, Any]:
+    """The llama.cpp keys (without the ``{arch}.`` prefix) :func:`from_gguf` reads back as ``hp``'s numbers.
+
+    For writers of test GGUFs (orkpack.synth): with the facts orkpack already writes, a GGUF then
+    describes the same forward pass as the HF folder it came from.
+    """
+    out: dict[str, Any] = {"attention.layer_norm_rms_epsilon": hp.eps, "rope.dimension_count": hp.rope.dim,
+                           "attention.scale": hp.attn_scale, "rope.freq_base": hp.rope.params["rope_theta"]}
+    f = hp.fwd
+    kind = hp.rope.params["rope_type"]
+    if kind in ("linear", "yarn"):
+        out["rope.scaling.type"] = kind
+        out["rope.scaling.factor"] = float(hp.rope.params["factor"])
+        if kind == "yarn":
+            out["rope.scaling.original_context_length"] = int(hp.rope.params["original_max_position_embeddings"])
+            out["rope.scaling.attn_factor"] = float(hp.rope.attn_factor)
+            if not hp.rope.params.get("truncate", True):
+                out["rope.scaling.yarn_truncate"] = False
+    elif kind not in ("default", "dynamic", "llama3"):  # llama3: the rope_freqs.weight tensor (rope_factors)
+        raise NotEvaluable(f"RoPE scaling {kind} has no GGUF form here")
+    if f.norm == "layer":
+        out["attention.layer_norm_epsilon"] = hp.eps
+    if hp.rope_swa is not None:
+        out["rope.freq_base_swa"] = hp.rope_swa.params["rope_theta"]
+    if hp.attn_softcap:
+        out["attn_logit_softcapping"] = hp.attn_softcap
+    if hp.final_softcap:
+        out["final_logit_softcapping"] = hp.final_softcap
+    if f.embed_scale and f.embed_scale != "sqrt_hidden":
+        out["embedding_scale"] = hp.embed_scale
+    if f.residual_scale:
+        out["residual_scale"] = hp.residual_scale
+    if f.logit_scale:
+        out["logit_scale"] = hp.logit_scale
+    if hp.n_experts:
+        out["expert_weights_norm"] = hp.router_norm
+        out["expert_gating_func"] = 2 if hp.router == "sigmoid" else 1
+        if f.router_scale:
+            out["expert_weights_scale"] = hp.routed_scale
+        if hp.router_groups:
+            out["expert_group_count"] = hp.n_group
+            out["expert_group_used_count"] = hp.topk_group
+    if f.rope_layers == "no_rope_layers":
+        out["no_rope_layers"] = [int(i in hp.rope_layers) for i in range(hp.n_layers)]
+    if f.window == "config" and hp.swa_window:
+        out["attention.sliding_window"] = hp.swa_window
+    return out
+
+
+
+def rope_factors(hp: Hparams) -> np.ndarray | None:
+    """llama.cpp's ``rope_freqs.weight`` for a llama3-style RoPE (each default frequency's divisor), else None."""
+    if hp.rope is None or hp.rope.params.get("rope_type") != "llama3":
+        return None
+    return (_inv_freq(hp.rope.params["rope_theta"], hp.rope.dim) / hp.rope.inv_freq).astype(np.float32)

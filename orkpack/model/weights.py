@@ -1,0 +1,90 @@
+"""What the forward pass reads its weights through: a provider per run, one layer's tensors at a time.
+
+The forward pass (:mod:`orkpack.model.forward`) never touches a file. It asks a provider for
+
+* ``matmul(name, x, expert=None)``: ``x @ W.T`` for the matrix ``name`` (canonical GGUF-style name,
+  e.g. ``blk.3.attn_q.weight``; ``expert``: one expert of a stacked ``*_exps`` tensor), ``x`` of
+  shape (tokens, K) float32; the result (tokens, N) float32. Every weight product of the model goes
+  through it, the router and the output head included, so a provider can run any of them in other
+  numerics (a pack's int8 tiles with per-token int8 activations, NF4 host copies, ...).
+* ``tensor(name)``: a small tensor (norm gain, bias, routing bias) as float32.
+* ``embed(ids)``: the embedding rows of the token ids, float32.
+* ``release()``: called after each layer; a provider drops what it cached for it.
+
+:class:`SourceWeights` is the float provider over an :mod:`orkpack.sources` reader: exact
+float32 of what the source stores. It keeps the tensors one layer reads (as stored: BF16 stays
+16-bit) until ``release``, and widens large matrices to float32 in row blocks, so its memory is
+one layer's stored weights plus one block.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from ..errors import SourceError, escape_name
+from ..sources.base import as_float32
+
+_BLOCK = 1 << 22  # elements widened to float32 at a time
+
+
+class Weights(Protocol):
+    def has(self, name: str) -> bool: ...
+
+    def tensor(self, name: str) -> np.ndarray: ...
+
+    def matmul(self, name: str, x: np.ndarray, expert: int | None = None) -> np.ndarray: ...
+
+    def embed(self, ids: np.ndarray) -> np.ndarray: ...
+
+    def release(self) -> None: ...
+
+
+class SourceWeights:
+    """Float32 weights straight from a Source (see the module docstring)."""
+
+    def __init__(self, source):
+        self.source = source
+        self.infos = {t.name: t for t in source.tensors()}
+        self._cache: dict[str, np.ndarray] = {}
+
+    def has(self, name: str) -> bool:
+        return name in self.infos
+
+    def _raw(self, name: str) -> np.ndarray:
+        a = self._cache.get(name)
+        if a is None:
+            if name not in self.infos:
+                raise SourceError(f"{escape_name(str(self.source.root))}: tensor {escape_name(name)} is missing; "
+                                  "the checkpoint is incomplete for its architecture")
+            a = self.source.read(name)
+            self._cache[name] = a
+        return a
+
+    def tensor(self, name: str) -> np.ndarray:
+        return as_float32(self._raw(name))
+
+    def matmul(self, name: str, x: np.ndarray, expert: int | None = None) -> np.ndarray:
+        w = self._raw(name)
+        if expert is not None:
+            w = w[expert]
+        return matmul_rows(x, w)
+
+    def embed(self, ids: np.ndarray) -> np.ndarray:
+        w = self.source.read("token_embd.weight")  # not cached: read at the start (and for a tied head)
+        return as_float32(w[ids])
+
+    def release(self) -> None:
+        self._cache.clear()
+
+
+def matmul_rows(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``x @ w.T`` in float32, widening ``w`` (float16 / BF16 bits / float32) in row blocks."""
+    if w.dtype == np.float32:
+        return x @ w.T
+    n, k = w.shape
+    out = np.empty((x.shape[0], n), dtype=np.float32)
+    step = max(1, _BLOCK // max(k, 1))
+    for r in range(0, n, step):
+        out[:, r: r + step] = x @ as_float32(w[r: r + step]).T
+    return out
