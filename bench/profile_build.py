@@ -18,10 +18,10 @@ from pathlib import Path
 from orkpack.build import BuildOptions, build
 
 STAGES = [
-    ("read", ("preadv", "readinto", "pread", "result", "wait", "acquire")),
+    ("read", ("preadv", "readinto", "pread", "mmap", "map_array", "result", "wait", "acquire")),
     ("encode", ("ork_nf4", "ork_int8", "ork_widen", "ork_count")),
     ("checksum", ("xxh3",)),
-    ("write", ("write", "fsync", "replace", "flock")),
+    ("write", ("write", "pwrite", "fsync", "ftruncate", "replace", "flock")),
     ("plan", ("solver.py", "milp.py", "manifest.py", "profile.py", "cost.py")),
 ]
 

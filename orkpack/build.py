@@ -1,18 +1,27 @@
 """`orkpack build`: source checkpoint -> placement -> codecs/layout -> pack writer.
 
-Pipeline: an I/O thread reads the next tensor while this one is encoded (C
+Pipeline: an I/O thread maps the next tensor while this one is encoded (C
 kernels, ``--threads`` of them, reading bf16/f16/f32 directly), and the
 writer's thread writes and checksums the previous tensor's parts; a third
 thread hashes the source files for the provenance. The bytes never depend on
 the timing or the thread count.
 
-Memory: tensors stream one at a time. A build holds at most two reused read
-buffers of the largest source tensor (one when the source is float32), the
-parts being encoded (int8: 1/4 of the float32 size, NF4: ~1/7; both for a
-dual-resident slice: int8 tiles plus its host NF4 copy), and at most
-half the largest tensor as float32 queued for writing: under 2x the largest
-tensor as float32, plus the interpreter (~100 MB). tests/test_build.py and
-bench/bench_build.py measure it.
+I/O (issue 14; bench/README.md has the profile before and after): float and
+raw source tensors are the source file's own pages (``Source.mapped``: no
+read into a buffer, no copy); the codecs encode into the pack writer's
+reused, page-aligned buffers (``alloc=w.alloc``), which go to the file with
+no copy, by ``O_DIRECT`` where the file system takes it (no page cache to
+fill, then flush again at fsync). Fresh pages, which the kernel faults in and
+zeroes, are touched about once for the largest tensor's parts, not for every
+tensor.
+
+Memory: tensors stream one at a time. A build maps at most two source
+tensors (one when the source is float32; dequantized types are read into at
+most two reused buffers instead), holds the parts being encoded (int8: 1/4 of
+the float32 size, NF4: ~1/7; both for a dual-resident slice: int8 tiles plus
+its host NF4 copy), and at most half the largest tensor as float32 queued for
+writing: under 2x the largest tensor as float32, plus the interpreter
+(~100 MB). tests/test_build.py and bench/bench_build.py measure it.
 
 Every source tensor is accounted for: float tensors are placed (tier map or
 rules) and encoded; non-float tensors (bool, integers, f64, c64) are carried
@@ -23,6 +32,7 @@ info line and recorded in ``provenance.skipped``.
 """
 from __future__ import annotations
 
+import mmap
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +57,8 @@ from orkpack.sources.base import RAW_DTYPES, Skipped, TensorInfo, is_raw
 # the NPU pays for its ~365 us submit cost on typical 4096-wide layers. The tier
 # map computes it per tensor from the board's cost model. Never below 2.
 RULES_MIN_M = 32
+
+_HASH_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
 
 FLOAT_ENC = {np.dtype(np.float32): spec.ENC_F32, np.dtype(np.float16): spec.ENC_F16, np.dtype(np.uint16): spec.ENC_BF16}
 
@@ -388,14 +400,16 @@ class BuildResult:
         return self.source_bytes / self.seconds / 1e9 if self.seconds > 0 else 0.0
 
 
-def hash_file(path: Path, chunk: int = 1 << 22) -> str:
-    """xxh3 of a whole source file, streamed through one small buffer."""
+def hash_file(path: Path, window: int = 64 << 20) -> str:
+    """xxh3 of a whole source file, hashed from its own pages through a moving 64 MB mapping: no copy,
+    no buffer (a read into one costs ~1 s per GB on a 2-core VM), at most one window resident."""
     h = xxhash.xxh3_64()
-    buf = bytearray(chunk)
-    mv = memoryview(buf)
     with open(path, "rb", buffering=0) as f:
-        while n := f.readinto(buf):
-            h.update(mv[:n])
+        size = os.fstat(f.fileno()).st_size
+        for off in range(0, size, window):
+            n = min(window, size - off)
+            with mmap.mmap(f.fileno(), n, flags=_HASH_MAP_FLAGS, prot=mmap.PROT_READ, offset=off) as m:
+                h.update(m)
     return h.hexdigest()
 
 
@@ -433,19 +447,21 @@ def source_provenance(src, opts: BuildOptions) -> dict:
     }
 
 
-def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts: BuildOptions) -> dict:
-    """Encode one 1-D/2-D slice per its decision into a writer slice dict."""
+def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts: BuildOptions,
+                 alloc=np.empty) -> dict:
+    """Encode one 1-D/2-D slice per its decision into a writer slice dict; the parts' arrays come from
+    ``alloc(shape, dtype)`` (the pack writer's reused buffers in a build)."""
     if dec.encoding == spec.ENC_RAW:
-        # the source bytes verbatim (RawCodec copies them out of the reused read buffer)
-        enc = get_codec(spec.ENC_RAW).encode(x, dtype=dec.dtype)
+        # the source bytes verbatim, copied out of the source's pages (or the reused read buffer)
+        enc = get_codec(spec.ENC_RAW).encode(x, dtype=dec.dtype, alloc=alloc)
         encoding = spec.ENC_RAW
     elif dec.encoding in spec.FLOAT_ENCODINGS:
-        # a copy: the source array lives in a reused read buffer, the part waits for the write thread
-        enc = get_codec(FLOAT_ENC[x.dtype]).encode(np.array(x))
+        # a copy: the source array lives in mapped pages or a reused read buffer, the part waits for the write thread
+        enc = get_codec(FLOAT_ENC[x.dtype]).encode(x, alloc=alloc)
         encoding = FLOAT_ENC[x.dtype]
     else:
         npu_tiles = dec.tier == spec.TIER_NPU and dec.encoding == spec.ENC_INT8
-        enc = get_codec(dec.encoding).encode(x, npu=npu_tiles, threads=threads)
+        enc = get_codec(dec.encoding).encode(x, npu=npu_tiles, threads=threads, alloc=alloc)
         if enc.nonfinite:
             if not opts.allow_nonfinite:
                 raise SourceError(
@@ -479,20 +495,26 @@ def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts:
         if dec.host_copy not in spec.HOST_COPY_ENCODINGS:
             raise OrkError(f"{escape_name(name)}: host copy encoding {escape_name(str(dec.host_copy))!r}; "
                            f"a host copy is {', '.join(spec.HOST_COPY_ENCODINGS)}")
-        hc = enc if encoding == dec.host_copy else get_codec(dec.host_copy).encode(x, threads=threads)
+        hc = enc if encoding == dec.host_copy else get_codec(dec.host_copy).encode(x, threads=threads, alloc=alloc)
         s["host_copy"] = {"encoding": dec.host_copy, "layout": hc.layout, "parts": hc.parts, "sqnr_db": hc.sqnr_db}
     return s
 
 
 def _read_ahead(src, infos: list[TensorInfo], io: ThreadPoolExecutor):
-    """Yield (info, array) in order, reading into reused buffers (fresh pages
-    cost page faults: up to 2 s per GB on some VMs).
+    """Yield (info, array) in order.
+
+    Float and raw tensors stored in one piece are handed out as the source
+    file's own pages (``src.mapped``: no copy, no buffer, nothing for the
+    kernel to zero; issue 14); the others (dequantized types, experts gathered
+    from several places) are read into reused buffers, made when first needed
+    (fresh pages cost page faults: up to 2 s per GB on some VMs).
 
     When two source tensors fit in the largest tensor as float32 (16-bit
-    sources), the next tensor is read on the I/O thread while this one is
-    encoded, alternating two buffers; otherwise (float32 sources) one buffer
-    and no read-ahead, so the memory bound of the module docstring holds. The
-    caller must not keep a reference to a yielded array past the next step.
+    sources), the next tensor is mapped or read on the I/O thread while this
+    one is encoded (a cold file is read from disk there), alternating two
+    buffers; otherwise (float32 sources) one at a time, so the memory bound of
+    the module docstring holds. The caller must not keep a reference to a
+    yielded array past the next step.
     """
     # the array a read returns: the stored bytes for float and raw tensors, float32 for dequantized ones
     # (FP8, MXFP4, GGUF quantized types), which are 2-8x their stored bytes
@@ -501,17 +523,32 @@ def _read_ahead(src, infos: list[TensorInfo], io: ThreadPoolExecutor):
 
     biggest = max(out_bytes(i) for i in infos)
     ahead = 2 * biggest <= 4 * max(i.numel for i in infos)
-    bufs = [np.empty(biggest, np.uint8) for _ in range(2 if ahead else 1)]
+    bufs: list[np.ndarray | None] = [None, None]
+    mapped = getattr(src, "mapped", None)
+
+    def fetch(i: int) -> np.ndarray:
+        info = infos[i]
+        arr = mapped(info.name) if mapped is not None else None
+        if arr is not None:
+            return arr
+        k = i % 2 if ahead else 0
+        if bufs[k] is None:
+            bufs[k] = np.empty(biggest, np.uint8)
+        return src.read(info.name, out=bufs[k])
+
     if not ahead:
-        for info in infos:
-            yield info, src.read(info.name, out=bufs[0])
+        for i, info in enumerate(infos):
+            arr = fetch(i)
+            yield info, arr
+            del arr
         return
-    pending = io.submit(src.read, infos[0].name, bufs[0])
+    pending = io.submit(fetch, 0)
     for i, info in enumerate(infos):
         arr = pending.result()
         if i + 1 < len(infos):
-            pending = io.submit(src.read, infos[i + 1].name, bufs[(i + 1) % 2])
+            pending = io.submit(fetch, i + 1)
         yield info, arr
+        del arr  # the mapping goes with the last view of it
 
 
 def build(
@@ -578,11 +615,12 @@ def build(
         io = ThreadPoolExecutor(max_workers=1)
         by_kind: dict = {}
         worst: tuple[str, float] | None = None
-        # parts wait for the write thread up to half the largest tensor as float32
+        # parts wait for the write thread up to half the largest tensor as float32; the writer's buffers
+        # (reused from tensor to tensor) can hold that plus one tensor's parts (<= 2 bytes per element)
         write_behind = max(16 << 20, 2 * max(i.numel for i in infos))
         model = src.model_metadata(warnings.append)
         with PackWriter(out_path, provenance=None, config=src.config, tiermap=tiermap, write_behind=write_behind,
-                        model=model) as w:
+                        pool_bytes=2 * write_behind + (64 << 20), model=model) as w:
             for info, arr in _read_ahead(src, infos, io):
                 if tuple(arr.shape) != tuple(info.shape):
                     raise SourceError(f"{escape_name(info.name)}: read shape {arr.shape} != header shape {info.shape}")
@@ -591,7 +629,8 @@ def build(
                 slices = []
                 for e, sub in subs:
                     dec = placement.decide(info, e)
-                    s = encode_slice(sub, dec, name=info.name if e is None else f"{info.name}[{e}]", threads=threads, opts=opts)
+                    s = encode_slice(sub, dec, name=info.name if e is None else f"{info.name}[{e}]", threads=threads,
+                                     opts=opts, alloc=w.alloc)
                     s["expert"] = e
                     slices.append(s)
                     nbytes = sum(int(p.nbytes) for p in s["parts"].values())
@@ -606,7 +645,7 @@ def build(
                     if s["sqnr_db"] is not None and (worst is None or s["sqnr_db"] < worst[1]):
                         worst = (info.name if e is None else f"{info.name}[{e}]", float(s["sqnr_db"]))
                 w.add_tensor(info.name, info.source_name, info.shape, info.dtype, slices)
-                del arr, subs, slices
+                arr = subs = slices = sub = s = None  # drop every view of the source pages
                 if on_progress:
                     on_progress(info.nbytes, info.name)
             w.set_provenance(provenance.result(), timestamp=opts.timestamp)

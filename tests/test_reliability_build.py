@@ -265,25 +265,15 @@ def test_enospc_simulated(model, tmp_path, monkeypatch):
     m, new, old = model
     out = tmp_path / "m.orkpack"
     out.write_bytes(old)
-    real_init = PackWriter.__init__
+    real_pwrite, budget = os.pwrite, [200_000]
 
-    def init(self, *a, **k):
-        real_init(self, *a, **k)
-        f, budget = self._f, [200_000]
+    def full(fd, data, offset):  # every write of the pack goes through os.pwrite (O_DIRECT or not)
+        budget[0] -= len(data)
+        if budget[0] < 0:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_pwrite(fd, data, offset)
 
-        class Full:
-            def write(self, b):
-                budget[0] -= len(b)
-                if budget[0] < 0:
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-                return f.write(b)
-
-            def __getattr__(self, name):
-                return getattr(f, name)
-
-        self._f = Full()
-
-    monkeypatch.setattr(PackWriter, "__init__", init)
+    monkeypatch.setattr(os, "pwrite", full)
     with pytest.raises(OrkError, match="no space left"):
         build(m, out, BuildOptions(threads=1, npu=NEW))
     assert out.read_bytes() == old and _partials(tmp_path) == []

@@ -13,6 +13,11 @@ the kernels widen exactly). Non-finite values are counted in
 ``Encoded.nonfinite`` (the caller refuses the tensor, naming it, unless the
 user allowed it) and are encoded as 0.
 
+Output memory: ``encode(..., alloc=f)`` takes each part's array from
+``f(shape, dtype)`` instead of ``np.empty`` (a build passes the pack writer's
+pool of reused, page-aligned buffers: no fresh pages per tensor, no copy on
+the way to the file).
+
 Threads: the work is cut into fixed chunks (a function of the shape only) that
 run on a thread pool (cffi releases the GIL); the bytes and the SQNR are the
 same for every ``threads`` value.
@@ -107,6 +112,16 @@ def _sqnr(stats: list) -> tuple[float, int]:
     return reference.sqnr_from_sums(sx, se), nf
 
 
+def _empty(shape, dtype) -> np.ndarray:
+    return np.empty(shape, dtype=dtype)
+
+
+def _copy_into(alloc, flat: np.ndarray) -> np.ndarray:
+    out = alloc(flat.shape, flat.dtype)
+    np.copyto(out, flat)
+    return out
+
+
 def _rows(x: np.ndarray) -> np.ndarray:
     if x.ndim == 1:
         return x.reshape(1, -1)
@@ -124,7 +139,8 @@ class Codec:
     def parts(self) -> tuple[str, ...]:
         return spec.PARTS[self.encoding]
 
-    def encode(self, x: np.ndarray, *, npu: bool = False, threads: int = 1) -> Encoded:
+    def encode(self, x: np.ndarray, *, npu: bool = False, threads: int = 1, alloc=_empty) -> Encoded:
+        """``alloc(shape, dtype)`` gives the arrays the parts are written into (default ``np.empty``)."""
         raise NotImplementedError
 
     def decode(self, enc_parts: dict, shape, layout: dict | None = None) -> np.ndarray:
@@ -138,13 +154,16 @@ class FloatCodec(Codec):
         self.encoding = encoding
         self.dtype = np.dtype(dtype)
 
-    def encode(self, x, *, npu=False, threads=1):
+    def encode(self, x, *, npu=False, threads=1, alloc=None):
+        """The part is ``x`` itself (no copy), or its copy in ``alloc(...)`` when ``alloc`` is given."""
         if npu:
             raise ValueError(f"{self.encoding} cannot be laid out for the NPU (only int8 can)")
         x, code = _source(x)
         if x.dtype != self.dtype:
             raise TypeError(f"{self.encoding} keeps the source bytes: give {self.dtype}, not {x.dtype}")
         flat = x.reshape(-1)
+        if alloc is not None:
+            flat = _copy_into(alloc, flat)
         chunks = [(i, min(flat.size, i + INT8_CHUNK_ELEMS)) for i in range(0, flat.size, INT8_CHUNK_ELEMS)]
         counts = _run(lambda a, b: lib.ork_count_nonfinite(_ptr(flat[a:b], "void *"), code, b - a), chunks, threads)
         return Encoded({"data": flat}, {"kind": spec.LAYOUT_ROW_MAJOR}, None, int(sum(counts)))
@@ -159,15 +178,15 @@ class NF4Codec(Codec):
 
     encoding = spec.ENC_NF4
 
-    def encode(self, x, *, npu=False, threads=1):
+    def encode(self, x, *, npu=False, threads=1, alloc=_empty):
         if npu:
             raise ValueError("nf4 slices are inflated to int8 tiles at load; encode int8 with npu=True for the image")
         x, code = _source(x)
         flat = x.reshape(-1)
         n = flat.size
         nblocks = -(-n // spec.NF4_BLOCK)
-        codes = np.empty((n + 1) // 2, dtype=np.uint8)
-        absmax = np.empty(nblocks, dtype=np.float32)
+        codes = alloc(((n + 1) // 2,), np.uint8)
+        absmax = alloc((nblocks,), np.float32)
         src = _ptr(flat, "void *")
         cp, ap = _ptr(codes, "uint8_t *"), _ptr(absmax, "float *")
 
@@ -205,19 +224,19 @@ class Int8Codec(Codec):
         step = max(1, INT8_CHUNK_ELEMS // max(1, k))
         return [(r, min(rows, r + step)) for r in range(0, rows, step)]
 
-    def encode(self, x, *, npu=False, threads=1, k_segment: int = K_SEGMENT):
+    def encode(self, x, *, npu=False, threads=1, k_segment: int = K_SEGMENT, alloc=_empty):
         x, code = _source(x)
         x = _rows(x)
         n_rows, k = x.shape
-        scale = np.empty(n_rows, dtype=np.float32)
         if npu:
             layout = npu_layout(n_rows, k, k_segment)
-            q = np.empty(npu_tiled_size(n_rows, k, k_segment), dtype=np.int8)
+            q = alloc((npu_tiled_size(n_rows, k, k_segment),), np.int8)
             rows_total, kseg = layout["n_pad"], layout["k_segment"]
         else:
             layout = {"kind": spec.LAYOUT_ROW_MAJOR}
-            q = np.empty((n_rows, k), dtype=np.int8)
+            q = alloc((n_rows, k), np.int8)
             rows_total, kseg = n_rows, 0
+        scale = alloc((n_rows,), np.float32)
         src = _ptr(x, "void *")
         qp, sp = _ptr(q, "int8_t *"), _ptr(scale, "float *")
 
@@ -265,7 +284,7 @@ class RawCodec(Codec):
 
     encoding = spec.ENC_RAW
 
-    def encode(self, x, *, npu=False, threads=1, dtype: str | None = None):
+    def encode(self, x, *, npu=False, threads=1, dtype: str | None = None, alloc=_empty):
         if npu:
             raise ValueError("raw slices live on the host; the NPU takes int8 tiles only")
         x = np.asarray(x)
@@ -280,8 +299,8 @@ class RawCodec(Codec):
             raise TypeError(f"raw {dtype} keeps the source bytes: give {want.itemsize}-byte elements, not {x.dtype}")
         if x.dtype.byteorder == ">":  # the format is little-endian
             x = x.astype(x.dtype.newbyteorder("<"))
-        # a copy: callers' arrays live in reused read buffers
-        data = np.array(np.ascontiguousarray(x).reshape(-1).view(np.uint8))
+        # a copy: callers' arrays live in reused read buffers or mapped source pages
+        data = _copy_into(alloc, np.ascontiguousarray(x).reshape(-1).view(np.uint8))
         return Encoded({"data": data}, {"kind": spec.LAYOUT_ROW_MAJOR}, None, 0, dtype)
 
     def decode(self, enc_parts, shape, layout=None, *, dtype: str = "u8"):

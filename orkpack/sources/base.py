@@ -9,6 +9,7 @@ mapped source pages as they go.
 from __future__ import annotations
 
 import math
+import mmap
 import os
 
 from dataclasses import dataclass
@@ -91,7 +92,32 @@ class Source(Protocol):
         """
         ...
 
+    def mapped(self, name: str) -> np.ndarray | None:
+        """The tensor ``name`` as a read-only view of the source file's pages (no copy), when it is
+        stored as plain bytes in one piece (float or raw types); None otherwise: use ``read``.
+        The mapping lives as long as the array (or a view of it) does."""
+        ...
+
     def close(self) -> None: ...
+
+
+# MAP_POPULATE (Linux): map every page at once, reading it from disk when the page cache does not hold
+# it; a warm 1 GB tensor maps in milliseconds, with no copy and no fresh memory (the page cache's pages)
+_MAP_FLAGS = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+
+
+def map_array(fd: int, offset: int, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """A read-only array of ``shape``/``dtype`` over ``fd``'s bytes at ``offset`` (checked against the
+    file size by the caller's header validation). The mapping is released when the array (and every
+    view of it) is gone. Unlike ``os.preadv`` into a buffer, nothing is copied and no anonymous memory
+    is touched: on VMs that hand free memory back to the host, fresh pages cost ~2 s per GB."""
+    dt = np.dtype(dtype)
+    count = math.prod(shape)
+    if count == 0:
+        return np.empty(shape, dtype=dt)
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    m = mmap.mmap(fd, offset - start + count * dt.itemsize, flags=_MAP_FLAGS, prot=mmap.PROT_READ, offset=start)
+    return np.frombuffer(m, dtype=dt, count=count, offset=offset - start).reshape(shape)
 
 
 class FileSource:

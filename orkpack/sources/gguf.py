@@ -46,7 +46,7 @@ from gguf import quants as _quants
 
 from ..errors import SourceError, escape_name
 from ..pack import spec
-from .base import FLOAT_DTYPES, RAW_DTYPES, FileSource, TensorInfo, array_in, is_raw
+from .base import FLOAT_DTYPES, RAW_DTYPES, FileSource, TensorInfo, array_in, is_raw, map_array
 from .config import facts_from_gguf_kv
 from .names import natural_key
 from .safetensors import read_into
@@ -305,6 +305,23 @@ class GGUFSource(FileSource):
         else:
             warnings.warn(msg, LossyDequantWarning, stacklevel=3)
 
+    def _np_dtype(self, qname: str):
+        """The numpy type a tensor of GGUF type ``qname`` is handed out as; None for quantized types."""
+        if qname in ("F32", "F16", "BF16"):
+            return {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[qname]
+        if qname in RAW_TYPES:  # bytes as stored, as their own numpy type
+            return np.dtype(spec.RAW_DTYPES[RAW_DTYPES[qname]]).newbyteorder("=")
+        return None
+
+    def mapped(self, name: str) -> np.ndarray | None:
+        """Float and raw tensors as a read-only view of the file's pages (base.map_array); None for
+        quantized types (dequantized by ``read``)."""
+        ent = self._entries.get(name)
+        if ent is None or self._fd < 0:
+            return None
+        dt = self._np_dtype(ent.qtype.name)
+        return None if dt is None else map_array(self._fd, ent.offset, ent.info.shape, dt)
+
     def read(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
         """The tensor in numpy order (see module docstring for dtypes); raw types land in ``out`` when given."""
         ent = self._entries.get(name)
@@ -314,12 +331,9 @@ class GGUFSource(FileSource):
         if self._fd < 0:
             raise SourceError(f"{escape_name(str(self.root))}: source is closed; open it again")
         info, q = ent.info, ent.qtype
-        if q.name in ("F32", "F16", "BF16"):
-            arr = array_in(out, info.shape, {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}[q.name])
-            read_into(self._fd, ent.offset, memoryview(arr.reshape(-1).view(np.uint8)), self.root)
-            return arr
-        if q.name in RAW_TYPES:  # bytes as stored, as their own numpy type
-            arr = array_in(out, info.shape, np.dtype(spec.RAW_DTYPES[RAW_DTYPES[q.name]]).newbyteorder("="))
+        dt = self._np_dtype(q.name)
+        if dt is not None:  # float (exact bits) and raw types
+            arr = array_in(out, info.shape, dt)
             read_into(self._fd, ent.offset, memoryview(arr.reshape(-1).view(np.uint8)), self.root)
             return arr
         self._warn()

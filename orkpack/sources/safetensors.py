@@ -27,7 +27,7 @@ each expert straight into its slice. Its ``TensorInfo.source_name`` is the HF
 name with ``*`` for the expert index, ``file`` the shard of expert 0 (or the
 distinct shards joined by ``,``), ``nbytes`` the sum.
 
-Memory bound: nothing is mmapped. ``read`` allocates the returned array and
+Memory bound: ``read`` maps nothing; it allocates the returned array and
 fills it with ``os.preadv`` (no intermediate copy). The page cache is left
 alone: it is not the process's memory, and users convert the same files
 repeatedly (a warm cache is the common case). Peak RSS of
@@ -52,7 +52,7 @@ import numpy as np
 from .. import archs
 from ..errors import SourceError, escape_name
 from ..pack import spec
-from .base import RAW_DTYPES, FileSource, TensorInfo, array_in
+from .base import RAW_DTYPES, FileSource, TensorInfo, array_in, map_array
 from .derivable import split_derivable
 from . import quantized
 from .names import canonical_name, hf_expert, natural_key
@@ -281,6 +281,15 @@ class SafetensorsSource(FileSource):
 
     def tensors(self) -> list[TensorInfo]:
         return [self._entries[n].info for n in self._order]
+
+    def mapped(self, name: str) -> np.ndarray | None:
+        """A float or raw tensor stored in one piece as a read-only view of its shard's pages
+        (base.map_array); None for dequantized types and stacked experts (``read`` gathers them)."""
+        ent = self._entries.get(name)
+        if ent is None or not self._fds or len(ent.parts) != 1 or ent.info.dtype in quantized.DEQUANTIZED_DTYPES:
+            return None
+        p = ent.parts[0]
+        return map_array(self._fds[p.file], p.offset, ent.info.shape, _NP_DTYPE[ent.info.dtype].newbyteorder("="))
 
     def read(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
         """The tensor as float32, float16, uint16 holding BF16 bits, or a raw type's own numpy dtype
