@@ -589,6 +589,16 @@ def build(
             tm, warnings = load_tiermap(Path(opts.tiermap), infos)
             placement = TierMapPlacement(tm, opts)
             tiermap = tm.to_json()
+            if tm.prediction is not None and src.kind in ("safetensors", "gguf"):
+                from orkpack.tiers.command import predict_followed
+
+                # the pack records what the map it follows predicts, not what it said (an edited map)
+                try:
+                    tiermap["prediction"], said = predict_followed(tm, Path(src_path), Path(opts.tiermap))
+                except OrkError as e:  # a hand-made map without a whole board block: no prediction at all
+                    tiermap["prediction"] = None
+                    said = [f"no prediction recorded: {e}"]
+                warnings += said
         elif opts.plan:
             from orkpack.tiers.command import plan
 

@@ -30,7 +30,7 @@ import numpy as np
 from ..codecs import get_codec
 from ..errors import OrkError, escape_name
 from ..layout import untile_int8
-from ..model.weights import matmul_rows
+from ..model.weights import SourceWeights
 from ..pack import spec
 from ..pack.reader import Pack, host_copy_slice
 from ..sources.base import as_float32
@@ -197,39 +197,13 @@ class PackWeights:
         raise EvalError(f"{escape_name(str(self.pack.path))}: a {enc} slice where the forward pass needs a matrix")
 
 
-class GGUFWeights:
-    """A GGUF's weights as llama.cpp's CPU backend runs them (see the module docstring).
+class GGUFWeights(SourceWeights):
+    """A GGUF's weights as llama.cpp's CPU backend runs them (see the module docstring): the source's
+    float weights (:class:`orkpack.model.weights.SourceWeights`), each product with its activations
+    quantized as llama.cpp's CPU kernels quantize them for that weight type.
 
     ``source``: an opened GGUF source (orkpack.sources.gguf.GGUFSource)."""
 
-    def __init__(self, source):
-        self.source = source
-        self.infos = {t.name: t for t in source.tensors()}
-        self._cache: dict[str, np.ndarray] = {}
-
-    def has(self, name: str) -> bool:
-        return name in self.infos
-
-    def _raw(self, name: str) -> np.ndarray:
-        a = self._cache.get(name)
-        if a is None:
-            if name not in self.infos:
-                raise EvalError(f"{escape_name(str(self.source.root))}: tensor {escape_name(name)} is missing")
-            a = self._cache[name] = self.source.read(name)
-        return a
-
-    def tensor(self, name: str) -> np.ndarray:
-        return as_float32(self._raw(name))
-
     def matmul(self, name: str, x: np.ndarray, expert: int | None = None) -> np.ndarray:
-        w = self._raw(name)
-        if expert is not None:
-            w = w[expert]
-        act = numerics.llama_cpp_act(self.infos[name].dtype)
-        return matmul_rows(act(x) if act else x, w)
-
-    def embed(self, ids: np.ndarray) -> np.ndarray:
-        return as_float32(self.source.read("token_embd.weight")[ids])
-
-    def release(self) -> None:
-        self._cache.clear()
+        act = numerics.llama_cpp_act(self.infos[name].dtype) if name in self.infos else None
+        return super().matmul(name, act(x) if act else x, expert)

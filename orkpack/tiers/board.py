@@ -77,6 +77,25 @@ class Board:
         }
 
 
+_INT_FIELDS = ("total_bytes", "reserve_bytes", "iova_cap_bytes", "iova_usable_bytes", "alloc_granularity", "k_align",
+               "n_align", "k_segment", "npu_cores", "npu_k_ref")
+_FLOAT_FIELDS = ("npu_ops_per_s_per_core", "npu_efficiency", "npu_k_falloff", "submit_overhead_s", "cpu_int8_ops_per_s",
+                 "cpu_nf4_ops_per_s", "cpu_float_ops_per_s", "decode_bandwidth_bytes_per_s", "decode_token_s",
+                 "tile_read_factor")
+
+
+def board_from_json(d: object, where: str) -> Board:
+    """The board a tier map records (``Board.to_json``'s block), checked as a board file is."""
+    if not isinstance(d, dict) or not isinstance(d.get("name"), str) or not isinstance(d.get("engines"), list) \
+            or not all(isinstance(e, str) for e in d["engines"]):
+        raise OrkError(f"{where}: its board block is not a board (name, engines, ...); plan again")
+    vals = {k: _num(d, k, where, int, positive=k not in ("reserve_bytes",)) for k in _INT_FIELDS}
+    vals |= {k: _num(d, k, where, float, positive=k not in ("npu_k_falloff", "submit_overhead_s", "decode_token_s"))
+             for k in _FLOAT_FIELDS}
+    vals["decode_bandwidth"] = vals.pop("decode_bandwidth_bytes_per_s")
+    return Board(name=d["name"], engines=tuple(d["engines"]), source=where, **vals)
+
+
 def board_names() -> list[str]:
     return sorted(p.stem for p in BOARD_DIR.glob("*.toml"))
 

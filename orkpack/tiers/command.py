@@ -58,6 +58,48 @@ def plan(model: Path, *, board: str = "rk3588-32g", profile: Path | None = None,
 FRONTIER_FLOORS = (1.0, 0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.0)
 
 
+def predict_followed(tm: TierMap, model: Path, map_path: Path) -> tuple[dict, list[str]]:
+    """The prediction of the placement a given tier map makes, for this source (``build --tiermap``).
+
+    A map edited by hand, or planned for another source, carries a prediction of other choices; the
+    pack records this one instead: the map's own board, options and choices through the cost model
+    (docs/TIERMAP.md section 2). The map's profile is looked for beside the map (it records the file
+    name only); without it the analytic profile is used, said in the warnings. The baselines are the
+    map's (they do not depend on its choices).
+    """
+    from .board import board_from_json
+    from .solver import evaluate
+
+    label = escape_name(str(map_path))
+    man = manifest_from_path(Path(model))
+    board = board_from_json(tm.board, f"tier map {label}")
+    o, warnings = tm.options, []
+    prof_name = o.get("profile")
+    prof_path = None
+    if isinstance(prof_name, str) and prof_name != "analytic":
+        cand = Path(map_path).parent / Path(prof_name).name
+        if cand.is_file():
+            prof_path = cand
+        else:
+            warnings.append(f"tier map {label} was planned with profile {escape_name(prof_name)}, which is not "
+                            "beside it: the pack's prediction uses the analytic profile")
+    prof = load_profile(prof_path, man, board, int(o.get("prefill_m", 512)), ignore_unknown=True)
+    choices = []
+    for it in man.items:
+        d = tm.get(it.tensor, it.expert)
+        c = ("npu+nf4" if d.host_copy else "npu") if d.tier == "npu" else d.encoding
+        choices.append(c if c in ("nf4", "int8", "npu", "npu+nf4") else "float")
+    now = evaluate(man, board, prof, choices, prompt=int(o.get("prompt", 512)), kv_type=str(o.get("kv_type", "f16")))
+    pred = dict(tm.prediction or {})
+    old = {k: pred.get(k) for k in now}
+    pred.update(now)
+    if any(old[k] is not None and old[k] != now[k] for k in now):
+        warnings.append(f"tier map {label} predicted decode {old['decode_tok_s']} tok/s, prefill {old['prefill_tok_s']} "
+                        f"tok/s for other choices than it makes; the pack records decode {now['decode_tok_s']}, "
+                        f"prefill {now['prefill_tok_s']} tok/s")
+    return pred, warnings
+
+
 def frontier(man, b, prof, *, ctx: int, kv_type: str, pins, goal: Goal, prompt: int) -> list[TierMap]:
     """Pareto-optimal tier maps over (decode tok/s, prefill tok/s, quality).
 
