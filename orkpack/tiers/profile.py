@@ -7,8 +7,9 @@ One documented, versioned JSON schema (docs/TIERMAP.md "Hotness profile") and im
   the CPU). m = ``prefill_m`` for dense matmuls; ``prefill_m * routing[e]`` for expert e
   (routing = the fraction of tokens routed to it, uniform ``top_k / n_experts`` unless
   a profile says otherwise); 1 for the output head (prefill needs the last row's
-  logits only); 0 for the embedding (a lookup, not a matmul). Sensitivity = the
-  item's element count ("bytes").
+  logits only); 0 for the embedding (a lookup, not a matmul). Sensitivity: the
+  KLD the item adds as NF4 rather than int8, by the rule of ``default_sensitivity``
+  (docs/TIERMAP.md section 3).
 * JSON (``.json``): per tensor ``benefit_us``, ``routing``, ``sensitivity``.
 * llama.cpp imatrix, GGUF (``general.type = imatrix``: ``<t>.in_sum2``, ``<t>.counts``)
   or legacy ``.dat``: per-expert counts give routing (GGUF only), activation energy
@@ -132,6 +133,40 @@ def _at_rows(it: Item, m: float, mm: int, board: Board, memo: dict) -> tuple[flo
     return v
 
 
+# The analytic quality weights (docs/TIERMAP.md section 3, "Default sensitivity"), in KLD: what putting
+# an item in NF4 rather than int8 adds to the mean KL divergence of the next-token distribution.
+# Measured with `orkpack eval` on SmolLM2-135M-Instruct (docs/EVAL.md, "The default sensitivity"):
+# the output head (there the tied embedding) in NF4 adds 0.124 alone and 0.133 beside every other
+# matrix NF4 (all NF4 0.373 against the head int8 0.240); every other matrix NF4 together 0.236
+# (0.240 against all int8 0.004). Rounded, and one model's figures: a profile measured on your own
+# model (`orkpack eval --sensitivity`) replaces them.
+HEAD_KLD = 0.13
+BODY_KLD = 0.24
+
+
+def default_sensitivity(manifest: Manifest, m_eff: list[float], prefill_m: int) -> list[float]:
+    """Per item, the KLD it adds as NF4 rather than int8 (the analytic rule).
+
+    The output head (``output.weight``, or the embedding when it is tied: it is the head) gets
+    HEAD_KLD: its error goes straight into the logits, whatever its size. Every other item shares
+    BODY_KLD in proportion to the elements a token reads through it (element count x its routing
+    share for an expert, the element count otherwise); the vision encoder's items share it too.
+    """
+    tied = not any(it.role == "output" for it in manifest.items)
+    heads = [i for i, it in enumerate(manifest.items) if it.role == "output" or (tied and it.role == "embedding")]
+    w = [0.0] * len(manifest.items)
+    for i, it in enumerate(manifest.items):
+        share = (m_eff[i] / prefill_m if prefill_m else 0.0) if it.role == "expert" else 1.0
+        w[i] = float(it.numel) * share
+    for i in heads:
+        w[i] = 0.0
+    body = sum(w)
+    out = [BODY_KLD * x / body if body > 0 else 0.0 for x in w]
+    for i in heads:
+        out[i] = HEAD_KLD / len(heads)
+    return out
+
+
 def analytic(manifest: Manifest, board: Board, prefill_m: int, routing: dict[int, float] | None = None) -> Profile:
     routing = routing or {}
     shape_mm: dict[tuple[int, int], int] = {}
@@ -153,9 +188,9 @@ def analytic(manifest: Manifest, board: Board, prefill_m: int, routing: dict[int
         ms.append(m)
         mms.append(mm)
         ben.append(b)
-        sens.append(float(it.numel))
         tc.append(c)
         tn.append(n)
+    sens = default_sensitivity(manifest, ms, prefill_m)
     return Profile("analytic", "analytic", prefill_m, ben, sens, ms, mms, tc, tn)
 
 
@@ -180,6 +215,8 @@ def _apply_routing(prof: Profile, manifest: Manifest, board: Board, routing: dic
         m = prof.prefill_m * r
         prof.m_eff[i] = m
         prof.benefit[i], prof.t_cpu[i], prof.t_npu[i] = _at_rows(it, m, prof.min_m[i], board, memo)
+    if routing:  # an expert's default sensitivity follows its routing share
+        prof.sensitivity = default_sensitivity(manifest, prof.m_eff, prof.prefill_m)
 
 
 def _spread_routing(manifest: Manifest, routing: dict[int, float]) -> dict[int, float]:

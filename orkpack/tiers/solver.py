@@ -157,14 +157,15 @@ def _no_fit(manifest: Manifest, board: Board, rows: list[_Row], need: int, cap: 
 
 GOALS = ("balanced", "decode", "prefill", "quality")
 DECODE_SLACK = 0.05  # the default goal keeps decode within 5 % of the best the board allows
+PREFILL_SLACK = 0.01  # ... and prefill within 1 % of the most it then allows, for quality
 
 
 @dataclass
 class Goal:
     """What the user asks of a plan (docs/TIERMAP.md "Objectives").
 
-    balanced (default): decode within ``DECODE_SLACK`` of the best achievable, then the
-    most prefill, then the best quality. decode / prefill / quality: that first, then
+    balanced (default): decode within ``DECODE_SLACK`` of the best achievable, then
+    prefill within ``PREFILL_SLACK`` of the most that allows, then the best quality. decode / prefill / quality: that first, then
     the other two in the order decode, prefill, quality. Constraints hold in every stage.
     """
     name: str = "balanced"
@@ -462,8 +463,14 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
             caps2 = dict(caps)
             if frac > 0:
                 caps2["dec"] = min(caps.get("dec", np.inf), d_best / frac - md.dec_const)
-            pick, st = milp.lexicographic(prob, [("pre", "min"), ("q", "max")], caps2, time_limit=time_limit)
-            st = st0 + st
+            if goal.decode_floor is None:  # balanced: prefill within PREFILL_SLACK of its best, for quality
+                _, st1 = milp.lexicographic(prob, [("pre", "min")], caps2, time_limit=time_limit)
+                caps2["pre"] = min(caps2.get("pre", np.inf), (md.pre_const + st1[0].value) / (1.0 - PREFILL_SLACK) - md.pre_const)
+                pick, st = milp.lexicographic(prob, [("q", "max")], caps2, time_limit=time_limit)
+                st = st0 + st1 + st
+            else:
+                pick, st = milp.lexicographic(prob, [("pre", "min"), ("q", "max")], caps2, time_limit=time_limit)
+                st = st0 + st
         else:
             order = {"decode": [("dec", "min"), ("pre", "min"), ("q", "max")],
                      "prefill": [("pre", "min"), ("dec", "min"), ("q", "max")],
@@ -518,6 +525,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
         "goal": goal.to_json(),
         "order": [f"{x['metric']} ({'min' if x['sense'] == 'min' else 'max'})" for x in stages_json],
         "decode_slack": DECODE_SLACK if goal.name == "balanced" and goal.decode_floor is None else None,
+        "prefill_slack": PREFILL_SLACK if goal.name == "balanced" and goal.decode_floor is None else None,
         "stages": stages_json,
         "status": "optimal" if all(x["status"] == "optimal" for x in stages_json) else "gap",
         "method": "lexicographic MILP over groups of identical items (HiGHS via scipy.optimize.milp)",

@@ -1,0 +1,92 @@
+"""Issue 15, "Quality, measured": the planner's quality weights are KLDs, and the head weighs as the head.
+
+docs/TIERMAP.md section 3 ("Default sensitivity") and section 4 (the balanced goal's prefill slack).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orkpack.tiers.board import load_board
+from orkpack.tiers.manifest import manifest_from_config
+from orkpack.tiers.profile import BODY_KLD, HEAD_KLD, load_profile
+from orkpack.tiers.solver import solve
+
+BOARD = load_board("rk3588-32g")
+FIX = "tests/fixtures/configs"
+
+# SmolLM2-135M-Instruct's architecture (the real model of docs/EVAL.md): tied embedding / head
+SMOLLM2 = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576,
+           "intermediate_size": 1536, "num_hidden_layers": 30, "num_attention_heads": 9,
+           "num_key_value_heads": 3, "vocab_size": 49152, "tie_word_embeddings": True,
+           "rope_theta": 100000.0, "torch_dtype": "bfloat16", "max_position_embeddings": 8192}
+
+
+def _cfg(name: str, **over) -> dict:
+    with open(f"{FIX}/{name}.json") as f:
+        cfg = json.load(f)
+    cfg.update(over)
+    return cfg
+
+
+def _sens(man):
+    prof = load_profile(None, man, BOARD, 512)
+    return prof, {it.key: s for it, s in zip(man.items, prof.sensitivity)}
+
+
+def test_tied_embedding_is_the_head_and_weighs_as_the_head():
+    man = manifest_from_config(SMOLLM2)
+    assert not any(it.role == "output" for it in man.items)
+    prof, s = _sens(man)
+    assert s[("token_embd.weight", None)] == pytest.approx(HEAD_KLD)
+    body = [v for k, v in s.items() if k[0] != "token_embd.weight"]
+    assert sum(body) == pytest.approx(BODY_KLD)
+    # the head (28 M elements) outweighs 32 FFN matrices of the same total element count
+    ffn = s[("blk.0.ffn_up.weight", None)]
+    assert 32 * 1536 * 576 == 49152 * 576 and s[("token_embd.weight", None)] > 32 * ffn
+    # the body shares by element count
+    assert s[("blk.3.ffn_down.weight", None)] / s[("blk.3.attn_q.weight", None)] == pytest.approx(1536 / 576)
+
+
+def test_untied_head_is_output_weight_and_the_embedding_is_body():
+    man = manifest_from_config(_cfg("qwen3_moe"))
+    prof, s = _sens(man)
+    assert s[("output.weight", None)] == pytest.approx(HEAD_KLD)
+    assert s[("token_embd.weight", None)] < HEAD_KLD / 10
+    assert sum(v for k, v in s.items() if k[0] != "output.weight") == pytest.approx(BODY_KLD)
+    # an expert weighs by the tokens it sees (uniform routing: top_k / n_experts of a dense matrix's share)
+    it = next(i for i in man.items if i.role == "expert")
+    dense = next(i for i in man.items if i.role == "matmul")
+    r = it.n_experts_used / it.n_experts
+    assert s[it.key] / s[dense.key] == pytest.approx(r * it.numel / dense.numel)
+
+
+def test_routing_profile_moves_expert_sensitivity(tmp_path):
+    man = manifest_from_config(_cfg("olmoe"))
+    it = next(i for i in man.items if i.role == "expert")
+    E = it.n_experts
+    routing = [0.0] * E
+    routing[0] = float(it.n_experts_used)  # every token to expert 0 (top_k of it)
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps({"schema": "orkpack.hotness", "version": 1, "tensors": {it.tensor: {"routing": routing}}}))
+    prof = load_profile(p, man, BOARD, 512)
+    s = {i.key: v for i, v in zip(man.items, prof.sensitivity)}
+    assert s[(it.tensor, 1)] == 0.0 and s[(it.tensor, 0)] > 0.0
+
+
+def test_default_plan_of_a_tied_smollm2_keeps_the_head_int8_within_the_slacks():
+    """Issue 15: the tied head in NF4 was 82-84 % of the default pack's KLD; the planner put it there
+    because it weighed as its element count (a tie with 32 FFN matrices) and cost prefill time."""
+    man = manifest_from_config(SMOLLM2)
+    prof = load_profile(None, man, BOARD, 512)
+    tm = solve(man, BOARD, prof, ctx=8192)
+    enc, tier, _ = tm.decision("token_embd.weight")
+    assert (enc, tier) == ("int8", "host")
+    p = tm.prediction
+    assert p["decode_tok_s"] >= 0.95 * p["baselines"]["cpu_nf4"]["decode_tok_s"] * (1 - 1e-6)
+    st = {s["metric"]: s for s in tm.objective["stages"]}
+    assert [s["metric"] for s in tm.objective["stages"]] == ["decode", "prefill", "quality"]
+    assert p["prefill_s_per_chunk"] <= st["prefill"]["value"] / 0.99 * (1 + 1e-9)
+    assert st["quality"]["value"] >= HEAD_KLD
+    assert tm.objective["prefill_slack"] == 0.01
