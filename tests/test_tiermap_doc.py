@@ -196,7 +196,8 @@ class DocModel:
         w = {}
         for n, s in self.items:
             if (n, s["expert"]) not in heads:
-                w[(n, s["expert"])] = s["shape"][0] * s["shape"][1] * (self.share_r(n, s) if self.role(n, s) == "expert" else 1.0)
+                w[(n, s["expert"])] = (s["shape"][1] ** 2 if self.role(n, s) == "embedding" else
+                                       s["shape"][0] * s["shape"][1] * (self.share_r(n, s) if self.role(n, s) == "expert" else 1.0))
         body = sum(w.values())
         out = {key: 0.24 * v / body if body > 0 else 0.0 for key, v in w.items()}
         out.update({h: 0.13 / len(heads) for h in heads})

@@ -150,14 +150,17 @@ def default_sensitivity(manifest: Manifest, m_eff: list[float], prefill_m: int) 
     The output head (``output.weight``, or the embedding when it is tied: it is the head) gets
     HEAD_KLD: its error goes straight into the logits, whatever its size. Every other item shares
     BODY_KLD in proportion to the elements a token reads through it (element count x its routing
-    share for an expert, the element count otherwise); the vision encoder's items share it too.
+    share for an expert, the element count otherwise; an untied embedding as a K x K matrix: a token
+    reads one row of it); the vision encoder's items share it too.
     """
     tied = not any(it.role == "output" for it in manifest.items)
     heads = [i for i, it in enumerate(manifest.items) if it.role == "output" or (tied and it.role == "embedding")]
     w = [0.0] * len(manifest.items)
     for i, it in enumerate(manifest.items):
         share = (m_eff[i] / prefill_m if prefill_m else 0.0) if it.role == "expert" else 1.0
-        w[i] = float(it.numel) * share
+        # an untied embedding is a lookup: a token reads one row, whose error perturbs the hidden state as
+        # much as the output error of one hidden x hidden product does; it weighs as that (K x K)
+        w[i] = float(it.k * it.k) if it.role == "embedding" else float(it.numel) * share
     for i in heads:
         w[i] = 0.0
     body = sum(w)
