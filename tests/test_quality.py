@@ -45,8 +45,12 @@ def test_tied_embedding_is_the_head_and_weighs_as_the_head():
     # the head (28 M elements) outweighs 32 FFN matrices of the same total element count
     ffn = s[("blk.0.ffn_up.weight", None)]
     assert 32 * 1536 * 576 == 49152 * 576 and s[("token_embd.weight", None)] > 32 * ffn
-    # the body shares by element count
-    assert s[("blk.3.ffn_down.weight", None)] / s[("blk.3.attn_q.weight", None)] == pytest.approx(1536 / 576)
+    # the body shares by element count times the kind's factor (GQA ratio 9 / 3 = 3 for K, 4 x 3 for V, 2 for down)
+    q = s[("blk.3.attn_q.weight", None)]
+    assert s[("blk.3.ffn_up.weight", None)] / q == pytest.approx(1536 / 576)
+    assert s[("blk.3.ffn_down.weight", None)] / q == pytest.approx(2 * 1536 / 576)
+    assert s[("blk.3.attn_k.weight", None)] / q == pytest.approx(3 * 192 / 576)
+    assert s[("blk.3.attn_v.weight", None)] / q == pytest.approx(12 * 192 / 576)
 
 
 def test_untied_head_is_output_weight_and_the_embedding_is_body():
@@ -56,10 +60,13 @@ def test_untied_head_is_output_weight_and_the_embedding_is_body():
     emb = next(i for i in man.items if i.role == "embedding")
     q = next(i for i in man.items if i.tensor == "blk.0.attn_q.weight")
     assert s[emb.key] / s[q.key] == pytest.approx(emb.k * emb.k / q.numel)  # a lookup: as a K x K matrix
+    down = next(i for i in man.items if i.tensor.endswith("ffn_down_exps.weight"))
+    up = next(i for i in man.items if i.tensor == down.tensor.replace("down", "up") and i.expert == down.expert)
+    assert s[down.key] / s[up.key] == pytest.approx(2.0)
     assert sum(v for k, v in s.items() if k[0] != "output.weight") == pytest.approx(BODY_KLD)
     # an expert weighs by the tokens it sees (uniform routing: top_k / n_experts of a dense matrix's share)
-    it = next(i for i in man.items if i.role == "expert")
-    dense = next(i for i in man.items if i.role == "matmul")
+    it = next(i for i in man.items if i.role == "expert" and "ffn_up" in i.tensor)
+    dense = next(i for i in man.items if i.tensor == "blk.0.attn_q.weight")
     r = it.n_experts_used / it.n_experts
     assert s[it.key] / s[dense.key] == pytest.approx(r * it.numel / dense.numel)
 

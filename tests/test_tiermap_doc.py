@@ -193,14 +193,19 @@ class DocModel:
         """Section 3, "Default sensitivity": the head HEAD_KLD, the rest BODY_KLD by elements read."""
         heads = [(n, s["expert"]) for n, s in self.items
                  if self.role(n, s) == "output" or (self.tied and self.role(n, s) == "embedding")]
+        g = self.f["heads"] / self.f["kv_heads"] if self.f.get("heads") and self.f.get("kv_heads") else 1.0
+        kinds = {"attn_k": g, "attn_v": 4 * g, "ffn_down": 2.0, "ffn_down_exps": 2.0, "ffn_down_shexp": 2.0}
         w = {}
         for n, s in self.items:
             if (n, s["expert"]) not in heads:
+                parts = n.split(".")
+                kind = kinds.get(parts[2], 1.0) if len(parts) == 4 and parts[0] == "blk" and parts[3] == "weight" else 1.0
                 w[(n, s["expert"])] = (s["shape"][1] ** 2 if self.role(n, s) == "embedding" else
-                                       s["shape"][0] * s["shape"][1] * (self.share_r(n, s) if self.role(n, s) == "expert" else 1.0))
+                                       s["shape"][0] * s["shape"][1] * kind
+                                       * (self.share_r(n, s) if self.role(n, s) == "expert" else 1.0))
         body = sum(w.values())
-        out = {key: 0.24 * v / body if body > 0 else 0.0 for key, v in w.items()}
-        out.update({h: 0.13 / len(heads) for h in heads})
+        out = {key: 0.25 * v / body if body > 0 else 0.0 for key, v in w.items()}
+        out.update({h: 0.12 / len(heads) for h in heads})
         return out
 
     def share_r(self, name, s) -> float:
