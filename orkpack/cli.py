@@ -348,24 +348,32 @@ def eval_(
     per_tensor: bool = typer.Option(False, "--per-tensor", help="Rank the items by the KLD each adds alone (its path's numerics, every other matrix float) on a sample, with its matmul output SNR over the run (needs SOURCE)."),
     per_tensor_tokens: int = typer.Option(128, "--per-tensor-tokens", metavar="N", help="The sample of --per-tensor: the first N tokens (one forward pass per item and path)."),
     rows: int = typer.Option(20, "--rows", metavar="N", help="Per-tensor rows shown."),
+    sens: bool = typer.Option(False, "--sensitivity", help="Estimate each item's KLD in NF4 rather than int8 from the run's activation statistics, checked against the true single-item KLD on a sample (Spearman); with -o, write it as a hotness profile for orkpack plan --profile (needs SOURCE)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE", help="With --sensitivity: write the hotness profile (JSON) here."),
     threads: int = typer.Option(1, "--threads", "-t", help="BLAS threads (0: all cores). One is fastest on a busy machine: the attention's many small products lose to thread synchronisation."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ):
     """What a pack does to the model's answers: KL divergence, top-1 agreement and perplexity of each path
     (prefill and decode, in the board's numerics) against the source's float model (docs/EVAL.md)."""
     from orkpack.eval.run import Options, evaluate
+    from orkpack.eval.sensitivity import write_profile
     from orkpack.render import eval_report
 
     if len(models) not in (1, 2):
         raise OrkError(f"give PACK, or SOURCE PACK ({len(models)} paths given)")
     source, pack = (None, models[0]) if len(models) == 1 else models
     opts = Options(text=text, tokens=tokens, ctx=ctx, chunks=chunks, act=act, cpu_act=cpu_act, per_tensor=per_tensor,
-                   per_tensor_tokens=per_tensor_tokens, threads=threads)
+                   per_tensor_tokens=per_tensor_tokens, threads=threads, sensitivity=sens)
+    if output is not None and not sens:
+        raise OrkError("-o writes the profile of --sensitivity: add --sensitivity")
     bar = _LazyBar(not json_out)
     try:
         r = evaluate(source, pack, opts, progress=bar.update)
     finally:
         bar.stop()
+    if output is not None:
+        write_profile(r, output)
+    r.pop("_profile", None)
     if json_out:
         print(json.dumps(r, indent=1))
     else:

@@ -165,6 +165,8 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
     if ob.get("decode_slack") and best_dec:
         console.print(f"Decode is kept within {ob['decode_slack']:.0%} of the best this board allows "
                       f"({1 / best_dec:.2f} tok/s); decode (M = 1) always runs on the CPU")
+    if ob.get("prefill_slack"):
+        console.print(f"Prefill is kept within {ob['prefill_slack']:.0%} of the most that decode allows, for quality")
     for w in getattr(tm, "warnings", []):
         console.print(f"[yellow]warning:[/] {w}")
 
