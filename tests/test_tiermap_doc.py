@@ -262,6 +262,11 @@ class DocModel:
             nbytes = n * k * self.itemsize(s["encoding"])
         return share * nbytes / self.b["decode_bandwidth_bytes_per_s"]
 
+    def kld(self, name, s, choice) -> float:
+        """Section 4, predicted KLD: the sensitivity of every item decode reads as NF4."""
+        sens = self.sens.get((name, s["expert"]), self.default_sens[(name, s["expert"])])
+        return sens if choice in ("nf4", "npu+nf4") or (choice == "npu" and s["encoding"] != "int8") else 0.0
+
     def quality(self, name, s, choice) -> float:
         n, k = s["shape"]
         sens = self.sens.get((name, s["expert"]), self.default_sens[(name, s["expert"])])
@@ -296,8 +301,9 @@ class DocModel:
             ttft += self.b["decode_token_s"] + self.attention(r, done + r / 2) + self.routers(r)
             ttft += sum(self.pre_item(n, s, c, r / self.pm) for (n, s), c in zip(self.items, choices))
             done += r
+        kld = sum(self.kld(n, s, c) for (n, s), c in zip(self.items, choices))
         return {"decode_s_per_token": dec, "prefill_s_per_chunk": pre, "ttft_s": ttft,
-                "decode_tok_s": 1 / dec, "prefill_tok_s": self.pm / pre}
+                "decode_tok_s": 1 / dec, "prefill_tok_s": self.pm / pre, "kld": kld}
 
     def allowed(self, name, s) -> list[str]:
         """Section 4: the choices the pins (recorded in the slice's ``pin``) leave, in the doc's order."""
@@ -320,7 +326,7 @@ class DocModel:
 
 def _assert_phase(got: dict, want: dict, what: str) -> None:
     for k, nd in (("decode_s_per_token", 9), ("prefill_s_per_chunk", 9), ("ttft_s", 4), ("decode_tok_s", 3),
-                  ("prefill_tok_s", 3)):
+                  ("prefill_tok_s", 3), ("kld", 6)):
         assert got[k] == pytest.approx(round(want[k], nd), rel=1e-9, abs=0.6 * 10 ** -nd), (what, k, got[k], want[k])
 
 
