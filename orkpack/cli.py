@@ -154,6 +154,7 @@ def build(
     min_decode_tok_s: Optional[float] = typer.Option(None, "--min-decode-tok-s", metavar="X", help="Only plans that decode at least X tokens/s."),
     min_prefill_tok_s: Optional[float] = typer.Option(None, "--min-prefill-tok-s", metavar="X", help="Only plans that prefill at least X tokens/s."),
     max_ram: Optional[str] = typer.Option(None, "--max-ram", metavar="BYTES", help="Use at most this much RAM (e.g. 24GiB)."),
+    max_kld: Optional[float] = typer.Option(None, "--max-kld", metavar="X", help="Only plans whose predicted KLD (the sensitivities of the items decode reads as NF4, docs/TIERMAP.md) is at most X."),
     prompt: int = typer.Option(512, "--prompt", metavar="N", help="Prompt length the TTFT and decode predictions are for."),
     tiermap: Optional[Path] = typer.Option(None, "--tiermap", metavar="FILE", help="Follow this tier-map JSON (orkpack plan -o FILE, or edited) instead of planning; it must cover every tensor of SOURCE. The planning options (--board, --ctx, --profile, --goal, ...) are refused with it: give them to orkpack plan."),
     threads: int = typer.Option(0, "--threads", "-t", help="Encoder threads (0: all cores). The output does not depend on it."),
@@ -178,7 +179,7 @@ def build(
         threads=threads, int8=int8, nf4=nf4, keep=keep, npu=npu, cpu=cpu, npu_storage=npu_storage, allow_nonfinite=allow_nonfinite,
         timestamp=timestamp, plan=not no_plan, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, ignore_unknown=ignore_unknown,
         tiermap=tiermap, goal=goal, min_decode_tok_s=min_decode_tok_s, min_prefill_tok_s=min_prefill_tok_s,
-        max_ram=parse_bytes(max_ram, "--max-ram"), prompt=prompt, given=_given(context),
+        max_ram=parse_bytes(max_ram, "--max-ram"), max_kld=max_kld, prompt=prompt, given=_given(context),
     )
     with _progress(not json_out) as prog:
         task = prog.add_task("build", total=None, tensor="")
@@ -257,6 +258,7 @@ def plan(
     min_decode_tok_s: Optional[float] = typer.Option(None, "--min-decode-tok-s", metavar="X", help="Only plans that decode at least X tokens/s."),
     min_prefill_tok_s: Optional[float] = typer.Option(None, "--min-prefill-tok-s", metavar="X", help="Only plans that prefill at least X tokens/s."),
     max_ram: Optional[str] = typer.Option(None, "--max-ram", metavar="BYTES", help="Use at most this much RAM (e.g. 24GiB, 20G, 21474836480)."),
+    max_kld: Optional[float] = typer.Option(None, "--max-kld", metavar="X", help="Only plans whose predicted KLD (the sensitivities of the items decode reads as NF4, docs/TIERMAP.md) is at most X."),
     prompt: int = typer.Option(512, "--prompt", metavar="N", help="Prompt length the TTFT and decode predictions are for."),
     frontier: bool = typer.Option(False, "--frontier", help="Print the Pareto set of (decode, prefill, quality) plans; with -o DIR, write each as DIR/frontier-K.json."),
     json_out: bool = typer.Option(False, "--json", help="Print the tier map as JSON."),
@@ -268,7 +270,7 @@ def plan(
     from orkpack.tiers.solver import Goal
 
     pins = {"npu": npu, "cpu": cpu, "int8": int8, "nf4": nf4, "keep": keep}
-    g = Goal(goal, min_decode_tok_s, min_prefill_tok_s, parse_bytes(max_ram, "--max-ram"))
+    g = Goal(goal, min_decode_tok_s, min_prefill_tok_s, parse_bytes(max_ram, "--max-ram"), max_kld=max_kld)
     code = plan_command(model, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, pins=pins,
                         ignore_unknown=ignore_unknown, json_out=json_out, output=output, console=None if json_out else _out(), goal=g,
                         prompt=prompt, frontier_out=frontier)

@@ -7,13 +7,13 @@ Measured for every item would be two forward passes each; instead (docs/EVAL.md,
    run: per item, the sum over the tokens of each input column's square ``s2[k]``, the rows seen,
    and the energy of its float output ``sum |y|^2``.
 2. The expected output error of its NF4-vs-int8 weight difference on those inputs (inputs taken as
-   uncorrelated across columns, imatrix's assumption): ``e = sum_k s2[k] sum_n (W_nf4 - W_int8)[n,k]^2``,
-   relative to its output energy: ``rel = e / sum |y|^2``.
+   uncorrelated across columns, imatrix's assumption): ``e = sum_k s2[k] sum_n (W_nf4 - W_int8)[n,k]^2``
+   per token (``err = e / rows``; its output's relative error ``e / sum |y|^2`` is reported beside it).
 3. Scaled to KLD per kind of item (``attn_v``, ``ffn_down``, the head, ...: how much the model
    amplifies that kind of error): on a sample of items (per kind, the items of the largest, median
-   and smallest ``rel``), the true single-item KLD is measured (two forward passes: the item alone in
+   and smallest ``err``), the true single-item KLD is measured (two forward passes: the item alone in
    NF4, and alone in int8, every other matrix float; the difference); a kind's gain is the median of
-   true / rel over its sampled items; an item's estimate is ``gain(kind) x rel``.
+   true / err over its sampled items; an item's estimate is ``gain(kind) x err``.
 4. Checked: the Spearman rank correlation of the estimates with the true KLDs over the sample, each
    estimate's gain taken without that item (leave one out: the kind's other sampled items, else the
    median over every other sampled item), so the check does not grade its own fit.
@@ -114,6 +114,7 @@ def measure(src, items: list[tuple[str, int | None]], stats: dict, sample_kld, p
     with item ``key`` at weights ``w`` (every other matrix float) on the sample and returns its mean KLD."""
     srcw = SourceWeights(src)
     rel: dict = {}
+    err: dict = {}  # the expected squared output error per token (the estimate's base)
     mats: dict = {}
     for key in items:
         name, expert = key
@@ -122,19 +123,20 @@ def measure(src, items: list[tuple[str, int | None]], stats: dict, sample_kld, p
         w = w[expert] if expert is not None else w
         nf4, i8 = _versions(np.ascontiguousarray(w, dtype=np.float32))
         if st is None:  # never multiplied (an untied embedding: a row lookup): no statistics, estimate 0
-            rel[key] = 0.0
+            rel[key] = err[key] = 0.0
         else:
             s2, rows, ysq = st
             d = (nf4.astype(np.float64) - i8) ** 2
             e = float(d.sum(axis=0) @ s2)
             rel[key] = e / ysq if ysq > 0 else 0.0
+            err[key] = e / rows if rows else 0.0
         mats[key] = (nf4, i8) if kind(name) in ("token_embd.weight", "output.weight") else None
     by_kind: dict[str, list] = {}
     for key in items:
         by_kind.setdefault(kind(key[0]), []).append(key)
     sample = []
     for k, keys in sorted(by_kind.items()):
-        keys = sorted(keys, key=lambda x: (rel[x], x[0], -1 if x[1] is None else x[1]))
+        keys = sorted(keys, key=lambda x: (err[x], x[0], -1 if x[1] is None else x[1]))
         picks = {keys[-1], keys[len(keys) // 2], keys[0]} if per_kind >= 3 else {keys[-1]}
         sample += sorted(picks, key=lambda x: (x[0], -1 if x[1] is None else x[1]))[:max(1, per_kind)]
     true: dict = {}
@@ -152,15 +154,15 @@ def measure(src, items: list[tuple[str, int | None]], stats: dict, sample_kld, p
     srcw.release()
 
     def gain(k: str, without=None) -> float:
-        own = [true[x] / rel[x] for x in sample if kind(x[0]) == k and x != without and rel[x] > 0]
+        own = [true[x] / err[x] for x in sample if kind(x[0]) == k and x != without and err[x] > 0]
         if not own:
-            own = [true[x] / rel[x] for x in sample if x != without and rel[x] > 0]
+            own = [true[x] / err[x] for x in sample if x != without and err[x] > 0]
         return median(own) if own else 0.0
 
-    est = {key: gain(kind(key[0])) * rel[key] for key in items}
-    loo = [gain(kind(x[0]), without=x) * rel[x] for x in sample]
+    est = {key: gain(kind(key[0])) * err[key] for key in items}
+    loo = [gain(kind(x[0]), without=x) * err[x] for x in sample]
     rho = spearman(loo, [true[x] for x in sample])
-    return {"estimate": est, "rel": rel, "true": true, "loo": dict(zip(sample, loo)), "spearman": rho}
+    return {"estimate": est, "rel": rel, "err": err, "true": true, "loo": dict(zip(sample, loo)), "spearman": rho}
 
 
 def item_name(key: tuple[str, int | None]) -> str:
@@ -179,7 +181,8 @@ def to_profile(res: dict, note: str) -> dict:
 def report(res: dict) -> dict:
     """What the eval report shows of it (JSON-ready)."""
     return {"items": len(res["estimate"]), "sample": [
-        {"item": item_name(k), "kld": res["true"][k], "estimate": res["loo"][k], "rel_error": res["rel"][k]}
+        {"item": item_name(k), "kld": res["true"][k], "estimate": res["loo"][k], "rel_error": res["rel"][k],
+         "error": res["err"][k]}
         for k in res["true"]], "spearman": res["spearman"], "total": float(sum(res["estimate"].values()))}
 
 
