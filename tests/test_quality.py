@@ -99,3 +99,74 @@ def test_default_plan_of_a_tied_smollm2_keeps_the_head_int8_within_the_slacks():
     assert p["prefill_s_per_chunk"] <= st["prefill"]["value"] / 0.99 * (1 + 1e-9)
     assert st["quality"]["value"] >= HEAD_KLD
     assert tm.objective["prefill_slack"] == 0.01
+
+
+def _pred_kld(tm, man, prof) -> float:
+    """The additive model from the decisions alone: the sensitivity of every item decode reads as NF4."""
+    sens = {it.key: s for it, s in zip(man.items, prof.sensitivity)}
+    return sum(sens[(d.tensor, d.expert)] for d in tm.decisions if (d.tensor, d.expert) in sens
+               and (d.encoding == "nf4" or d.host_copy == "nf4"))
+
+
+def test_plan_predicts_kld_and_max_kld_is_a_hard_constraint():
+    man = manifest_from_config(SMOLLM2)
+    prof = load_profile(None, man, BOARD, 512)
+    from orkpack.errors import OrkError
+    from orkpack.tiers.solver import Goal
+
+    tm = solve(man, BOARD, prof, ctx=8192)
+    p = tm.prediction
+    assert p["kld"] == pytest.approx(_pred_kld(tm, man, prof), abs=1e-6) and p["kld"] > 0
+    assert p["baselines"]["cpu_nf4"]["kld"] == pytest.approx(HEAD_KLD + BODY_KLD, abs=1e-6)
+    assert p["baselines"]["cpu_int8"]["kld"] == 0
+    cap = p["kld"] / 3
+    tight = solve(man, BOARD, prof, ctx=8192, goal=Goal(max_kld=cap))
+    assert tight.prediction["kld"] <= cap + 1e-9
+    assert tight.prediction["kld"] == pytest.approx(_pred_kld(tight, man, prof), abs=1e-6)
+    assert tight.objective["goal"]["max_kld"] == cap
+    # what it costs: some speed (the default plan was optimal without the cap)
+    assert (tight.prediction["decode_tok_s"] < p["decode_tok_s"] or tight.prediction["prefill_tok_s"] < p["prefill_tok_s"])
+    with pytest.raises(OrkError, match="--max-kld 0"):  # all-NF4 speed and no NF4 at all: unreachable
+        solve(man, BOARD, prof, ctx=8192, goal=Goal(max_kld=0.0, min_decode_tok_s=p["baselines"]["cpu_nf4"]["decode_tok_s"]))
+    with pytest.raises(OrkError, match="--max-kld"):
+        Goal(max_kld=-1.0)
+
+
+def test_cli_max_kld_plan_build_and_frontier(tmp_path):
+    from typer.testing import CliRunner
+
+    from orkpack.cli import app
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(SMOLLM2))
+    run = CliRunner()
+    r = run.invoke(app, ["plan", str(cfg), "--max-kld", "0.05", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["prediction"]["kld"] <= 0.05
+    r = run.invoke(app, ["plan", str(cfg)])
+    assert r.exit_code == 0 and "KLD (predicted)" in r.stdout
+    r = run.invoke(app, ["plan", str(cfg), "--frontier", "--json"])
+    pts = json.loads(r.stdout)["frontier"]
+    keys = [(p["prediction"]["decode_tok_s"], p["prediction"]["prefill_tok_s"], -p["prediction"]["kld"]) for p in pts]
+    for a in keys:  # no point dominates another in (decode, prefill, predicted KLD)
+        assert not any(all(y >= x for x, y in zip(a, b)) and a != b for b in keys)
+    tm = tmp_path / "tm.json"
+    assert run.invoke(app, ["plan", str(cfg), "-o", str(tm)]).exit_code == 0
+    r = run.invoke(app, ["build", str(cfg), "-o", str(tmp_path / "x.orkpack"), "--tiermap", str(tm), "--max-kld", "0.1"])
+    assert r.exit_code != 0 and "--max-kld" in r.output
+
+
+def test_build_follows_max_kld(tmp_path):
+    from orkpack import synth
+    from orkpack.build import BuildOptions, build
+    from orkpack.pack.reader import Pack
+
+    folder = synth.write_hf_model(tmp_path / "hf", layers=2, hidden=128, intermediate=256, heads=4, kv_heads=2,
+                                  vocab=512, seed=5)
+    out = tmp_path / "p.orkpack"
+    build(folder, out, BuildOptions(threads=1, max_kld=0.0))
+    with Pack.open(out) as pk:
+        tm = pk.header["tiermap"]
+        assert tm["objective"]["goal"]["max_kld"] == 0.0 and tm["prediction"]["kld"] == 0
+        encs = {(t["name"], s["encoding"], s.get("host_copy")) for t, s in pk.slices() if len(s["shape"]) == 2}
+    assert encs and all(e != "nf4" and c is None for _, e, c in encs)
