@@ -9,14 +9,13 @@ Measured for every item would be two forward passes each; instead (docs/EVAL.md,
 2. The expected output error of its NF4-vs-int8 weight difference on those inputs (inputs taken as
    uncorrelated across columns, imatrix's assumption): ``e = sum_k s2[k] sum_n (W_nf4 - W_int8)[n,k]^2``
    per token (``err = e / rows``; its output's relative error ``e / sum |y|^2`` is reported beside it).
-3. Scaled to KLD per kind of item (``attn_v``, ``ffn_down``, the head, ...: how much the model
-   amplifies that kind of error): on a sample of items (per kind, the items of the largest, median
-   and smallest ``err``), the true single-item KLD is measured (two forward passes: the item alone in
-   NF4, and alone in int8, every other matrix float; the difference); a kind's gain is the median of
-   true / err over its sampled items; an item's estimate is ``gain(kind) x err``.
+3. Scaled to KLD: on a sample of items (per kind of item, ``attn_v``, ``ffn_down``, the head, ...:
+   those of the largest, median and smallest ``err``), the true single-item KLD is measured (two
+   forward passes: the item alone in NF4, and alone in int8, every other matrix float; the
+   difference); the gain is the median of true / err over the sample; an item's estimate is
+   ``gain x err``. (A gain per kind, fitted on its 3 items, ranked worse on SmolLM2: docs/EVAL.md.)
 4. Checked: the Spearman rank correlation of the estimates with the true KLDs over the sample, each
-   estimate's gain taken without that item (leave one out: the kind's other sampled items, else the
-   median over every other sampled item), so the check does not grade its own fit.
+   estimate's gain taken without that item (leave one out), so the check does not grade its own fit.
 
 The profile's ``sensitivity`` is the estimate for every item, the measured value for sampled ones.
 """
@@ -153,14 +152,12 @@ def measure(src, items: list[tuple[str, int | None]], stats: dict, sample_kld, p
             progress(j + 1, len(sample), f"sensitivity {name}")
     srcw.release()
 
-    def gain(k: str, without=None) -> float:
-        own = [true[x] / err[x] for x in sample if kind(x[0]) == k and x != without and err[x] > 0]
-        if not own:
-            own = [true[x] / err[x] for x in sample if x != without and err[x] > 0]
+    def gain(without=None) -> float:
+        own = [true[x] / err[x] for x in sample if x != without and err[x] > 0]
         return median(own) if own else 0.0
 
-    est = {key: gain(kind(key[0])) * err[key] for key in items}
-    loo = [gain(kind(x[0]), without=x) * err[x] for x in sample]
+    est = {key: gain() * err[key] for key in items}
+    loo = [gain(without=x) * err[x] for x in sample]
     rho = spearman(loo, [true[x] for x in sample])
     return {"estimate": est, "rel": rel, "err": err, "true": true, "loo": dict(zip(sample, loo)), "spearman": rho}
 
