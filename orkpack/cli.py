@@ -109,8 +109,12 @@ class _LazyBar:
         if not self.enabled:
             return
         if self.prog is None:
+            from rich.console import Console
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
             self.prog = Progress(TextColumn("[bold]eval"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                                 TimeRemainingColumn(), TextColumn("{task.fields[what]}"), console=err)
+                                 TimeRemainingColumn(), TextColumn("{task.fields[what]}"),
+                                 console=Console(stderr=True, highlight=False))
             self.prog.start()
             self.task = self.prog.add_task("eval", total=total, what="")
         self.prog.update(self.task, completed=done, total=total, what=what)
@@ -379,7 +383,7 @@ def eval_(
     if json_out:
         print(json.dumps(r, indent=1))
     else:
-        eval_report(out, r, rows=rows)
+        eval_report(_out(), r, rows=rows)
 
 
 def main() -> None:
