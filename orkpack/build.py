@@ -90,6 +90,7 @@ class BuildOptions:
     min_decode_tok_s: float | None = None
     min_prefill_tok_s: float | None = None
     max_ram: int | None = None
+    max_kld: float | None = None
     prompt: int = 512
     # the options the user gave explicitly (the CLI fills it), so that --tiermap can refuse the planning
     # options it would ignore even when they equal their defaults (:func:`refuse_ignored_plan_options`)
@@ -119,7 +120,8 @@ class BuildOptions:
             "min_prefill_tok_s": self.min_prefill_tok_s,
             "max_ram": self.max_ram,
             "prompt": self.prompt,
-        } | ({} if self.tiermap is None else {"tiermap": Path(self.tiermap).name})
+        } | ({} if self.tiermap is None else {"tiermap": Path(self.tiermap).name}) \
+            | ({} if self.max_kld is None else {"max_kld": self.max_kld})
 
     def pins(self) -> dict[str, list[str]]:
         return {"npu": list(self.npu), "cpu": list(self.cpu), "int8": list(self.int8), "nf4": list(self.nf4), "keep": list(self.keep)}
@@ -306,7 +308,7 @@ def load_tiermap(path: Path, infos: list[TensorInfo]) -> tuple["TierMap", list[s
 PLAN_OPTIONS = {"board": "--board", "profile": "--profile", "ctx": "--ctx", "kv_type": "--kv-type",
                 "prefill_m": "--prefill-m", "ignore_unknown": "--ignore-unknown", "goal": "--goal",
                 "min_decode_tok_s": "--min-decode-tok-s", "min_prefill_tok_s": "--min-prefill-tok-s",
-                "max_ram": "--max-ram", "prompt": "--prompt"}
+                "max_ram": "--max-ram", "max_kld": "--max-kld", "prompt": "--prompt"}
 
 
 def refuse_ignored_plan_options(opts: BuildOptions) -> None:
@@ -607,7 +609,8 @@ def build(
             tm, _solve_s, _ = plan(
                 Path(src_path), board=opts.board, profile=opts.profile, ctx=opts.ctx, kv_type=opts.kv_type,
                 prefill_m=opts.prefill_m, pins=opts.pins(), ignore_unknown=opts.ignore_unknown,
-                goal=Goal(opts.goal, opts.min_decode_tok_s, opts.min_prefill_tok_s, opts.max_ram), prompt=opts.prompt,
+                goal=Goal(opts.goal, opts.min_decode_tok_s, opts.min_prefill_tok_s, opts.max_ram, max_kld=opts.max_kld),
+                prompt=opts.prompt,
             )
             placement = TierMapPlacement(tm, opts)
             tiermap = tm.to_json()

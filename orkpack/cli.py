@@ -158,6 +158,7 @@ def build(
     min_decode_tok_s: Optional[float] = typer.Option(None, "--min-decode-tok-s", metavar="X", help="Only plans that decode at least X tokens/s."),
     min_prefill_tok_s: Optional[float] = typer.Option(None, "--min-prefill-tok-s", metavar="X", help="Only plans that prefill at least X tokens/s."),
     max_ram: Optional[str] = typer.Option(None, "--max-ram", metavar="BYTES", help="Use at most this much RAM (e.g. 24GiB)."),
+    max_kld: Optional[float] = typer.Option(None, "--max-kld", metavar="X", help="Only plans whose predicted KLD (the sensitivities of the items decode reads as NF4, docs/TIERMAP.md) is at most X."),
     prompt: int = typer.Option(512, "--prompt", metavar="N", help="Prompt length the TTFT and decode predictions are for."),
     tiermap: Optional[Path] = typer.Option(None, "--tiermap", metavar="FILE", help="Follow this tier-map JSON (orkpack plan -o FILE, or edited) instead of planning; it must cover every tensor of SOURCE. The planning options (--board, --ctx, --profile, --goal, ...) are refused with it: give them to orkpack plan."),
     threads: int = typer.Option(0, "--threads", "-t", help="Encoder threads (0: all cores). The output does not depend on it."),
@@ -182,7 +183,7 @@ def build(
         threads=threads, int8=int8, nf4=nf4, keep=keep, npu=npu, cpu=cpu, npu_storage=npu_storage, allow_nonfinite=allow_nonfinite,
         timestamp=timestamp, plan=not no_plan, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, ignore_unknown=ignore_unknown,
         tiermap=tiermap, goal=goal, min_decode_tok_s=min_decode_tok_s, min_prefill_tok_s=min_prefill_tok_s,
-        max_ram=parse_bytes(max_ram, "--max-ram"), prompt=prompt, given=_given(context),
+        max_ram=parse_bytes(max_ram, "--max-ram"), max_kld=max_kld, prompt=prompt, given=_given(context),
     )
     with _progress(not json_out) as prog:
         task = prog.add_task("build", total=None, tensor="")
@@ -261,6 +262,7 @@ def plan(
     min_decode_tok_s: Optional[float] = typer.Option(None, "--min-decode-tok-s", metavar="X", help="Only plans that decode at least X tokens/s."),
     min_prefill_tok_s: Optional[float] = typer.Option(None, "--min-prefill-tok-s", metavar="X", help="Only plans that prefill at least X tokens/s."),
     max_ram: Optional[str] = typer.Option(None, "--max-ram", metavar="BYTES", help="Use at most this much RAM (e.g. 24GiB, 20G, 21474836480)."),
+    max_kld: Optional[float] = typer.Option(None, "--max-kld", metavar="X", help="Only plans whose predicted KLD (the sensitivities of the items decode reads as NF4, docs/TIERMAP.md) is at most X."),
     prompt: int = typer.Option(512, "--prompt", metavar="N", help="Prompt length the TTFT and decode predictions are for."),
     frontier: bool = typer.Option(False, "--frontier", help="Print the Pareto set of (decode, prefill, quality) plans; with -o DIR, write each as DIR/frontier-K.json."),
     json_out: bool = typer.Option(False, "--json", help="Print the tier map as JSON."),
@@ -272,7 +274,7 @@ def plan(
     from orkpack.tiers.solver import Goal
 
     pins = {"npu": npu, "cpu": cpu, "int8": int8, "nf4": nf4, "keep": keep}
-    g = Goal(goal, min_decode_tok_s, min_prefill_tok_s, parse_bytes(max_ram, "--max-ram"))
+    g = Goal(goal, min_decode_tok_s, min_prefill_tok_s, parse_bytes(max_ram, "--max-ram"), max_kld=max_kld)
     code = plan_command(model, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, pins=pins,
                         ignore_unknown=ignore_unknown, json_out=json_out, output=output, console=None if json_out else _out(), goal=g,
                         prompt=prompt, frontier_out=frontier)
@@ -352,24 +354,32 @@ def eval_(
     per_tensor: bool = typer.Option(False, "--per-tensor", help="Rank the items by the KLD each adds alone (its path's numerics, every other matrix float) on a sample, with its matmul output SNR over the run (needs SOURCE)."),
     per_tensor_tokens: int = typer.Option(128, "--per-tensor-tokens", metavar="N", help="The sample of --per-tensor: the first N tokens (one forward pass per item and path)."),
     rows: int = typer.Option(20, "--rows", metavar="N", help="Per-tensor rows shown."),
+    sens: bool = typer.Option(False, "--sensitivity", help="Estimate each item's KLD in NF4 rather than int8 from the run's activation statistics, checked against the true single-item KLD on a sample (Spearman); with -o, write it as a hotness profile for orkpack plan --profile (needs SOURCE)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", metavar="FILE", help="With --sensitivity: write the hotness profile (JSON) here."),
     threads: int = typer.Option(1, "--threads", "-t", help="BLAS threads (0: all cores). One is fastest on a busy machine: the attention's many small products lose to thread synchronisation."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ):
     """What a pack does to the model's answers: KL divergence, top-1 agreement and perplexity of each path
     (prefill and decode, in the board's numerics) against the source's float model (docs/EVAL.md)."""
     from orkpack.eval.run import Options, evaluate
+    from orkpack.eval.sensitivity import write_profile
     from orkpack.render import eval_report
 
     if len(models) not in (1, 2):
         raise OrkError(f"give PACK, or SOURCE PACK ({len(models)} paths given)")
     source, pack = (None, models[0]) if len(models) == 1 else models
     opts = Options(text=text, tokens=tokens, ctx=ctx, chunks=chunks, act=act, cpu_act=cpu_act, per_tensor=per_tensor,
-                   per_tensor_tokens=per_tensor_tokens, threads=threads)
+                   per_tensor_tokens=per_tensor_tokens, threads=threads, sensitivity=sens)
+    if output is not None and not sens:
+        raise OrkError("-o writes the profile of --sensitivity: add --sensitivity")
     bar = _LazyBar(not json_out)
     try:
         r = evaluate(source, pack, opts, progress=bar.update)
     finally:
         bar.stop()
+    if output is not None:
+        write_profile(r, output)
+    r.pop("_profile", None)
     if json_out:
         print(json.dumps(r, indent=1))
     else:

@@ -162,6 +162,12 @@ def eval_report(console: Console, r: dict, *, rows: int = 20) -> None:
         console.print(markup_escape(f"{p['path']}: {p['numerics']}"))
     if r.get("note"):
         console.print(markup_escape(f"note: {r['note']}"))
+    sv = r.get("sensitivity")
+    if sv:
+        rho = "n/a" if sv["spearman"] is None else f"{sv['spearman']:.3f}"
+        console.print(markup_escape(
+            f"sensitivity: {sv['items']} items, estimated NF4-vs-int8 KLD total {sv['total']:.4f}; checked on "
+            f"{len(sv['sample'])} items ({sv['per_tensor_tokens']}-token sample): Spearman {rho} (estimate vs true)"))
     for label, items in (r.get("per_tensor") or {}).items():
         pt = Table(title=f"{label}: items by the KLD each adds alone (top {min(rows, len(items))} of {len(items)}; "
                          f"{r.get('per_tensor_tokens')}-token sample)")

@@ -284,3 +284,47 @@ def test_pack_without_model_record(model, tmp, monkeypatch):
         evaluate(None, pack, Options(tokens=ids, ctx=CTX))
     got = _paths(evaluate(g, pack, Options(tokens=ids, ctx=CTX)))
     assert got["decode"]["kld"]["mean"] == want["decode"]["kld"]["mean"]
+
+
+def test_sensitivity_profile_estimates_and_checks(model, tmp):
+    """--sensitivity: every item gets a KLD estimate from the reference pass's activation statistics; a
+    sample's true single-item NF4-vs-int8 KLDs check it (Spearman, leave-one-out); -o writes a profile that
+    orkpack plan reads."""
+    from scipy.stats import spearmanr
+
+    from orkpack.tiers.board import load_board
+    from orkpack.tiers.manifest import manifest_from_path
+    from orkpack.tiers.profile import load_profile
+
+    pack = _pack(model, tmp, "int8_all", plan=False, int8=["*"])
+    r = evaluate(model, pack, Options(ctx=CTX, chunks=1, sensitivity=True, per_tensor_tokens=32))
+    sv = r["sensitivity"]
+    assert sv["items"] == 2 * 7 + 2
+    sample = sv["sample"]
+    kinds = {s["item"].split(".", 2)[-1] if s["item"].startswith("blk.") else s["item"] for s in sample}
+    assert len(kinds) == 7 + 2 and len(sample) == 7 * 2 + 2  # 2 layers: both of each kind, the head, the embedding
+    assert all(s["kld"] >= 0 for s in sample) and any(s["kld"] > 0 for s in sample)
+    want = spearmanr([s["estimate"] for s in sample], [s["kld"] for s in sample]).statistic
+    assert sv["spearman"] == pytest.approx(want)
+    # the true value: a pack with that item alone NF4 minus one with it alone int8 (every other matrix float)
+    top = max(sample, key=lambda s: s["kld"])
+    with Pack.open(pack) as pk:
+        others = [t["name"] for t in pk.tensors if t["name"] != top["item"]]
+    got = []
+    for enc in ("nf4", "int8"):
+        alone = _pack(model, tmp, f"alone_{enc}_{top['item']}", plan=False, keep=others, **{enc: [top["item"]]})
+        got.append(_paths(evaluate(model, alone, Options(ctx=32, chunks=1)))["decode"]["kld"]["mean"])
+    assert top["kld"] == pytest.approx(got[0] - got[1], rel=1e-5, abs=1e-9)
+    # the profile through the CLI, and plan reads it
+    out = tmp / "sens.json"
+    res = _cli("eval", model, pack, "--ctx", CTX, "--chunks", 1, "--sensitivity", "--per-tensor-tokens", 32,
+               "-o", out, "--json")
+    assert res.exit_code == 0, res.output
+    prof = json.loads(out.read_text())
+    assert prof["schema"] == "orkpack.hotness" and len(prof["tensors"]) == 16
+    assert "_profile" not in json.loads(res.output)
+    man = manifest_from_path(model)
+    pr = load_profile(out, man, load_board("rk3588-32g"), 512)
+    byname = {it.name: v for it, v in zip(man.items, pr.sensitivity)}
+    assert byname[top["item"]] == pytest.approx(top["kld"])
+    assert _cli("eval", model, pack, "-o", out).exit_code != 0  # -o without --sensitivity: one line

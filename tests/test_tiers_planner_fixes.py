@@ -54,7 +54,7 @@ def test_min_m_of_npu_slices_is_their_host_paths_under_a_profile():
         if d.host_copy is None:
             npu_only += 1
             differ += want != cost.min_m(n, k, BOARD, "nf4")
-    assert npu_only > 100 and differ > 100  # the plan has NPU-only slices where the two paths differ
+    assert npu_only > 20 and differ > 20  # the plan has NPU-only slices where the two paths differ
 
 
 # ------------------------------------------------------------------ b. NPU-only items between the two min_m
@@ -118,9 +118,10 @@ def test_quality_stage_counts_int8_where_the_cpu_decodes_only():
     for goal in ("quality", "balanced"):
         tm = solve(man, BOARD, prof, ctx=4096, goal=Goal(goal))
         q = next(s["value"] for s in tm.objective["stages"] if s["metric"] == "quality")
-        want = sum(d.shape[0] * d.shape[1] for d in tm.decisions
+        sens = {it.key: s for it, s in zip(man.items, prof.sensitivity)}
+        want = sum(sens[(d.tensor, d.expert)] for d in tm.decisions
                    if d.encoding == "int8" and (d.tier == "host" or d.host_copy is None))
-        assert q == pytest.approx(want, rel=1e-9), goal
+        assert q == pytest.approx(want, rel=1e-6, abs=1e-9), goal
         routers = [d for d in tm.decisions if ".ffn_gate_inp." in d.tensor]
         assert routers and all(d.encoding not in ("int8", "nf4") and d.tier == "host" for d in routers)
 

@@ -120,7 +120,8 @@ def _brute(md, cap_ram, cap_npu, goal: str, slack: float = 0.05):
     if goal == "balanced":
         d, _ = best(combos, 0, "min")
         cs = [c for c in combos if c[0] <= d / (1 - slack) * (1 + tol)]
-        _, cs = best(cs, 1, "min")
+        p, _ = best(cs, 1, "min")
+        cs = [c for c in cs if c[1] <= p / (1 - 0.01) * (1 + tol)]  # prefill within 1 %, for quality
         _, cs = best(cs, 2, "max")
     else:
         order = {"decode": [(0, "min"), (1, "min"), (2, "max")], "prefill": [(1, "min"), (0, "min"), (2, "max")],

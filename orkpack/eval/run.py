@@ -32,6 +32,8 @@ from ..pack.model import check_model, value
 from ..pack.reader import Pack
 from ..sources import open_source
 from ..sources.gguf import GGUFSource
+from . import sensitivity
+from .sensitivity import InputStats
 from .tokenizer import from_model
 from .weights import ACT_SCHEMES, CPU_ACTS, EvalError, GGUFWeights, PackWeights
 
@@ -50,6 +52,8 @@ class Options:
     cpu_act: str = "float"  # CPU activations of quantized weights: float or q8 (llama.cpp Q8_0 blocks)
     per_tensor: bool = False
     per_tensor_tokens: int = 128  # the sample the single-item KLDs are measured on (the first chunk's first N tokens)
+    sensitivity: bool = False  # each item's NF4-vs-int8 KLD, estimated from activation statistics (sensitivity.py)
+    sensitivity_per_kind: int = 3  # items per kind whose true single-item KLD checks (and scales) the estimate
     threads: int = 1  # BLAS threads (0: the library's default, all cores)
 
 
@@ -339,16 +343,17 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
         ref_target = _Target("reference", hp_src, lambda: SourceWeights(src), "the source's weights in float32")
         if record is None:
             record = _source_record(src)
-    if opts.per_tensor:
+    if opts.per_tensor or opts.sensitivity:
+        what = "--per-tensor" if opts.per_tensor else "--sensitivity"
         if kind != "pack":
-            raise EvalError("--per-tensor ranks the items of an orkpack; a GGUF has no paths to split")
+            raise EvalError(f"{what} ranks the items of an orkpack; a GGUF has no paths to split")
         if opts.per_tensor_tokens < 4:
             raise EvalError(f"--per-tensor-tokens {opts.per_tensor_tokens}: give at least 4")
         if src is None:
-            raise EvalError("--per-tensor compares each matmul with the source's float weights: give the source too "
+            raise EvalError(f"{what} compares each matmul with the source's float weights: give the source too "
                             "(orkpack eval SOURCE PACK)")
         if hp_src.layout != hp.layout:
-            raise EvalError(f"--per-tensor needs the source the pack was built from ({'a GGUF' if hp.layout == 'gguf' else 'an HF folder'}): "
+            raise EvalError(f"{what} needs the source the pack was built from ({'a GGUF' if hp.layout == 'gguf' else 'an HF folder'}): "
                             "the two hold the attention rows in different orders")
     if opts.tokens is not None:
         ids, bos, text_path = _read_ids(opts.tokens, hp.vocab), None, opts.tokens
@@ -375,6 +380,7 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
     total = float(n_chunks * len(runs) * per_run)
     stats = {r.label: _Stats() for r in runs}
     acc: dict = {}
+    sacc: dict = {}  # --sensitivity: the reference pass's activation statistics
     done = 0.0
     for c in range(n_chunks):
         chunk = ids[c * opts.ctx: (c + 1) * opts.ctx].copy()
@@ -386,6 +392,8 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
             w = r.make()
             if opts.per_tensor and r is not ref_target:
                 w = _ErrorMeter(w, SourceWeights(src), acc.setdefault(r.label, {}))
+            if opts.sensitivity and r is ref_target:
+                w = InputStats(w, sacc)
             rows = []
 
             def on_logits(t0, lg, rows=rows):
@@ -430,7 +438,45 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
             lambda d, t, what: progress(total + d, total + t, what)))
         report["per_tensor_tokens"] = int(sample.size)
         report["per_tensor"] = {label: _ranked(a, klds[label]) for label, a in acc.items()}
+    if opts.sensitivity:
+        sample = ids[: min(opts.ctx, opts.per_tensor_tokens)].copy()
+        if bos is not None:
+            sample[0] = bos
+        items = [(t["name"], s["expert"]) for t, s in pack.slices()
+                 if len(s["shape"]) == 2 and s["encoding"] in (spec.ENC_INT8, spec.ENC_NF4)]
+        score = _sample_scorer(src, hp, stub, sample)
+        res = sensitivity.measure(src, items, sacc, lambda key, w: score(sensitivity._Weights(src, key, w)),
+                                  per_kind=opts.sensitivity_per_kind,
+                                  progress=progress and (lambda d, t, what: progress(total + d, total + t, what)))
+        report["sensitivity"] = sensitivity.report(res)
+        report["sensitivity"]["per_tensor_tokens"] = int(sample.size)
+        report["_profile"] = sensitivity.to_profile(
+            res, f"orkpack eval --sensitivity: KLD each item adds in NF4 rather than int8, {pack_path.name} against "
+                 f"{Path(source).name}, {report['scored']} tokens of statistics, {sample.size}-token sample; "
+                 f"Spearman {res['spearman']}")
     return report
+
+
+def _sample_scorer(src, hp, stub, ids):
+    """A function of a weight provider: its mean KLD against the source's float model on ``ids``, scored on
+    the second half (as --per-tensor)."""
+    T = ids.size
+    first = T // 2
+    nxt = ids[first + 1:]
+
+    def logits(w):
+        rows = []
+        forward.run(stub, ids, weights=w, hp=hp, chunk=_LOGIT_BLOCK,
+                    on_logits=lambda t0, lg: rows.append(lg[max(0, first - t0): max(0, T - 1 - t0)]))
+        return np.concatenate(rows)
+
+    base = _log_softmax64(logits(SourceWeights(src))).astype(np.float32)
+
+    def score(w) -> float:
+        st = _Stats()
+        _score(base, logits(w), nxt, st)
+        return float(np.mean(st.kld))
+    return score
 
 
 def _ranked(acc: dict, kld: dict) -> list[dict]:

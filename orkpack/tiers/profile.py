@@ -7,8 +7,9 @@ One documented, versioned JSON schema (docs/TIERMAP.md "Hotness profile") and im
   the CPU). m = ``prefill_m`` for dense matmuls; ``prefill_m * routing[e]`` for expert e
   (routing = the fraction of tokens routed to it, uniform ``top_k / n_experts`` unless
   a profile says otherwise); 1 for the output head (prefill needs the last row's
-  logits only); 0 for the embedding (a lookup, not a matmul). Sensitivity = the
-  item's element count ("bytes").
+  logits only); 0 for the embedding (a lookup, not a matmul). Sensitivity: the
+  KLD the item adds as NF4 rather than int8, by the rule of ``default_sensitivity``
+  (docs/TIERMAP.md section 3).
 * JSON (``.json``): per tensor ``benefit_us``, ``routing``, ``sensitivity``.
 * llama.cpp imatrix, GGUF (``general.type = imatrix``: ``<t>.in_sum2``, ``<t>.counts``)
   or legacy ``.dat``: per-expert counts give routing (GGUF only), activation energy
@@ -132,6 +133,58 @@ def _at_rows(it: Item, m: float, mm: int, board: Board, memo: dict) -> tuple[flo
     return v
 
 
+# The analytic quality weights (docs/TIERMAP.md section 3, "Default sensitivity"), in KLD: what putting
+# an item in NF4 rather than int8 adds to the mean KL divergence of the next-token distribution.
+# Fitted to one measurement (docs/EVAL.md, "The default sensitivity"): `orkpack eval --per-tensor` of
+# SmolLM2-135M-Instruct with every matrix NF4, each item's single-item KLD on 128 tokens: the tied head
+# 0.124; the other 210 items 0.251 together. Per element, against the plain matrices (q, output,
+# gate, up: 1.5e-9 each): attn_k 2.4x, attn_v 12.6x, ffn_down 1.8x. The rule keeps what the field knows
+# and llama.cpp's quantization mixes act on (more bits for output, attn_v, ffn_down), with K and V
+# weighted by how many query heads read each (GQA: heads / kv_heads, 3 there). One small model's
+# figures: a profile measured on your own model (`orkpack eval --sensitivity`) replaces them.
+HEAD_KLD = 0.12
+BODY_KLD = 0.25
+V_FACTOR = 4.0  # attn_v per element, times the GQA ratio
+DOWN_FACTOR = 2.0  # ffn_down (dense, shared expert and routed experts) per element
+_KIND = re.compile(r"^blk\.\d+\.(attn_k|attn_v|ffn_down|ffn_down_exps|ffn_down_shexp)\.weight$")
+
+
+def _kind_factor(it: Item, gqa: float) -> float:
+    m = _KIND.match(it.tensor)
+    if m is None:
+        return 1.0
+    return {"attn_k": gqa, "attn_v": V_FACTOR * gqa}.get(m.group(1), DOWN_FACTOR)
+
+
+def default_sensitivity(manifest: Manifest, m_eff: list[float], prefill_m: int) -> list[float]:
+    """Per item, the KLD it adds as NF4 rather than int8 (the analytic rule).
+
+    The output head (``output.weight``, or the embedding when it is tied: it is the head) gets
+    HEAD_KLD: its error goes straight into the logits, whatever its size. Every other item shares
+    BODY_KLD in proportion to its weight: the elements a token reads through it (element count x its
+    routing share for an expert, the element count otherwise; an untied embedding as a K x K matrix:
+    a token reads one row of it) times its kind's factor (attn_k: the GQA ratio g = heads / kv_heads;
+    attn_v: 4 g; ffn_down: 2; others 1); the vision encoder's items share it too.
+    """
+    f = manifest.facts
+    gqa = f["heads"] / f["kv_heads"] if f.get("heads") and f.get("kv_heads") else 1.0
+    tied = not any(it.role == "output" for it in manifest.items)
+    heads = [i for i, it in enumerate(manifest.items) if it.role == "output" or (tied and it.role == "embedding")]
+    w = [0.0] * len(manifest.items)
+    for i, it in enumerate(manifest.items):
+        share = (m_eff[i] / prefill_m if prefill_m else 0.0) if it.role == "expert" else 1.0
+        # an untied embedding is a lookup: a token reads one row, whose error perturbs the hidden state as
+        # much as the output error of one hidden x hidden product does; it weighs as that (K x K)
+        w[i] = float(it.k * it.k) if it.role == "embedding" else float(it.numel) * share * _kind_factor(it, gqa)
+    for i in heads:
+        w[i] = 0.0
+    body = sum(w)
+    out = [BODY_KLD * x / body if body > 0 else 0.0 for x in w]
+    for i in heads:
+        out[i] = HEAD_KLD / len(heads)
+    return out
+
+
 def analytic(manifest: Manifest, board: Board, prefill_m: int, routing: dict[int, float] | None = None) -> Profile:
     routing = routing or {}
     shape_mm: dict[tuple[int, int], int] = {}
@@ -153,9 +206,9 @@ def analytic(manifest: Manifest, board: Board, prefill_m: int, routing: dict[int
         ms.append(m)
         mms.append(mm)
         ben.append(b)
-        sens.append(float(it.numel))
         tc.append(c)
         tn.append(n)
+    sens = default_sensitivity(manifest, ms, prefill_m)
     return Profile("analytic", "analytic", prefill_m, ben, sens, ms, mms, tc, tn)
 
 
@@ -180,6 +233,8 @@ def _apply_routing(prof: Profile, manifest: Manifest, board: Board, routing: dic
         m = prof.prefill_m * r
         prof.m_eff[i] = m
         prof.benefit[i], prof.t_cpu[i], prof.t_npu[i] = _at_rows(it, m, prof.min_m[i], board, memo)
+    if routing:  # an expert's default sensitivity follows its routing share
+        prof.sensitivity = default_sensitivity(manifest, prof.m_eff, prof.prefill_m)
 
 
 def _spread_routing(manifest: Manifest, routing: dict[int, float]) -> dict[int, float]:

@@ -157,14 +157,15 @@ def _no_fit(manifest: Manifest, board: Board, rows: list[_Row], need: int, cap: 
 
 GOALS = ("balanced", "decode", "prefill", "quality")
 DECODE_SLACK = 0.05  # the default goal keeps decode within 5 % of the best the board allows
+PREFILL_SLACK = 0.01  # ... and prefill within 1 % of the most it then allows, for quality
 
 
 @dataclass
 class Goal:
     """What the user asks of a plan (docs/TIERMAP.md "Objectives").
 
-    balanced (default): decode within ``DECODE_SLACK`` of the best achievable, then the
-    most prefill, then the best quality. decode / prefill / quality: that first, then
+    balanced (default): decode within ``DECODE_SLACK`` of the best achievable, then
+    prefill within ``PREFILL_SLACK`` of the most that allows, then the best quality. decode / prefill / quality: that first, then
     the other two in the order decode, prefill, quality. Constraints hold in every stage.
     """
     name: str = "balanced"
@@ -172,6 +173,7 @@ class Goal:
     min_prefill_tok_s: float | None = None
     max_ram: int | None = None
     decode_floor: float | None = None  # frontier: decode tok/s >= this fraction of the best
+    max_kld: float | None = None  # predicted KLD (the additive model of the sensitivities) at most this
 
     def __post_init__(self) -> None:
         if self.name not in GOALS:
@@ -182,11 +184,14 @@ class Goal:
                 raise OrkError(f"--{k.replace('_', '-')} must be a positive number of tokens per second")
         if self.max_ram is not None and (not isinstance(self.max_ram, int) or self.max_ram <= 0):
             raise OrkError("--max-ram must be a positive number of bytes")
+        if self.max_kld is not None and not (isinstance(self.max_kld, (int, float)) and self.max_kld >= 0
+                                             and np.isfinite(self.max_kld)):
+            raise OrkError("--max-kld must be a non-negative number (a mean KL divergence)")
 
     def to_json(self) -> dict:
         return {"goal": self.name, "min_decode_tok_s": self.min_decode_tok_s,
                 "min_prefill_tok_s": self.min_prefill_tok_s, "max_ram": self.max_ram,
-                "decode_floor": self.decode_floor}
+                "decode_floor": self.decode_floor, "max_kld": self.max_kld}
 
 
 @dataclass
@@ -202,6 +207,7 @@ class _Model:
     dec_const: float  # seconds per token besides the items (fixed cost, floats, KV read)
     pre_const: float  # seconds per chunk besides the items (forced floats, attention, fixed cost)
     klass: list[int] = field(default_factory=list)  # items of one class were costed once: all equal
+    kld: list[tuple[float, ...]] = field(default_factory=list)  # predicted KLD: the sensitivity where decode reads NF4
 
 
 def _share(it: Item, m_eff: float, prefill_m: int, tied: bool) -> float:
@@ -285,6 +291,12 @@ def _item_cost(it: Item, r: _Row, c: str, mi: float, rho: tuple[float, float], s
     return (float(ram), float(npu), dec, pre, q)
 
 
+def _nf4_decoded(c: str, r: _Row) -> bool:
+    """The CPU decodes this choice from NF4 (host NF4, an NPU item's NF4 copy, or the int8 image of an
+    NPU item stored 4-bit): the item then adds its sensitivity to the predicted KLD (TIERMAP.md section 4)."""
+    return c in ("nf4", "npu+nf4") or (c == "npu" and r.forced_enc == "nf4")
+
+
 def _float_matmuls_s(manifest: Manifest, rows: float, board: Board) -> float:
     """Prefill seconds of the matmuls that always stay float and so are no items (MoE routers,
     orkpack/keepfloat.py), at ``rows`` rows on the CPU at the float rate and their source bytes, as a
@@ -315,9 +327,10 @@ def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row],
             rho = _rho(it, mi, tc, tn, board)
             costs = [_item_cost(it, r, c, mi, rho, sens, share, head, board) for c in al]
             got = memo[key] = len(classes)
-            classes.append((al,) + tuple(tuple(x[j] for x in costs) for j in range(5)) + (share,))
+            kl = tuple(sens if _nf4_decoded(c, r) else 0.0 for c in al)
+            classes.append((al,) + tuple(tuple(x[j] for x in costs) for j in range(5)) + (share, kl))
         out.klass.append(got)
-    for j, lst in enumerate((out.allowed, out.ram, out.npu, out.dec, out.pre, out.qual, out.share)):
+    for j, lst in enumerate((out.allowed, out.ram, out.npu, out.dec, out.pre, out.qual, out.share, out.kld)):
         lst.extend([classes[c][j] for c in out.klass])
     dec_bytes = sum(t.float_bytes for t in manifest.floats) + manifest.kv_bytes(max(prompt, 1), kv_type)
     out.dec_const = board.decode_token_s + dec_bytes / board.decode_bandwidth
@@ -437,12 +450,16 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
                        f"{board.name} allows {board.iova_usable_bytes} ({_fmt(board.iova_usable_bytes)}); pin fewer tensors")
     ram_items_cap = cap_total - board.reserve_bytes - float_1d - kv
 
-    prob = milp.Problem(("ram", "npu", "dec", "pre", "q"), list(md.allowed),
-                        {"ram": list(md.ram), "npu": list(md.npu), "dec": list(md.dec), "pre": list(md.pre),
-                         "q": list(md.qual)}, names, klass=md.klass)
-    prob.prune({"ram": "min", "npu": "min", "dec": "min", "pre": "min", "q": "max"})
+    metrics = {"ram": list(md.ram), "npu": list(md.npu), "dec": list(md.dec), "pre": list(md.pre), "q": list(md.qual)}
+    better = {"ram": "min", "npu": "min", "dec": "min", "pre": "min", "q": "max"}
+    if goal.max_kld is not None:  # a hard cap on the predicted KLD: one more metric (only then)
+        metrics["kld"], better["kld"] = list(md.kld), "min"
+    prob = milp.Problem(tuple(metrics), list(md.allowed), metrics, names, klass=md.klass)
+    prob.prune(better)
     prob.group()
     caps = {"ram": float(ram_items_cap), "npu": float(board.iova_usable_bytes)}
+    if goal.max_kld is not None:
+        caps["kld"] = float(goal.max_kld)
     m = profile.prefill_m
     if goal.min_decode_tok_s:
         caps["dec"] = 1.0 / goal.min_decode_tok_s - md.dec_const
@@ -462,8 +479,14 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
             caps2 = dict(caps)
             if frac > 0:
                 caps2["dec"] = min(caps.get("dec", np.inf), d_best / frac - md.dec_const)
-            pick, st = milp.lexicographic(prob, [("pre", "min"), ("q", "max")], caps2, time_limit=time_limit)
-            st = st0 + st
+            if goal.decode_floor is None:  # balanced: prefill within PREFILL_SLACK of its best, for quality
+                _, st1 = milp.lexicographic(prob, [("pre", "min")], caps2, time_limit=time_limit)
+                caps2["pre"] = min(caps2.get("pre", np.inf), (md.pre_const + st1[0].value) / (1.0 - PREFILL_SLACK) - md.pre_const)
+                pick, st = milp.lexicographic(prob, [("q", "max")], caps2, time_limit=time_limit)
+                st = st0 + st1 + st
+            else:
+                pick, st = milp.lexicographic(prob, [("pre", "min"), ("q", "max")], caps2, time_limit=time_limit)
+                st = st0 + st
         else:
             order = {"decode": [("dec", "min"), ("pre", "min"), ("q", "max")],
                      "prefill": [("pre", "min"), ("dec", "min"), ("q", "max")],
@@ -518,6 +541,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
         "goal": goal.to_json(),
         "order": [f"{x['metric']} ({'min' if x['sense'] == 'min' else 'max'})" for x in stages_json],
         "decode_slack": DECODE_SLACK if goal.name == "balanced" and goal.decode_floor is None else None,
+        "prefill_slack": PREFILL_SLACK if goal.name == "balanced" and goal.decode_floor is None else None,
         "stages": stages_json,
         "status": "optimal" if all(x["status"] == "optimal" for x in stages_json) else "gap",
         "method": "lexicographic MILP over groups of identical items (HiGHS via scipy.optimize.milp)",
@@ -552,6 +576,8 @@ def _unreachable(goal: Goal, md: _Model, which: str | None) -> OrkError:
         asked.append(f"--min-prefill-tok-s {goal.min_prefill_tok_s:g}")
     if goal.max_ram:
         asked.append(f"--max-ram {goal.max_ram}")
+    if goal.max_kld is not None:
+        asked.append(f"--max-kld {goal.max_kld:g}")
     best_dec = 1.0 / (md.dec_const + sum(min(d) for d in md.dec))
     return OrkError(f"no plan meets {' and '.join(asked) or 'the constraints'} on this board "
                     f"(decode can reach at most {best_dec:.2f} tok/s); relax a constraint "
@@ -561,8 +587,10 @@ def _unreachable(goal: Goal, md: _Model, which: str | None) -> OrkError:
 def _phase(md: _Model, idx: list[int], prefill_m: int, ttft: float, prompt: int) -> dict:
     dec = md.dec_const + sum([d[c] for d, c in zip(md.dec, idx)])  # as _totals sums them, item by item
     pre = md.pre_const + sum([p[c] for p, c in zip(md.pre, idx)])
+    kld = sum([k[c] for k, c in zip(md.kld, idx)]) if md.kld else 0.0
     return {"prefill_tok_s": round(prefill_m / pre, 3), "decode_tok_s": round(1.0 / dec, 3),
-            "ttft_s": round(ttft, 4), "prefill_s_per_chunk": round(pre, 9), "decode_s_per_token": round(dec, 9)}
+            "ttft_s": round(ttft, 4), "prefill_s_per_chunk": round(pre, 9), "decode_s_per_token": round(dec, 9),
+            "kld": round(kld, 6)}
 
 
 def _prediction(manifest, board, profile, md: _Model, idx, choice, prompt) -> dict:
