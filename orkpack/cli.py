@@ -36,8 +36,8 @@ def _out():
     return Console() if sys.stdout.isatty() else Console(width=160)
 
 
-GOAL_HELP = ("balanced (default): decode within 5% of the best this board allows, then the most prefill, then "
-             "the best quality; decode, prefill or quality: that first.")
+GOAL_HELP = ("balanced (default): decode within 5% of the best this board allows, then prefill within 1% of the "
+             "most that allows, then the best quality (least predicted KLD); decode, prefill or quality: that first.")
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000 ** 2, "mb": 1000 ** 2, "mib": 1 << 20,
           "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1000 ** 4, "tb": 1000 ** 4, "tib": 1 << 40}
 
