@@ -335,3 +335,13 @@ def test_quantized_gguf_warning_reaches_build_json_and_plan(tmp_path):
     f16 = synth.write_gguf_model(tmp_path / "f.gguf", tensor_type="F16")
     r = CliRunner().invoke(cli.app, ["plan", str(f16), "--json"])
     assert "quantized" not in r.stderr
+
+
+def test_transformers_5_rope_parameters(tmp_path):
+    """transformers 5 writes rope_theta and the scaling under rope_parameters: the record still has them."""
+    cfg = dict(synth.TINY["llama"])
+    cfg.pop("rope_theta", None)
+    cfg["rope_parameters"] = {"rope_theta": 100000.0, "rope_type": "linear", "factor": 2.0}
+    model = modelkv.from_hf(tmp_path, cfg)
+    assert M.get(model, "llama.rope.freq_base") == 100000.0
+    assert M.get(model, "llama.rope.scaling.type") == "linear" and M.get(model, "llama.rope.scaling.factor") == 2.0

@@ -144,6 +144,12 @@ def _hparams(cfg: Mapping, fam_name: str | None, garch: str, kv: list, warn: Cal
 
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), Mapping) else None
     c = {**cfg, **text} if text else cfg
+    rp = c.get("rope_parameters")  # transformers 5 keeps rope_theta and the scaling here
+    if isinstance(rp, Mapping):
+        rp = rp.get("full_attention", rp) if isinstance(rp.get("full_attention"), Mapping) else rp
+        c = {**c, "rope_theta": c.get("rope_theta", rp.get("rope_theta"))}
+        if rp.get("rope_type", "default") != "default" and not isinstance(c.get("rope_scaling"), Mapping):
+            c["rope_scaling"] = rp
     seen = set()
     for suffix, keys, typ in COMMON_KEYS + FAMILY_KEYS.get(fam_name or "", ()):
         if not keys or f"{garch}.{suffix}" in seen:
