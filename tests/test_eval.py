@@ -328,3 +328,17 @@ def test_sensitivity_profile_estimates_and_checks(model, tmp):
     byname = {it.name: v for it, v in zip(man.items, pr.sensitivity)}
     assert byname[top["item"]] == pytest.approx(top["kld"])
     assert _cli("eval", model, pack, "-o", out).exit_code != 0  # -o without --sensitivity: one line
+
+
+def test_llama_quant_of_an_hf_folder_is_llama_cpp_laid_out(model, tmp):
+    """From an HF folder, llamaquant lays the tensors out as llama.cpp's converter does (q/k rows permuted),
+    so its Q8_0 scores exactly as the Q8_0 of a llama.cpp GGUF of the same weights."""
+    gg = synth.write_gguf_from_hf(model, tmp / "laid.gguf", llama_cpp=True)
+    ids = tmp / "ids.txt"
+    ids.write_text(" ".join(str(i) for i in np.random.default_rng(5).integers(0, 512, 2 * CTX)))
+    opts = Options(tokens=ids, ctx=CTX, chunks=2)
+    a = evaluate(model, write_llama_quant(model, tmp / "a.gguf", "Q8_0"), opts)
+    b = evaluate(model, write_llama_quant(gg, tmp / "b.gguf", "Q8_0"), opts)
+    ka, kb = (_paths(r)["llama.cpp CPU"]["kld"]["mean"] for r in (a, b))
+    assert ka == pytest.approx(kb, rel=1e-6, abs=1e-9)
+    assert not any(p.name.endswith(".f32.gguf") for p in tmp.iterdir())  # the float intermediate is gone

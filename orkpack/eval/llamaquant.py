@@ -7,7 +7,7 @@ tensors F32. As llama-quantize does, the output head (``output.weight``, or ``to
 when the head is tied to it) is kept at Q8_0 when TYPE is 4- or 5-bit and its width is not a
 multiple of 256 (its Q6_K would not fit). A GGUF source's metadata is copied as it is (so it keeps
 its tokenizer); an HF source's is the model record orkpack builds from its config and tokenizer
-files (orkpack.sources.modelkv). Tensor names are canonical; the weight layout stays the source's.
+files (orkpack.sources.modelkv), and its tensors are laid out as llama.cpp's converter lays them out.
 """
 from __future__ import annotations
 
@@ -35,14 +35,36 @@ def _record(src) -> dict | None:
 
 
 def write(source, out, qtype: str = "Q4_0") -> Path:
-    import gguf
-    from gguf import GGMLQuantizationType as Q, GGUFValueType as VT
-
+    """SOURCE as a llama.cpp GGUF of ``qtype``. An HF source is first laid out as llama.cpp's converter
+    lays it out (``orkpack.synth.write_gguf_from_hf(llama_cpp=True)``: q/k rows permuted, norm offsets,
+    fused tensors split, llama3 RoPE factors), into a float GGUF beside OUT that is removed after, and
+    keeps the tokenizer keys of its own model record; a GGUF source is read as it is."""
     if qtype not in TYPES:
         raise OrkError(f"--type {qtype!r}: choose one of {', '.join(TYPES)}")
     src = open_source(source, on_warning=lambda m: None)
+    if src.kind == "gguf":
+        return _write(src, out, qtype, src.model_metadata() or {"kv": []})
+    from ..synth import write_gguf_from_hf
+
+    rec = _record(src) or {"kv": []}
+    src.close()
+    tmp = Path(out).parent / f".{Path(out).name}.f32.gguf"
     try:
-        rec = _record(src) or {"kv": []}
+        write_gguf_from_hf(source, tmp, llama_cpp=True)
+        laid = open_source(tmp, on_warning=lambda m: None)
+        mine = laid.model_metadata() or {"kv": []}
+        have = {e[0] for e in mine["kv"]}
+        mine["kv"] += [e for e in rec["kv"] if e[0].startswith("tokenizer.") and e[0] not in have]
+        return _write(laid, out, qtype, mine)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _write(src, out, qtype: str, rec: dict) -> Path:
+    import gguf
+    from gguf import GGMLQuantizationType as Q, GGUFValueType as VT
+
+    try:
         kv = {e[0]: e for e in rec["kv"]}
         garch = value(kv["general.architecture"]) if "general.architecture" in kv else (src.arch or "llama")
         w = gguf.GGUFWriter(Path(out), garch)
