@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import escape_name
 from ..model import forward
 from ..model.hparams import Hparams, from_config, from_gguf
-from ..model.weights import SourceWeights
+from ..model.weights import SourceWeights, Wrapped
 from ..pack import spec
 from ..pack.model import check_model, value
 from ..pack.reader import Pack
@@ -175,21 +175,13 @@ def _summary(st: _Stats) -> dict:
     return out
 
 
-class _ErrorMeter:
+class _ErrorMeter(Wrapped):
     """--per-tensor: wraps a path's provider; beside every matmul, the same inputs through the source's float
     weights; per item, the relative error of its output: sum |y_path - y_float|^2 / sum |y_float|^2."""
 
     def __init__(self, inner, ref: SourceWeights, acc: dict):
-        self.inner, self.ref, self.acc = inner, ref, acc
-
-    def has(self, name):
-        return self.inner.has(name)
-
-    def tensor(self, name):
-        return self.inner.tensor(name)
-
-    def embed(self, ids):
-        return self.inner.embed(ids)
+        super().__init__(inner)
+        self.ref, self.acc = ref, acc
 
     def matmul(self, name, x, expert=None):
         y = self.inner.matmul(name, x, expert)
@@ -228,19 +220,26 @@ class _OneItem:
         self.path.release()
 
 
-def _single_item_klds(pack, src, hp, stub, ids, opts, progress) -> dict:
-    """--per-tensor: per path, the KLD of each quantized item run alone in that path's numerics (every other
-    matrix float), on the sample ``ids`` scored on its second half. A host item runs the same on both paths
-    (its CPU path), so prefill measures only the items it puts on the NPU and takes the rest from decode."""
+def _second_half(stub, ids, hp):
+    """(a weight provider -> its logits on the second half of ``ids``, the next tokens they predict): how
+    --per-tensor and --sensitivity score a sample."""
     T = ids.size
     first = T // 2
-    nxt = ids[first + 1:]
 
     def logits(w):
         rows = []
         forward.run(stub, ids, weights=w, hp=hp, chunk=_LOGIT_BLOCK,
                     on_logits=lambda t0, lg: rows.append(lg[max(0, first - t0): max(0, T - 1 - t0)]))
         return np.concatenate(rows)
+
+    return logits, ids[first + 1:]
+
+
+def _single_item_klds(pack, src, hp, stub, ids, opts, progress) -> dict:
+    """--per-tensor: per path, the KLD of each quantized item run alone in that path's numerics (every other
+    matrix float), on the sample ``ids`` scored on its second half. A host item runs the same on both paths
+    (its CPU path), so prefill measures only the items it puts on the NPU and takes the rest from decode."""
+    logits, nxt = _second_half(stub, ids, hp)
 
     ref_lg = logits(SourceWeights(src))
     base = _log_softmax64(ref_lg).astype(np.float32)
@@ -460,15 +459,7 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
 def _sample_scorer(src, hp, stub, ids):
     """A function of a weight provider: its mean KLD against the source's float model on ``ids``, scored on
     the second half (as --per-tensor)."""
-    T = ids.size
-    first = T // 2
-    nxt = ids[first + 1:]
-
-    def logits(w):
-        rows = []
-        forward.run(stub, ids, weights=w, hp=hp, chunk=_LOGIT_BLOCK,
-                    on_logits=lambda t0, lg: rows.append(lg[max(0, first - t0): max(0, T - 1 - t0)]))
-        return np.concatenate(rows)
+    logits, nxt = _second_half(stub, ids, hp)
 
     base = _log_softmax64(logits(SourceWeights(src))).astype(np.float32)
 

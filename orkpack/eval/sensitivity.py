@@ -27,7 +27,7 @@ from statistics import median
 import numpy as np
 
 from ..codecs import reference as ref
-from ..model.weights import SourceWeights, matmul_rows
+from ..model.weights import SourceWeights, Wrapped, matmul_rows
 
 _KIND = re.compile(r"^blk\.\d+\.")
 
@@ -37,21 +37,13 @@ def kind(name: str) -> str:
     return _KIND.sub("", name)
 
 
-class InputStats:
+class InputStats(Wrapped):
     """Wraps the reference pass's weight provider: per matmul item, the inputs' column energies and the
     output energy (float64)."""
 
     def __init__(self, inner, acc: dict):
-        self.inner, self.acc = inner, acc
-
-    def has(self, name):
-        return self.inner.has(name)
-
-    def tensor(self, name):
-        return self.inner.tensor(name)
-
-    def embed(self, ids):
-        return self.inner.embed(ids)
+        super().__init__(inner)
+        self.acc = acc
 
     def matmul(self, name, x, expert=None):
         y = self.inner.matmul(name, x, expert)
@@ -60,9 +52,6 @@ class InputStats:
         self.acc[(name, expert)] = (s2 + (x64 * x64).sum(axis=0), rows + x.shape[0],
                                     ysq + float((y.astype(np.float64) ** 2).sum()))
         return y
-
-    def release(self):
-        self.inner.release()
 
 
 def _versions(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -40,6 +40,28 @@ class Weights(Protocol):
     def release(self) -> None: ...
 
 
+class Wrapped:
+    """A provider that passes everything through to ``inner``; a subclass watches or changes ``matmul``."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def has(self, name: str) -> bool:
+        return self.inner.has(name)
+
+    def tensor(self, name: str) -> np.ndarray:
+        return self.inner.tensor(name)
+
+    def matmul(self, name: str, x: np.ndarray, expert: int | None = None) -> np.ndarray:
+        return self.inner.matmul(name, x, expert)
+
+    def embed(self, ids: np.ndarray) -> np.ndarray:
+        return self.inner.embed(ids)
+
+    def release(self) -> None:
+        self.inner.release()
+
+
 class SourceWeights:
     """Float32 weights straight from a Source (see the module docstring)."""
 

@@ -72,6 +72,14 @@ COMMON_KEYS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("vocab_size", ("vocab_size", "padded_vocab_size"), "uint32"),
 )
 
+_DEEPSEEK = (("leading_dense_block_count", ("first_k_dense_replace",), "uint32"),
+             ("attention.q_lora_rank", ("q_lora_rank",), "uint32"),
+             ("attention.kv_lora_rank", ("kv_lora_rank",), "uint32"),
+             ("expert_feed_forward_length", ("moe_intermediate_size",), "uint32"),
+             ("expert_shared_count", ("n_shared_experts",), "uint32"),
+             ("expert_weights_scale", ("routed_scaling_factor",), "float32"),
+             ("expert_weights_norm", ("norm_topk_prob",), "bool"))
+
 # the family's own keys, as llama.cpp's converter writes them for it (GGUF key suffix, config keys, type)
 FAMILY_KEYS: dict[str, tuple[tuple[str, tuple[str, ...], str], ...]] = {
     "gemma2": (("attn_logit_softcapping", ("attn_logit_softcapping",), "float32"),
@@ -94,21 +102,8 @@ FAMILY_KEYS: dict[str, tuple[tuple[str, tuple[str, ...], str], ...]] = {
                    ("attention.scale", ("attention_multiplier",), "float32"),
                    ("logit_scale", ("logits_scaling",), "float32"),
                    ("expert_feed_forward_length", ("intermediate_size",), "uint32")),
-    "deepseek_v2": (("leading_dense_block_count", ("first_k_dense_replace",), "uint32"),
-                    ("attention.q_lora_rank", ("q_lora_rank",), "uint32"),
-                    ("attention.kv_lora_rank", ("kv_lora_rank",), "uint32"),
-                    ("expert_feed_forward_length", ("moe_intermediate_size",), "uint32"),
-                    ("expert_shared_count", ("n_shared_experts",), "uint32"),
-                    ("expert_weights_scale", ("routed_scaling_factor",), "float32"),
-                    ("expert_weights_norm", ("norm_topk_prob",), "bool")),
-    "deepseek_v3": (("leading_dense_block_count", ("first_k_dense_replace",), "uint32"),
-                    ("attention.q_lora_rank", ("q_lora_rank",), "uint32"),
-                    ("attention.kv_lora_rank", ("kv_lora_rank",), "uint32"),
-                    ("expert_feed_forward_length", ("moe_intermediate_size",), "uint32"),
-                    ("expert_shared_count", ("n_shared_experts",), "uint32"),
-                    ("expert_weights_scale", ("routed_scaling_factor",), "float32"),
-                    ("expert_weights_norm", ("norm_topk_prob",), "bool"),
-                    ("nextn_predict_layers", ("num_nextn_predict_layers",), "uint32")),
+    "deepseek_v2": _DEEPSEEK,
+    "deepseek_v3": _DEEPSEEK + (("nextn_predict_layers", ("num_nextn_predict_layers",), "uint32"),),
     "gpt_oss": (("attention.sliding_window", ("sliding_window",), "uint32"),
                 ("expert_feed_forward_length", ("intermediate_size",), "uint32")),
     "starcoder2": (("attention.layer_norm_epsilon", ("norm_epsilon",), "float32"),),
