@@ -309,11 +309,12 @@ def demo(
     from orkpack.inspect import pack_facts
     from orkpack.render import build_summary, pack_facts as render
     from orkpack.runtime.command import verify_command
-    from orkpack.synth import write_hf_model
+    from orkpack.synth import write_hf_model, write_tokenizer
 
     folder.mkdir(parents=True, exist_ok=True)
-    model = write_hf_model(folder / "model", seed=0)
-    _out().print(f"wrote a seeded llama-style model (bf16, 2 shards) to {model}")
+    model = write_hf_model(folder / "model", seed=0, vocab=512)
+    write_tokenizer(model, n_merges=512 - 259)  # a byte-level BPE of the model's 512 tokens: the pack runs alone
+    _out().print(f"wrote a seeded llama-style model (bf16, 2 shards, a tokenizer) to {model}")
     # the tier map places the model; ffn_down pinned to NF4 shows both NPU load paths (fill and inflate)
     opts = BuildOptions(nf4=["blk.*.ffn_down.weight"])
     with _progress(True) as prog:
@@ -322,7 +323,7 @@ def demo(
     build_summary(_out(), r)
     render(_out(), pack_facts(r.path), rows_limit=12)
     code = verify_command([r.path], device="host", inflate="direct", threads=os.cpu_count() or 1, reference=True, keep_going=False, json_out=False, console=_out())
-    _out().print(f"next: orkpack inspect {r.path} --all   |   orkpack verify {r.path}")
+    _out().print(f"next: orkpack inspect {r.path} --all   |   orkpack verify {r.path}   |   orkpack eval {model} {r.path}")
     raise typer.Exit(code)
 
 

@@ -637,3 +637,44 @@ def _llama_cpp_split(fam: archs.Family, facts: dict):
                 for x in ("q", "k", "v")]
 
     return split
+
+
+# ------------------------------------------------------------------------------ a tokenizer for fixtures
+
+TOKENIZER_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+
+
+def write_tokenizer(folder: Path, n_merges: int = 40) -> dict:
+    """A byte-level BPE tokenizer.json (GPT-2 style, specials first as SmolLM's) + tokenizer_config.json in
+    ``folder``: 3 + 256 + ``n_merges`` tokens, merges of random letter pairs (seeded); returns the tokenizer.json."""
+    vocab = {t: i for i, t in enumerate(TOKENIZER_SPECIAL)}
+    from .eval.tokenizer import bytes_to_unicode
+
+    for ch in bytes_to_unicode().values():
+        vocab[ch] = len(vocab)
+    merges = []
+    rng = np.random.default_rng(7)
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)] + ["Ġ"]
+    while len(merges) < n_merges:
+        a, b = rng.choice(letters), rng.choice(letters)
+        if a + b not in vocab:
+            merges.append(f"{a} {b}")
+            vocab[a + b] = len(vocab)
+    tok = {
+        "version": "1.0",
+        "added_tokens": [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True} for i, t in enumerate(TOKENIZER_SPECIAL)],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True},
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "vocab": vocab,
+                  "merges": merges},
+    }
+    (folder / "tokenizer.json").write_text(json.dumps(tok, ensure_ascii=False))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+        "unk_token": "<|endoftext|>", "add_bos_token": False, "chat_template": CHAT_TEMPLATE}))
+    return tok

@@ -172,6 +172,12 @@ def test_demo_runs(tmp_path):
     r = cli("demo", "--dir", tmp_path / "d")
     assert r.exit_code == 0, r.output
     assert (tmp_path / "d" / "demo.orkpack").exists()
+    from orkpack.pack.model import get
+    from orkpack.pack.reader import Pack
+
+    with Pack.open(tmp_path / "d" / "demo.orkpack") as p:  # the demo pack runs alone: it carries its tokenizer
+        assert get(p.header["model"], "tokenizer.ggml.model") == "gpt2"
+        assert len(get(p.header["model"], "tokenizer.ggml.tokens")) == 512
 
 
 # -- bad input: one line, exit 2, nothing at the output path ------------------

@@ -129,3 +129,5 @@ def test_unknown_tokenizer_is_one_line():
                                               ["tokenizer.ggml.tokens", "array[string]", ["a"]]]})
     with pytest.raises(TokenizerError, match="no model record"):
         from_model(None)
+    with pytest.raises(TokenizerError, match="carries no tokenizer"):
+        from_model({"source": "hf", "kv": [["general.architecture", "string", "llama"]]})

@@ -53,7 +53,7 @@ class Tokenizer:
         return self._t.decode(list(ids), skip_special_tokens=False)
 
 
-def _bytes_to_unicode() -> dict[int, str]:
+def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's printable spelling of the 256 byte values (the byte-level BPE alphabet)."""
     keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     out, extra = {}, 0
@@ -93,12 +93,15 @@ def from_model(model: Mapping | None, where: str = "the pack") -> Tokenizer:
         return Tokenizer(tokenizers.Tokenizer.from_str(hf), None)
     kind = get(model, "tokenizer.ggml.model")
     tokens = get(model, "tokenizer.ggml.tokens")
-    if kind not in ("gpt2", "llama") or not isinstance(tokens, list):
+    if kind is None or not isinstance(tokens, list):
+        raise TokenizerError(f"{where}: carries no tokenizer (its source had no tokenizer.json, tokenizer.model or "
+                             "tokenizer.ggml.* keys); give --tokens FILE with token ids instead")
+    if kind not in ("gpt2", "llama"):
         raise TokenizerError(f"{where}: tokenizer {kind!r} cannot be built for the eval yet (gpt2 and llama "
                              "vocabularies can, or a tokenizer.json); give --tokens FILE with token ids instead")
     types = get(model, "tokenizer.ggml.token_type") or [1] * len(tokens)
     if kind == "gpt2":
-        spell = _bytes_to_unicode()
+        spell = bytes_to_unicode()
         alphabet = set(spell.values())
         vocab = {(t if set(t) <= alphabet else "".join(spell[b] for b in t.encode("utf-8"))): i
                  for i, t in enumerate(tokens)}
