@@ -48,6 +48,7 @@ from ..errors import SourceError, escape_name
 from ..pack import spec
 from .base import FLOAT_DTYPES, RAW_DTYPES, FileSource, TensorInfo, array_in, is_raw, map_array
 from .config import facts_from_gguf_kv
+from .modelkv import from_gguf_fields
 from .names import natural_key
 from .safetensors import read_into
 
@@ -238,6 +239,7 @@ class GGUFSource(FileSource):
         try:
             reader = GGUFReader(self.root)
             kv = {k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+            model = from_gguf_fields(reader.fields)  # the pack's model record, from this one parse
             raw = [(t.name, t.tensor_type, tuple(int(d) for d in reversed(t.shape.tolist())), int(t.n_bytes),
                     int(t.data_offset)) for t in reader.tensors]
         except SourceError:
@@ -266,6 +268,7 @@ class GGUFSource(FileSource):
             self._entries[tname] = _Entry(info, qtype, offset)
         self._order = sorted(self._entries, key=natural_key)
         self.metadata = kv
+        self._model = model
         garch = kv.get("general.architecture")
         try:
             self.config = facts_from_gguf_kv(kv, {n: e.info.shape for n, e in self._entries.items()}, name)
@@ -279,14 +282,9 @@ class GGUFSource(FileSource):
         return [self._entries[n].info for n in self._order]
 
     def model_metadata(self, warn: Callable[[str], None] | None = None) -> dict:
-        """The pack's ``model`` record: this file's key-value pairs as they are (orkpack.sources.modelkv)."""
-        from .modelkv import from_gguf_fields
-
-        reader = GGUFReader(self.root)  # parsed and checked once already (prescan + _parse)
-        try:
-            return from_gguf_fields(reader.fields)
-        finally:
-            reader = None  # drop the memmap
+        """The pack's ``model`` record: this file's key-value pairs as they are (orkpack.sources.modelkv),
+        read when the file was opened (a fresh list: a caller may add to it)."""
+        return {"source": self._model["source"], "kv": list(self._model["kv"])}
 
     def quantized_warning(self) -> str | None:
         """The one line that says this GGUF holds quantized tensors (re-quantizing loses accuracy), or None."""
