@@ -36,6 +36,7 @@ def _out():
     return Console() if sys.stdout.isatty() else Console(width=160)
 
 
+MAX_KLD_HELP = "Only plans whose predicted KLD (the sensitivities of the items decode reads as NF4, docs/TIERMAP.md) is at most X."
 GOAL_HELP = ("balanced (default): decode within 5% of the best this board allows, then prefill within 1% of the "
              "most that allows, then the best quality (least predicted KLD); decode, prefill or quality: that first.")
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000 ** 2, "mb": 1000 ** 2, "mib": 1 << 20,
@@ -158,7 +159,7 @@ def build(
     min_decode_tok_s: Optional[float] = typer.Option(None, "--min-decode-tok-s", metavar="X", help="Only plans that decode at least X tokens/s."),
     min_prefill_tok_s: Optional[float] = typer.Option(None, "--min-prefill-tok-s", metavar="X", help="Only plans that prefill at least X tokens/s."),
     max_ram: Optional[str] = typer.Option(None, "--max-ram", metavar="BYTES", help="Use at most this much RAM (e.g. 24GiB)."),
-    max_kld: Optional[float] = typer.Option(None, "--max-kld", metavar="X", help="Only plans whose predicted KLD (the sensitivities of the items decode reads as NF4, docs/TIERMAP.md) is at most X."),
+    max_kld: Optional[float] = typer.Option(None, "--max-kld", metavar="X", help=MAX_KLD_HELP),
     prompt: int = typer.Option(512, "--prompt", metavar="N", help="Prompt length the TTFT and decode predictions are for."),
     tiermap: Optional[Path] = typer.Option(None, "--tiermap", metavar="FILE", help="Follow this tier-map JSON (orkpack plan -o FILE, or edited) instead of planning; it must cover every tensor of SOURCE. The planning options (--board, --ctx, --profile, --goal, ...) are refused with it: give them to orkpack plan."),
     threads: int = typer.Option(0, "--threads", "-t", help="Encoder threads (0: all cores). The output does not depend on it."),
@@ -262,7 +263,7 @@ def plan(
     min_decode_tok_s: Optional[float] = typer.Option(None, "--min-decode-tok-s", metavar="X", help="Only plans that decode at least X tokens/s."),
     min_prefill_tok_s: Optional[float] = typer.Option(None, "--min-prefill-tok-s", metavar="X", help="Only plans that prefill at least X tokens/s."),
     max_ram: Optional[str] = typer.Option(None, "--max-ram", metavar="BYTES", help="Use at most this much RAM (e.g. 24GiB, 20G, 21474836480)."),
-    max_kld: Optional[float] = typer.Option(None, "--max-kld", metavar="X", help="Only plans whose predicted KLD (the sensitivities of the items decode reads as NF4, docs/TIERMAP.md) is at most X."),
+    max_kld: Optional[float] = typer.Option(None, "--max-kld", metavar="X", help=MAX_KLD_HELP),
     prompt: int = typer.Option(512, "--prompt", metavar="N", help="Prompt length the TTFT and decode predictions are for."),
     frontier: bool = typer.Option(False, "--frontier", help="Print the Pareto set of (decode, prefill, quality) plans; with -o DIR, write each as DIR/frontier-K.json."),
     json_out: bool = typer.Option(False, "--json", help="Print the tier map as JSON."),
