@@ -119,6 +119,37 @@ def t(name: str, *shape, when: str = "", experts: bool = False, kind: str | None
 
 
 @dataclass(frozen=True)
+class Smooth:
+    """One place where activation smoothing (SmoothQuant, arXiv 2211.10438; ``build --imatrix``, orkpack/smooth.py)
+    may fold a per-input-channel scale s into a layer's weights, leaving the model unchanged in exact arithmetic:
+    the ``matrices`` (GGUF names inside a layer) take s on their input columns, and their input's producer, the
+    carrier, is divided by it: a norm's gain (and bias), ``norm``; or a matrix's output rows (and bias), ``rows``,
+    when its output reaches the matrices through something linear in it (a gated FFN's up projection:
+    down(act(gate) * up)); ``half``: only the second half of those rows (a fused gate_up: the up half).
+    ``needs``: the layer must hold these; ``blockers``: when it holds any of these, the carrier feeds them too
+    (an MoE router, experts, a shared expert) and the group is left alone."""
+    matrices: tuple[str, ...]
+    norm: str = ""
+    rows: str = ""
+    half: bool = False
+    needs: tuple[str, ...] = ()
+    blockers: tuple[str, ...] = ()
+
+
+# the groups of a pre-norm decoder layer (names as GGUF). The attention norm feeds q/k/v (or the fused qkv, or
+# MLA's first projections); the FFN norm feeds gate/up (or the fused gate_up) of a dense FFN; a gated FFN's up
+# projection feeds down. An MoE FFN's router must see unchanged inputs, so a layer with a router (or experts)
+# keeps its FFN as it is
+_MOE = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_gate_up_exps", "ffn_up_shexp")
+SMOOTH_ATTN = Smooth(("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_q_a", "attn_kv_a_mqa"), norm="attn_norm")
+SMOOTH_FFN = Smooth(("ffn_gate", "ffn_up", "ffn_gate_up"), norm="ffn_norm", blockers=_MOE)
+SMOOTH_DOWN = Smooth(("ffn_down",), rows="ffn_up", needs=("ffn_gate",), blockers=_MOE)
+SMOOTH_DOWN_FUSED = Smooth(("ffn_down",), rows="ffn_up", half=True, blockers=_MOE + ("ffn_gate",))  # Forward.mlp fused
+SMOOTH_GATED = (SMOOTH_ATTN, SMOOTH_FFN, SMOOTH_DOWN)
+SMOOTH_FUSED = (SMOOTH_ATTN, SMOOTH_FFN, SMOOTH_DOWN_FUSED)
+
+
+@dataclass(frozen=True)
 class Forward:
     """How a family computes its logits: what :mod:`orkpack.model` reads (the Hugging Face layout).
 
@@ -155,6 +186,7 @@ class Forward:
     shared_gate: bool = False  # qwen2_moe: a sigmoid gate (ffn_gate_inp_shexp) on the shared expert
     gguf_permuted_qk: bool = False  # llama.cpp's converter permutes q/k rows: the GGUF rotates pairs
     refuse: tuple[tuple[str, str], ...] = ()  # (config key, what is missing) when that key is set and truthy
+    smooth: tuple[Smooth, ...] = SMOOTH_GATED  # where activation smoothing may fold its scales
 
 
 @dataclass(frozen=True)
@@ -345,7 +377,7 @@ _F = [
         t(P + "self_attn.qkv_proj.weight", "(nh+2*nkv)*hd", "H"), t(P + "self_attn.o_proj.weight", "H", "nh*hd"),
         t(P + "mlp.gate_up_proj.weight", "2*I", "H"), t(P + "mlp.down_proj.weight", "H", "I"),
     ), _llama_top(), defaults={"tie_word_embeddings": False},
-        forward=Forward(mlp="fused", window="config")),
+        forward=Forward(mlp="fused", window="config", smooth=SMOOTH_FUSED)),
     Family("internlm2", "INTERNLM2", (
         t(P + "attention_norm.weight", "H"), t(P + "ffn_norm.weight", "H"),
         t(P + "attention.wqkv.weight", "(nh+2*nkv)*hd", "H"), t(P + "attention.wqkv.bias", "(nh+2*nkv)*hd", when="qkv_bias"),
@@ -391,14 +423,14 @@ _F = [
         flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("add_qkv_bias"))},
         defaults={"tie_word_embeddings": False, "partial_rotary_factor": 0.5},
         classes=("ChatGLMModel", "ChatGLMForConditionalGeneration"),
-        forward=Forward(mlp="fused", rope="interleaved", rope_ratio=True)),
+        forward=Forward(mlp="fused", rope="interleaved", rope_ratio=True, smooth=SMOOTH_FUSED)),
     # GLM-4-0414 (model_type glm4): llama-style names, fused gate_up, sandwich norms
     Family("glm4", "GLM4", _NORMS + _QKVO + _QKV_BIAS + (
         t(P + "post_self_attn_layernorm.weight", "H"), t(P + "post_mlp_layernorm.weight", "H"),
         t(P + "mlp.gate_up_proj.weight", "2*I", "H"), t(P + "mlp.down_proj.weight", "H", "I"),
     ), _llama_top(), flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("attention_bias"))},
         defaults={"tie_word_embeddings": False, "partial_rotary_factor": 0.5},
-        forward=Forward(block="sandwich", mlp="fused", rope="interleaved")),
+        forward=Forward(block="sandwich", mlp="fused", rope="interleaved", smooth=SMOOTH_FUSED)),
     Family("deepseek_v2", "DEEPSEEK2", _NORMS + _MLA + _MLP + _DEEPSEEK_MOE, _llama_top(), attention="mla",
            moe="deepseek", flags=_deepseek_flags("greedy"),
            defaults={"tie_word_embeddings": False},
@@ -426,7 +458,7 @@ _F = [
                  (r"^model\.layers\.(\d+)\.mlp\.experts\.down_proj_bias$", r"blk.\1.ffn_down_exps.bias")),
         defaults={"tie_word_embeddings": False},
         forward=Forward(act="swiglu_oai", act_key="", mlp="interleaved", ffn_norm="post_attention_norm",
-                        router_norm="always")),
+                        router_norm="always", smooth=(SMOOTH_ATTN,))),
     Family("olmoe", "OLMOE", _NORMS + _QKVO + (
         t(P + "self_attn.q_norm.weight", "nh*hd"), t(P + "self_attn.k_norm.weight", "nkv*hd"),
     ) + _EXPERTS, _llama_top(), keys={"moe_intermediate": ("intermediate_size",)},
@@ -454,7 +486,8 @@ _F = [
         t(P + "mlp.c_proj.weight", "H", "I"), t(P + "mlp.c_proj.bias", "H", when="use_bias"),
     ), _llama_top() + (t("model.norm.bias", "H"),),
         flags=lambda cfg, d: {"use_bias": bool(cfg.get("use_bias", True))}, defaults={"tie_word_embeddings": True},
-        forward=Forward(norm="layer", mlp="plain", act="gelu_tanh", window="config")),
+        forward=Forward(norm="layer", mlp="plain", act="gelu_tanh", window="config",
+                        smooth=(SMOOTH_ATTN, SMOOTH_FFN))),  # down(act(up)): no linear carrier for down
 ]
 
 FAMILIES: dict[str, Family] = {f.name: f for f in _F}

@@ -92,6 +92,11 @@ class BuildOptions:
     max_ram: int | None = None
     max_kld: float | None = None
     prompt: int = 512
+    # activation smoothing (orkpack/smooth.py): the statistics file of `orkpack imatrix`; smoothing is on when it
+    # is given unless smooth is False; smooth_alpha fixes SmoothQuant's alpha (None: searched per group)
+    imatrix: Path | None = None
+    smooth: bool = True
+    smooth_alpha: float | None = None
     # the options the user gave explicitly (the CLI fills it), so that --tiermap can refuse the planning
     # options it would ignore even when they equal their defaults (:func:`refuse_ignored_plan_options`)
     given: frozenset = frozenset()
@@ -121,6 +126,8 @@ class BuildOptions:
             "max_ram": self.max_ram,
             "prompt": self.prompt,
         } | ({} if self.tiermap is None else {"tiermap": Path(self.tiermap).name}) \
+            | ({} if self.imatrix is None else {"imatrix": Path(self.imatrix).name, "smooth": self.smooth,
+                                                "smooth_alpha": self.smooth_alpha}) \
             | ({} if self.max_kld is None else {"max_kld": self.max_kld})
 
     def pins(self) -> dict[str, list[str]]:
@@ -353,7 +360,8 @@ def build_inputs(src, src_path: Path, opts: BuildOptions) -> list[tuple[Path, st
                 if not q.name.endswith(".orkpack") and q.is_file()]
     elif src.kind == "safetensors":
         out.append((root.parent / "config.json", "the config.json of the source"))
-    for flag, p in (("--tiermap", opts.tiermap), ("--profile", opts.profile), ("--board", opts.board)):
+    for flag, p in (("--tiermap", opts.tiermap), ("--profile", opts.profile), ("--board", opts.board),
+                    ("--imatrix", opts.imatrix)):
         if p is not None and Path(p).is_file():
             out.append((Path(p), f"the {flag} file"))
     return out
@@ -439,14 +447,14 @@ def skipped_line(skipped: list[Skipped], per_reason: int = 4) -> str | None:
             f"the config, activation scales; listed in the pack's provenance.skipped): " + "; ".join(bits))
 
 
-def source_provenance(src, opts: BuildOptions) -> dict:
+def source_provenance(src, opts: BuildOptions, smoothing: dict | None = None) -> dict:
     return {
         "source_format": src.kind,
         "sources": [{"file": f.name, "size": f.stat().st_size, "xxh3": hash_file(f)} for f in src.files],
         "arch": src.arch,
         "options": opts.recorded(),
         "skipped": [s.to_json() for s in skipped_of(src)],
-    }
+    } | ({} if smoothing is None else {"smoothing": smoothing})
 
 
 def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts: BuildOptions,
@@ -618,13 +626,25 @@ def build(
         else:
             placement = RulePlacement(opts, infos)
             warnings = unmatched_globs(opts, infos)
+        smoothing = None
+        if opts.imatrix is not None and opts.smooth:
+            from orkpack import smooth
+
+            if opts.smooth_alpha is not None and not 0 <= opts.smooth_alpha <= 1:
+                raise OrkError(f"--smooth-alpha {opts.smooth_alpha}: give a value from 0 to 1")
+            if not Path(opts.imatrix).is_file():
+                raise OrkError(f"--imatrix {escape_name(str(opts.imatrix))}: no such file (write one with "
+                               "`orkpack imatrix SOURCE -o FILE`)")
+            smoothing, said = smooth.plan(src, infos, Path(opts.imatrix), alpha=opts.smooth_alpha,
+                                          stats_hash=hash_file(Path(opts.imatrix)))
+            warnings += said
         total = sum(i.nbytes for i in infos)
         if on_start:
             on_start(total)
         # the source files are hashed on a side thread while the tensors are
         # encoded (both release the GIL); the header is written last anyway
         hasher = ThreadPoolExecutor(max_workers=1)
-        provenance = hasher.submit(source_provenance, src, opts)
+        provenance = hasher.submit(source_provenance, src, opts, smoothing and smoothing.provenance)
         io = ThreadPoolExecutor(max_workers=1)
         by_kind: dict = {}
         worst: tuple[str, float] | None = None
@@ -637,6 +657,8 @@ def build(
             for info, arr in _read_ahead(src, infos, io):
                 if tuple(arr.shape) != tuple(info.shape):
                     raise SourceError(f"{escape_name(info.name)}: read shape {arr.shape} != header shape {info.shape}")
+                if smoothing is not None:  # the norm gains and matrices as smoothed (float32), the rest as read
+                    arr = smoothing.apply(info.name, arr)
                 # a 3-D float tensor is stacked experts (one slice each); a raw tensor is one slice
                 subs = list(enumerate(arr)) if arr.ndim == 3 and not is_raw(info.dtype) else [(None, arr)]
                 slices = []
@@ -657,7 +679,8 @@ def build(
                         hc["bytes"] += sum(int(p.nbytes) for p in s["host_copy"]["parts"].values())
                     if s["sqnr_db"] is not None and (worst is None or s["sqnr_db"] < worst[1]):
                         worst = (info.name if e is None else f"{info.name}[{e}]", float(s["sqnr_db"]))
-                w.add_tensor(info.name, info.source_name, info.shape, info.dtype, slices)
+                w.add_tensor(info.name, info.source_name, info.shape, info.dtype, slices,
+                             smoothing=None if smoothing is None else smoothing.records.get(info.name))
                 arr = subs = slices = sub = s = None  # drop every view of the source pages
                 if on_progress:
                     on_progress(info.nbytes, info.name)

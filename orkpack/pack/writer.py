@@ -434,7 +434,9 @@ class PackWriter:
         self._meta["provenance"] = provenance
 
     # -- tensors ---------------------------------------------------------
-    def add_tensor(self, name: str, source_name: str, shape, source_dtype: str, slices: list[dict]) -> dict:
+    def add_tensor(self, name: str, source_name: str, shape, source_dtype: str, slices: list[dict],
+                   smoothing: dict | None = None) -> dict:
+        """``smoothing``: the tensor's activation-smoothing record (format 1.4, docs/FORMAT.md 10), if any."""
         recs = []
         for s in slices:
             enc = s["encoding"]
@@ -469,8 +471,10 @@ class PackWriter:
             "source_name": source_name,
             "shape": [int(d) for d in shape],
             "source_dtype": source_dtype,
-            "slices": recs,
         }
+        if smoothing is not None:
+            t["smoothing"] = smoothing
+        t["slices"] = recs
         self._tensors.append(t)
         # the caller is done with this tensor's arrays: their buffers serve the next tensors
         self._seq += 1

@@ -1,0 +1,384 @@
+"""Activation smoothing (SmoothQuant, arXiv 2211.10438), folded into the weights at build time.
+
+The NPU multiplies int8 weights by int8 activations quantized per token (one scale per row of A):
+a few outlier input channels set every token's scale and the other channels lose their bits. Where
+a norm feeds matrices directly (the attention norm -> q/k/v, the FFN norm -> gate/up; declared per
+family in :class:`orkpack.archs.Smooth`), a per-channel scale ``s`` moves that range into the
+weights without changing the model: the norm's gain (and bias) becomes ``g / s`` and each matrix's
+input column ``k`` becomes ``W[:, k] * s[k]``, so ``(x / s) @ (W * s).T == x @ W.T``. The runtime
+is not told: the pack simply holds the smoothed norm gains and matrices, and every path (NPU tiles,
+host copies, host items) encodes the same smoothed weights.
+
+Every ``s[k]`` is a power of two, so the smoothing is exact in float32 as well (a product of a
+float and a power of two is exact, barring underflow); norms with an offset (Gemma's ``1 + w`` in
+the HF layout) are exact up to one rounding of the gain.
+
+Choice of ``s`` (per group: one norm and the matrices it feeds), from the activation statistics of
+``orkpack imatrix`` (per input column: the mean square ``m[k]`` and the max ``a[k]`` of |x| over
+the statistics' tokens): SmoothQuant's ``s = a^alpha / w^(1 - alpha)`` (``w[k]``: the largest
+|W[:, k]| over the group's matrices), normalized to geometric mean 1 and rounded to powers of two,
+for alpha in 0, 0.05, ..., 1, and no smoothing at all; the candidate with the least expected w8a8
+output error (:func:`w8a8_error`) is kept. That error is scored on the statistics, not on a
+calibration run: the weights' part exactly (each matrix quantized int8 per channel as the pack
+stores it, its squared error per input column weighted by that column's mean square) plus the
+activations' part from a per-token int8 step of ``max_k a[k] / s[k] / 127`` (uniform rounding noise
+of variance step^2 / 12 on every column, through the smoothed weights).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from .codecs import reference as ref
+from .errors import OrkError, escape_name
+
+ALPHAS = tuple(round(0.05 * i, 2) for i in range(21))
+METHOD = "smoothquant"
+_LOG2_CAP = 24  # |log2 s| at most this: far beyond any useful smoothing, far from float32's limits
+
+
+@dataclass
+class Group:
+    """One carrier and the matrices of its layer it feeds (canonical names)."""
+    layer: int
+    carrier: str  # a norm gain (blk.3.attn_norm.weight) or a matrix whose rows carry 1/s (blk.3.ffn_up.weight)
+    kind: str  # gain | rows
+    bias: str | None  # the carrier's bias (a LayerNorm's, a projection's), when it has one
+    matrices: list[str]
+    offset: int = 0  # rows: the first row that carries (a fused gate_up: its up half)
+
+
+@dataclass
+class Plan:
+    """What a build applies: per tensor name, its operations (the same as a pack's records say, :func:`ops_of`)."""
+    ops: dict[str, list[tuple]] = field(default_factory=dict)
+    records: dict[str, dict] = field(default_factory=dict)  # tensor name -> its header record
+    provenance: dict | None = None
+    norm_offset: float = 0.0
+
+    def apply(self, name: str, arr: np.ndarray) -> np.ndarray:
+        """The tensor ``name`` (as read from the source, any float dtype) as the pack stores it: smoothed, float32;
+        unchanged (the same array) when it is in no group."""
+        ops = self.ops.get(name)
+        if not ops:
+            return arr
+        from .sources.base import as_float32
+
+        return transform(as_float32(arr), ops, self.norm_offset)
+
+
+def transform(v: np.ndarray, ops: list[tuple], norm_offset: float = 0.0) -> np.ndarray:
+    """A tensor's values (float32) under its smoothing operations:
+    ``("columns", s)``: W[:, k] * s[k]; ``("gain", s)``: a norm gain g / s (Gemma's HF gain, stored without its
+    offset: (off + g) / s - off); ``("div", s, r0)``: entries (rows of a matrix, or a 1-D bias) r0 .. r0 + len(s)
+    divided by s."""
+    out = np.array(v, dtype=np.float32, copy=True)
+    for op in ops:
+        s = op[1]
+        if op[0] == "columns":
+            out *= s[None, :]
+        elif op[0] == "gain":
+            out = (out / s) if not norm_offset else ((out + np.float32(norm_offset)) / s - np.float32(norm_offset))
+        else:
+            r0 = op[2]
+            seg = out[r0: r0 + s.size]
+            seg /= (s[:, None] if out.ndim == 2 else s)
+    return out.astype(np.float32, copy=False)
+
+
+def groups(names_shapes: dict[str, tuple], fwd, n_layers: int) -> list[Group]:
+    """The groups a model's tensors allow under its family's declaration (``Forward.smooth``): the carrier there
+    (a 1-D norm, or a 2-D matrix with as many carrying rows as the matrices' K), its needs there, no blockers,
+    at least one of the matrices there, all of them 2-D with that K."""
+    out = []
+    for i in range(n_layers):
+        p = f"blk.{i}."
+        present = {n[len(p):].rsplit(".", 1)[0] for n in names_shapes if n.startswith(p)}
+        for g in fwd.smooth:
+            if any(b in present for b in g.blockers) or not all(n in present for n in g.needs):
+                continue
+            carrier = p + (g.norm or g.rows) + ".weight"
+            shape = names_shapes.get(carrier)
+            if shape is None:
+                continue
+            if g.norm:
+                if len(shape) != 1:
+                    continue
+                k, kind, off = shape[0], "gain", 0
+            else:
+                if len(shape) != 2 or (g.half and shape[0] % 2):
+                    continue
+                k, kind, off = (shape[0] // 2, "rows", shape[0] // 2) if g.half else (shape[0], "rows", 0)
+            mats = [p + m + ".weight" for m in g.matrices if p + m + ".weight" in names_shapes]
+            if not mats or any(len(names_shapes[m]) != 2 or names_shapes[m][1] != k for m in mats):
+                continue
+            bias = p + (g.norm or g.rows) + ".bias"
+            out.append(Group(i, carrier, kind, bias if bias in names_shapes else None, mats, off))
+    return out
+
+
+def _int8_sq_err_cols(w: np.ndarray) -> np.ndarray:
+    """Per input column, the summed squared error of ``w``'s int8 per-channel encoding (as the pack stores it)."""
+    q, scale = ref.int8_encode(w)
+    d = ref.int8_decode(q, scale).astype(np.float64) - w
+    return (d * d).sum(axis=0)
+
+
+RANGE = "rms"  # how a token's largest |x| is estimated: rms (from the mean squares) | absmax (the columns' max)
+
+
+def token_range_sq(ms: np.ndarray, a: np.ndarray) -> float:
+    """The expected square of one token's largest |x| over its columns, from the columns' mean squares ``ms``
+    (and max |x| ``a``): the largest mean square (an outlier channel, which most tokens share), or the expected
+    maximum of K similar columns (2 ln K times their mean square), whichever is larger."""
+    if RANGE == "absmax":
+        return float(a.max()) ** 2
+    return max(float(ms.max()), 2.0 * math.log(max(ms.size, 2)) * float(ms.mean()))
+
+
+def w8a8_error(mats: list[np.ndarray], m: np.ndarray, a: np.ndarray, s: np.ndarray) -> float:
+    """Expected squared output error per token of the group's matrices in w8a8 under smoothing ``s``
+    (see the module docstring): the int8 weights' part plus the int8-per-token activations' part."""
+    s64 = s.astype(np.float64)
+    ms = m / (s64 * s64)
+    step = math.sqrt(token_range_sq(ms, a / s64)) / 127.0
+    e = 0.0
+    for w in mats:
+        ws = w * s[None, :]
+        e += float(_int8_sq_err_cols(ws) @ ms)
+        e += step * step / 12.0 * float((ws.astype(np.float64) ** 2).sum())
+    return e
+
+
+def pow2_scales(a: np.ndarray, wmax: np.ndarray, alpha: float) -> np.ndarray:
+    """SmoothQuant's ``a^alpha / w^(1-alpha)``, normalized to geometric mean 1, rounded to powers of two
+    (float32); 1 where a column has no activation or no weight."""
+    ok = (a > 0) & (wmax > 0)
+    lg = np.zeros(a.shape, np.float64)
+    lg[ok] = alpha * np.log2(a[ok]) - (1 - alpha) * np.log2(wmax[ok])
+    if ok.any():
+        lg[ok] -= lg[ok].mean()
+    e = np.clip(np.rint(lg), -_LOG2_CAP, _LOG2_CAP)
+    return np.ldexp(np.float32(1), e.astype(np.int32)).astype(np.float32)
+
+
+def choose(mats: list[np.ndarray], m: np.ndarray, a: np.ndarray, alpha: float | None = None
+           ) -> tuple[np.ndarray, float | None, float, float]:
+    """(s, alpha chosen (None: no smoothing), its error, the error without smoothing) for one group."""
+    wmax = np.max([np.abs(w).max(axis=0) for w in mats], axis=0).astype(np.float64)
+    one = np.ones(m.shape, np.float32)
+    base = w8a8_error(mats, m, a, one)
+    if alpha is not None:
+        s = pow2_scales(a, wmax, alpha)
+        return s, alpha, w8a8_error(mats, m, a, s), base
+    best = (one, None, base)
+    for al in ALPHAS:
+        s = pow2_scales(a, wmax, al)
+        e = w8a8_error(mats, m, a, s)
+        if e < best[2]:
+            best = (s, al, e)
+    return best[0], best[1], best[2], base
+
+
+def load_stats(path: Path):
+    """The statistics file (``orkpack imatrix``), through orkpack.eval.imatrix; OrkError with one line if unusable."""
+    from .eval import imatrix
+
+    return imatrix.load(Path(path))
+
+
+def _stats_for(stats, g: Group, k: int, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """(mean square, max |x|) of the group's input columns: the statistics of its first matrix (every matrix of
+    a group reads the same input)."""
+    have = [n for n in g.matrices if n in stats]
+    if not have:
+        raise OrkError(f"{where}: has no statistics for {escape_name(g.matrices[0])}: gathered from another model? "
+                       "Gather them from this source: orkpack imatrix SOURCE -o FILE")
+    name = have[0]
+    m, a = stats.mean_sq(name), stats.absmax(name)
+    if a is None:
+        raise OrkError(f"{where}: has no per-column max |x| for {escape_name(name)} (a llama.cpp imatrix holds only "
+                       "mean squares); smoothing needs orkpack's: orkpack imatrix SOURCE -o FILE")
+    m, a = np.asarray(m, np.float64).reshape(-1), np.asarray(a, np.float64).reshape(-1)
+    if m.size != k or a.size != k:
+        raise OrkError(f"{where}: statistics of {escape_name(name)} have {m.size} columns, the matrix has {k}: "
+                       "gathered from another model; gather them from this source: orkpack imatrix SOURCE -o FILE")
+    if not (np.all(np.isfinite(m)) and np.all(np.isfinite(a)) and np.all(m >= 0) and np.all(a >= 0)):
+        raise OrkError(f"{where}: statistics of {escape_name(name)} hold negative or non-finite values; gather "
+                       "them again: orkpack imatrix SOURCE -o FILE")
+    return m, a
+
+
+def plan(src, infos, stats_path: Path, *, alpha: float | None = None, stats_hash: str | None = None) -> tuple[Plan, list[str]]:
+    """The smoothing of every group the source allows, chosen from the statistics at ``stats_path``.
+    Returns (plan, warning lines). OrkError (one line) for a model the forward pass cannot describe or
+    statistics that do not fit it."""
+    from .model import forward
+    from .model.hparams import NotEvaluable
+    from .sources.base import as_float32
+
+    where = f"statistics {escape_name(str(stats_path))}"
+    try:
+        hp = forward.model_hparams(src)
+    except NotEvaluable as e:
+        raise OrkError(f"--imatrix: cannot smooth this model: {e}") from None
+    stats = load_stats(stats_path)
+    names_shapes = {i.name: tuple(i.shape) for i in infos}
+    gs = groups(names_shapes, hp.fwd, hp.n_layers)
+    warnings = []
+    if not gs:
+        warnings.append("--imatrix: this model has no norm-fed matrices to smooth; nothing smoothed")
+    p = Plan(norm_offset=float(hp.norm_offset))
+    chosen: list[float | None] = []
+    gain = []
+    for g in gs:
+        k = names_shapes[g.matrices[0]][1]
+        m, a = _stats_for(stats, g, k, where)
+        mats = [np.ascontiguousarray(as_float32(src.read(n)), dtype=np.float32) for n in g.matrices]
+        s, al, err, base = choose(mats, m, a, alpha)
+        del mats
+        chosen.append(al)
+        gain.append((base, err))
+        if al is None:
+            continue
+        for n in g.matrices:
+            p.ops.setdefault(n, []).append(("columns", s))
+            p.records.setdefault(n, {})["columns"] = {"from": g.carrier, "alpha": al}
+        log2 = [int(v) for v in np.rint(np.log2(s.astype(np.float64)))]
+        rec = {"matrices": list(g.matrices), "alpha": al, "log2_scale": log2}
+        if g.kind == "gain":
+            p.ops.setdefault(g.carrier, []).append(("gain", s))
+            p.records.setdefault(g.carrier, {})["gain"] = rec
+        else:
+            p.ops.setdefault(g.carrier, []).append(("div", s, g.offset))
+            p.records.setdefault(g.carrier, {})["rows"] = rec | {"first": g.offset}
+        if g.bias:
+            p.ops.setdefault(g.bias, []).append(("div", s, g.offset))
+            p.records.setdefault(g.bias, {})["bias"] = {"from": g.carrier, "first": g.offset}
+    n_s = sum(a is not None for a in chosen)
+    tot_base = sum(b for b, _ in gain)
+    tot = sum(e for _, e in gain)
+    p.provenance = {
+        "method": METHOD,
+        "alpha": "searched" if alpha is None else alpha,
+        "alphas": sorted({a for a in chosen if a is not None}),
+        "stats": {"file": Path(stats_path).name, "xxh3": stats_hash,
+                  "datasets": list(getattr(stats, "datasets", []) or []),
+                  "chunks": getattr(stats, "chunk_count", None), "chunk_size": getattr(stats, "chunk_size", None)},
+        "groups": len(gs),
+        "smoothed": n_s,
+        "score": "expected w8a8 output error from the statistics (orkpack/smooth.py)",
+        "error_ratio": round(tot / tot_base, 4) if tot_base > 0 else None,
+    }
+    return p, warnings
+
+
+# -------------------------------------------------------------------------------------- reading a pack
+
+_LAYER = re.compile(r"^blk\.(\d+)\.")
+
+
+def ops_of(pack) -> dict[str, list[tuple]]:
+    """Per tensor of a pack, the smoothing operations its records say it took (:func:`transform`); {} without."""
+    scales: dict[str, tuple[np.ndarray, int]] = {}
+    for t in pack.tensors:
+        r = t.get("smoothing")
+        for role in ("gain", "rows"):
+            if isinstance(r, dict) and isinstance(r.get(role), dict):
+                rr = r[role]
+                scales[t["name"]] = (np.ldexp(np.float32(1), np.asarray(rr["log2_scale"], np.int32)).astype(np.float32),
+                                     int(rr.get("first", 0)))
+    out: dict[str, list[tuple]] = {}
+    for t in pack.tensors:  # in the order a build applies them: columns, then the carrier's own
+        r = t.get("smoothing")
+        if not isinstance(r, dict):
+            continue
+        if isinstance(r.get("columns"), dict):
+            out.setdefault(t["name"], []).append(("columns", scales[r["columns"]["from"]][0]))
+        if isinstance(r.get("gain"), dict):
+            out.setdefault(t["name"], []).append(("gain", scales[t["name"]][0]))
+        if isinstance(r.get("rows"), dict):
+            out.setdefault(t["name"], []).append(("div", *scales[t["name"]]))
+        if isinstance(r.get("bias"), dict):
+            out.setdefault(t["name"], []).append(("div", *scales[r["bias"]["from"]]))
+    return out
+
+
+def check_pack(pack) -> str | None:
+    """Why a pack's smoothing records do not hold together, or None: each carrier's scales are integers in range,
+    one per input column of each matrix it names; each of those matrices names it back; a bias names a carrier."""
+    recs = {t["name"]: t for t in pack.tensors if t.get("smoothing") is not None}
+    for name, t in recs.items():
+        r, label = t["smoothing"], escape_name(name)
+        if not isinstance(r, dict) or not r or set(r) - {"columns", "gain", "rows", "bias"} \
+                or not all(isinstance(v, dict) for v in r.values()):
+            return f"{label}: malformed smoothing record"
+        for role in ("gain", "rows"):
+            if role not in r:
+                continue
+            rr, shape = r[role], t["shape"]
+            sc, first = rr.get("log2_scale"), rr.get("first", 0)
+            want = (len(shape) == 1) if role == "gain" else (len(shape) == 2)
+            if not (want and isinstance(sc, list) and sc and isinstance(first, int) and first >= 0
+                    and first + len(sc) <= shape[0]
+                    and all(isinstance(v, int) and not isinstance(v, bool) and abs(v) <= _LOG2_CAP for v in sc)):
+                return f"{label}: smoothing scales do not fit the tensor (powers of two in range, one per carried entry)"
+            mats = rr.get("matrices")
+            if not isinstance(mats, list) or not mats:
+                return f"{label}: smoothing record names no matrices"
+            for m in mats:
+                mt = recs.get(m) if isinstance(m, str) else None
+                c = mt["smoothing"].get("columns") if mt is not None and isinstance(mt["smoothing"], dict) else None
+                if not isinstance(c, dict) or c.get("from") != name:
+                    return f"{label}: smoothed matrix {escape_name(str(m))} does not name this carrier back"
+                if len(mt["shape"]) != 2 or mt["shape"][1] != len(sc):
+                    return f"{escape_name(m)}: {mt['shape']} does not take {len(sc)} smoothing scales"
+        for role in ("columns", "bias"):
+            if role not in r:
+                continue
+            n = r[role].get("from")
+            nt = recs.get(n) if isinstance(n, str) else None
+            car = nt["smoothing"] if nt is not None and isinstance(nt["smoothing"], dict) else {}
+            ok = any(isinstance(car.get(x), dict) and (role == "bias" or name in car[x].get("matrices", []))
+                     for x in ("gain", "rows"))
+            if not ok:
+                return f"{label}: its smoothing carrier {escape_name(str(n))} does not carry its scales"
+    return None
+
+
+class Smoothed:
+    """A weight provider over the source's float weights, smoothed as a pack was (``ops``: :func:`ops_of`): the
+    float model the pack's weights quantize, for comparisons item by item (eval --per-tensor, --sensitivity)."""
+
+    def __init__(self, inner, ops: dict[str, list[tuple]], norm_offset: float = 0.0):
+        self.inner, self.ops, self.off = inner, ops, norm_offset
+
+    def has(self, name):
+        return self.inner.has(name)
+
+    def tensor(self, name):
+        v = self.inner.tensor(name)
+        return transform(v, self.ops[name], self.off) if name in self.ops else v
+
+    def matmul(self, name, x, expert=None):
+        ops = self.ops.get(name)
+        if not ops:
+            return self.inner.matmul(name, x, expert)
+        for op in ops:
+            if op[0] == "columns":
+                x = (x * op[1][None, :]).astype(np.float32)
+        y = self.inner.matmul(name, x, expert)
+        for op in ops:
+            if op[0] == "div":
+                y[:, op[2]: op[2] + op[1].size] /= op[1][None, :]
+        return y
+
+    def embed(self, ids):
+        return self.inner.embed(ids)
+
+    def release(self):
+        self.inner.release()
