@@ -37,7 +37,7 @@ from pathlib import Path
 
 import xxhash
 
-from orkpack.errors import PackError
+from orkpack.errors import PackError, escape_name
 from orkpack.pack import spec
 from orkpack.pack.model import summary as model_summary
 from orkpack.pack.reader import Pack, PackDamaged, Preamble, parse_header_json, validate_header
@@ -113,6 +113,54 @@ def _skipped(prov: dict | None) -> list[dict]:
             "reason": it["reason"] if isinstance(it.get("reason"), str) else None,
         })
     return out
+
+
+def smoothing_label(r) -> str | None:
+    """One tensor's activation smoothing (format 1.4), as shown: ``gain / s`` (a norm carrying the scales),
+    ``rows / s`` (a projection carrying them), ``columns x s from NAME`` (a matrix that took them), ``bias / s``."""
+    if not isinstance(r, dict) or not r:
+        return None
+    bits = []
+    for role, what in (("gain", "gain / s"), ("rows", "rows / s"), ("bias", "bias / s")):
+        if isinstance(r.get(role), dict):
+            rr = r[role]
+            sc = rr.get("log2_scale")
+            span = (f" (s 2^{min(sc)}..2^{max(sc)}, alpha {rr.get('alpha')})"
+                    if isinstance(sc, list) and sc and all(isinstance(v, int) for v in sc) else "")
+            bits.append(what + span)
+    if isinstance(r.get("columns"), dict):
+        bits.append(f"columns x s from {escape_name(str(r['columns'].get('from')), 80)}")
+    return "; ".join(bits) or "malformed"
+
+
+def _smoothing(prov: dict | None) -> dict | None:
+    """provenance.smoothing (format 1.4) as shown: well-typed fields only; None when the build did not smooth."""
+    sm = (prov or {}).get("smoothing")
+    if not isinstance(sm, dict):
+        return None
+    st = sm.get("stats") if isinstance(sm.get("stats"), dict) else {}
+    return {
+        "method": sm.get("method") if isinstance(sm.get("method"), str) else None,
+        "alpha": sm.get("alpha") if isinstance(sm.get("alpha"), (str, int, float)) else None,
+        "alphas": [a for a in sm.get("alphas", []) if isinstance(a, (int, float))] if isinstance(sm.get("alphas"), list) else [],
+        "groups": sm.get("groups") if isinstance(sm.get("groups"), int) else None,
+        "smoothed": sm.get("smoothed") if isinstance(sm.get("smoothed"), int) else None,
+        "stats_file": st.get("file") if isinstance(st.get("file"), str) else None,
+        "stats_xxh3": st.get("xxh3") if isinstance(st.get("xxh3"), str) else None,
+        "datasets": [d for d in st.get("datasets", []) if isinstance(d, str)] if isinstance(st.get("datasets"), list) else [],
+    }
+
+
+def smoothing_line(sm: dict | None) -> str | None:
+    """One line of a pack's smoothing provenance, for people."""
+    if not sm:
+        return None
+    al = sm.get("alpha")
+    if al == "searched" and sm.get("alphas"):
+        al = f"searched per group ({min(sm['alphas'])}..{max(sm['alphas'])})"
+    ds = f", text {', '.join(escape_name(d, 60) for d in sm['datasets'])}" if sm.get("datasets") else ""
+    return (f"{escape_name(str(sm.get('method')), 20)}: {sm.get('smoothed')} of {sm.get('groups')} groups, alpha {al}; "
+            f"statistics {escape_name(str(sm.get('stats_file')), 80)} (xxh3 {escape_name(str(sm.get('stats_xxh3')), 20)}{ds})")
 
 
 def _facts(path: Path, p: Preamble, h: dict | None, tensor_glob, checks: dict, untrusted: str | None, code: int) -> dict:
@@ -192,6 +240,7 @@ def _facts(path: Path, p: Preamble, h: dict | None, tensor_glob, checks: dict, u
                 "resident_bytes": tsum["resident_bytes"],
                 "sqnr_db": min(sq) if sq else None,
                 "decode_sqnr_db": min(dsq) if dsq else None,
+                "smoothed": smoothing_label(t.get("smoothing")),
                 "slices": slices,
             }
         )
@@ -215,6 +264,7 @@ def _facts(path: Path, p: Preamble, h: dict | None, tensor_glob, checks: dict, u
         "encodings": encodings,
         "tensors": rows,
         "skipped": _skipped(prov),
+        "smoothing": _smoothing(prov),
         "untrusted": untrusted,
         "exit_code": code,
     }

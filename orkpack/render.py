@@ -60,6 +60,11 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
     line = _model_line(f.get("model"))
     if line:
         head.add_row("model", line)
+    from orkpack.inspect import smoothing_line
+
+    line = smoothing_line(f.get("smoothing"))
+    if line:
+        head.add_row("smoothing", markup_escape(line))
     if f.get("tiermap"):
         tm = f["tiermap"]
         head.add_row("tier map", escape_name(str(tm.get("board", {}).get("name") if isinstance(tm.get("board"), dict) else tm.get("board"))))
@@ -92,6 +97,8 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
         if len(r["slices"]) > 1:
             ck += f" (+{len(r['slices']) - 1} slices)"
         enc = r["encoding"] if r.get("dtype") is None else f"{r['encoding']} {escape_name(str(r['dtype']), 16)}"
+        if r.get("smoothed"):
+            enc += f", smoothed: {markup_escape(r['smoothed'])}"
         t.add_row(escape_name(r["name"]), _shape(r["shape"]), enc, r["tier"], human_bytes(r["stored_bytes"]), sq, ck)
     console.print(t)
     if rows_limit is not None and len(f["tensors"]) > rows_limit:

@@ -324,9 +324,9 @@ def check_pack(pack) -> str | None:
             sc, first = rr.get("log2_scale"), rr.get("first", 0)
             want = (len(shape) == 1) if role == "gain" else (len(shape) == 2)
             if not (want and isinstance(sc, list) and sc and isinstance(first, int) and first >= 0
-                    and first + len(sc) <= shape[0]
+                    and first + len(sc) == shape[0]
                     and all(isinstance(v, int) and not isinstance(v, bool) and abs(v) <= _LOG2_CAP for v in sc)):
-                return f"{label}: smoothing scales do not fit the tensor (powers of two in range, one per carried entry)"
+                return f"{label}: smoothing scales do not fit the tensor (powers of two in range, one per carried entry, to its end)"
             mats = rr.get("matrices")
             if not isinstance(mats, list) or not mats:
                 return f"{label}: smoothing record names no matrices"

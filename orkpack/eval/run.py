@@ -241,7 +241,8 @@ def _single_item_klds(pack, src, hp, stub, ids, opts, progress) -> dict:
     (its CPU path), so prefill measures only the items it puts on the NPU and takes the rest from decode."""
     logits, nxt = _second_half(stub, ids, hp)
 
-    ref_lg = logits(SourceWeights(src))
+    fl = _float_of(pack, src, hp)
+    ref_lg = logits(fl())
     base = _log_softmax64(ref_lg).astype(np.float32)
     items = [(t["name"], s["expert"]) for t, s in pack.slices()
              if len(s["shape"]) == 2 and s["encoding"] in (spec.ENC_INT8, spec.ENC_NF4)]
@@ -252,7 +253,7 @@ def _single_item_klds(pack, src, hp, stub, ids, opts, progress) -> dict:
             if p == "decode" or paths["prefill"].engine(*it) == "npu"]
     for n, (p, (name, expert)) in enumerate(todo):
         st = _Stats()
-        _score(base, logits(_OneItem(SourceWeights(src), paths[p], name, expert)), nxt, st)
+        _score(base, logits(_OneItem(fl(), paths[p], name, expert)), nxt, st)
         out[p][name if expert is None else f"{name}[{expert}]"] = float(np.mean(st.kld))
         if progress:
             progress(n + 1, len(todo), f"per-tensor {p} {name}")
@@ -351,6 +352,9 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
         if src is None:
             raise EvalError(f"{what} compares each matmul with the source's float weights: give the source too "
                             "(orkpack eval SOURCE PACK)")
+        if opts.sensitivity and kind == "pack" and (pack.header.get("provenance") or {}).get("smoothing"):
+            raise EvalError("--sensitivity estimates the source's unsmoothed items, and this pack is smoothed "
+                            "(build --imatrix): give a pack built without --imatrix (or with --no-smooth)")
         if hp_src.layout != hp.layout:
             raise EvalError(f"{what} needs the source the pack was built from ({'a GGUF' if hp.layout == 'gguf' else 'an HF folder'}): "
                             "the two hold the attention rows in different orders")
@@ -373,6 +377,7 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
         n_chunks = min(n_chunks, opts.chunks)
     stub = SimpleNamespace(root=pack_path, config=stub_config)  # what forward.run reads of a source
     runs = ([ref_target] if ref_target else []) + targets
+    float_of = _float_of(pack, src, hp) if opts.per_tensor else None
     first = opts.ctx // 2
     head_blocks = -(-opts.ctx // _LOGIT_BLOCK)
     per_run = hp.n_layers + head_blocks
@@ -390,7 +395,7 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
         for ri, r in enumerate(runs):
             w = r.make()
             if opts.per_tensor and r is not ref_target:
-                w = _ErrorMeter(w, SourceWeights(src), acc.setdefault(r.label, {}))
+                w = _ErrorMeter(w, float_of(), acc.setdefault(r.label, {}))
             if opts.sensitivity and r is ref_target:
                 w = InputStats(w, sacc)
             rows = []
@@ -428,6 +433,7 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
         "note": None if ref_target else ("no SOURCE: there is no float reference; KL divergence and top-1 agreement "
                                          f"are of each path against the {runs[0].label} path"),
         "paths": [{"path": r.label, "numerics": r.numerics, **_summary(stats[r.label])} for r in runs],
+        "smoothing": _smoothing(pack if kind == "pack" else None),
     }
     if opts.per_tensor:
         sample = ids[: min(opts.ctx, opts.per_tensor_tokens)].copy()
@@ -454,6 +460,24 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
                  f"{Path(source).name}, {report['scored']} tokens of statistics, {sample.size}-token sample; "
                  f"Spearman {res['spearman']}")
     return report
+
+
+def _smoothing(pack) -> dict | None:
+    """The pack's activation smoothing (its provenance, docs/EVAL.md), as inspect shows it; None without."""
+    if pack is None:
+        return None
+    from ..inspect import _smoothing as shown
+
+    return shown(pack.header.get("provenance"))
+
+
+def _float_of(pack, src, hp):
+    """The source's float weights as the pack's weights hold them: smoothed as the pack was (orkpack/smooth.py), so
+    that each matmul compares like with like; the plain source when the pack is not smoothed."""
+    from ..smooth import Smoothed, ops_of
+
+    ops = ops_of(pack)
+    return (lambda: Smoothed(SourceWeights(src), ops, hp.norm_offset)) if ops else (lambda: SourceWeights(src))
 
 
 def _sample_scorer(src, hp, stub, ids):

@@ -9,7 +9,7 @@ import struct
 
 MAGIC = b"ORKPACK\0"
 VERSION_MAJOR = 1
-VERSION_MINOR = 3  # 1.1: the raw encoding; 1.2: host copies of NPU slices; 1.3: the model record (docs/FORMAT.md 7)
+VERSION_MINOR = 4  # 1.1: the raw encoding; 1.2: host copies of NPU slices; 1.3: the model record; 1.4: activation smoothing records (docs/FORMAT.md 7)
 PREAMBLE_SIZE = 128  # the fixed struct at offset 0
 PREAMBLE_BLOCK = 4096  # bytes [PREAMBLE_SIZE, PREAMBLE_BLOCK) are zero
 ALIGN = 4096  # every data part starts on a 4 KiB boundary (mmap / DMA map)

@@ -15,7 +15,9 @@ Checks, in this order (stopping at the first failure unless ``keep_going``):
 6. ``load``       every NPU slice through its load path (int8: fill; nf4: direct or two-step
                   inflate) into a backend buffer, cleaned, equals its recorded image checksums
 7. ``min_m``      every NPU slice has min_m >= 2 (M = 1 never goes to the NPU)
-8. ``reference``  (``reference=True``) each quantized slice decoded by the numpy reference and
+8. ``reference``  (``reference=True``) the activation-smoothing records hold together (each carrier's
+                  scales fit the tensors it names, each matrix names its carrier back); each
+                  quantized slice decoded by the numpy reference and
                   by the C path, compared byte for byte; each host copy likewise, and checked against
                   its NPU copy (:func:`_reference_host_copy`): byte-identical to an NPU copy stored
                   nf4; for int8 tiles, every element's two codes could come from one source value
@@ -247,6 +249,13 @@ def _checks(pack: Pack, run: _Run, backend, method: str, pool, reference: bool) 
     # 8. reference
     if reference:
         run.start("reference")
+        from orkpack.smooth import check_pack
+
+        why = check_pack(pack)  # activation smoothing (format 1.4): its records must hold together
+        if why:
+            run.fail("reference", f"smoothing: {why}")
+        else:
+            run.ok("reference")
         for t, s in slices:
             if s["encoding"] not in (spec.ENC_INT8, spec.ENC_NF4) or id(s) in bad:
                 continue

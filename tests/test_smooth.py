@@ -1,0 +1,318 @@
+"""Activation smoothing (SmoothQuant folded into the weights, orkpack/smooth.py; build --imatrix).
+
+* the smoothed float model is the model: a pack of every tensor kept float, smoothed, gives the source's logits
+  (several families: plain, tied with q/k/v biases, Gemma's gain offset, fused qkv and gate_up, LayerNorm with
+  biases and a plain MLP, MoE whose router must see unchanged inputs, MLA, the GGUF layout);
+* the NPU tiles, host int8 and host NF4 (and a plan's host copies) encode the same smoothed weights;
+* the pack records it (provenance, per tensor) and inspect / eval show it; verify --reference proves the records
+  and fails on tampered ones; builds are deterministic;
+* bad statistics (another model's, missing tensors, no max |x|, no file): one line, exit 2, nothing written.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xxhash
+from typer.testing import CliRunner
+
+from orkpack import archs, smooth, synth
+from orkpack.build import BuildOptions, build
+from orkpack.cli import app
+from orkpack.codecs import reference as ref
+from orkpack.eval import imatrix
+from orkpack.eval.weights import PackWeights
+from orkpack.layout import untile_int8
+from orkpack.model import forward
+from orkpack.pack import spec
+from orkpack.pack.reader import Pack
+from orkpack.pack.writer import header_bytes, preamble_bytes
+from orkpack.runtime.verify import verify_pack
+from orkpack.sources import open_source
+from orkpack.sources.base import as_float32
+
+FAMILIES = ["llama", "qwen2", "gemma", "phi3", "starcoder2", "qwen2_moe", "deepseek_v2", "chatglm"]
+
+
+def _model(tmp: Path, family: str, **kw) -> Path:
+    cfg = json.loads(json.dumps(synth.TINY[family]))
+    return synth.write_hf_model(tmp / family, config=cfg, shards=1, seed=5, **kw)
+
+
+def _ids(tmp: Path, vocab: int, n: int = 96, seed: int = 1) -> Path:
+    p = tmp / f"ids{seed}.txt"
+    p.write_text(" ".join(str(int(i)) for i in np.random.default_rng(seed).integers(0, vocab, n)))
+    return p
+
+
+def _stats(model: Path, tmp: Path, name: str = "st.gguf") -> Path:
+    """Statistics gathered on the model (orkpack imatrix's collector) from token ids, saved as its file."""
+    src = open_source(model)
+    try:
+        vocab = forward.model_hparams(src).vocab
+    finally:
+        src.close()
+    st = imatrix.collect(model, tokens=_ids(tmp, vocab), ctx=48)
+    out = tmp / name
+    imatrix.save(st, out)
+    return out
+
+
+def _logits(pack_path: Path, model: Path, ids) -> np.ndarray:
+    src = open_source(model)
+    try:
+        hp = forward.model_hparams(src)
+        with Pack.open(pack_path) as p:
+            return forward.run(src, ids, weights=PackWeights(p, "decode"), hp=hp)
+    finally:
+        src.close()
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_smoothed_float_model_is_the_model(tmp_path, family):
+    model = _model(tmp_path, family, dtype="bf16")
+    st = _stats(model, tmp_path)
+    out = tmp_path / "f.orkpack"
+    build(model, out, BuildOptions(threads=1, plan=False, keep=["*"], imatrix=st, smooth_alpha=0.5))
+    ids = np.random.default_rng(7).integers(0, 100, 40)  # within every fixture's vocabulary
+    want = forward.logits(model, ids)
+    got = _logits(out, model, ids)
+    assert np.max(np.abs(got - want)) <= 1e-4 * np.max(np.abs(want)), family
+    with Pack.open(out) as p:
+        recs = {t["name"]: t.get("smoothing") for t in p.tensors}
+        scales = smooth.ops_of(p)
+        assert smooth.check_pack(p) is None
+    carriers = [n for n, r in recs.items() if r and ("gain" in r or "rows" in r)]
+    assert carriers, family
+    # the scales are not all 1 (else the test proves nothing)
+    assert any(np.any(op[1] != 1) for ops in scales.values() for op in ops), family
+    # what the family's graph allows, and only that
+    assert recs["blk.0.attn_norm.weight"] and "gain" in recs["blk.0.attn_norm.weight"]
+    if family == "qwen2_moe":  # every FFN norm feeds a router: left alone, router and experts too
+        assert not recs["blk.0.ffn_norm.weight"] and not recs["blk.0.ffn_down_shexp.weight"]
+        assert not any(r for n, r in recs.items() if "ffn_gate_inp" in n or "_exps" in n or "shexp" in n)
+        assert recs["blk.1.ffn_norm.weight"] and recs["blk.1.ffn_down.weight"]  # mlp_only_layers: a dense FFN
+    if family == "starcoder2":  # LayerNorm: its bias carries the scales too; down(act(up)) has no carrier
+        assert recs["blk.0.attn_norm.bias"] == {"bias": {"from": "blk.0.attn_norm.weight", "first": 0}}
+        assert not recs["blk.0.ffn_down.weight"]
+    if family in ("phi3", "chatglm"):  # a fused gate_up: its up half carries down's scales
+        r = recs["blk.0.ffn_up.weight"]["rows"]
+        assert r["first"] == len(r["log2_scale"]) and r["matrices"] == ["blk.0.ffn_down.weight"]
+    if family == "llama":
+        assert recs["blk.0.ffn_up.weight"]["rows"]["matrices"] == ["blk.0.ffn_down.weight"]
+        assert set(recs["blk.0.ffn_up.weight"]) == {"columns", "rows"}
+
+
+def test_gguf_layout_smooths_the_same(tmp_path):
+    model = synth.write_gguf_model(tmp_path / "m.gguf", arch="llama", layers=2, hidden=64, intermediate=96, heads=4,
+                                   kv_heads=2, vocab=128)
+    st = _stats(model, tmp_path)
+    out = tmp_path / "g.orkpack"
+    build(model, out, BuildOptions(threads=1, plan=False, keep=["*"], imatrix=st, smooth_alpha=0.5))
+    ids = np.arange(30) % 128
+    want = forward.logits(model, ids)
+    assert np.max(np.abs(_logits(out, model, ids) - want)) <= 1e-4 * np.max(np.abs(want))
+
+
+def test_groups_follow_the_declaration():
+    """archs declares where scales may fold; groups() finds exactly those places (no router, no plain MLP)."""
+    fwd = archs.FAMILIES["llama"].forward
+    shapes = {"blk.0.attn_norm.weight": (8,), "blk.0.attn_q.weight": (8, 8), "blk.0.attn_k.weight": (4, 8),
+              "blk.0.attn_v.weight": (4, 8), "blk.0.ffn_norm.weight": (8,), "blk.0.ffn_gate.weight": (16, 8),
+              "blk.0.ffn_up.weight": (16, 8), "blk.0.ffn_down.weight": (8, 16)}
+    gs = smooth.groups(shapes, fwd, 1)
+    assert [(g.carrier, g.kind, g.matrices) for g in gs] == [
+        ("blk.0.attn_norm.weight", "gain", ["blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"]),
+        ("blk.0.ffn_norm.weight", "gain", ["blk.0.ffn_gate.weight", "blk.0.ffn_up.weight"]),
+        ("blk.0.ffn_up.weight", "rows", ["blk.0.ffn_down.weight"])]
+    moe = dict(shapes, **{"blk.0.ffn_gate_inp.weight": (4, 8)})
+    assert [g.carrier for g in smooth.groups(moe, fwd, 1)] == ["blk.0.attn_norm.weight"]
+    plain = {k: v for k, v in shapes.items() if "gate" not in k}  # no gate: up's output is not linear in down's input
+    assert [g.carrier for g in smooth.groups(plain, fwd, 1)] == ["blk.0.attn_norm.weight", "blk.0.ffn_norm.weight"]
+
+
+def test_choice_never_scores_worse_than_none():
+    """The search keeps no smoothing unless a candidate scores better on the statistics; an outlier channel gets
+    smoothed, and the chosen scales are powers of two."""
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 32)).astype(np.float32)
+    m = np.ones(32)
+    a = np.full(32, 3.0)
+    s, al, e, base = smooth.choose([w], m, a)
+    assert e <= base
+    m2, a2 = m.copy(), a.copy()
+    m2[5], a2[5] = 400.0, 60.0  # one outlier channel
+    s, al, e, base = smooth.choose([w], m2, a2)
+    assert al is not None and e < 0.5 * base and s[5] == s.max() > 1  # x / s: the outlier channel shrinks most
+    assert np.all(np.log2(s) == np.rint(np.log2(s)))
+
+
+def test_npu_and_host_encode_the_same_smoothed_weights(tmp_path):
+    model = _model(tmp_path, "llama")
+    st = _stats(model, tmp_path)
+    packs = {}
+    for name, kw in (("npu", {"npu": ["*"]}), ("int8", {"int8": ["*"]}), ("nf4", {"nf4": ["*"]})):
+        packs[name] = tmp_path / f"{name}.orkpack"
+        build(model, packs[name], BuildOptions(threads=1, plan=False, imatrix=st, **kw))
+    src = open_source(model)
+    with Pack.open(packs["npu"]) as a, Pack.open(packs["int8"]) as b, Pack.open(packs["nf4"]) as c:
+        ops = smooth.ops_of(a)
+        same = lambda x, y: set(x) == set(y) and all(  # noqa: E731
+            [(o[0], o[1].tolist(), o[2:]) for o in x[k]] == [(o[0], o[1].tolist(), o[2:]) for o in y[k]] for k in x)
+        assert ops and same(ops, smooth.ops_of(b)) and same(ops, smooth.ops_of(c))  # one choice, whatever the placement
+        sa, sb, sc = ({(t["name"]): s for t, s in p.slices()} for p in (a, b, c))
+        for name in ("blk.0.attn_q.weight", "blk.1.ffn_up.weight", "blk.0.ffn_down.weight"):
+            n, k = sa[name]["shape"]
+            qa = untile_int8(a.typed_part(sa[name], "q"), n, k, sa[name]["layout"]).reshape(n, k)
+            qb = b.typed_part(sb[name], "q").reshape(n, k)
+            assert np.array_equal(qa, qb) and np.array_equal(a.typed_part(sa[name], "scale"), b.typed_part(sb[name], "scale"))
+            want = smooth.transform(as_float32(src.read(name)), ops[name])
+            assert np.array_equal(qb, ref.int8_encode(want)[0].reshape(n, k))
+            codes, absmax = ref.nf4_encode(want)
+            assert np.array_equal(c.typed_part(sc[name], "codes"), codes)
+    src.close()
+    for p in packs.values():
+        assert verify_pack(p, reference=True).ok
+
+
+def test_planned_pack_with_host_copies_verifies(tmp_path):
+    """The default plan with smoothing: NPU tiles and their host NF4 copies are of the same smoothed slice, so
+    verify --reference (which checks each copy against its tiles) passes."""
+    model = synth.write_hf_model(tmp_path / "m", config=json.loads(json.dumps(synth.TINY["llama"])), shards=1, seed=2)
+    st = _stats(model, tmp_path)
+    out = tmp_path / "p.orkpack"
+    build(model, out, BuildOptions(threads=1, imatrix=st))
+    r = verify_pack(out, reference=True)
+    assert r.ok, r.failures
+    assert r.checks["reference"]["passed"] > 0
+
+
+def test_records_inspect_eval_and_determinism(tmp_path):
+    model = _model(tmp_path, "qwen2")
+    st = _stats(model, tmp_path)
+    a, b = tmp_path / "a.orkpack", tmp_path / "b.orkpack"
+    build(model, a, BuildOptions(threads=1, plan=False, npu=["*"], imatrix=st))
+    build(model, b, BuildOptions(threads=2, plan=False, npu=["*"], imatrix=st))
+    assert a.read_bytes() == b.read_bytes()
+    with Pack.open(a) as p:
+        prov = p.header["provenance"]["smoothing"]
+        assert p.header["version"] == [1, 4]
+    assert prov["method"] == "smoothquant" and prov["alpha"] == "searched"
+    assert prov["stats"]["file"] == "st.gguf" and prov["stats"]["xxh3"] == xxhash.xxh3_64_hexdigest(st.read_bytes())
+    assert p.header["provenance"]["options"]["imatrix"] == "st.gguf"
+    res = CliRunner().invoke(app, ["inspect", str(a), "--json", "--all"])
+    f = json.loads(res.stdout)
+    assert f["smoothing"]["stats_file"] == "st.gguf" and f["smoothing"]["groups"] == prov["groups"]
+    rows = {r["name"]: r["smoothed"] for r in f["tensors"]}
+    if prov["smoothed"]:
+        assert any(v and v.startswith("gain / s") for v in rows.values())
+        assert any(v and v.startswith("columns x s from blk.") for v in rows.values())
+    assert rows["token_embd.weight"] is None
+    res = CliRunner().invoke(app, ["inspect", str(a), "--all"])
+    assert res.exit_code == 0 and "smoothquant:" in res.stdout and "st.gguf" in res.stdout
+    from orkpack.eval.run import Options, evaluate
+
+    ids = _ids(tmp_path, 128, 64, seed=3)
+    r = evaluate(model, a, Options(tokens=ids, ctx=32))
+    assert r["smoothing"]["method"] == "smoothquant" and r["smoothing"]["stats_xxh3"] == prov["stats"]["xxh3"]
+    # a different statistics file gives different bytes, and so does --no-smooth
+    c = tmp_path / "c.orkpack"
+    build(model, c, BuildOptions(threads=1, plan=False, npu=["*"], imatrix=st, smooth=False))
+    with Pack.open(c) as p:
+        assert "smoothing" not in p.header["provenance"] and not smooth.ops_of(p)
+
+
+def _rewrite_header(p: Path, mutate) -> None:
+    raw = p.read_bytes()
+    pre = struct.unpack_from(spec.PREAMBLE_FMT, raw)
+    data_size, hoff = pre[6], pre[7]
+    h = json.loads(raw[hoff:])
+    mutate(h)
+    hb = header_bytes(h)
+    data = raw[4096:hoff]
+    block = preamble_bytes(file_size=hoff + len(hb), data_size=data_size, header_size=len(hb),
+                           data_xxh3=xxhash.xxh3_64_intdigest(data), header_xxh3=xxhash.xxh3_64_intdigest(hb))
+    p.write_bytes(block + data + hb)
+
+
+def _tensor(h: dict, name: str) -> dict:
+    return next(t for t in h["tensors"] if t["name"] == name)
+
+
+@pytest.mark.parametrize("mutate,why", [
+    (lambda h: _tensor(h, "blk.0.attn_q.weight").pop("smoothing"), "does not name this carrier back"),
+    (lambda h: _tensor(h, "blk.0.attn_norm.weight")["smoothing"]["gain"]["log2_scale"].pop(), "do not fit"),
+    (lambda h: _tensor(h, "blk.0.attn_k.weight")["smoothing"]["columns"].update({"from": "blk.1.attn_norm.weight"}),
+     "carrier"),
+    (lambda h: _tensor(h, "blk.0.ffn_norm.weight")["smoothing"]["gain"].update({"log2_scale": "x"}), "do not fit"),
+])
+def test_verify_reference_fails_on_tampered_records(tmp_path, mutate, why):
+    model = _model(tmp_path, "llama")
+    st = _stats(model, tmp_path)
+    out = tmp_path / "t.orkpack"
+    build(model, out, BuildOptions(threads=1, plan=False, npu=["*"], imatrix=st, smooth_alpha=0.5))
+    assert verify_pack(out, reference=True).ok
+    _rewrite_header(out, mutate)
+    r = verify_pack(out, reference=True)
+    assert not r.ok and r.exit_code == 1
+    assert any(f.startswith("smoothing: ") and why in f for f in r.failures), r.failures
+    assert verify_pack(out).ok  # without --reference the bytes themselves are intact
+
+
+def test_tampered_smoothed_norm_bytes_fail(tmp_path):
+    model = _model(tmp_path, "llama")
+    out = tmp_path / "t.orkpack"
+    build(model, out, BuildOptions(threads=1, plan=False, npu=["*"], imatrix=_stats(model, tmp_path), smooth_alpha=0.5))
+    with Pack.open(out) as p:
+        off = next(s for t, s in p.slices() if t["name"] == "blk.0.attn_norm.weight")["parts"]["data"]["offset"]
+    raw = bytearray(out.read_bytes())
+    raw[off + 3] ^= 0x10
+    out.write_bytes(bytes(raw))
+    r = verify_pack(out, reference=True, keep_going=True)
+    assert not r.ok and any("blk.0.attn_norm.weight" in f for f in r.failures)
+
+
+def _cli_build(model, out, st, *extra):
+    return CliRunner().invoke(app, ["build", str(model), "-o", str(out), "--no-plan", "--npu", "*", "--threads", "1",
+                                    "--imatrix", str(st), "--json", *extra])
+
+
+def test_bad_statistics_one_line(tmp_path):
+    model = _model(tmp_path, "llama")
+    out = tmp_path / "x.orkpack"
+    # another model's statistics (a wider hidden size)
+    other = synth.write_hf_model(tmp_path / "other", config=dict(json.loads(json.dumps(synth.TINY["llama"])),
+                                                                  hidden_size=96), shards=1, seed=1)
+    wrong = _stats(other, tmp_path, "other.gguf")
+    good = _stats(model, tmp_path)
+    # statistics that lack the tensors of a layer
+    st = imatrix.load(good)
+    for n in [n for n in st.entries if n.startswith("blk.1.")]:
+        del st.entries[n]
+    missing = tmp_path / "missing.gguf"
+    imatrix.save(st, missing)
+    # statistics without max |x| (what llama.cpp's imatrix holds)
+    st = imatrix.load(good)
+    for e in st.entries.values():
+        e.absmax = None
+    noabs = tmp_path / "noabs.gguf"
+    imatrix.save(st, noabs)
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(b"not statistics")
+    for path, words in ((wrong, "columns"), (missing, "has no statistics for blk.1."), (noabs, "max |x|"),
+                        (tmp_path / "nope.gguf", "no such file"), (junk, "junk.gguf")):
+        r = _cli_build(model, out, path)
+        assert r.exit_code == 2, (path, r.output)
+        lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+        assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], (path, r.output)
+        assert "Traceback" not in r.output and not out.exists()
+        assert not list(tmp_path.glob(".x.orkpack*"))
+    r = _cli_build(model, out, good, "--smooth-alpha", "1.5")
+    assert r.exit_code == 2 and "--smooth-alpha 1.5" in r.output and not out.exists()
+    r = _cli_build(model, out, good, "--smooth-alpha", "0.5")
+    assert r.exit_code == 0, r.output
+    with Pack.open(out) as p:
+        assert p.header["provenance"]["smoothing"]["alpha"] == 0.5
