@@ -128,6 +128,7 @@ def _int8_sq_err_cols(w: np.ndarray) -> np.ndarray:
     return (d * d).sum(axis=0)
 
 
+WEIGHT_FACTOR = 1.0  # the weights' error counts this many times (it reaches decode too, and NF4 host copies)
 RANGE = "rms"  # how a token's largest |x| is estimated: rms (from the mean squares) | absmax (the columns' max)
 
 
@@ -149,7 +150,7 @@ def w8a8_error(mats: list[np.ndarray], m: np.ndarray, a: np.ndarray, s: np.ndarr
     e = 0.0
     for w in mats:
         ws = w * s[None, :]
-        e += float(_int8_sq_err_cols(ws) @ ms)
+        e += WEIGHT_FACTOR * float(_int8_sq_err_cols(ws) @ ms)
         e += step * step / 12.0 * float((ws.astype(np.float64) ** 2).sum())
     return e
 
