@@ -1,13 +1,13 @@
-"""bench/dithered_smollm2.py: the grid of a Q4_1 / Q8_0 block is smeared by at most half a step, nothing else moves."""
+"""bench/dithered_smollm2.py: each Q4_1 / Q8_0 weight moves by at most half its block's step, F32 tensors and
+metadata stay, and the output is deterministic."""
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
+import gguf
 import numpy as np
-from safetensors import safe_open
-from safetensors.numpy import save_file
+from gguf.quants import dequantize, quantize
 
 
 def _load():
@@ -18,34 +18,51 @@ def _load():
     return m
 
 
+def _write(path: Path, rng) -> dict:
+    T = gguf.GGMLQuantizationType
+    w = gguf.GGUFWriter(str(path), arch="llama")
+    w.add_uint32("llama.block_count", 1)
+    w.add_array("tokenizer.ggml.tokens", ["a", "b", "c"])
+    w.add_uint32("general.file_type", 3)
+    x4 = (rng.standard_t(4, size=(8, 96)) * 0.02).astype(np.float32)
+    x4[3, 5] = 0.9  # an outlier
+    x8 = (rng.standard_normal((6, 64)) * 0.05).astype(np.float32)
+    norm = rng.random(96).astype(np.float32)
+    w.add_tensor("blk.0.ffn_up.weight", quantize(x4, T.Q4_1), raw_dtype=T.Q4_1)
+    w.add_tensor("token_embd.weight", quantize(x8, T.Q8_0), raw_dtype=T.Q8_0)
+    w.add_tensor("blk.0.ffn_norm.weight", norm)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return {"x4": x4, "x8": x8, "norm": norm}
+
+
 def test_grid_smeared_within_half_a_step(tmp_path):
-    rng = np.random.default_rng(0)
-    n, k = 8, 64
-    mn = rng.normal(size=(n, k // 32, 1)) * 0.1
-    d = rng.uniform(0.01, 0.05, size=(n, k // 32, 1))
-    q = rng.integers(0, 16, size=(n, k // 32, 32))
-    q[..., 0], q[..., 1] = 0, 15  # a Q4_1 block holds its min and max
-    w4 = (mn + d * q).reshape(n, k).astype(np.float32)
-    d8 = rng.uniform(0.001, 0.01, size=(n, k // 32, 1))
-    q8 = rng.integers(-127, 128, size=(n, k // 32, 32))
-    q8[..., 0] = 127
-    w8 = (d8 * q8).reshape(n, k).astype(np.float32)
-    src, out = tmp_path / "src", tmp_path / "out"
-    src.mkdir()
-    save_file({"model.layers.0.mlp.up_proj.weight": w4, "model.embed_tokens.weight": w8,
-               "model.norm.weight": np.ones(k, np.float32)}, str(src / "model.safetensors"))
-    (src / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    _load().main(src, out)
-    assert (out / "config.json").read_text() == (src / "config.json").read_text()
-    with safe_open(str(out / "model.safetensors"), "np") as h:
-        a, e, nw = (h.get_tensor(x) for x in ("model.layers.0.mlp.up_proj.weight", "model.embed_tokens.weight",
-                                               "model.norm.weight"))
-    assert a.dtype == np.float16 and e.dtype == np.float16
-    step = np.repeat(d, 32, axis=2).reshape(n, k)
-    err = np.abs(a.astype(np.float64) - w4)
-    assert (err <= step / 2 + 1e-3 * np.abs(w4) + 1e-4).all()  # half a step, plus F16 rounding
-    assert err.mean() > step.mean() / 8  # and really smeared (uniform: mean |noise| = step / 4)
-    assert len(np.unique(a)) > 4 * len(np.unique(w4[0]))
-    step8 = np.repeat(d8, 32, axis=2).reshape(n, k)
-    assert (np.abs(e.astype(np.float64) - w8) <= step8 / 2 + 1e-3 * np.abs(w8) + 1e-5).all()
-    np.testing.assert_array_equal(nw, np.ones(k, np.float32))
+    m = _load()
+    src = tmp_path / "q.gguf"
+    _write(src, np.random.default_rng(0))
+    m.dither(src, tmp_path / "out.gguf")
+    a = gguf.GGUFReader(str(src))
+    b = gguf.GGUFReader(str(tmp_path / "out.gguf"))
+    ta = {t.name: t for t in a.tensors}
+    tb = {t.name: t for t in b.tensors}
+    for name, block, nb in (("blk.0.ffn_up.weight", 20, 32), ("token_embd.weight", 34, 32)):
+        t = ta[name]
+        assert tb[name].tensor_type == gguf.GGMLQuantizationType.F16
+        grid = dequantize(t.data, t.tensor_type).reshape(-1).astype(np.float64)
+        got = np.asarray(tb[name].data, dtype=np.float64).reshape(-1)
+        d = np.repeat(np.asarray(t.data).view(np.uint8).reshape(-1, block)[:, :2].copy().view(np.float16)
+                      .astype(np.float64).reshape(-1), nb)
+        err = np.abs(got - grid)
+        assert (err <= d / 2 + 1e-3 * np.abs(grid) + 1e-6).all(), name  # half a step, plus F16 rounding
+        assert err.mean() > d.mean() / 8  # and really smeared (uniform noise: mean |noise| = step / 4)
+        assert [int(x) for x in tb[name].shape] == [int(x) for x in t.shape]
+    np.testing.assert_array_equal(np.asarray(tb["blk.0.ffn_norm.weight"].data), np.asarray(ta["blk.0.ffn_norm.weight"].data))
+    fa = {f.name: f.contents() for f in a.fields.values() if not f.name.startswith("GGUF.")}
+    fb = {f.name: f.contents() for f in b.fields.values() if not f.name.startswith("GGUF.")}
+    assert fb.pop("general.file_type") == int(gguf.LlamaFileType.MOSTLY_F16)
+    fa.pop("general.file_type")
+    assert fa == fb
+    m.dither(src, tmp_path / "again.gguf")
+    assert (tmp_path / "again.gguf").read_bytes() == (tmp_path / "out.gguf").read_bytes()
