@@ -286,7 +286,7 @@ def _item_cost(it: Item, r: _Row, c: str, mi: float, rho: tuple[float, float], s
         return (float(r.fl), 0.0, share * r.fl / board.decode_bandwidth, pre, 0.0)
     ram = {"nf4": r.n4, "int8": r.i8, "npu": r.npu, "npu+nf4": r.npu + r.n4}[c]
     npu = r.npu if c.startswith("npu") else 0
-    dec = share * cost.decode_bytes(it.n, it.k, c, board) / board.decode_bandwidth
+    dec = share * cost.decode_s(it.n, it.k, c, board)
     q = sens if c == "int8" or (c == "npu" and r.forced_enc != "nf4") else 0.0
     return (float(ram), float(npu), dec, pre, q)
 
@@ -381,7 +381,7 @@ def ttft_s(manifest: Manifest, board: Board, profile: Profile, choices: list[str
     for i, key in enumerate(keys):
         first.setdefault(key, i)
     rhos: dict[tuple, tuple[float, float]] = {}
-    total, done = 0.0, 0
+    total, done = board.request_s, 0  # the runtime's fixed cost per request, once
     while done < prompt:
         rows = min(m, prompt - done)
         f = rows / m
