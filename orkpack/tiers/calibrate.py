@@ -387,7 +387,22 @@ def fit(points: list[Point], base: Board, *, digits: int = DIGITS, only: tuple[s
     def resid(x):
         return np.log(predict_all(fit_pts, _board(base, params, x))) - meas
 
-    sol = least_squares(resid, x0, bounds=(lo, hi), method="trf", x_scale=1.0, diff_step=1e-7,
+    def jac(x):
+        # forward differences at an absolute step (scipy's diff_step is relative to |x|: at x = 0, a
+        # constant whose log is 0 (a fraction of 1) would get a zero step and a zero gradient), away from
+        # the nearer bound
+        r0 = resid(x)
+        J = np.empty((len(r0), len(x)))
+        for j in range(len(x)):
+            h = 1e-7 * max(1.0, abs(x[j]))
+            if x[j] + h > hi[j]:
+                h = -h
+            xp = x.copy()
+            xp[j] += h
+            J[:, j] = (resid(xp) - r0) / h
+        return J
+
+    sol = least_squares(resid, x0, jac=jac, bounds=(lo, hi), method="trf", x_scale=1.0,
                         ftol=1e-15, xtol=1e-15, gtol=1e-15, max_nfev=400 * (len(params) + 1))
     raw = {prm.field: _from_x(float(x), prm) for prm, x in zip(params, sol.x)}
     board = replace(base, **{f: _round(v, digits) for f, v in raw.items()})
