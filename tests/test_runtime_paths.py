@@ -198,8 +198,11 @@ def TierMap_roundtrip(tm) -> dict:
 def test_plan_prints_the_runtime_and_json_records_it():
     r = _cli("plan", QWEN7, "--runtime", "rkllm")
     assert r.returncode == 0 and "runtime rkllm" in r.stdout and "NPU items decode on the NPU" in r.stdout
+    assert "runtime path rkllm: NPU submit 152 us, efficiency 0.288; decode NPU items on the NPU" in r.stdout
+    assert "45.4 ms/request" in r.stdout
     r = _cli("plan", QWEN7, "--runtime", "llama.cpp-cpu")
     assert r.returncode == 0 and "runtime llama.cpp-cpu" in r.stdout and "always runs on the CPU" in r.stdout
+    assert "runtime path llama.cpp-cpu: no NPU; decode on the CPU" in r.stdout and "does not use the NPU" in r.stdout
     js = json.loads(_cli("plan", QWEN7, "--json").stdout)
     assert js["board"]["runtime"]["name"] == "ggml-ork" and js["board"]["runtime"]["submit_overhead_s"] == 365e-6
 

@@ -174,6 +174,14 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
                   f"ctx {d['options']['ctx']} "
                   f"({d['options']['kv_type']} KV), profile {escape_name(str(d['options']['profile']))}, "
                   f"goal {ob['goal']['goal']}")
+    rt = d["board"].get("runtime")
+    if isinstance(rt, dict):
+        dec = ("NPU items on the NPU" if rt.get("decode_engine") == "npu" else "on the CPU")
+        npu = (f"NPU submit {rt['submit_overhead_s'] * 1e6:.0f} us, efficiency {rt['npu_efficiency']:.3g}; "
+               if "npu" in rt.get("engines", []) else "no NPU; ")
+        console.print(f"runtime path {escape_name(str(rt['name']))}: {npu}decode {dec}, "
+                      f"{rt['decode_fraction']:.3g} x the board's stream + {rt['decode_token_s'] * 1e3:.3g} ms/token"
+                      + (f", {rt['request_s'] * 1e3:.3g} ms/request" if rt.get("request_s") else ""))
     t = Table(title="Budget per engine")
     for c in ("engine", "used", "cap", "headroom", "what"):
         t.add_column(c, justify="left" if c in ("engine", "what") else "right")
@@ -188,7 +196,9 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
     ben = getattr(tm, "benefits", {})  # the profile's benefit of every item, NPU or not
     hot = sorted((x for x in tm.decisions if ben.get(x.name, x.benefit_us) > 0),
                  key=lambda x: (-ben.get(x.name, x.benefit_us), x.name))[:top]
-    if not hot:
+    if not hot and isinstance(rt, dict) and "npu" not in rt.get("engines", []):
+        console.print("This runtime path does not use the NPU: every item stays on the host.")
+    elif not hot:
         console.print(f"No item gains from the NPU at M = {pr['prefill_m']} on this board with this runtime path (every min_m is larger).")
     else:
         t = Table(title=f"Hottest {len(hot)} items (NPU benefit per prefill chunk of {pr['prefill_m']} tokens)")
