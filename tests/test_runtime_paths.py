@@ -185,6 +185,12 @@ def test_each_runtime_path_plans_differently():
         assert tm.board["runtime"]["name"] == name
         assert TierMap_roundtrip(tm) == tm.board
     assert plans["ggml-ork"].budget["npu"]["used"] > 0
+    # a host NF4 copy is for the CPU's decode: ggml-ork keeps some, rkllm (NPU decode) none
+    assert any(d.host_copy for d in plans["ggml-ork"].decisions)
+    assert plans["rkllm"].budget["npu"]["used"] > 0 and not any(d.host_copy for d in plans["rkllm"].decisions)
+    pinned = plan(QWEN7, runtime="rkllm", ctx=8192, pins={"npu": ["blk.0.*"], "nf4": ["blk.0.*"]})[0]
+    assert all(d.tier == "npu" and d.host_copy is None for d in pinned.decisions if d.tensor.startswith("blk.0.")
+               and d.tensor.endswith("weight") and len(d.shape) == 2)
     # the same hardware: every runtime's decode bounded by the same stream
     for tm in plans.values():
         assert tm.board["cpu_stream_bytes_per_s"] == 2.294e10

@@ -327,6 +327,8 @@ class DocModel:
             al = [c for c in al if c in ("int8", "npu")]
         if "--nf4" in pins:
             al = [c for c in al if c != "int8"]
+        if self.r["decode_engine"] == "npu":  # nothing would read a host copy
+            al = [c for c in al if c != "npu+nf4"]
         return al
 
 

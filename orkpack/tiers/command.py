@@ -229,8 +229,7 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
                   f"({ob['variables']} variables); solved in {solve_s * 1e3:.0f} ms")
     best_dec = next((x["value"] for x in ob["stages"] if x["metric"] == "decode"), None)
     if ob.get("decode_slack") and best_dec:
-        rt = d["board"].get("runtime") if isinstance(d["board"].get("runtime"), dict) else {}
-        where = ("NPU items decode on the NPU (this runtime path)" if rt.get("decode_engine") == "npu"
+        where = ("NPU items decode on the NPU (this runtime path)" if isinstance(rt, dict) and rt.get("decode_engine") == "npu"
                  else "decode (M = 1) always runs on the CPU")
         console.print(f"Decode is kept within {ob['decode_slack']:.0%} of the best this board allows "
                       f"({1 / best_dec:.2f} tok/s); {where}")

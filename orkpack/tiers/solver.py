@@ -221,7 +221,13 @@ def _share(it: Item, m_eff: float, prefill_m: int, tied: bool) -> float:
     return 1.0
 
 
-def _allowed(r: _Row, it: Item) -> tuple[str, ...]:
+def _allowed(r: _Row, it: Item, board: Board) -> tuple[str, ...]:
+    """The item's choices its pins leave; a runtime path that decodes on the NPU never reads a host copy."""
+    al = _pinned_choices(r)
+    return tuple(c for c in al if c != "npu+nf4") if board.decode_engine == "npu" else al
+
+
+def _pinned_choices(r: _Row) -> tuple[str, ...]:
     if r.forced_enc == "float":
         return ("float",)
     if r.forced_tier == "npu":
@@ -323,7 +329,7 @@ def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row],
         if got is None:
             share = _share(it, mi, m, tied)
             head = tied and it.role == "embedding"  # the tied head: the last row of each chunk times the embedding
-            al = _allowed(r, it) if allowed is None else allowed[i]
+            al = _allowed(r, it, board) if allowed is None else allowed[i]
             rho = _rho(it, mi, tc, tn, board)
             costs = [_item_cost(it, r, c, mi, rho, sens, share, head, board) for c in al]
             got = memo[key] = len(classes)
