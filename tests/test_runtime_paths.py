@@ -21,7 +21,7 @@ from orkpack.tiers.command import plan
 from orkpack.tiers.manifest import manifest_from_config
 from orkpack.tiers.profile import load_profile
 from orkpack.tiers.runtime import RUNTIME_DIR, load_runtime, runtime_names
-from orkpack.tiers.solver import Goal, evaluate, ttft_s
+from orkpack.tiers.solver import evaluate, ttft_s
 
 ROOT = Path(__file__).resolve().parents[1]
 TM = ROOT / "tiermaps"

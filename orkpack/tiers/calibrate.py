@@ -44,7 +44,7 @@ import numpy as np
 from ..errors import OrkError, escape_name
 from . import cost, solver
 from .board import Board, load_board
-from .runtime import DEFAULT_RUNTIME, RUNTIME_SCHEMA, RUNTIME_VERSION, TOML_KEYS, parse_runtime
+from .runtime import RUNTIME_SCHEMA, RUNTIME_VERSION, TOML_KEYS, parse_runtime
 from .manifest import Manifest, manifest_from_path
 from .profile import load_profile
 
