@@ -62,7 +62,9 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
         head.add_row("model", line)
     if f.get("tiermap"):
         tm = f["tiermap"]
-        head.add_row("tier map", escape_name(str(tm.get("board", {}).get("name") if isinstance(tm.get("board"), dict) else tm.get("board"))))
+        b = tm.get("board") if isinstance(tm.get("board"), dict) else {}
+        rt = b.get("runtime") if isinstance(b.get("runtime"), dict) else {}
+        head.add_row("tier map", escape_name(f"board {b.get('name', tm.get('board'))}, runtime {rt.get('name', 'board-v2')}"))
         pr = tm.get("prediction")
         line = _prediction_line(pr) if isinstance(pr, dict) else None
         if line:
