@@ -67,7 +67,9 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
         head.add_row("smoothing", markup_escape(line))
     if f.get("tiermap"):
         tm = f["tiermap"]
-        head.add_row("tier map", escape_name(str(tm.get("board", {}).get("name") if isinstance(tm.get("board"), dict) else tm.get("board"))))
+        b = tm.get("board") if isinstance(tm.get("board"), dict) else {}
+        rt = b.get("runtime") if isinstance(b.get("runtime"), dict) else {}
+        head.add_row("tier map", escape_name(f"board {b.get('name', tm.get('board'))}, runtime {rt.get('name', 'board-v2')}"))
         pr = tm.get("prediction")
         line = _prediction_line(pr) if isinstance(pr, dict) else None
         if line:
@@ -150,6 +152,13 @@ def _prediction_line(pr: dict) -> str | None:
                 f"{float(base['decode_tok_s']):.2f}, prefill {float(base['prefill_tok_s']):.1f})")
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def imatrix_report(console: Console, r: dict) -> None:
+    """``orkpack imatrix``: what was written."""
+    console.print(f"wrote {markup_escape(escape_name(r['output']))}: statistics of {r['matrices']} matrices over "
+                  f"{r['chunks']} chunks of {r['chunk_size']} tokens "
+                  f"({markup_escape(escape_name(', '.join(r['datasets'])))})")
 
 
 def eval_report(console: Console, r: dict, *, rows: int = 20) -> None:

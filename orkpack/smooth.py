@@ -200,14 +200,17 @@ def _stats_for(stats, g: Group, k: int, where: str) -> tuple[np.ndarray, np.ndar
         raise OrkError(f"{where}: has no statistics for {escape_name(g.matrices[0])}: gathered from another model? "
                        "Gather them from this source: orkpack imatrix SOURCE -o FILE")
     name = have[0]
-    m, a = stats.mean_sq(name), stats.absmax(name)
+    e = stats.entries[name]
+    if np.shape(e.sum2)[-1] != k:
+        raise OrkError(f"{where}: statistics of {escape_name(name)} have {np.shape(e.sum2)[-1]} columns, the matrix has "
+                       f"{k}: gathered from another model; gather them from this source: orkpack imatrix SOURCE -o FILE")
+    m, a = stats.mean_sq(name, k=k), stats.absmax(name, k=k)
+    if m is None:
+        raise OrkError(f"{where}: no token reached {escape_name(name)}; gather the statistics on a longer text")
     if a is None:
         raise OrkError(f"{where}: has no per-column max |x| for {escape_name(name)} (a llama.cpp imatrix holds only "
                        "mean squares); smoothing needs orkpack's: orkpack imatrix SOURCE -o FILE")
     m, a = np.asarray(m, np.float64).reshape(-1), np.asarray(a, np.float64).reshape(-1)
-    if m.size != k or a.size != k:
-        raise OrkError(f"{where}: statistics of {escape_name(name)} have {m.size} columns, the matrix has {k}: "
-                       "gathered from another model; gather them from this source: orkpack imatrix SOURCE -o FILE")
     if not (np.all(np.isfinite(m)) and np.all(np.isfinite(a)) and np.all(m >= 0) and np.all(a >= 0)):
         raise OrkError(f"{where}: statistics of {escape_name(name)} hold negative or non-finite values; gather "
                        "them again: orkpack imatrix SOURCE -o FILE")
