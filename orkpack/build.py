@@ -98,6 +98,7 @@ class BuildOptions:
     imatrix: Path | None = None
     smooth: bool = True
     smooth_alpha: float | None = None
+    clip: bool = True  # with imatrix: clamp int8 rows to their least-error ratio (orkpack/clip.py)
     # the options the user gave explicitly (the CLI fills it), so that --tiermap can refuse the planning
     # options it would ignore even when they equal their defaults (:func:`refuse_ignored_plan_options`)
     given: frozenset = frozenset()
@@ -129,7 +130,7 @@ class BuildOptions:
             "prompt": self.prompt,
         } | ({} if self.tiermap is None else {"tiermap": Path(self.tiermap).name}) \
             | ({} if self.imatrix is None else {"imatrix": Path(self.imatrix).name, "smooth": self.smooth,
-                                                "smooth_alpha": self.smooth_alpha}) \
+                                                "smooth_alpha": self.smooth_alpha, "clip": self.clip}) \
             | ({} if self.max_kld is None else {"max_kld": self.max_kld})
 
     def pins(self) -> dict[str, list[str]]:
@@ -459,6 +460,27 @@ def source_provenance(src, opts: BuildOptions, smoothing: dict | None = None) ->
     } | ({} if smoothing is None else {"smoothing": smoothing})
 
 
+def _clipped(x: np.ndarray, name: str, expert: int | None, stats, smoothing, counts: dict) -> np.ndarray:
+    """An int8 slice clamped row by row (orkpack/clip.py) with the statistics of its input columns (divided by the
+    smoothing scales its columns took: the input it meets is x / s); unchanged without statistics for it."""
+    from orkpack.clip import clamp
+    from orkpack.sources.base import as_float32
+
+    k = x.shape[1]
+    m = stats.mean_sq(name, expert, k=k) if name in stats else None
+    if m is None:
+        return x
+    m = np.asarray(m, np.float64)
+    for op in (smoothing.ops.get(name, []) if smoothing is not None else []):
+        if op[0] == "columns":
+            m = m / (op[1].astype(np.float64) ** 2)
+    out, rows = clamp(as_float32(x), m)
+    if rows:
+        counts["slices"] += 1
+        counts["rows"] += rows
+    return out
+
+
 def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts: BuildOptions,
                  alloc=np.empty) -> dict:
     """Encode one 1-D/2-D slice per its decision into a writer slice dict; the parts' arrays come from
@@ -628,8 +650,9 @@ def build(
         else:
             placement = RulePlacement(opts, infos)
             warnings = unmatched_globs(opts, infos)
-        smoothing = None
-        if opts.imatrix is not None and opts.smooth:
+        smoothing = stats = None
+        clipped = {"slices": 0, "rows": 0}
+        if opts.imatrix is not None:
             from orkpack import smooth
 
             if opts.smooth_alpha is not None and not 0 <= opts.smooth_alpha <= 1:
@@ -637,9 +660,11 @@ def build(
             if not Path(opts.imatrix).is_file():
                 raise OrkError(f"--imatrix {escape_name(str(opts.imatrix))}: no such file (write one with "
                                "`orkpack imatrix SOURCE -o FILE`)")
-            smoothing, said = smooth.plan(src, infos, Path(opts.imatrix), alpha=opts.smooth_alpha,
-                                          stats_hash=hash_file(Path(opts.imatrix)))
-            warnings += said
+            stats = smooth.load_stats(Path(opts.imatrix))
+            if opts.smooth:
+                smoothing, said = smooth.plan(src, infos, Path(opts.imatrix), stats, alpha=opts.smooth_alpha,
+                                              stats_hash=hash_file(Path(opts.imatrix)))
+                warnings += said
         total = sum(i.nbytes for i in infos)
         if on_start:
             on_start(total)
@@ -666,6 +691,8 @@ def build(
                 slices = []
                 for e, sub in subs:
                     dec = placement.decide(info, e)
+                    if stats is not None and opts.clip and dec.encoding == spec.ENC_INT8 and sub.ndim == 2:
+                        sub = _clipped(sub, info.name, e, stats, smoothing, clipped)
                     s = encode_slice(sub, dec, name=info.name if e is None else f"{info.name}[{e}]", threads=threads,
                                      opts=opts, alloc=w.alloc)
                     s["expert"] = e
@@ -686,7 +713,14 @@ def build(
                 arr = subs = slices = sub = s = None  # drop every view of the source pages
                 if on_progress:
                     on_progress(info.nbytes, info.name)
-            w.set_provenance(provenance.result(), timestamp=opts.timestamp)
+            prov = provenance.result()
+            if stats is not None and opts.clip:
+                from orkpack.clip import RATIOS
+
+                prov["clipping"] = {"method": "int8 rows clamped to the ratio of their max |w| with the least "
+                                              "squared error weighted by the statistics' mean squares (orkpack/clip.py)",
+                                    "ratios": list(RATIOS), "stats": Path(opts.imatrix).name} | clipped
+            w.set_provenance(prov, timestamp=opts.timestamp)
             path = w.finish()
     finally:
         for pool in ("hasher", "io"):

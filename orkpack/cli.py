@@ -167,6 +167,7 @@ def build(
     tiermap: Optional[Path] = typer.Option(None, "--tiermap", metavar="FILE", help="Follow this tier-map JSON (orkpack plan -o FILE, or edited) instead of planning; it must cover every tensor of SOURCE. The planning options (--board, --ctx, --profile, --goal, ...) are refused with it: give them to orkpack plan."),
     imatrix: Optional[Path] = typer.Option(None, "--imatrix", metavar="FILE", help="Activation statistics (orkpack imatrix SOURCE -o FILE): smooth the activations of the norm-fed and down matrices for the NPU's int8 (SmoothQuant, folded into the weights; docs/EVAL.md)."),
     no_smooth: bool = typer.Option(False, "--no-smooth", help="With --imatrix: do not smooth."),
+    no_clip: bool = typer.Option(False, "--no-clip", help="With --imatrix: do not clip int8 rows (by default each is clamped to the ratio of its max with the least error weighted by the statistics)."),
     smooth_alpha: Optional[float] = typer.Option(None, "--smooth-alpha", metavar="X", help="SmoothQuant's alpha (0..1) for every group instead of the one the statistics score best per group."),
     threads: int = typer.Option(0, "--threads", "-t", help="Encoder threads (0: all cores). The output does not depend on it."),
     allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite", help="Encode NaN/Inf weights as 0 instead of stopping."),
@@ -191,7 +192,7 @@ def build(
         timestamp=timestamp, plan=not no_plan, board=board, runtime=runtime, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, ignore_unknown=ignore_unknown,
         tiermap=tiermap, goal=goal, min_decode_tok_s=min_decode_tok_s, min_prefill_tok_s=min_prefill_tok_s,
         max_ram=parse_bytes(max_ram, "--max-ram"), max_kld=max_kld, prompt=prompt, given=_given(context),
-        imatrix=imatrix, smooth=not no_smooth, smooth_alpha=smooth_alpha,
+        imatrix=imatrix, smooth=not no_smooth, smooth_alpha=smooth_alpha, clip=not no_clip,
     )
     with _progress(not json_out) as prog:
         task = prog.add_task("build", total=None, tensor="")

@@ -2,27 +2,29 @@
 
 The NPU multiplies int8 weights by int8 activations quantized per token (one scale per row of A):
 a few outlier input channels set every token's scale and the other channels lose their bits. Where
-a norm feeds matrices directly (the attention norm -> q/k/v, the FFN norm -> gate/up; declared per
-family in :class:`orkpack.archs.Smooth`), a per-channel scale ``s`` moves that range into the
-weights without changing the model: the norm's gain (and bias) becomes ``g / s`` and each matrix's
-input column ``k`` becomes ``W[:, k] * s[k]``, so ``(x / s) @ (W * s).T == x @ W.T``. The runtime
-is not told: the pack simply holds the smoothed norm gains and matrices, and every path (NPU tiles,
-host copies, host items) encodes the same smoothed weights.
+the graph allows (declared per family, :class:`orkpack.archs.Smooth`), a per-channel scale ``s``
+moves that range into the weights without changing the model: a *carrier* (a norm's gain and bias:
+the attention norm -> q/k/v, the FFN norm -> gate/up; or the output rows of a gated FFN's up
+projection -> down, since down(act(gate) * up) is linear in up) is divided by ``s`` and each matrix
+it feeds takes ``W[:, k] * s[k]``, so ``(x / s) @ (W * s).T == x @ W.T``. The runtime is not told:
+the pack holds the smoothed weights, and every path (NPU tiles, host copies, host items) encodes
+the same smoothed weights. Records: docs/FORMAT.md section 10.
 
 Every ``s[k]`` is a power of two, so the smoothing is exact in float32 as well (a product of a
-float and a power of two is exact, barring underflow); norms with an offset (Gemma's ``1 + w`` in
-the HF layout) are exact up to one rounding of the gain.
+float and a power of two is exact, barring underflow): a row's int8 codes under row scaling are
+unchanged, and the smoothed float model gives the source's logits. Gemma's HF gains (stored without
+their ``1 +``) are exact up to one rounding.
 
-Choice of ``s`` (per group: one norm and the matrices it feeds), from the activation statistics of
-``orkpack imatrix`` (per input column: the mean square ``m[k]`` and the max ``a[k]`` of |x| over
-the statistics' tokens): SmoothQuant's ``s = a^alpha / w^(1 - alpha)`` (``w[k]``: the largest
-|W[:, k]| over the group's matrices), normalized to geometric mean 1 and rounded to powers of two,
-for alpha in 0, 0.05, ..., 1, and no smoothing at all; the candidate with the least expected w8a8
-output error (:func:`w8a8_error`) is kept. That error is scored on the statistics, not on a
-calibration run: the weights' part exactly (each matrix quantized int8 per channel as the pack
-stores it, its squared error per input column weighted by that column's mean square) plus the
-activations' part from a per-token int8 step of ``max_k a[k] / s[k] / 127`` (uniform rounding noise
-of variance step^2 / 12 on every column, through the smoothed weights).
+Choice of ``s`` per group (one carrier and the matrices it feeds), from the statistics of
+``orkpack imatrix`` (per input column: the mean square ``m[k]`` and the max ``a[k]`` of |x|):
+SmoothQuant's ``s = a^alpha / w^(1 - alpha)`` (``w[k]``: the largest |W[:, k]| over the group's
+matrices), normalized to geometric mean 1 and rounded to powers of two. With ``--smooth-alpha`` one
+alpha for every group; otherwise searched per group (0, 0.1, ..., 1, then the best's neighbours at
+0.05, and no smoothing at all), keeping the least expected w8a8 output error (:func:`w8a8_error`),
+scored on the statistics (not on a calibration run): the weights' part exactly (each matrix
+quantized int8 per channel as the pack stores it, its squared error per column weighted by the
+column's mean square) plus the activations' part (uniform rounding noise of a per-token int8 step,
+the step from the expected largest |x| of a token: :func:`token_range_sq`).
 """
 from __future__ import annotations
 
@@ -177,11 +179,24 @@ def choose(mats: list[np.ndarray], m: np.ndarray, a: np.ndarray, alpha: float | 
         s = pow2_scales(a, wmax, alpha)
         return s, alpha, w8a8_error(mats, m, a, s), base
     best = (one, None, base)
-    for al in ALPHAS:
+    tried: dict = {}
+
+    def consider(al: float) -> None:
+        nonlocal best
+        if al in tried or al not in ALPHAS:
+            return
         s = pow2_scales(a, wmax, al)
-        e = w8a8_error(mats, m, a, s)
+        e = tried[al] = w8a8_error(mats, m, a, s)
         if e < best[2]:
             best = (s, al, e)
+
+    for al in ALPHAS[::2]:  # 0, 0.1, ..., 1; then the neighbours of the best (the error is smooth in alpha)
+        consider(al)
+    if best[1] is not None:
+        i = ALPHAS.index(best[1])
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(ALPHAS):
+                consider(ALPHAS[j])
     return best[0], best[1], best[2], base
 
 
@@ -217,7 +232,8 @@ def _stats_for(stats, g: Group, k: int, where: str) -> tuple[np.ndarray, np.ndar
     return m, a
 
 
-def plan(src, infos, stats_path: Path, *, alpha: float | None = None, stats_hash: str | None = None) -> tuple[Plan, list[str]]:
+def plan(src, infos, stats_path: Path, stats=None, *, alpha: float | None = None,
+         stats_hash: str | None = None) -> tuple[Plan, list[str]]:
     """The smoothing of every group the source allows, chosen from the statistics at ``stats_path``.
     Returns (plan, warning lines). OrkError (one line) for a model the forward pass cannot describe or
     statistics that do not fit it."""
@@ -230,7 +246,7 @@ def plan(src, infos, stats_path: Path, *, alpha: float | None = None, stats_hash
         hp = forward.model_hparams(src)
     except NotEvaluable as e:
         raise OrkError(f"--imatrix: cannot smooth this model: {e}") from None
-    stats = load_stats(stats_path)
+    stats = stats if stats is not None else load_stats(stats_path)
     names_shapes = {i.name: tuple(i.shape) for i in infos}
     gs = groups(names_shapes, hp.fwd, hp.n_layers)
     warnings = []

@@ -156,7 +156,7 @@ def test_npu_and_host_encode_the_same_smoothed_weights(tmp_path):
     packs = {}
     for name, kw in (("npu", {"npu": ["*"]}), ("int8", {"int8": ["*"]}), ("nf4", {"nf4": ["*"]})):
         packs[name] = tmp_path / f"{name}.orkpack"
-        build(model, packs[name], BuildOptions(threads=1, plan=False, imatrix=st, **kw))
+        build(model, packs[name], BuildOptions(threads=1, plan=False, imatrix=st, clip=False, **kw))
     src = open_source(model)
     with Pack.open(packs["npu"]) as a, Pack.open(packs["int8"]) as b, Pack.open(packs["nf4"]) as c:
         ops = smooth.ops_of(a)
@@ -316,3 +316,41 @@ def test_bad_statistics_one_line(tmp_path):
     assert r.exit_code == 0, r.output
     with Pack.open(out) as p:
         assert p.header["provenance"]["smoothing"]["alpha"] == 0.5
+
+
+def test_clipping_is_the_weighted_least_error_and_consistent(tmp_path):
+    """With statistics, int8 rows are clamped to the ratio with the least statistics-weighted error (orkpack/clip.py):
+    the NPU tiles and host int8 hold the same codes, which are the int8 codes of the clamped smoothed rows; the
+    weighted error is never above the unclipped one; provenance counts it; --no-clip turns it off."""
+    from orkpack import clip
+
+    model = _model(tmp_path, "llama")
+    st = _stats(model, tmp_path)
+    a, b, c = tmp_path / "npu.orkpack", tmp_path / "int8.orkpack", tmp_path / "noclip.orkpack"
+    build(model, a, BuildOptions(threads=1, plan=False, npu=["*"], imatrix=st))
+    build(model, b, BuildOptions(threads=1, plan=False, int8=["*"], imatrix=st))
+    build(model, c, BuildOptions(threads=1, plan=False, int8=["*"], imatrix=st, clip=False))
+    stats = imatrix.load(st)
+    src = open_source(model)
+    with Pack.open(a) as pa, Pack.open(b) as pb, Pack.open(c) as pc:
+        prov = pb.header["provenance"]["clipping"]
+        assert prov["stats"] == "st.gguf" and prov["rows"] > 0 and "clipping" not in pc.header["provenance"]
+        ops = smooth.ops_of(pb)
+        sa, sb, sc = ({t["name"]: s for t, s in p.slices()} for p in (pa, pb, pc))
+        for name in ("blk.0.attn_q.weight", "blk.1.ffn_down.weight", "blk.1.attn_output.weight"):
+            n, k = sb[name]["shape"]
+            qa = untile_int8(pa.typed_part(sa[name], "q"), n, k, sa[name]["layout"]).reshape(n, k)
+            qb, scb = pb.typed_part(sb[name], "q").reshape(n, k), pb.typed_part(sb[name], "scale")
+            assert np.array_equal(qa, qb) and np.array_equal(pa.typed_part(sa[name], "scale"), scb)
+            w = smooth.transform(as_float32(src.read(name)), ops.get(name, []))
+            m = stats.mean_sq(name, k=k).astype(np.float64)
+            for op in ops.get(name, []):
+                if op[0] == "columns":
+                    m = m / op[1].astype(np.float64) ** 2
+            want, _ = clip.clamp(w, m)
+            assert np.array_equal(qb, ref.int8_encode(want)[0].reshape(n, k))
+            err = lambda q, s: float(((((q * s[:, None]).astype(np.float64) - w) ** 2) @ m).sum())  # noqa: E731
+            qc, scc = pc.typed_part(sc[name], "q").reshape(n, k), pc.typed_part(sc[name], "scale")
+            assert err(qb, scb) <= err(qc, scc) * (1 + 1e-9)
+    src.close()
+    assert verify_pack(a, reference=True).ok
