@@ -302,7 +302,7 @@ def test_bad_statistics_one_line(tmp_path):
     imatrix.save(st, noabs)
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not statistics")
-    for path, words in ((wrong, "columns"), (missing, "has no statistics for blk.1."), (noabs, "max |x|"),
+    for path, words in ((wrong, "columns"), (missing, "has no statistics for blk.1."),
                         (tmp_path / "nope.gguf", "no such file"), (junk, "junk.gguf")):
         r = _cli_build(model, out, path)
         assert r.exit_code == 2, (path, r.output)
@@ -310,6 +310,13 @@ def test_bad_statistics_one_line(tmp_path):
         assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], (path, r.output)
         assert "Traceback" not in r.output and not out.exists()
         assert not list(tmp_path.glob(".x.orkpack*"))
+    # no maxima (a llama.cpp imatrix): not smoothed, said in one warning; clipping still uses the mean squares
+    r = _cli_build(model, out, noabs)
+    said = [ln for ln in r.stderr.splitlines() if "max |x|" in ln]
+    assert r.exit_code == 0 and len(said) == 1 and said[0].startswith("warning: ") and "not smoothed" in said[0]
+    with Pack.open(out) as p:
+        assert "smoothing" not in p.header["provenance"] and p.header["provenance"]["clipping"]["rows"] > 0
+    out.unlink()
     r = _cli_build(model, out, good, "--smooth-alpha", "1.5")
     assert r.exit_code == 2 and "--smooth-alpha 1.5" in r.output and not out.exists()
     r = _cli_build(model, out, good, "--smooth-alpha", "0.5")
