@@ -151,6 +151,15 @@ def _smoothing(prov: dict | None) -> dict | None:
     }
 
 
+def _clipping(prov: dict | None) -> dict | None:
+    """provenance.clipping (orkpack/clip.py) as shown; None when the build did not clip."""
+    c = (prov or {}).get("clipping")
+    if not isinstance(c, dict):
+        return None
+    return {k: c.get(k) if isinstance(c.get(k), (int, str)) and not isinstance(c.get(k), bool) else None
+            for k in ("slices", "rows", "stats")}
+
+
 def smoothing_line(sm: dict | None) -> str | None:
     """One line of a pack's smoothing provenance, for people."""
     if not sm:
@@ -265,6 +274,7 @@ def _facts(path: Path, p: Preamble, h: dict | None, tensor_glob, checks: dict, u
         "tensors": rows,
         "skipped": _skipped(prov),
         "smoothing": _smoothing(prov),
+        "clipping": _clipping(prov),
         "untrusted": untrusted,
         "exit_code": code,
     }

@@ -65,6 +65,10 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
     line = smoothing_line(f.get("smoothing"))
     if line:
         head.add_row("smoothing", markup_escape(line))
+    c = f.get("clipping")
+    if c:
+        head.add_row("clipping", markup_escape(f"{c['rows']} int8 rows of {c['slices']} slices clamped to their least-error "
+                                               f"ratio, weighted by {escape_name(str(c['stats']), 80)}"))
     if f.get("tiermap"):
         tm = f["tiermap"]
         b = tm.get("board") if isinstance(tm.get("board"), dict) else {}

@@ -213,6 +213,7 @@ def test_records_inspect_eval_and_determinism(tmp_path):
     assert rows["token_embd.weight"] is None
     res = CliRunner().invoke(app, ["inspect", str(a), "--all"])
     assert res.exit_code == 0 and "smoothquant:" in res.stdout and "st.gguf" in res.stdout
+    assert f["clipping"]["stats"] == "st.gguf" and f["clipping"]["rows"] == p.header["provenance"]["clipping"]["rows"]
     from orkpack.eval.run import Options, evaluate
 
     ids = _ids(tmp_path, 128, 64, seed=3)
