@@ -362,3 +362,20 @@ def test_clipping_is_the_weighted_least_error_and_consistent(tmp_path):
             assert err(qb, scb) <= err(qc, scc) * (1 + 1e-9)
     src.close()
     assert verify_pack(a, reference=True).ok
+
+
+def test_per_tensor_compares_with_the_smoothed_float_weights(tmp_path):
+    """eval --per-tensor compares each matmul with the source's float weights smoothed as the pack was: a smoothed
+    int8 item's output error is int8-sized, not the smoothing itself; --sensitivity refuses a smoothed pack."""
+    from orkpack.eval.run import Options, evaluate
+    from orkpack.eval.weights import EvalError
+
+    model = _model(tmp_path, "llama")
+    out = tmp_path / "s.orkpack"
+    build(model, out, BuildOptions(threads=1, plan=False, int8=["*"], imatrix=_stats(model, tmp_path), smooth_alpha=0.5))
+    ids = _ids(tmp_path, 128, 64, seed=4)
+    r = evaluate(model, out, Options(tokens=ids, ctx=32, per_tensor=True, per_tensor_tokens=16))
+    rows = {x["item"]: x for x in r["per_tensor"]["decode"]}
+    assert rows["blk.0.attn_q.weight"]["rel_error"] < 1e-3 and rows["blk.1.ffn_down.weight"]["rel_error"] < 1e-3
+    with pytest.raises(EvalError, match="smoothed"):
+        evaluate(model, out, Options(tokens=ids, ctx=32, sensitivity=True, per_tensor_tokens=16))
