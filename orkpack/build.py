@@ -721,6 +721,13 @@ def build(
                                               "squared error weighted by the statistics' mean squares (orkpack/clip.py)",
                                     "ratios": list(RATIOS), "stats": Path(opts.imatrix).name} | clipped
             w.set_provenance(prov, timestamp=opts.timestamp)
+            if smoothing is not None and smoothing.provenance is not None:
+                sp = smoothing.provenance
+                al = f"{min(sp['alphas'])}..{max(sp['alphas'])}" if sp["alphas"] else "-"
+                info_lines.append(f"smoothed {sp['smoothed']} of {sp['groups']} groups (alpha {al}; the statistics' "
+                                  f"w8a8 error {sp['error_ratio']} of unsmoothed)")
+            if "clipping" in prov:
+                info_lines.append(f"clipped {prov['clipping']['rows']} int8 rows of {prov['clipping']['slices']} slices")
             path = w.finish()
     finally:
         for pool in ("hasher", "io"):
