@@ -29,7 +29,6 @@ the step from the expected largest |x| of a token: :func:`token_range_sq`).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -306,7 +305,6 @@ def plan(src, infos, stats_path: Path, stats=None, *, alpha: float | None = None
 
 # -------------------------------------------------------------------------------------- reading a pack
 
-_LAYER = re.compile(r"^blk\.(\d+)\.")
 
 
 def ops_of(pack) -> dict[str, list[tuple]]:
