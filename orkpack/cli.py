@@ -253,8 +253,14 @@ def inspect(
     json_out: bool = typer.Option(False, "--json", help="Print the facts as JSON (stable keys)."),
     all_rows: bool = typer.Option(False, "--all", help="Show every tensor row (default: the first 60)."),
 ):
-    """Show a pack's header facts, residency per engine and per-tensor rows."""
+    """Show a pack's header facts, residency per engine and per-tensor rows (a cluster folder or its cluster.json:
+    the split per board)."""
     from orkpack.inspect import pack_facts, untrusted_line
+
+    if pack.is_dir() or pack.suffix == ".json":
+        from orkpack.tiers.cluster import inspect_cluster
+
+        raise typer.Exit(inspect_cluster(pack, json_out=json_out, console=_out()))
     from orkpack.render import pack_facts as render
 
     f = pack_facts(pack, tensor)

@@ -670,7 +670,7 @@ def cluster_block(plan: ClusterPlan) -> dict:
 
 def _layer_regex(a: int, b: int) -> str:
     """A regular expression matching the tensor names of layers a .. b-1 (``blk\\.(a|...|b-1)\\.``)."""
-    return r"blk\.(" + "|".join(str(x) for x in range(a, b)) + r")\."
+    return r"^blk\.(" + "|".join(str(x) for x in range(a, b)) + r")\."
 
 
 def commands(plan: ClusterPlan, model_gguf: str = "MODEL.gguf", port: int = RPC_PORT) -> dict:
@@ -683,13 +683,15 @@ def commands(plan: ClusterPlan, model_gguf: str = "MODEL.gguf", port: int = RPC_
     eps = [f"{n['host']}:{port}" for n in remote]
     servers = [{"node": n["node"], "host": n["host"], "argv": ["rpc-server", "-H", "0.0.0.0", "-p", str(port), "-c"]}
                for n in remote]
-    ot = []
+    ot = ["-ot", r"^output=CPU"]  # the head (output.weight, output_norm.weight) stays on the client
     a0, b0 = plan.ranges[0]
     if b0 > a0:
         ot += ["-ot", f"{_layer_regex(a0, b0)}=CPU"]
     for n, ep in zip(remote, eps):
         a, b = n["layers"]
-        ot += ["-ot", f"{_layer_regex(a, b)}=RPC[{ep}]"]
+        # the buffer type of the first device an rpc-server exposes: "RPC" + device index + "[" + endpoint + "]"
+        # (ggml-rpc.cpp ggml_backend_rpc_buffer_type)
+        ot += ["-ot", f"{_layer_regex(a, b)}=RPC0[{ep}]"]
     base = ["llama-cli", "-m", model_gguf]
     rpc = ["--rpc", ",".join(eps)] if eps else []
     with_ot = base + rpc + ["-ngl", str(L + 1) if eps else "0"] + ot
@@ -902,4 +904,48 @@ def build_cluster_command(source: Path, output: Path, opts, boards: str, network
             console.print(f"wrote {escape_name(str(r.path))}: {r.tensors} tensors, {r.pack_bytes} bytes")
         console.print(f"wrote {escape_name(str(Path(output) / 'cluster.json'))} (which pack goes to which node, and the "
                       "rpc-server and client command lines)")
+    return 0
+
+
+def inspect_cluster(path: Path, *, json_out: bool, console) -> int:
+    """``orkpack inspect DIR`` or ``DIR/cluster.json``: the split per board, the packs, the command lines."""
+    import json
+    import shlex
+
+    p = Path(path)
+    if p.is_dir():
+        p = p / "cluster.json"
+    where = escape_name(str(p))
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise OrkError(f"{where}: no such file (orkpack build ... --boards ... -o DIR writes DIR/cluster.json)") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise OrkError(f"{where}: not a readable cluster.json ({e.__class__.__name__})") from None
+    if not isinstance(d, dict) or d.get("schema") != "orkpack.cluster" or not isinstance(d.get("nodes"), list):
+        raise OrkError(f"{where}: not an orkpack cluster file (schema orkpack.cluster)")
+    if json_out:
+        print(json.dumps(d, indent=1))
+        return 0
+    from rich.table import Table
+
+    pr = d.get("prediction") or {}
+    console.print(f"[bold]{escape_name(str(d.get('model', {}).get('source')))}[/]: {len(d['nodes'])} nodes over "
+                  f"{escape_name(str(d.get('network', {}).get('name')))}; split {d.get('split')}; predicted decode "
+                  f"{pr.get('decode_tok_s')} tok/s, prefill {pr.get('prefill_tok_s')} tok/s, TTFT {pr.get('ttft_s')} s")
+    t = Table(title="Split per board")
+    for c in ("node", "board", "host", "layers", "pack", "NPU used", "RAM used"):
+        t.add_column(c)
+    for n in d["nodes"]:
+        a, b = n.get("layers", [0, 0])
+        bu = n.get("budget") or {}
+        t.add_row(str(n.get("node")), escape_name(str(n.get("board"))), escape_name(str(n.get("host"))),
+                  f"{a}-{b - 1} ({b - a})" if b > a else "none", escape_name(str(n.get("pack"))),
+                  _b(bu["npu"]["used"]) if bu else "-", _b(bu["ram"]["used"]) if bu else "-")
+    console.print(t)
+    cmd = d.get("commands") or {}
+    for s in cmd.get("rpc_servers", []):
+        console.print(f"node {s['node']} ({escape_name(s['host'])}): {escape_name(shlex.join(s['argv']))}", highlight=False)
+    if cmd.get("client"):
+        console.print(f"client: {escape_name(shlex.join(cmd['client']['argv']))}", highlight=False, soft_wrap=True)
     return 0

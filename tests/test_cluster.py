@@ -1,0 +1,344 @@
+"""Tier maps across boards over llama.cpp RPC (orkpack/tiers/cluster.py, docs/CLUSTER.md)."""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import random
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from orkpack.tiers import cluster, solver
+from orkpack.tiers.board import load_board
+from orkpack.tiers.manifest import manifest_from_config, manifest_from_path
+from orkpack.tiers.profile import load_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+CFG = ROOT / "tests" / "fixtures" / "configs"
+
+
+def _tiny_cfg(layers: int = 3) -> dict:
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "num_hidden_layers": layers, "vocab_size": 256,
+            "tie_word_embeddings": False, "torch_dtype": "bfloat16", "rms_norm_eps": 1e-5}
+
+
+# a few free items per layer keep the brute force small: the rest kept float
+KEEP = ["blk.*.attn_q.weight", "blk.*.attn_k.weight", "blk.*.attn_v.weight", "blk.*.attn_output.weight",
+        "blk.*.ffn_up.weight"]
+
+
+def _brute(man, boards, net, *, ctx, kv_type, prompt, pins, goal):
+    """Every contiguous split x every choice of every item, each node costed by the single-board cost model of
+    the tensors it holds (solver._model on its sub-manifest), the network added; the goal's stages in turn."""
+    L = man.facts["n_layers"]
+    B = len(boards)
+    hidden = man.facts["hidden"]
+    P = min(prompt, ctx)
+    best = []  # per split: arrays of (dec, pre, q) of every feasible assignment
+    for cuts in itertools.combinations_with_replacement(range(L + 1), B - 1):
+        bounds = [0, *cuts, L]
+        per_node = []
+        ok = True
+        for j in range(B):
+            a, b = bounds[j], bounds[j + 1]
+            if j > 0 and b == a:
+                per_node.append(np.zeros((1, 3)))
+                continue
+            sub, idx = cluster.sub_manifest(man, list(range(a, b)), client=j == 0)
+            prof = cluster.sub_profile(load_profile(None, man, boards[j], 512), idx)
+            pinmap, _ = solver.match_pins(sub, pins)
+            rows = solver._rows(sub, boards[j], pinmap)
+            md = solver._model(sub, boards[j], prof, rows, P, kv_type)
+            kv = sub.kv_bytes(ctx, kv_type) if b > a else 0
+            room = boards[j].total_bytes - boards[j].reserve_bytes - kv - sum(t.float_bytes for t in sub.floats)
+            combos = []
+            for pick in itertools.product(*[range(len(al)) for al in md.allowed]):
+                ram = sum(md.ram[i][c] for i, c in enumerate(pick))
+                npu = sum(md.npu[i][c] for i, c in enumerate(pick))
+                if ram > room or npu > boards[j].iova_usable_bytes:
+                    continue
+                dec = md.dec_const + sum(md.dec[i][c] for i, c in enumerate(pick))
+                pre = md.pre_const + sum(md.pre[i][c] for i, c in enumerate(pick))
+                q = sum(md.qual[i][c] for i, c in enumerate(pick))
+                if j > 0:
+                    dec += net.eval_s(1, hidden)
+                    pre += net.eval_s(512, hidden)
+                combos.append((dec, pre, q))
+            if not combos:
+                ok = False
+                break
+            per_node.append(np.array(combos))
+        if not ok:
+            continue
+        tot = per_node[0]
+        for arr in per_node[1:]:
+            tot = (tot[:, None, :] + arr[None, :, :]).reshape(-1, 3)
+        best.append(tot)
+    allv = np.concatenate(best)
+    dec, pre, q = allv[:, 0], allv[:, 1], allv[:, 2]
+    tol = 1e-6
+    if goal == "balanced":
+        d = dec.min()
+        m1 = dec <= d / 0.95
+        p = pre[m1].min()
+        m2 = m1 & (pre <= p / 0.99)
+        return d, p, q[m2].max()
+    d = dec.min()
+    m1 = dec <= d + tol * d
+    p = pre[m1].min()
+    m2 = m1 & (pre <= p + tol * p)
+    return d, p, q[m2].max()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_joint_split_is_exact_against_brute_force(seed):
+    rng = random.Random(seed)
+    man = manifest_from_config(_tiny_cfg(3))
+    base = load_board("rk3588-32g")
+    B = 2 if seed < 2 else 3
+    boards = []
+    for j in range(B):
+        boards.append(replace(base, name=f"b{j}", reserve_bytes=1 << 20,
+                              total_bytes=(1 << 20) + rng.choice([90_000, 140_000, 400_000]),
+                              iova_usable_bytes=rng.choice([0, 20_000, 60_000]),
+                              decode_bandwidth=base.decode_bandwidth * rng.choice([0.5, 1.0]),
+                              npu_efficiency=base.npu_efficiency * rng.choice([1.0, 3.0]),
+                              alloc_granularity=1024))
+    net = cluster.Network("t", latency_s=rng.choice([0.0, 2e-5]), bandwidth_bytes_per_s=117.5e6, round_trips_per_eval=3)
+    spec = cluster.ClusterSpec(boards, [f"h{j}" for j in range(B)], net)
+    goal = "balanced" if seed % 2 == 0 else "decode"
+    kw = dict(ctx=256, kv_type="f16", prompt=64, pins={"keep": KEEP})
+    try:
+        want = _brute(man, boards, net, goal=goal, **kw)
+    except ValueError:  # nothing feasible: the program must say so too
+        with pytest.raises(Exception, match="does not fit"):
+            cluster.solve_cluster(man, spec, goal=solver.Goal(goal), **kw)
+        return
+    plan = cluster.solve_cluster(man, spec, goal=solver.Goal(goal), **kw)
+    got = {s["metric"]: s["value"] for s in plan.stages}
+    assert all(s["status"] == "optimal" for s in plan.stages)
+    assert got["decode"] == pytest.approx(want[0], rel=1e-6, abs=1e-9)
+    assert got["prefill"] == pytest.approx(want[1], rel=1e-6, abs=1e-9)
+    assert got["quality"] == pytest.approx(want[2], rel=1e-6, abs=1e-9)
+    # the assembled plan (each node through the single-board cost model, the network added) keeps the stages
+    assert plan.prediction["decode_s_per_token"] <= got["decode"] / (0.95 if goal == "balanced" else 1 - 1e-6) + 1e-9
+
+
+def test_one_board_cluster_is_the_single_board_plan():
+    """A cluster of one board is the board: same stages and predictions as orkpack plan."""
+    man = manifest_from_path(CFG / "qwen2.json")
+    b = load_board("rk3588-32g")
+    tm = solver.solve(man, b, load_profile(None, man, b, 512), ctx=4096)
+    plan = cluster.solve_cluster(man, cluster.ClusterSpec([b], ["h"], cluster.load_network(None)), ctx=4096)
+    for k in ("decode_tok_s", "prefill_tok_s", "ttft_s"):
+        assert plan.prediction[k] == pytest.approx(tm.prediction[k], rel=1e-6)
+    assert [s["value"] for s in plan.stages] == pytest.approx([s["value"] for s in tm.objective["stages"]], rel=1e-6)
+
+
+@pytest.mark.parametrize("goal", ["decode", "balanced"])
+def test_a_model_that_fits_one_board_is_not_worse_on_two(goal):
+    man = manifest_from_path(CFG / "qwen2.json")
+    b = load_board("rk3588-32g")
+    one = solver.solve(man, b, load_profile(None, man, b, 512), ctx=4096, goal=solver.Goal(goal))
+    two = cluster.solve_cluster(man, cluster.parse_cluster("rk3588-32g,rk3588-32g"), ctx=4096, goal=solver.Goal(goal))
+    d1 = one.objective["stages"][0]["value"]
+    d2 = two.stages[0]["value"]
+    assert d2 <= d1 * (1 + 1e-6)  # the best decode across two boards is at least the one board's
+    if goal == "decode":
+        assert two.prediction["decode_tok_s"] >= one.prediction["decode_tok_s"] * (1 - 1e-6)
+        if two.prediction["decode_tok_s"] <= one.prediction["decode_tok_s"] * (1 + 1e-6):
+            assert two.prediction["prefill_tok_s"] >= one.prediction["prefill_tok_s"] * (1 - 1e-6)
+    else:  # within the same 5 % of a best decode no worse, and prefill no worse
+        assert two.prediction["decode_tok_s"] >= 0.95 / d1 * (1 - 1e-6)
+        assert two.prediction["prefill_tok_s"] >= one.prediction["prefill_tok_s"] * (1 - 1e-6)
+
+
+def test_memory_proportional_split_is_llama_cpp_s():
+    b32, b16 = load_board("rk3588-32g"), load_board("rk3588-16g")
+    assert cluster.memory_proportional([b32, b32], 80) == [(0, 40), (40, 80)]
+    r = cluster.memory_proportional([b32, b16, b16], 32)
+    free = [30, 14, 14]
+    # llama.cpp: layer il to the first device whose cumulative share exceeds il / n_layer
+    cum = np.cumsum(free) / sum(free)
+    dev = [int(np.argmax(cum > il / 32)) for il in range(32)]
+    assert [dev.count(j) for j in range(3)] == [b - a for a, b in r]
+
+
+# ------------------------------------------------------------------------------------------ build
+
+def _tiny_board(path: Path, total: int, iova: int) -> Path:
+    t = (ROOT / "tiermaps" / "boards" / "rk3588-32g.toml").read_text()
+    t = re.sub(r"(?m)^name = .*", 'name = "tiny"', t)
+    t = re.sub(r"(?m)^total_bytes = .*", f"total_bytes = {total}", t)
+    t = re.sub(r"(?m)^reserve_bytes = .*", "reserve_bytes = 1000000", t)
+    t = re.sub(r"(?m)^iova_usable_bytes = .*", f"iova_usable_bytes = {iova}", t)
+    path.write_text(t)
+    return path
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from orkpack.build import BuildOptions
+    from orkpack.synth import write_hf_model
+
+    d = tmp_path_factory.mktemp("cluster")
+    model = write_hf_model(d / "m", layers=4, seed=1, vocab=512)
+    board = _tiny_board(d / "tiny.toml", 2_600_000, 600_000)
+    boards = f"{board},{board},{board}"
+    plan, results, cj = cluster.build_cluster(model, d / "out", BuildOptions(ctx=256), boards)
+    return d, model, plan, results, cj
+
+
+def test_cluster_build_writes_one_verified_pack_per_node(built, check):
+    from orkpack.runtime.command import verify_command
+
+    d, model, plan, results, cj = built
+    used = [n for n in cj["nodes"] if n["used"]]
+    assert len(used) >= 2  # the model does not fit one tiny board
+    assert [n["pack"] for n in used] == [r.path.name for r in results]
+    for r in results:
+        assert verify_command([r.path], device="host", inflate="direct", threads=1, reference=True, keep_going=False,
+                              json_out=True, console=None) == 0
+        res = subprocess.run([str(check), str(r.path)], capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout + res.stderr
+    # the split on record: contiguous, covering every layer once
+    ranges = [n["layers"] for n in cj["nodes"]]
+    assert ranges[0][0] == 0 and ranges[-1][1] == 4 and all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+
+
+def test_cluster_packs_hold_exactly_the_single_board_build(built, tmp_path):
+    """Together the node packs hold every tensor of the model once, byte for byte what one single-board build
+    with the same decisions writes."""
+    from orkpack.build import BuildOptions, build
+    from orkpack.inspect import pack_facts
+    from orkpack.tiers.tiermap import dumps
+
+    d, model, plan, results, cj = built
+    maps = [cluster.node_tiermap(plan, j) for j, n in enumerate(plan.nodes) if n["used"]]
+    merged = maps[0].to_json()
+    merged["tensors"] = [t for m in maps for t in m.to_json()["tensors"]]
+    merged["options"] = {k: v for k, v in merged["options"].items() if k != "cluster"}
+    (tmp_path / "all.json").write_text(dumps(merged))
+    one = build(model, tmp_path / "all.orkpack", BuildOptions(tiermap=tmp_path / "all.json"))
+
+    def rows(p):
+        return {r["name"]: [s["xxh3"] for s in r["slices"]] for r in pack_facts(p)["tensors"]}
+
+    whole = rows(one.path)
+    parts: dict = {}
+    for r in results:
+        got = rows(r.path)
+        assert not (got.keys() & parts.keys())  # no tensor in two packs
+        parts.update(got)
+    assert parts == whole
+
+
+def test_inspect_shows_the_node(built):
+    from orkpack.inspect import pack_facts
+
+    d, model, plan, results, cj = built
+    f = pack_facts(results[1].path)
+    cl = f["tiermap"]["options"]["cluster"]
+    assert cl["node"] == 1 and cl["layers"] == cj["nodes"][1]["layers"]
+    out = subprocess.run([sys.executable, "-m", "orkpack", "inspect", str(d / "out" / "cluster.json")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "node1" in out.stdout and "layers" in out.stdout
+
+
+# ------------------------------------------------------------------------------------------ command lines
+
+def _llama_cli_parser() -> argparse.ArgumentParser:
+    """The flags llama.cpp documents for the client (tools/rpc/README.md, common/arg.cpp): -m, --rpc
+    SERVERS (comma-separated host:port), -ngl N, -ot PATTERN=BUFFER_TYPE (repeatable), --tensor-split N0,N1,..."""
+    p = argparse.ArgumentParser(prog="llama-cli", exit_on_error=False)
+    p.add_argument("-m", "--model", required=True)
+    p.add_argument("--rpc", type=lambda s: [tuple(x.rsplit(":", 1)) for x in s.split(",")])
+    p.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int)
+    p.add_argument("-ot", "--override-tensor", action="append", default=[])
+    p.add_argument("-ts", "--tensor-split", type=lambda s: [float(x) for x in s.split(",")])
+    return p
+
+
+def _rpc_server_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rpc-server", exit_on_error=False)
+    p.add_argument("-H", "--host")
+    p.add_argument("-p", "--port", type=int)
+    p.add_argument("-c", "--cache", action="store_true")
+    return p
+
+
+def test_command_lines_parse_and_realise_the_split():
+    man = manifest_from_path(CFG / "llama31_70b.json")
+    spec = cluster.parse_cluster("rk3588-32g,rk3588-32g,rk3588-32g")
+    plan = cluster.solve_cluster(man, spec)
+    cmd = cluster.commands(plan)
+    L = man.facts["n_layers"]
+    remote = [n for n in plan.nodes[1:] if n["used"]]
+    for s, n in zip(cmd["rpc_servers"], remote):
+        assert s["argv"][0] == "rpc-server"
+        a = _rpc_server_parser().parse_args(s["argv"][1:])
+        assert a.port == cluster.RPC_PORT and a.cache
+    # the line is a shell line as printed
+    argv = cmd["client"]["argv"]
+    assert shlex.split(shlex.join(argv)) == argv
+    a = _llama_cli_parser().parse_args(argv[1:])
+    assert a.rpc == [(n["host"], str(cluster.RPC_PORT)) for n in remote]
+    # llama.cpp applies the first -ot pattern that std::regex_search finds in a tensor name
+    rules = [(re.compile(x.split("=", 1)[0]), x.split("=", 1)[1]) for x in a.override_tensor]
+    want_buft = {0: "CPU"} | {n["node"]: f"RPC0[{n['host']}:{cluster.RPC_PORT}]" for n in remote}
+    for t in man.tensors:
+        hit = next((b for r, b in rules if r.search(t.name)), None)
+        layer = int(t.name.split(".")[1]) if t.name.startswith("blk.") else None
+        if layer is None:
+            assert hit in (None, "CPU"), t.name  # the embedding (always CPU in llama.cpp) and the head: client
+        else:
+            node = next(j for j, (lo, hi) in enumerate(plan.ranges) if lo <= layer < hi)
+            assert hit == want_buft[node], t.name
+    # the --tensor-split form: -ngl keeps the client's first layers on its CPU, the split divides the rest
+    b = _llama_cli_parser().parse_args(cmd["client_tensor_split"]["argv"][1:])
+    b0 = plan.ranges[0][1]
+    assert b.n_gpu_layers == L - b0
+    got = cluster._cum_split(b.tensor_split, b.n_gpu_layers)
+    assert [(lo + b0, hi + b0) for lo, hi in got] == [tuple(n["layers"]) for n in remote]
+
+
+# ------------------------------------------------------------------------------------------ bad input
+
+@pytest.mark.parametrize("args,needle", [
+    (["--boards", "rk3588-32g,rk3588-99g"], "unknown board"),
+    (["--boards", ""], "--boards"),
+    (["--boards", "rk3588-32g,,rk3588-32g"], "--boards"),
+    (["--boards", "rk3588-16g,rk3588-8g"], "does not fit"),
+    (["--boards", "rk3588-32g,rk3588-32g", "--network", "carrier-pigeon"], "unknown network"),
+    (["--network", "1gbe"], "--boards"),
+])
+def test_bad_cluster_input_is_one_line(args, needle, tmp_path):
+    for cmd in (["plan", str(CFG / "llama31_70b.json")], ["build", str(CFG / "llama31_70b.json"), "-o", str(tmp_path / "o")]):
+        res = subprocess.run([sys.executable, "-m", "orkpack", *cmd, *args], capture_output=True, text=True)
+        assert res.returncode == 2, res.stderr
+        lines = [x for x in res.stderr.splitlines() if x.strip() and "━" not in x]
+        assert len(lines) == 1 and lines[0].startswith("error:") and needle in lines[0], res.stderr
+        assert "Traceback" not in res.stderr
+        assert not (tmp_path / "o").exists()
+
+
+def test_network_option_and_file(tmp_path):
+    slow = cluster.load_network("1gbe")
+    fast = cluster.load_network("2.5gbe")
+    assert fast.eval_s(512, 8192) < slow.eval_s(512, 8192)
+    f = tmp_path / "c.toml"
+    f.write_text('boards = ["rk3588-32g", "rk3588-32g"]\nhosts = ["a", "b"]\n'
+                 '[network]\nlatency_s = 0.001\nbandwidth_bytes_per_s = 1e6\nround_trips_per_eval = 2\n')
+    spec = cluster.parse_cluster(str(f))
+    assert spec.hosts == ["a", "b"] and spec.network.latency_s == 0.001
+    assert cluster.parse_cluster(str(f), "2.5gbe").network == fast  # --network wins
+    assert spec.network.eval_s(1, 1000) == pytest.approx(2 * 0.001 + 2 * 1000 * 4 / 1e6)
