@@ -63,6 +63,12 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
     if f.get("tiermap"):
         tm = f["tiermap"]
         head.add_row("tier map", escape_name(str(tm.get("board", {}).get("name") if isinstance(tm.get("board"), dict) else tm.get("board"))))
+        cl = (tm.get("options") or {}).get("cluster") if isinstance(tm.get("options"), dict) else None
+        if isinstance(cl, dict) and isinstance(cl.get("layers"), list) and len(cl["layers"]) == 2:
+            a, b = cl["layers"]
+            head.add_row("cluster", escape_name(f"node {cl.get('node')} of {len(cl.get('nodes') or [])}: layers {a}-{b - 1} "
+                                                f"({b - a}){' + embedding/head (client)' if cl.get('node') == 0 else ''}; "
+                                                "the whole split: orkpack inspect DIR/cluster.json"))
         pr = tm.get("prediction")
         line = _prediction_line(pr) if isinstance(pr, dict) else None
         if line:
