@@ -945,7 +945,7 @@ def inspect_cluster(path: Path, *, json_out: bool, console) -> int:
     console.print(t)
     cmd = d.get("commands") or {}
     for s in cmd.get("rpc_servers", []):
-        console.print(f"node {s['node']} ({escape_name(s['host'])}): {escape_name(shlex.join(s["argv"]))}", highlight=False, markup=False)
+        console.print(f"node {s['node']} ({escape_name(s['host'])}): {escape_name(shlex.join(s['argv']))}", highlight=False, markup=False)
     if cmd.get("client"):
-        console.print(f"client: {escape_name(shlex.join(cmd["client"]["argv"]))}", highlight=False, soft_wrap=True, markup=False)
+        console.print(f"client: {escape_name(shlex.join(cmd['client']['argv']))}", highlight=False, soft_wrap=True, markup=False)
     return 0
