@@ -359,3 +359,8 @@ def test_network_option_and_file(tmp_path):
     assert spec.hosts == ["a", "b"] and spec.network.latency_s == 0.001
     assert cluster.parse_cluster(str(f), "2.5gbe").network == fast  # --network wins
     assert spec.network.eval_s(1, 1000) == pytest.approx(2 * 0.001 + 2 * 1000 * 4 / 1e6)
+
+
+def test_shipped_networks_are_installed_byte_identical():
+    assert (ROOT / "tiermaps" / "networks" / "networks.toml").read_bytes() == cluster.NETWORK_FILE.read_bytes()
+    assert set(cluster.network_names()) == {"1gbe", "2.5gbe", "10gbe"}
