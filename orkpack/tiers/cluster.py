@@ -268,9 +268,11 @@ def memory_proportional(boards: list[Board], n_layers: int) -> list[tuple[int, i
 def solve_cluster(man: Manifest, spec: ClusterSpec, *, profile: Path | None = None, prefill_m: int = 512,
                   ctx: int = 8192, kv_type: str = "f16", pins: dict | None = None, goal: solver.Goal | None = None,
                   prompt: int = 512, ignore_unknown: bool = False, fixed: list[tuple[int, int]] | None = None,
-                  time_limit: float = 60.0) -> ClusterPlan:
+                  time_limit: float = 60.0, contiguity: str = "auto") -> ClusterPlan:
     """The optimal joint layer split and tier maps of ``man`` over ``spec.boards`` (module docstring);
-    ``fixed``: solve the choices only, for this split (the memory-proportional comparison)."""
+    ``fixed``: solve the choices only, for this split (the memory-proportional comparison). ``contiguity``:
+    "auto" (layer counts when every layer is alike, else per-layer binaries) or "binary" (always per-layer
+    binaries; the tests check both give the same optimum)."""
     from scipy.optimize import LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
@@ -347,16 +349,35 @@ def solve_cluster(man: Manifest, spec: ClusterSpec, *, profile: Path | None = No
         ncol += 1
         return ncol - 1
 
-    u = [[var(0, 1) for _ in range(B - 1)] for _ in range(L)]
-    if fixed is not None:
-        for l in range(L):
-            node = next(j for j, (a, b_) in enumerate(fixed) if a <= l < b_)
+    # every layer alike (one class): any layer counts per node are a contiguous split, so the counts themselves
+    # are the split: c[j] = layers on nodes <= j, integers; else one binary u[l, j] per layer and node
+    single = len(cls) == 1 and contiguity == "auto"
+    if single:
+        c_ = [var(0, L) for _ in range(B - 1)]
+        if fixed is not None:
             for j in range(B - 1):
-                lo[u[l][j]] = hi[u[l][j]] = 1.0 if node <= j else 0.0
+                lo[c_[j]] = hi[c_[j]] = float(fixed[j][1])
+        u = None
+    else:
+        u = [[var(0, 1) for _ in range(B - 1)] for _ in range(L)]
+        if fixed is not None:
+            for l in range(L):
+                node = next(j for j, (a, b_) in enumerate(fixed) if a <= l < b_)
+                for j in range(B - 1):
+                    lo[u[l][j]] = hi[u[l][j]] = 1.0 if node <= j else 0.0
     w = [None] + [var(0, 1) for _ in range(1, B)]
 
     def N(layers: list[int], j: int) -> _Lin:
+        """Layers of ``layers`` on node j (``layers``: a whole class, or one layer when not ``single``)."""
         e = _Lin()
+        if single:
+            if j <= B - 2:
+                e.add(c_[j], 1.0)
+            else:
+                e.k += float(L)
+            if j >= 1:
+                e.add(c_[j - 1], -1.0)
+            return e
         for l in layers:
             if j <= B - 2:
                 e.add(u[l][j], 1.0)
@@ -424,17 +445,21 @@ def solve_cluster(man: Manifest, spec: ClusterSpec, *, profile: Path | None = No
         e.add(w[j], float(L))
         e.add_expr(N(list(range(L)), j), -1.0)
         eq_rows.append((e, 0.0, float(L) - 1.0))  # w_j = 1 exactly when node j holds a layer: 1 <= layers <= L
-    for l in range(L - 1):
+    for l in range(0 if single else L - 1):
         for j in range(B - 1):
             e = _Lin()
             e.add(u[l][j], 1.0)
             e.add(u[l + 1][j], -1.0)
             eq_rows.append((e, 0.0, np.inf))
-    for l in range(L):
+    for l in range(1 if single else L):
         for j in range(B - 2):
             e = _Lin()
-            e.add(u[l][j + 1], 1.0)
-            e.add(u[l][j], -1.0)
+            if single:
+                e.add(c_[j + 1], 1.0)
+                e.add(c_[j], -1.0)
+            else:
+                e.add(u[l][j + 1], 1.0)
+                e.add(u[l][j], -1.0)
             eq_rows.append((e, 0.0, np.inf))
     cap_rows = []
     for j, b in enumerate(boards):
@@ -519,7 +544,8 @@ def solve_cluster(man: Manifest, spec: ClusterSpec, *, profile: Path | None = No
     # ---- read back: the split, then each node's choices (members in name order, last-listed choice first)
     counts = []
     for j in range(B):
-        counts.append(int(round(sum(N([l], j).k + sum(v * x[c] for c, v in N([l], j).c.items()) for l in range(L)))))
+        e = N(list(range(L)), j)
+        counts.append(int(round(e.k + sum(v * x[c] for c, v in e.c.items()))))
     ranges, a = [], 0
     for j in range(B):
         ranges.append((a, a + counts[j]))
@@ -547,7 +573,8 @@ def solve_cluster(man: Manifest, spec: ClusterSpec, *, profile: Path | None = No
         want, got = float(vec(tot[key]) @ x + tot[key].k), plan.prediction[name]
         if abs(got - want) > 1e-6 * abs(want) + 1e-9:
             raise OrkError(f"internal: the cluster {name} {got} differs from the program's {want}; please report")
-    plan.program = {"variables": ncol, "binaries": L * (B - 1) + B - 1, "layer_classes": len(cls),
+    plan.program = {"variables": ncol, "binaries": (0 if single else L * (B - 1)) + B - 1, "layer_classes": len(cls),
+                    "split_variables": "layer counts" if single else "one binary per layer and node",
                     "constraints": len(eq_rows) + len(cap_rows) + len(caps)}
     plan.solve_s = time.perf_counter() - t0
     return plan
