@@ -50,7 +50,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..errors import OrkError, escape_name
-from . import cost, solver
+from . import cost, milp, solver
 from .board import BOARD_DIR, Board, load_board
 from .manifest import Manifest, _layer
 from .profile import Profile, load_profile
@@ -273,9 +273,6 @@ def solve_cluster(man: Manifest, spec: ClusterSpec, *, profile: Path | None = No
     ``fixed``: solve the choices only, for this split (the memory-proportional comparison). ``contiguity``:
     "auto" (layer counts when every layer is alike, else per-layer binaries) or "binary" (always per-layer
     binaries; the tests check both give the same optimum)."""
-    from scipy.optimize import LinearConstraint, milp
-    from scipy.sparse import coo_matrix
-
     t0 = time.perf_counter()
     goal = goal or solver.Goal()
     boards, net = spec.boards, spec.network
@@ -488,7 +485,9 @@ def solve_cluster(man: Manifest, spec: ClusterSpec, *, profile: Path | None = No
             v[col] += x
         return v
 
-    def constraint(rowlist):
+    def rows_of(rowlist):
+        """(row, col, value) triplets and row bounds, each row scaled to max |coefficient| = 1 (HiGHS's
+        tolerances are absolute), the expression's constant moved into the bounds."""
         r, c_, v, lbs, ubs = [], [], [], [], []
         for k, (e, a, b) in enumerate(rowlist):
             s = max((abs(x) for x in e.c.values()), default=1.0) or 1.0
@@ -496,20 +495,46 @@ def solve_cluster(man: Manifest, spec: ClusterSpec, *, profile: Path | None = No
                 r.append(k), c_.append(col), v.append(x / s)
             lbs.append((a - e.k) / s if np.isfinite(a) else -np.inf)
             ubs.append((b - e.k) / s if np.isfinite(b) else np.inf)
-        A = coo_matrix((v, (r, c_)), shape=(len(rowlist), ncol)).tocsr()
-        return LinearConstraint(A, np.array(lbs), np.array(ubs))
+        return np.array(r, dtype=np.int64), np.array(c_, dtype=np.int64), np.array(v), np.array(lbs), np.array(ubs)
 
-    bounds_lo, bounds_hi, integrality = np.array(lo, float), np.array(hi, float), np.array(integ)
+    bounds_lo, bounds_hi = np.array(lo, float), np.array(hi, float)
 
     def run(obj: _Lin, sense: str, extra: list):
+        """One stage handed to HiGHS through the binding scipy ships (milp._highs, as the single-board solver:
+        no scipy.optimize import). Returns (x or None, infeasible, optimal, dual bound of the scaled objective
+        or None, scale)."""
+        h = milp._highs()
         c = vec(obj) * (1.0 if sense == "min" else -1.0)
         scale = float(np.abs(c).max(initial=0.0)) or 1.0
-        from scipy.optimize import Bounds
-
-        res = milp(c / scale, constraints=[constraint(eq_rows + cap_rows + caps + extra)], integrality=integrality,
-                   bounds=Bounds(bounds_lo, bounds_hi),
-                   options={"mip_rel_gap": REL_GAP, "time_limit": time_limit, "presolve": True})
-        return res, scale
+        r, cc, v, lbs, ubs = rows_of(eq_rows + cap_rows + caps + extra)
+        order_ = np.lexsort((r, cc))
+        r, cc, v = r[order_], cc[order_], v[order_]
+        lp = h.HighsLp()
+        lp.num_col_ = lp.a_matrix_.num_col_ = ncol
+        lp.num_row_ = lp.a_matrix_.num_row_ = len(lbs)
+        lp.a_matrix_.format_ = h.MatrixFormat.kColwise
+        lp.a_matrix_.start_ = np.concatenate([[0], np.cumsum(np.bincount(cc, minlength=ncol))]).astype(np.int32)
+        lp.a_matrix_.index_ = r.astype(np.int32)
+        lp.a_matrix_.value_ = v
+        lp.col_cost_ = c / scale
+        lp.col_lower_, lp.col_upper_ = bounds_lo, bounds_hi
+        lp.row_lower_, lp.row_upper_ = lbs, ubs
+        lp.integrality_ = [h.HighsVarType.kInteger] * ncol
+        opts = h.HighsOptions()
+        opts.log_to_console = False
+        opts.mip_rel_gap = REL_GAP
+        opts.time_limit = float(time_limit)
+        highs = h._Highs()
+        with milp._quiet_stdout():
+            highs.passOptions(opts)
+            highs.passModel(lp)
+            highs.run()
+        st, info, S = highs.getModelStatus(), highs.getInfo(), h.HighsModelStatus
+        has_x = st == S.kOptimal or (st in (S.kTimeLimit, S.kIterationLimit, S.kSolutionLimit)
+                                     and info.objective_function_value != h.kHighsInf)
+        x_ = np.array(highs.getSolution().col_value) if has_x else None
+        bound = float(info.mip_dual_bound) if has_x else None
+        return x_, st in (S.kInfeasible, S.kUnboundedOrInfeasible), st == S.kOptimal, bound, scale
 
     if goal.name == "balanced" or goal.decode_floor is not None:
         order = [("dec", "min", solver.DECODE_SLACK), ("pre", "min", solver.PREFILL_SLACK), ("q", "max", None)]
@@ -521,18 +546,17 @@ def solve_cluster(man: Manifest, spec: ClusterSpec, *, profile: Path | None = No
     stages = []
     x = None
     for key, sense, slack in order:
-        res, scale = run(tot[key], sense, extra)
-        if res.x is None:
-            if res.status == 2 or x is None:
+        xs, infeasible, optimal, bound, scale = run(tot[key], sense, extra)
+        if xs is None:
+            if infeasible or x is None:
                 raise _no_fit(man, spec, ctx, kv_type, kv_bytes) if not extra and not caps else OrkError(
                     "no plan across these boards meets the constraints; relax --min-*-tok-s / --max-kld / --max-ram")
             stages.append({"metric": key, "sense": sense, "value": None, "bound": None, "status": "gap"})
             continue
-        x = np.round(res.x)
+        x = np.round(xs)
         val = float(vec(tot[key]) @ x + tot[key].k)
-        bound = getattr(res, "mip_dual_bound", None)
         bnd = val if bound is None or not np.isfinite(bound) else (bound * scale if sense == "min" else -bound * scale) + tot[key].k
-        ok = res.status == 0 and abs(val - bnd) <= max(REL_GAP * abs(val), 1e-12) * 10
+        ok = optimal and abs(val - bnd) <= max(REL_GAP * abs(val), 1e-12) * 10
         stages.append({"metric": {"dec": "decode", "pre": "prefill", "q": "quality"}[key], "sense": sense,
                        "value": round(val, 9), "bound": round(bnd, 9), "status": "optimal" if ok else "gap",
                        "unit": {"dec": "s/token", "pre": "s/chunk", "q": "sensitivity"}[key]})
