@@ -370,3 +370,25 @@ def test_network_option_and_file(tmp_path):
 def test_shipped_networks_are_installed_byte_identical():
     assert (ROOT / "tiermaps" / "networks" / "networks.toml").read_bytes() == cluster.NETWORK_FILE.read_bytes()
     assert set(cluster.network_names()) == {"1gbe", "2.5gbe", "10gbe"}
+
+
+def test_plan_json_and_output(tmp_path):
+    out = tmp_path / "plan.json"
+    res = subprocess.run([sys.executable, "-m", "orkpack", "plan", str(CFG / "qwen2.json"), "--boards",
+                          "rk3588-16g,rk3588-16g", "--ctx", "2048", "--json", "-o", str(out)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    d = json.loads(res.stdout)
+    assert d == json.loads(out.read_text())
+    assert d["schema"] == "orkpack.cluster" and len(d["nodes"]) == 2
+    assert d["nodes"][0]["layers"][0] == 0 and d["nodes"][-1]["layers"][1] == 24
+    assert d["memory_proportional"]["layers"] == [[0, 12], [12, 24]]
+    for n in d["nodes"]:
+        if n["used"]:
+            assert n["budget"]["npu"]["used"] <= n["budget"]["npu"]["cap"]
+            assert n["budget"]["ram"]["used"] <= n["budget"]["ram"]["cap"]
+    net = d["prediction"]["network"]
+    remote = sum(1 for n in d["nodes"][1:] if n["used"])
+    assert net["remote_nodes"] == remote
+    assert d["prediction"]["decode_s_per_token"] == pytest.approx(
+        sum(n["prediction"]["decode_s_per_token"] for n in d["nodes"] if n["used"]) + net["decode_s_per_token"], rel=1e-6)

@@ -591,6 +591,7 @@ def solve_cluster(man: Manifest, spec: ClusterSpec, *, profile: Path | None = No
                      prefill_m=m, goal=goal)
     plan.stages = stages
     plan.split = "fixed" if fixed is not None else "optimal"
+    plan.options["pins"] = {k: list((pins or {}).get(k) or []) for k in solver.PIN_KINDS}
     plan.warnings = list(man.source_warnings) + list(man.warnings) + pin_warn + [w_ for p in profs for w_ in p.warnings]
     # the program's totals and the nodes' own cost model, summed node by node, agree
     for key, name in (("dec", "decode_s_per_token"), ("pre", "prefill_s_per_chunk")):
@@ -698,7 +699,7 @@ def node_tiermap(plan: ClusterPlan, j: int):
     prediction = {**ph, "prefill_m": o["prefill_m"], "prompt": o["prompt"], "baselines": {},
                   "model": "this node's part by the board's cost model (docs/TIERMAP.md); the cluster's totals, "
                            "network included: options.cluster.prediction (docs/CLUSTER.md)"}
-    options = {**o, "profile": profs[t].source, "pins": {}, "default_keep": list(solver.DEFAULT_KEEP),
+    options = {**o, "profile": profs[t].source, "default_keep": list(solver.DEFAULT_KEEP),
                "cluster": cluster_block(plan) | {"node": j, "layers": [a, b]}}
     objective = {"goal": plan.goal.to_json(), "order": [f"{s['metric']} ({s['sense']})" for s in plan.stages],
                  "stages": plan.stages, "status": "optimal" if all(s["status"] == "optimal" for s in plan.stages) else "gap",
