@@ -392,3 +392,21 @@ def test_plan_json_and_output(tmp_path):
     assert net["remote_nodes"] == remote
     assert d["prediction"]["decode_s_per_token"] == pytest.approx(
         sum(n["prediction"]["decode_s_per_token"] for n in d["nodes"] if n["used"]) + net["decode_s_per_token"], rel=1e-6)
+
+
+def test_the_client_board_file_may_carry_the_network(tmp_path):
+    t = (ROOT / "tiermaps" / "boards" / "rk3588-32g.toml").read_text()
+    b = tmp_path / "mine.toml"
+    b.write_text(t + '\n[network]\nlatency_s = 0.0005\nbandwidth_bytes_per_s = 50e6\nround_trips_per_eval = 10\n')
+    spec = cluster.parse_cluster(f"{b},rk3588-32g")
+    assert spec.network.latency_s == 0.0005 and spec.network.round_trips_per_eval == 10
+    assert cluster.parse_cluster(f"{b},rk3588-32g", "1gbe").network == cluster.load_network("1gbe")
+    assert cluster.parse_cluster("rk3588-32g,rk3588-32g").network == cluster.load_network("1gbe")  # the default
+
+
+def test_the_plan_is_deterministic():
+    args = [sys.executable, "-m", "orkpack", "plan", str(CFG / "mixtral.json"), "--boards", "rk3588-16g,rk3588-16g",
+            "--json"]
+    a = subprocess.run(args, capture_output=True, text=True)
+    b = subprocess.run(args, capture_output=True, text=True)
+    assert a.returncode == 0 and a.stdout == b.stdout
