@@ -204,7 +204,7 @@ def build(
         max_ram=parse_bytes(max_ram, "--max-ram"), max_kld=max_kld, prompt=prompt, given=_given(context),
     )
     if boards is not None or network is not None:
-        from orkpack.tiers.cluster import build_cluster_command
+        from orkpack.tiers.cluster_build import build_cluster_command
 
         _cluster_only(boards, board_given="board" in opts.given)
         raise typer.Exit(build_cluster_command(source, output, opts, boards, network, json_out=json_out,
@@ -258,7 +258,7 @@ def inspect(
     from orkpack.inspect import pack_facts, untrusted_line
 
     if pack.is_dir() or pack.suffix == ".json":
-        from orkpack.tiers.cluster import inspect_cluster
+        from orkpack.tiers.cluster_build import inspect_cluster
 
         raise typer.Exit(inspect_cluster(pack, json_out=json_out, console=_out()))
     from orkpack.render import pack_facts as render

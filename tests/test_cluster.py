@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orkpack.tiers import cluster, solver
+from orkpack.tiers import cluster, cluster_build, llamacpp, network, solver
 from orkpack.tiers.board import load_board
 from orkpack.tiers.manifest import manifest_from_config, manifest_from_path
 from orkpack.tiers.profile import load_profile
@@ -120,7 +120,7 @@ def test_joint_split_is_exact_against_brute_force(seed):
                               total_bytes=(1 << 20) + int(least * rng.choice([0.45, 0.6, 0.8, 1.2])),
                               iova_usable_bytes=npu_item * rng.choice([0, 1, 2, 3]),
                               decode_bandwidth=base.decode_bandwidth * rng.choice([0.5, 1.0])))
-    net = cluster.Network("t", latency_s=rng.choice([0.0, 2e-5, 2e-3]), bandwidth_bytes_per_s=117.5e6,
+    net = network.Network("t", latency_s=rng.choice([0.0, 2e-5, 2e-3]), bandwidth_bytes_per_s=117.5e6,
                           round_trips_per_eval=3)
     spec = cluster.ClusterSpec(boards, [f"h{j}" for j in range(B)], net)
     goal = "balanced" if seed % 2 == 0 else "decode"
@@ -160,7 +160,7 @@ def test_one_board_cluster_is_the_single_board_plan():
     man = manifest_from_path(CFG / "qwen2.json")
     b = load_board("rk3588-32g")
     tm = solver.solve(man, b, load_profile(None, man, b, 512), ctx=4096)
-    plan = cluster.solve_cluster(man, cluster.ClusterSpec([b], ["h"], cluster.load_network(None)), ctx=4096)
+    plan = cluster.solve_cluster(man, cluster.ClusterSpec([b], ["h"], network.load_network(None)), ctx=4096)
     for k in ("decode_tok_s", "prefill_tok_s", "ttft_s"):
         assert plan.prediction[k] == pytest.approx(tm.prediction[k], rel=1e-6)
     assert [s["value"] for s in plan.stages] == pytest.approx([s["value"] for s in tm.objective["stages"]], rel=1e-6)
@@ -216,7 +216,7 @@ def built(tmp_path_factory):
     model = write_hf_model(d / "m", layers=4, seed=1, vocab=512)
     board = _tiny_board(d / "tiny.toml", 2_600_000, 600_000)
     boards = f"{board},{board},{board}"
-    plan, results, cj = cluster.build_cluster(model, d / "out", BuildOptions(ctx=256), boards)
+    plan, results, cj = cluster_build.build_cluster(model, d / "out", BuildOptions(ctx=256), boards)
     return d, model, plan, results, cj
 
 
@@ -303,21 +303,21 @@ def test_command_lines_parse_and_realise_the_split():
     man = manifest_from_path(CFG / "llama31_70b.json")
     spec = cluster.parse_cluster("rk3588-32g,rk3588-32g,rk3588-32g")
     plan = cluster.solve_cluster(man, spec)
-    cmd = cluster.commands(plan)
+    cmd = llamacpp.commands(plan)
     L = man.facts["n_layers"]
     remote = [n for n in plan.nodes[1:] if n["used"]]
     for s, n in zip(cmd["rpc_servers"], remote):
         assert s["argv"][0] == "rpc-server"
         a = _rpc_server_parser().parse_args(s["argv"][1:])
-        assert a.port == cluster.RPC_PORT and a.cache
+        assert a.port == llamacpp.RPC_PORT and a.cache
     # the line is a shell line as printed
     argv = cmd["client"]["argv"]
     assert shlex.split(shlex.join(argv)) == argv
     a = _llama_cli_parser().parse_args(argv[1:])
-    assert a.rpc == [(n["host"], str(cluster.RPC_PORT)) for n in remote]
+    assert a.rpc == [(n["host"], str(llamacpp.RPC_PORT)) for n in remote]
     # llama.cpp applies the first -ot pattern that std::regex_search finds in a tensor name
     rules = [(re.compile(x.split("=", 1)[0]), x.split("=", 1)[1]) for x in a.override_tensor]
-    want_buft = {0: "CPU"} | {n["node"]: f"RPC0[{n['host']}:{cluster.RPC_PORT}]" for n in remote}
+    want_buft = {0: "CPU"} | {n["node"]: f"RPC0[{n['host']}:{llamacpp.RPC_PORT}]" for n in remote}
     for t in man.tensors:
         hit = next((b for r, b in rules if r.search(t.name)), None)
         layer = int(t.name.split(".")[1]) if t.name.startswith("blk.") else None
@@ -330,7 +330,7 @@ def test_command_lines_parse_and_realise_the_split():
     b = _llama_cli_parser().parse_args(cmd["client_tensor_split"]["argv"][1:])
     b0 = plan.ranges[0][1]
     assert b.n_gpu_layers == L - b0
-    got = cluster._cum_split(b.tensor_split, b.n_gpu_layers)
+    got = llamacpp._cum_split(b.tensor_split, b.n_gpu_layers)
     assert [(lo + b0, hi + b0) for lo, hi in got] == [tuple(n["layers"]) for n in remote]
 
 
@@ -355,8 +355,8 @@ def test_bad_cluster_input_is_one_line(args, needle, tmp_path):
 
 
 def test_network_option_and_file(tmp_path):
-    slow = cluster.load_network("1gbe")
-    fast = cluster.load_network("2.5gbe")
+    slow = network.load_network("1gbe")
+    fast = network.load_network("2.5gbe")
     assert fast.eval_s(512, 8192) < slow.eval_s(512, 8192)
     f = tmp_path / "c.toml"
     f.write_text('boards = ["rk3588-32g", "rk3588-32g"]\nhosts = ["a", "b"]\n'
@@ -368,8 +368,8 @@ def test_network_option_and_file(tmp_path):
 
 
 def test_shipped_networks_are_installed_byte_identical():
-    assert (ROOT / "tiermaps" / "networks" / "networks.toml").read_bytes() == cluster.NETWORK_FILE.read_bytes()
-    assert set(cluster.network_names()) == {"1gbe", "2.5gbe", "10gbe"}
+    assert (ROOT / "tiermaps" / "networks" / "networks.toml").read_bytes() == network.NETWORK_FILE.read_bytes()
+    assert set(network.network_names()) == {"1gbe", "2.5gbe", "10gbe"}
 
 
 def test_plan_json_and_output(tmp_path):
@@ -400,8 +400,8 @@ def test_the_client_board_file_may_carry_the_network(tmp_path):
     b.write_text(t + '\n[network]\nlatency_s = 0.0005\nbandwidth_bytes_per_s = 50e6\nround_trips_per_eval = 10\n')
     spec = cluster.parse_cluster(f"{b},rk3588-32g")
     assert spec.network.latency_s == 0.0005 and spec.network.round_trips_per_eval == 10
-    assert cluster.parse_cluster(f"{b},rk3588-32g", "1gbe").network == cluster.load_network("1gbe")
-    assert cluster.parse_cluster("rk3588-32g,rk3588-32g").network == cluster.load_network("1gbe")  # the default
+    assert cluster.parse_cluster(f"{b},rk3588-32g", "1gbe").network == network.load_network("1gbe")
+    assert cluster.parse_cluster("rk3588-32g,rk3588-32g").network == network.load_network("1gbe")  # the default
 
 
 def test_the_plan_is_deterministic():

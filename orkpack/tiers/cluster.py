@@ -40,10 +40,8 @@ llama.cpp runs the devices one after the other for one sequence, so the times ad
 """
 from __future__ import annotations
 
-import math
 import time
-import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -51,83 +49,14 @@ import numpy as np
 
 from ..errors import OrkError, escape_name
 from . import cost, milp, solver
-from .board import BOARD_DIR, Board, load_board
+from .board import Board, load_board
+from .llamacpp import commands, memory_proportional
+from .network import Network, _network_from, _read_toml, load_network
 from .manifest import Manifest, _layer
 from .profile import Profile, load_profile
 
-NETWORK_FILE = BOARD_DIR.parent / "networks" / "networks.toml"
-DEFAULT_NETWORK = "1gbe"
-RPC_PORT = 50052  # rpc-server's default port (llama.cpp tools/rpc)
 STAGE_TOL = 1e-6
 REL_GAP = 1e-6
-
-
-# ------------------------------------------------------------------------------------------------ the network
-
-@dataclass(frozen=True)
-class Network:
-    name: str
-    latency_s: float
-    bandwidth_bytes_per_s: float
-    round_trips_per_eval: float
-    source: str = ""
-
-    def eval_s(self, rows: float, hidden: int) -> float:
-        """Seconds one remote device adds to one graph evaluation of ``rows`` tokens: the protocol's round
-        trips, and the hidden state (f32) sent to it and read back through the client."""
-        if rows <= 0:
-            return 0.0
-        return self.round_trips_per_eval * self.latency_s + 2.0 * rows * hidden * 4 / self.bandwidth_bytes_per_s
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "latency_s": self.latency_s, "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s,
-                "round_trips_per_eval": self.round_trips_per_eval}
-
-
-def _network_from(d: object, where: str) -> Network:
-    if not isinstance(d, dict):
-        raise OrkError(f"{where}: [network] must be a table (latency_s, bandwidth_bytes_per_s, round_trips_per_eval)")
-    vals = {}
-    for k in ("latency_s", "bandwidth_bytes_per_s", "round_trips_per_eval"):
-        v = d.get(k)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0 \
-                or (k == "bandwidth_bytes_per_s" and v <= 0):
-            raise OrkError(f"{where}: [network] '{k}' must be a {'positive' if k.startswith('band') else 'non-negative'} "
-                           "number; see tiermaps/networks/networks.toml")
-        vals[k] = float(v)
-    return Network(str(d.get("name") or where), source=where, **vals)
-
-
-def network_names() -> list[str]:
-    return list(tomllib.loads(NETWORK_FILE.read_text(encoding="utf-8")).keys() - {"schema", "version"})
-
-
-def load_network(spec: str | None) -> Network:
-    """A shipped link by name (1gbe, 2.5gbe, 10gbe) or a TOML file with a [network] table."""
-    s = DEFAULT_NETWORK if spec is None else str(spec)
-    if s.endswith(".toml") or Path(s).exists():
-        data = _read_toml(Path(s))
-        if "network" not in data:
-            raise OrkError(f"{escape_name(s)}: no [network] table; see tiermaps/networks/networks.toml")
-        return _network_from(data["network"], escape_name(s))
-    shipped = tomllib.loads(NETWORK_FILE.read_text(encoding="utf-8"))
-    key = s.lower()
-    if key not in shipped or key in ("schema", "version"):
-        raise OrkError(f"unknown network {escape_name(s)!r}; shipped: {', '.join(sorted(network_names()))}, "
-                       "or a .toml file with a [network] table")
-    return _network_from(shipped[key], key)
-
-
-def _read_toml(p: Path) -> dict:
-    where = escape_name(str(p))
-    try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise OrkError(f"{where}: file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise OrkError(f"{where}: cannot read it ({e.__class__.__name__})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise OrkError(f"{where}: not valid TOML ({e})") from None
 
 
 @dataclass
@@ -242,27 +171,6 @@ class ClusterPlan:
     goal: object = None
     options: dict = None
     program: dict = None
-
-
-def _cum_split(fracs: list[float], n_layers: int) -> list[tuple[int, int]]:
-    """llama.cpp's layer split (llama-model.cpp, load_tensors): cumulative fractions of --tensor-split;
-    layer il goes to the first device whose cumulative fraction exceeds il / n_layers."""
-    tot = sum(fracs)
-    cum = list(np.cumsum(np.array(fracs, dtype=np.float32)) / np.float32(tot))
-    dev = [next((j for j, c in enumerate(cum) if c > np.float32(il) / np.float32(n_layers)), len(fracs) - 1)
-           for il in range(n_layers)]
-    out, a = [], 0
-    for j in range(len(fracs)):
-        b = a + dev.count(j)
-        out.append((a, b))
-        a = b
-    return out
-
-
-def memory_proportional(boards: list[Board], n_layers: int) -> list[tuple[int, int]]:
-    """The split llama.cpp makes by default: layers in proportion to each device's free memory (here the
-    board's RAM less its reserve)."""
-    return _cum_split([float(b.total_bytes - b.reserve_bytes) for b in boards], n_layers)
 
 
 def solve_cluster(man: Manifest, spec: ClusterSpec, *, profile: Path | None = None, prefill_m: int = 512,
@@ -718,45 +626,6 @@ def cluster_block(plan: ClusterPlan) -> dict:
             "split": plan.split, "network": plan.network.to_json(), "prediction": plan.prediction}
 
 
-# ------------------------------------------------------------------------------------------------ llama.cpp command lines
-
-def _layer_regex(a: int, b: int) -> str:
-    """A regular expression matching the tensor names of layers a .. b-1 (``blk\\.(a|...|b-1)\\.``)."""
-    return r"^blk\.(" + "|".join(str(x) for x in range(a, b)) + r")\."
-
-
-def commands(plan: ClusterPlan, model_gguf: str = "MODEL.gguf", port: int = RPC_PORT) -> dict:
-    """The exact llama.cpp command lines that realise the split: one ``rpc-server`` per remote node, and the
-    client's command with ``--rpc`` and either ``-ot`` patterns (each layer range to its node's RPC buffer, the
-    client's own range to CPU) or the equivalent ``-ngl`` / ``--tensor-split`` (layer counts of the remote nodes,
-    the client's layers first on its CPU)."""
-    remote = [n for n in plan.nodes[1:] if n["used"]]
-    L = plan.ranges[-1][1]
-    eps = [f"{n['host']}:{port}" for n in remote]
-    servers = [{"node": n["node"], "host": n["host"], "argv": ["rpc-server", "-H", "0.0.0.0", "-p", str(port), "-c"]}
-               for n in remote]
-    ot = ["-ot", r"^output=CPU"]  # the head (output.weight, output_norm.weight) stays on the client
-    a0, b0 = plan.ranges[0]
-    if b0 > a0:
-        ot += ["-ot", f"{_layer_regex(a0, b0)}=CPU"]
-    for n, ep in zip(remote, eps):
-        a, b = n["layers"]
-        # the buffer type of the first device an rpc-server exposes: "RPC" + device index + "[" + endpoint + "]"
-        # (ggml-rpc.cpp ggml_backend_rpc_buffer_type)
-        ot += ["-ot", f"{_layer_regex(a, b)}=RPC0[{ep}]"]
-    base = ["llama-cli", "-m", model_gguf]
-    rpc = ["--rpc", ",".join(eps)] if eps else []
-    with_ot = base + rpc + ["-ngl", str(L + 1) if eps else "0"] + ot
-    # -ngl N offloads the last N layers (llama.cpp: layers >= n_layer - N); the client's first b0 layers stay on its
-    # CPU; --tensor-split divides the offloaded layers among the RPC devices in --rpc order, by these counts
-    split = base + rpc + (["-ngl", str(L - b0), "--tensor-split", ",".join(str(n["layers"][1] - n["layers"][0])
-                                                                           for n in remote)] if eps else ["-ngl", "0"])
-    return {"rpc_servers": servers, "client": {"node": 0, "host": plan.nodes[0]["host"], "argv": with_ot},
-            "client_tensor_split": {"node": 0, "host": plan.nodes[0]["host"], "argv": split},
-            "notes": "rpc-server and the client as in llama.cpp tools/rpc/README.md (-H host, -p port, -c local cache; "
-                     "--rpc host:port,...; -ot PATTERN=BUFFER_TYPE; -ngl; --tensor-split); MODEL.gguf is the model for "
-                     "llama.cpp, each node's .orkpack the weights its ggml-ork backend loads"}
-
 
 def to_json(plan: ClusterPlan, baseline: ClusterPlan | None = None, packs: list[str | None] | None = None) -> dict:
     nodes = []
@@ -883,121 +752,4 @@ def plan_cluster_command(model: Path, boards: str, *, network: str | None, json_
         render(plan, base, console)
         if output is not None:
             console.print(f"cluster plan written to {escape_name(str(output))}")
-    return 0
-
-
-# ------------------------------------------------------------------------------------------------ build
-
-def node_pack_name(plan: ClusterPlan, j: int) -> str:
-    return f"node{j}-{plan.boards[j].name}.orkpack"
-
-
-def build_cluster(source: Path, out_dir: Path, opts, boards: str, network: str | None = None, *, on_node=None):
-    """Plan ``source`` across ``boards`` and write one self-contained pack per used node (only its tensors,
-    placed by its own tier map) and ``out_dir/cluster.json``. Returns (plan, [BuildResult], cluster dict)."""
-    import json
-    from dataclasses import replace as _replace
-
-    from ..build import build as run_build
-    from .command import write_atomic
-
-    if opts.tiermap is not None or not opts.plan:
-        raise OrkError("--boards plans the cluster itself: drop --tiermap / --no-plan")
-    out_dir = Path(out_dir)
-    if out_dir.suffix == ".orkpack" or (out_dir.exists() and not out_dir.is_dir()):
-        raise OrkError(f"{escape_name(str(out_dir))}: with --boards, -o names a folder (one pack per board and "
-                       "cluster.json)")
-    if not out_dir.parent.is_dir():
-        raise OrkError(f"{escape_name(str(out_dir))}: folder {escape_name(str(out_dir.parent))} does not exist; create it first")
-    goal = solver.Goal(opts.goal, opts.min_decode_tok_s, opts.min_prefill_tok_s, opts.max_ram, max_kld=opts.max_kld)
-    plan, base, man = plan_cluster(Path(source), boards, network=network, profile=opts.profile, ctx=opts.ctx,
-                                   kv_type=opts.kv_type, prefill_m=opts.prefill_m, pins=opts.pins(),
-                                   ignore_unknown=opts.ignore_unknown, goal=goal, prompt=opts.prompt)
-    out_dir.mkdir(exist_ok=True)
-    results, packs = [], []
-    node_opts = _replace(opts, npu=[], cpu=[], int8=[], nf4=[], keep=[])  # the pins shaped the plan already
-    for j, n in enumerate(plan.nodes):
-        if not n["used"]:
-            packs.append(None)
-            continue
-        tm = node_tiermap(plan, j)
-        sub, _ = plan.subs[j]
-        name = node_pack_name(plan, j)
-        if on_node:
-            on_node(j, name)
-        results.append(run_build(Path(source), out_dir / name, node_opts, placement_map=tm,
-                                 select={t.name for t in sub.tensors}))
-        packs.append(name)
-    d = to_json(plan, base, packs)
-    write_atomic(out_dir / "cluster.json", json.dumps(d, indent=1) + "\n")
-    return plan, results, d
-
-
-def build_cluster_command(source: Path, output: Path, opts, boards: str, network: str | None, *, json_out: bool,
-                          console, progress) -> int:
-    import json
-    import sys
-
-    with progress(not json_out) as prog:
-        task = prog.add_task("build", total=None, tensor="")
-        plan, results, d = build_cluster(source, output, opts, boards, network,
-                                         on_node=lambda j, name: prog.update(task, tensor=name))
-    for r in results:
-        for w_ in r.warnings:
-            print(f"warning: {r.path.name}: {w_}", file=sys.stderr)
-    if json_out:
-        print(json.dumps({"cluster": str(Path(output) / "cluster.json"),
-                          "packs": [{"path": str(r.path), "tensors": r.tensors, "pack_bytes": r.pack_bytes,
-                                     "seconds": round(r.seconds, 4)} for r in results],
-                          "prediction": plan.prediction}, indent=1))
-    else:
-        render(plan, None, console)
-        for r in results:
-            console.print(f"wrote {escape_name(str(r.path))}: {r.tensors} tensors, {r.pack_bytes} bytes")
-        console.print(f"wrote {escape_name(str(Path(output) / 'cluster.json'))} (which pack goes to which node, and the "
-                      "rpc-server and client command lines)")
-    return 0
-
-
-def inspect_cluster(path: Path, *, json_out: bool, console) -> int:
-    """``orkpack inspect DIR`` or ``DIR/cluster.json``: the split per board, the packs, the command lines."""
-    import json
-    import shlex
-
-    p = Path(path)
-    if p.is_dir():
-        p = p / "cluster.json"
-    where = escape_name(str(p))
-    try:
-        d = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise OrkError(f"{where}: no such file (orkpack build ... --boards ... -o DIR writes DIR/cluster.json)") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise OrkError(f"{where}: not a readable cluster.json ({e.__class__.__name__})") from None
-    if not isinstance(d, dict) or d.get("schema") != "orkpack.cluster" or not isinstance(d.get("nodes"), list):
-        raise OrkError(f"{where}: not an orkpack cluster file (schema orkpack.cluster)")
-    if json_out:
-        print(json.dumps(d, indent=1))
-        return 0
-    from rich.table import Table
-
-    pr = d.get("prediction") or {}
-    console.print(f"[bold]{escape_name(str(d.get('model', {}).get('source')))}[/]: {len(d['nodes'])} nodes over "
-                  f"{escape_name(str(d.get('network', {}).get('name')))}; split {d.get('split')}; predicted decode "
-                  f"{pr.get('decode_tok_s')} tok/s, prefill {pr.get('prefill_tok_s')} tok/s, TTFT {pr.get('ttft_s')} s")
-    t = Table(title="Split per board")
-    for c in ("node", "board", "host", "layers", "pack", "NPU used", "RAM used"):
-        t.add_column(c)
-    for n in d["nodes"]:
-        a, b = n.get("layers", [0, 0])
-        bu = n.get("budget") or {}
-        t.add_row(str(n.get("node")), escape_name(str(n.get("board"))), escape_name(str(n.get("host"))),
-                  f"{a}-{b - 1} ({b - a})" if b > a else "none", escape_name(str(n.get("pack"))),
-                  _b(bu["npu"]["used"]) if bu else "-", _b(bu["ram"]["used"]) if bu else "-")
-    console.print(t)
-    cmd = d.get("commands") or {}
-    for s in cmd.get("rpc_servers", []):
-        console.print(f"node {s['node']} ({escape_name(s['host'])}): {escape_name(shlex.join(s['argv']))}", highlight=False, markup=False)
-    if cmd.get("client"):
-        console.print(f"client: {escape_name(shlex.join(cmd['client']['argv']))}", highlight=False, soft_wrap=True, markup=False)
     return 0
