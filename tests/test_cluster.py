@@ -410,3 +410,14 @@ def test_the_plan_is_deterministic():
     a = subprocess.run(args, capture_output=True, text=True)
     b = subprocess.run(args, capture_output=True, text=True)
     assert a.returncode == 0 and a.stdout == b.stdout
+
+
+def test_hosts_and_cluster_files_are_checked(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('boards = ["rk3588-32g", "rk3588-32g"]\nhosts = ["a b", "c"]\n')
+    with pytest.raises(Exception, match="'hosts' must list"):
+        cluster.parse_cluster(str(f))
+    bad = tmp_path / "cluster.json"
+    bad.write_text(json.dumps({"schema": "orkpack.cluster", "nodes": [], "commands": {"client": {"argv": ["x\x1b[31m"]}}}))
+    res = subprocess.run([sys.executable, "-m", "orkpack", "inspect", str(bad)], capture_output=True, text=True)
+    assert res.returncode == 2 and res.stderr.startswith("error:") and "\x1b" not in res.stdout + res.stderr

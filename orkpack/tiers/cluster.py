@@ -40,6 +40,7 @@ llama.cpp runs the devices one after the other for one sequence, so the times ad
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,8 +81,10 @@ def parse_cluster(boards: str, network: str | None = None) -> ClusterSpec:
             raise OrkError(f"{where}: 'boards' must be a list of board names or files")
         if "hosts" in data:
             hosts = data["hosts"]
-            if not isinstance(hosts, list) or len(hosts) != len(names) or not all(isinstance(h, str) and h for h in hosts):
-                raise OrkError(f"{where}: 'hosts' must list one host name per board")
+            if not isinstance(hosts, list) or len(hosts) != len(names) \
+                    or not all(isinstance(h, str) and re.fullmatch(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]", h) for h in hosts):
+                raise OrkError(f"{where}: 'hosts' must list one host name or address per board (letters, digits, "
+                               "'.', '-', '_', or [IPv6])")
         if "network" in data:
             net = _network_from(data["network"], where)
     else:

@@ -95,7 +95,11 @@ def inspect_cluster(path: Path, *, json_out: bool, console) -> int:
         raise OrkError(f"{where}: no such file (orkpack build ... --boards ... -o DIR writes DIR/cluster.json)") from None
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise OrkError(f"{where}: not a readable cluster.json ({e.__class__.__name__})") from None
-    if not isinstance(d, dict) or d.get("schema") != "orkpack.cluster" or not isinstance(d.get("nodes"), list):
+    cmd = d.get("commands") if isinstance(d, dict) else None
+    lines = [] if not isinstance(cmd, dict) else [cmd.get("client"), *(cmd.get("rpc_servers") or [])]
+    if not isinstance(d, dict) or d.get("schema") != "orkpack.cluster" or not isinstance(d.get("nodes"), list) \
+            or not all(isinstance(c, dict) and isinstance(c.get("argv"), list)
+                       and all(isinstance(a, str) and a.isprintable() for a in c["argv"]) for c in lines if c is not None):
         raise OrkError(f"{where}: not an orkpack cluster file (schema orkpack.cluster)")
     if json_out:
         print(json.dumps(d, indent=1))
@@ -118,7 +122,7 @@ def inspect_cluster(path: Path, *, json_out: bool, console) -> int:
     console.print(t)
     cmd = d.get("commands") or {}
     for s in cmd.get("rpc_servers", []):
-        console.print(f"node {s['node']} ({escape_name(s['host'])}): {escape_name(shlex.join(s['argv']))}", highlight=False, markup=False)
+        console.print(f"node {s['node']} ({escape_name(s['host'])}): {shlex.join(s['argv'])}", highlight=False, markup=False)
     if cmd.get("client"):
-        console.print(f"client: {escape_name(shlex.join(cmd['client']['argv']))}", highlight=False, soft_wrap=True, markup=False)
+        console.print(f"client: {shlex.join(cmd['client']['argv'])}", highlight=False, soft_wrap=True, markup=False)
     return 0
