@@ -421,3 +421,15 @@ def test_hosts_and_cluster_files_are_checked(tmp_path):
     bad.write_text(json.dumps({"schema": "orkpack.cluster", "nodes": [], "commands": {"client": {"argv": ["x\x1b[31m"]}}}))
     res = subprocess.run([sys.executable, "-m", "orkpack", "inspect", str(bad)], capture_output=True, text=True)
     assert res.returncode == 2 and res.stderr.startswith("error:") and "\x1b" not in res.stdout + res.stderr
+
+
+def test_the_joint_split_is_never_behind_llama_cpp_s():
+    """llama.cpp's memory-proportional split is one of the splits the program considers: stage by stage the joint
+    optimum is at least as good (the first stage strictly better here: the 16 GB board is left out)."""
+    man = manifest_from_path(CFG / "mixtral.json")
+    spec = cluster.parse_cluster("rk3588-32g,rk3588-16g")
+    joint = cluster.solve_cluster(man, spec)
+    mem = cluster.solve_cluster(man, spec, fixed=llamacpp.memory_proportional(spec.boards, 32))
+    assert mem.ranges == [(0, 22), (22, 32)] and joint.ranges == [(0, 32), (32, 32)]
+    assert joint.stages[0]["value"] < mem.stages[0]["value"] * (1 - 1e-3)
+    assert not joint.nodes[1]["used"] and cluster.commands(joint)["rpc_servers"] == []

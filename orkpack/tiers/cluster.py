@@ -651,7 +651,8 @@ def to_json(plan: ClusterPlan, baseline: ClusterPlan | None = None, packs: list[
                          "status": "optimal" if all(s["status"] == "optimal" for s in plan.stages) else "gap"},
            "commands": commands(plan)}
     if baseline is not None:
-        out["memory_proportional"] = {"layers": [list(r) for r in baseline.ranges], "prediction": baseline.prediction}
+        out["memory_proportional"] = {"layers": [list(r) for r in baseline.ranges], "prediction": baseline.prediction,
+                                      "stages": baseline.stages}
     return out
 
 
@@ -676,6 +677,22 @@ def plan_cluster(model: Path, boards: str, *, network: str | None = None, profil
         except OrkError:
             base = None  # that split does not fit: said in the report
     return plan, base, man
+
+
+def stage_optima(plan: ClusterPlan) -> str:
+    """The stages' optima as people read them: decode and prefill in tokens per second, quality as is."""
+    out = []
+    for st in plan.stages:
+        v = st.get("value")
+        if v is None:
+            out.append("-")
+        elif st["metric"] == "decode":
+            out.append(f"{1.0 / v:.3f}")
+        elif st["metric"] == "prefill":
+            out.append(f"{plan.options['prefill_m'] / v:.3f}")
+        else:
+            out.append(f"{v:.4f}")
+    return " / ".join(out)
 
 
 def _b(n: int) -> str:
@@ -710,7 +727,7 @@ def render(plan: ClusterPlan, base: ClusterPlan | None, console) -> None:
     console.print(t)
     t = Table(title=f"Predicted speed (prompt {o['prompt']} tokens; network {plan.network.name} included)")
     for c in ("split", "layers per node", "decode tok/s", "prefill tok/s", f"TTFT ({o['prompt']})", "network s/token",
-              "KLD (predicted)"):
+              "KLD (predicted)", "stage optima"):
         t.add_column(c, justify="left" if c in ("split", "layers per node") else "right")
     for name, p_ in (("joint optimum (this plan)", plan), ("llama.cpp memory-proportional", base)):
         if p_ is None:
@@ -718,8 +735,10 @@ def render(plan: ClusterPlan, base: ClusterPlan | None, console) -> None:
         pr = p_.prediction
         t.add_row(name, ",".join(str(b - a) for a, b in p_.ranges), f"{pr['decode_tok_s']:.3f}",
                   f"{pr['prefill_tok_s']:.2f}", f"{pr['ttft_s']:.2f} s", f"{pr['network']['decode_s_per_token']:.4f}",
-                  f"{pr['kld']:.4f}")
+                  f"{pr['kld']:.4f}", stage_optima(p_))
     console.print(t)
+    console.print("stage optima: each objective stage's optimum in turn (decode tok/s, prefill tok/s, quality), what the "
+                  "goal ranks plans by; the plan itself then sits within the goal's slacks of them")
     if base is None and len(plan.boards) > 1:
         console.print("llama.cpp's memory-proportional split of these boards does not fit this model within the budgets")
     proof = "optimal" if all(s["status"] == "optimal" for s in plan.stages) else "with a gap"
