@@ -13,15 +13,8 @@ def node_pack_name(plan: ClusterPlan, j: int) -> str:
     return f"node{j}-{plan.boards[j].name}.orkpack"
 
 
-def build_cluster(source: Path, out_dir: Path, opts, boards: str, network: str | None = None, *, on_node=None):
-    """Plan ``source`` across ``boards`` and write one self-contained pack per used node (only its tensors,
-    placed by its own tier map) and ``out_dir/cluster.json``. Returns (plan, [BuildResult], cluster dict)."""
-    import json
-    from dataclasses import replace as _replace
-
-    from ..build import build as run_build
-    from .command import write_atomic
-
+def prepare_cluster_build(source: Path, out_dir: Path, opts, boards: str, network: str | None = None):
+    """Every check and the plan, before anything is written: (plan, the memory-proportional plan or None)."""
     if opts.tiermap is not None or not opts.plan:
         raise OrkError("--boards plans the cluster itself: drop --tiermap / --no-plan")
     out_dir = Path(out_dir)
@@ -31,26 +24,59 @@ def build_cluster(source: Path, out_dir: Path, opts, boards: str, network: str |
     if not out_dir.parent.is_dir():
         raise OrkError(f"{escape_name(str(out_dir))}: folder {escape_name(str(out_dir.parent))} does not exist; create it first")
     goal = solver.Goal(opts.goal, opts.min_decode_tok_s, opts.min_prefill_tok_s, opts.max_ram, max_kld=opts.max_kld)
-    plan, base, man = plan_cluster(Path(source), boards, network=network, profile=opts.profile, ctx=opts.ctx,
-                                   kv_type=opts.kv_type, prefill_m=opts.prefill_m, pins=opts.pins(),
-                                   ignore_unknown=opts.ignore_unknown, goal=goal, prompt=opts.prompt)
+    plan, base, _ = plan_cluster(Path(source), boards, network=network, profile=opts.profile, ctx=opts.ctx,
+                                 kv_type=opts.kv_type, prefill_m=opts.prefill_m, pins=opts.pins(),
+                                 ignore_unknown=opts.ignore_unknown, goal=goal, prompt=opts.prompt)
+    return plan, base
+
+
+def write_cluster(source: Path, out_dir: Path, opts, plan: ClusterPlan, base: ClusterPlan | None, *, on_node=None):
+    """One self-contained pack per used node (only its tensors, placed by its own tier map), then
+    ``out_dir/cluster.json``. On any failure what this call wrote is removed. Returns ([BuildResult], cluster dict)."""
+    import json
+    from dataclasses import replace as _replace
+
+    from ..build import build as run_build
+    from .command import write_atomic
+
+    out_dir = Path(out_dir)
+    made = not out_dir.exists()
     out_dir.mkdir(exist_ok=True)
-    results, packs = [], []
+    results, packs, written = [], [], []
     node_opts = _replace(opts, npu=[], cpu=[], int8=[], nf4=[], keep=[])  # the pins shaped the plan already
-    for j, n in enumerate(plan.nodes):
-        if not n["used"]:
-            packs.append(None)
-            continue
-        tm = node_tiermap(plan, j)
-        sub, _ = plan.subs[j]
-        name = node_pack_name(plan, j)
-        if on_node:
-            on_node(j, name)
-        results.append(run_build(Path(source), out_dir / name, node_opts, placement_map=tm,
-                                 select={t.name for t in sub.tensors}))
-        packs.append(name)
-    d = to_json(plan, base, packs)
-    write_atomic(out_dir / "cluster.json", json.dumps(d, indent=1) + "\n")
+    try:
+        for j, n in enumerate(plan.nodes):
+            if not n["used"]:
+                packs.append(None)
+                continue
+            tm = node_tiermap(plan, j)
+            sub, _ = plan.subs[j]
+            name = node_pack_name(plan, j)
+            if on_node:
+                on_node(j, name)
+            results.append(run_build(Path(source), out_dir / name, node_opts, placement_map=tm,
+                                     select={t.name for t in sub.tensors}))
+            written.append(out_dir / name)
+            packs.append(name)
+        d = to_json(plan, base, packs)
+        write_atomic(out_dir / "cluster.json", json.dumps(d, indent=1) + "\n")
+    except BaseException:
+        for p in written:
+            p.unlink(missing_ok=True)
+        if made:
+            try:
+                out_dir.rmdir()
+            except OSError:
+                pass
+        raise
+    return results, d
+
+
+def build_cluster(source: Path, out_dir: Path, opts, boards: str, network: str | None = None, *, on_node=None):
+    """Plan ``source`` across ``boards``, then write the packs and ``cluster.json`` (write_cluster).
+    Returns (plan, [BuildResult], cluster dict)."""
+    plan, base = prepare_cluster_build(source, out_dir, opts, boards, network)
+    results, d = write_cluster(source, out_dir, opts, plan, base, on_node=on_node)
     return plan, results, d
 
 
@@ -59,10 +85,11 @@ def build_cluster_command(source: Path, output: Path, opts, boards: str, network
     import json
     import sys
 
+    plan, base = prepare_cluster_build(source, output, opts, boards, network)  # bad input: one line, no bar
     with progress(not json_out) as prog:
         task = prog.add_task("build", total=None, tensor="")
-        plan, results, d = build_cluster(source, output, opts, boards, network,
-                                         on_node=lambda j, name: prog.update(task, tensor=name))
+        results, d = write_cluster(source, output, opts, plan, base,
+                                   on_node=lambda j, name: prog.update(task, tensor=name))
     for r in results:
         for w_ in r.warnings:
             print(f"warning: {r.path.name}: {w_}", file=sys.stderr)
