@@ -299,10 +299,13 @@ def _rpc_server_parser() -> argparse.ArgumentParser:
     return p
 
 
-def test_command_lines_parse_and_realise_the_split():
-    man = manifest_from_path(CFG / "llama31_70b.json")
-    spec = cluster.parse_cluster("rk3588-32g,rk3588-32g,rk3588-32g")
-    plan = cluster.solve_cluster(man, spec)
+@pytest.mark.parametrize("config,boards,goal", [("llama31_70b.json", "rk3588-32g,rk3588-32g,rk3588-32g", "balanced"),
+                                                 ("mixtral.json", "rk3588-32g,rk3588-16g", "prefill"),
+                                                 ("mixtral.json", "rk3588-16g,rk3588-16g", "balanced")])
+def test_command_lines_parse_and_realise_the_split(config, boards, goal):
+    man = manifest_from_path(CFG / config)
+    spec = cluster.parse_cluster(boards)
+    plan = cluster.solve_cluster(man, spec, goal=solver.Goal(goal))
     cmd = llamacpp.commands(plan)
     L = man.facts["n_layers"]
     remote = [n for n in plan.nodes[1:] if n["used"]]
@@ -326,12 +329,24 @@ def test_command_lines_parse_and_realise_the_split():
         else:
             node = next(j for j, (lo, hi) in enumerate(plan.ranges) if lo <= layer < hi)
             assert hit == want_buft[node], t.name
-    # the --tensor-split form: -ngl keeps the client's first layers on its CPU, the split divides the rest
+    # the --tensor-split form, by llama.cpp's rule (llama-model.cpp load_tensors, current: the output layer is one of
+    # the -ngl slots): slot il >= n_layer + 1 - ngl is offloaded to device upper_bound(cumulative split fractions,
+    # (il - start) / min(ngl, n_layer + 1)); float arithmetic as llama.cpp's
     b = _llama_cli_parser().parse_args(cmd["client_tensor_split"]["argv"][1:])
-    b0 = plan.ranges[0][1]
-    assert b.n_gpu_layers == L - b0
-    got = llamacpp._cum_split(b.tensor_split, b.n_gpu_layers)
-    assert [(lo + b0, hi + b0) for lo, hi in got] == [tuple(n["layers"]) for n in remote]
+    start = max(L + 1 - b.n_gpu_layers, 0)
+    act = min(b.n_gpu_layers, L + 1)
+    cum = np.cumsum(np.array(b.tensor_split, dtype=np.float32))
+    cum = cum / np.float32(cum[-1])
+    def device(il):
+        if il < start or il - start >= act:
+            return None  # the client's CPU
+        return int(np.searchsorted(cum, np.float32(il - start) / np.float32(act), side="right"))
+    for il in range(L):
+        node = next(j for j, (lo, hi) in enumerate(plan.ranges) if lo <= il < hi)
+        want = None if node == 0 else [n["node"] for n in remote].index(node)
+        assert device(il) == want, il
+    ts_rules = [x.split("=", 1) for x in b.override_tensor]
+    assert any(re.search(r, "output.weight") and buft == "CPU" for r, buft in ts_rules)  # the head stays home
 
 
 # ------------------------------------------------------------------------------------------ bad input

@@ -36,9 +36,9 @@ def _layer_regex(a: int, b: int) -> str:
 
 def commands(plan, model_gguf: str = "MODEL.gguf", port: int = RPC_PORT) -> dict:
     """The exact llama.cpp command lines that realise the split: one ``rpc-server`` per remote node, and the
-    client's command with ``--rpc`` and either ``-ot`` patterns (each layer range to its node's RPC buffer, the
-    client's own range to CPU) or the equivalent ``-ngl`` / ``--tensor-split`` (layer counts of the remote nodes,
-    the client's layers first on its CPU)."""
+    client's command with ``--rpc`` and ``-ot`` patterns (each layer range to its node's RPC buffer, the client's
+    own range and the head to CPU; ``-ngl`` above the layer count, so it holds under either -ngl rule), or the
+    equivalent ``-ngl`` / ``--tensor-split`` for current llama.cpp (the output layer counted in -ngl)."""
     remote = [n for n in plan.nodes[1:] if n["used"]]
     L = plan.ranges[-1][1]
     eps = [f"{n['host']}:{port}" for n in remote]
@@ -56,10 +56,15 @@ def commands(plan, model_gguf: str = "MODEL.gguf", port: int = RPC_PORT) -> dict
     base = ["llama-cli", "-m", model_gguf]
     rpc = ["--rpc", ",".join(eps)] if eps else []
     with_ot = base + rpc + ["-ngl", str(L + 1) if eps else "0"] + ot
-    # -ngl N offloads the last N layers (llama.cpp: layers >= n_layer - N); the client's first b0 layers stay on its
-    # CPU; --tensor-split divides the offloaded layers among the RPC devices in --rpc order, by these counts
-    split = base + rpc + (["-ngl", str(L - b0), "--tensor-split", ",".join(str(n["layers"][1] - n["layers"][0])
-                                                                           for n in remote)] if eps else ["-ngl", "0"])
+    # the same without per-layer patterns. llama.cpp (llama-model.cpp load_tensors) counts the output layer as one
+    # of -ngl's N: slots il >= n_layer + 1 - N are offloaded (layers, then the output at il = n_layer), and
+    # --tensor-split divides those N slots among the RPC devices in --rpc order. So N = the remote layers + 1, the
+    # last device's count takes the output's slot too, and -ot keeps the head itself on the client.
+    counts = [n["layers"][1] - n["layers"][0] for n in remote]
+    if counts:
+        counts[-1] += 1
+    split = base + rpc + (["-ngl", str(L - b0 + 1), "--tensor-split", ",".join(map(str, counts)),
+                           "-ot", r"^output=CPU"] if eps else ["-ngl", "0"])
     return {"rpc_servers": servers, "client": {"node": 0, "host": plan.nodes[0]["host"], "argv": with_ot},
             "client_tensor_split": {"node": 0, "host": plan.nodes[0]["host"], "argv": split},
             "notes": "rpc-server and the client as in llama.cpp tools/rpc/README.md (-H host, -p port, -c local cache; "
