@@ -16,7 +16,10 @@ program per objective stage (exact: HiGHS proves each stage optimal, as the sing
                                  (u[l, -1] = 0, u[l, B-1] = 1): linear in u
   n[k, g, j, c] integer >= 0     how many items of group g of the layers of class k on node j take choice c;
                                  sum over c = (items of g in one such layer) x N[k, j]
-  w[j] in {0, 1}  (j >= 1)       node j holds a layer: n_layers x w[j] >= sum over k of N[k, j]
+  w[j] in {0, 1}  (j >= 1)       node j holds a layer: w[j] <= sum over k of N[k, j] <= n_layers x w[j]
+
+When every layer is alike (one class) the split is the layer counts themselves: integers c[j] = layers on
+nodes <= j, 0 <= c[0] <= ... <= n_layers, N[j] = c[j] - c[j-1] (every count vector is one contiguous split).
 
 A *layer class* is a set of layers alike in every cost (their items' cost classes on every board type,
 their KV bytes, their float tensors, attention and router times): items of one class on one node are
@@ -33,7 +36,7 @@ tensors it holds; the network model is below):
                        + sum over used remote nodes of net(1)
   prefill (s/chunk)  = sum over used nodes of [token_fixed_s + attention + routers of its layers
                        + its items' prefill times] + sum over used remote nodes of net(prefill_m)
-  net(rows)          = round_trips_per_eval x latency_s + 2 x rows x hidden x 4 / bandwidth
+  net(rows)          = round_trips_per_eval x latency_s + 2 x rows x hidden x 4 / bandwidth (network.py)
   TTFT               = sum over the prompt's chunks of the same, at each chunk's rows and positions
 
 llama.cpp runs the devices one after the other for one sequence, so the times add.
