@@ -76,6 +76,7 @@ class BuildOptions:
     # placement: the tier-map compiler (default) or the rules alone (plan=False)
     plan: bool = True
     board: str = "rk3588-32g"
+    runtime: str | None = None  # the runtime path the plan is for (None: ggml-ork, the default)
     profile: Path | None = None
     ctx: int = 8192
     kv_type: str = "f16"
@@ -111,6 +112,7 @@ class BuildOptions:
             "allow_nonfinite": self.allow_nonfinite,
             "plan": self.plan,
             "board": self.board,
+            "runtime": self.runtime,
             "profile": None if self.profile is None else Path(self.profile).name,
             "ctx": self.ctx,
             "kv_type": self.kv_type,
@@ -305,7 +307,7 @@ def load_tiermap(path: Path, infos: list[TensorInfo]) -> tuple["TierMap", list[s
 
 
 # the options that shape a plan, which a given tier map makes meaningless: field -> flag
-PLAN_OPTIONS = {"board": "--board", "profile": "--profile", "ctx": "--ctx", "kv_type": "--kv-type",
+PLAN_OPTIONS = {"board": "--board", "runtime": "--runtime", "profile": "--profile", "ctx": "--ctx", "kv_type": "--kv-type",
                 "prefill_m": "--prefill-m", "ignore_unknown": "--ignore-unknown", "goal": "--goal",
                 "min_decode_tok_s": "--min-decode-tok-s", "min_prefill_tok_s": "--min-prefill-tok-s",
                 "max_ram": "--max-ram", "max_kld": "--max-kld", "prompt": "--prompt"}
@@ -341,7 +343,7 @@ def _identity(path: Path) -> tuple[int, int] | None:
 def build_inputs(src, src_path: Path, opts: BuildOptions) -> list[tuple[Path, str]]:
     """Every file a build reads, as (path, what it is): the source's weight files; for a model folder
     every other file in it too (config, index, tokenizer, ...; previous ``*.orkpack`` packs excepted);
-    a lone .safetensors file's config.json beside it; the --tiermap, --profile and --board files."""
+    a lone .safetensors file's config.json beside it; the --tiermap, --profile, --board and --runtime files."""
     out = [(Path(f), "a weight file of the source") for f in src.files]
     root = Path(src_path)
     if root.is_dir():
@@ -353,7 +355,8 @@ def build_inputs(src, src_path: Path, opts: BuildOptions) -> list[tuple[Path, st
                 if not q.name.endswith(".orkpack") and q.is_file()]
     elif src.kind == "safetensors":
         out.append((root.parent / "config.json", "the config.json of the source"))
-    for flag, p in (("--tiermap", opts.tiermap), ("--profile", opts.profile), ("--board", opts.board)):
+    for flag, p in (("--tiermap", opts.tiermap), ("--profile", opts.profile), ("--board", opts.board),
+                    ("--runtime", opts.runtime)):
         if p is not None and Path(p).is_file():
             out.append((Path(p), f"the {flag} file"))
     return out
@@ -619,7 +622,7 @@ def build(
                 Path(src_path), board=opts.board, profile=opts.profile, ctx=opts.ctx, kv_type=opts.kv_type,
                 prefill_m=opts.prefill_m, pins=opts.pins(), ignore_unknown=opts.ignore_unknown,
                 goal=Goal(opts.goal, opts.min_decode_tok_s, opts.min_prefill_tok_s, opts.max_ram, max_kld=opts.max_kld),
-                prompt=opts.prompt,
+                prompt=opts.prompt, runtime=opts.runtime,
             )
             placement = TierMapPlacement(tm, opts)
             tiermap = tm.to_json()

@@ -52,6 +52,8 @@ def _cluster_only(boards, *, frontier: bool = False, board_given: bool = False) 
 
 
 MAX_KLD_HELP = "Only plans whose predicted KLD (the sensitivities of the items decode reads as NF4, docs/TIERMAP.md) is at most X."
+RUNTIME_HELP = ("The runtime path the plan is for (what the software decides: submit cost, NPU efficiency, CPU rates, "
+                "fixed costs, decode engine): ggml-ork (default), llama.cpp-cpu, rkllm, or a TOML file (orkpack calibrate).")
 GOAL_HELP = ("balanced (default): decode within 5% of the best this board allows, then prefill within 1% of the "
              "most that allows, then the best quality (least predicted KLD); decode, prefill or quality: that first.")
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000 ** 2, "mb": 1000 ** 2, "mib": 1 << 20,
@@ -118,8 +120,8 @@ def _progress(enabled: bool):
 class _LazyBar:
     """A progress bar on stderr that appears with the first progress report (so an early error is one line)."""
 
-    def __init__(self, enabled: bool):
-        self.enabled, self.prog, self.task = enabled, None, None
+    def __init__(self, enabled: bool, label: str = "eval"):
+        self.enabled, self.label, self.prog, self.task = enabled, label, None, None
 
     def update(self, done: float, total: float, what: str) -> None:
         if not self.enabled:
@@ -128,7 +130,7 @@ class _LazyBar:
             from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self.prog = Progress(TextColumn("[bold]eval"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+            self.prog = Progress(TextColumn(f"[bold]{self.label}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                                  TimeRemainingColumn(), TextColumn("{task.fields[what]}"),
                                  console=Console(stderr=True, highlight=False))
             self.prog.start()
@@ -164,6 +166,7 @@ def build(
     cpu: List[str] = typer.Option([], "--cpu", metavar="GLOB", help="Keep matching tensors off the NPU (host: CPU/GPU)."),
     npu_storage: str = typer.Option("int8", "--npu-storage", help="How NPU tensors are stored: int8 tiles, or nf4 inflated to int8 at load (w4a8)."),
     board: str = typer.Option("rk3588-32g", "--board", help="Board profile the tier map is solved for (name or TOML file)."),
+    runtime: Optional[str] = typer.Option(None, "--runtime", help=RUNTIME_HELP),
     profile: Optional[Path] = typer.Option(None, "--profile", help="Hotness profile (orkpack JSON, imatrix .gguf/.dat, timing CSV). Default: analytic."),
     ctx: int = typer.Option(8192, "--ctx", help="Context length the KV cache must hold."),
     kv_type: str = typer.Option("f16", "--kv-type", help="KV cache type: f16 or q8_0."),
@@ -199,7 +202,7 @@ def build(
         raise OrkError(f"--npu-storage {npu_storage!r}: choose int8 or nf4")
     opts = BuildOptions(
         threads=threads, int8=int8, nf4=nf4, keep=keep, npu=npu, cpu=cpu, npu_storage=npu_storage, allow_nonfinite=allow_nonfinite,
-        timestamp=timestamp, plan=not no_plan, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, ignore_unknown=ignore_unknown,
+        timestamp=timestamp, plan=not no_plan, board=board, runtime=runtime, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, ignore_unknown=ignore_unknown,
         tiermap=tiermap, goal=goal, min_decode_tok_s=min_decode_tok_s, min_prefill_tok_s=min_prefill_tok_s,
         max_ram=parse_bytes(max_ram, "--max-ram"), max_kld=max_kld, prompt=prompt, given=_given(context),
     )
@@ -279,6 +282,7 @@ def plan(
     context: typer.Context,
     model: Path = typer.Argument(..., help="A config.json, an HF folder, a .safetensors or a .gguf file (headers only: no weights are read)."),
     board: str = typer.Option("rk3588-32g", "--board", help="A board profile name (rk3588-32g, rk3588-16g, rk3588-8g) or a TOML file."),
+    runtime: Optional[str] = typer.Option(None, "--runtime", help=RUNTIME_HELP),
     profile: Optional[Path] = typer.Option(None, "--profile", help="Hotness profile: orkpack JSON, llama.cpp imatrix (.gguf or .dat), or a timing CSV. Default: analytic."),
     ctx: int = typer.Option(8192, "--ctx", help="Context length the KV cache must hold."),
     kv_type: str = typer.Option("f16", "--kv-type", help="KV cache type: f16 or q8_0."),
@@ -315,10 +319,10 @@ def plan(
         raise typer.Exit(plan_cluster_command(model, boards, network=network, json_out=json_out, output=output,
                                               console=None if json_out else _out(), profile=profile, ctx=ctx,
                                               kv_type=kv_type, prefill_m=prefill_m, pins=pins,
-                                              ignore_unknown=ignore_unknown, goal=g, prompt=prompt))
+                                              ignore_unknown=ignore_unknown, goal=g, prompt=prompt, runtime=runtime))
     code = plan_command(model, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, pins=pins,
                         ignore_unknown=ignore_unknown, json_out=json_out, output=output, console=None if json_out else _out(), goal=g,
-                        prompt=prompt, frontier_out=frontier)
+                        prompt=prompt, frontier_out=frontier, runtime=runtime)
     raise typer.Exit(code)
 
 
@@ -372,14 +376,15 @@ def demo(
 @_fail_cleanly
 def calibrate(
     times: Path = typer.Argument(..., help="Timings measured on your board: a CSV of matmul, prefill, ttft and decode rows (docs/CALIBRATION.md)."),
-    output: Path = typer.Option(..., "-o", "--output", help="The board TOML to write (atomically); its file name becomes the board's name."),
-    board: str = typer.Option("rk3588-32g", "--board", help="The board the unfitted values come from (name or TOML file)."),
+    output: Path = typer.Option(..., "-o", "--output", help="The runtime TOML to write (atomically); its file name becomes the runtime path's name."),
+    board: str = typer.Option("rk3588-32g", "--board", help="The board the timings were measured on (name or TOML file): its hardware is not fitted."),
+    runtime: Optional[str] = typer.Option(None, "--runtime", help="The runtime path the unfitted values come from (name or TOML file; default ggml-ork)."),
     json_out: bool = typer.Option(False, "--json", help="Print the fit as JSON."),
 ):
-    """Fit the board's cost-model constants to timings measured on your board and write a board TOML for --board."""
+    """Fit a runtime path's cost-model constants to timings measured on your board and write a runtime TOML for --runtime."""
     from orkpack.tiers.calibrate import calibrate as run_calibrate, report_json, report_text
 
-    f, _ = run_calibrate(times, output, board=board)
+    f, _ = run_calibrate(times, output, board=board, runtime=runtime)
     print(json.dumps(report_json(f, str(output)), indent=1) if json_out else report_text(f, str(output)))
 
 
@@ -426,6 +431,37 @@ def eval_(
         print(json.dumps(r, indent=1))
     else:
         eval_report(_out(), r, rows=rows)
+
+
+@app.command()
+@_fail_cleanly
+def imatrix(
+    source: Path = typer.Argument(..., help="The float checkpoint: an HF folder, .safetensors or .gguf."),
+    output: Path = typer.Option(..., "-o", "--output", metavar="FILE", help="The statistics to write (GGUF imatrix, atomically); llama-quantize --imatrix reads it too."),
+    text: Optional[Path] = typer.Option(None, "--text", metavar="FILE", help="UTF-8 text to run (default: the built-in prose, ~2,300 tokens). Gather on a text other than the one you score."),
+    tokens: Optional[Path] = typer.Option(None, "--tokens", metavar="FILE", help="Token ids to run instead of a text (integers separated by spaces)."),
+    ctx: int = typer.Option(512, "--ctx", metavar="N", help="Chunk length: each chunk is one sequence."),
+    chunks: int = typer.Option(0, "--chunks", metavar="N", help="Run only the first N chunks (0: all)."),
+    threads: int = typer.Option(1, "--threads", "-t", help="BLAS threads (0: all cores)."),
+    json_out: bool = typer.Option(False, "--json", help="Print a summary as JSON."),
+):
+    """Activation statistics of the float model on a text (llama.cpp's importance matrix, plus each input
+    column's largest |x|), for build --imatrix (docs/EVAL.md)."""
+    from orkpack.eval.imatrix import gather
+    from orkpack.render import imatrix_report
+
+    bar = _LazyBar(not json_out, "imatrix")
+    try:
+        stats = gather(source, output, text=text, tokens=tokens, ctx=ctx, chunks=chunks, threads=threads,
+                       progress=bar.update)
+    finally:
+        bar.stop()
+    r = {"output": str(output), "matrices": len(stats.entries), "chunks": stats.chunk_count,
+         "chunk_size": stats.chunk_size, "datasets": stats.datasets}
+    if json_out:
+        print(json.dumps(r, indent=1))
+    else:
+        imatrix_report(_out(), r)
 
 
 def main() -> None:

@@ -62,12 +62,14 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
         head.add_row("model", line)
     if f.get("tiermap"):
         tm = f["tiermap"]
-        head.add_row("tier map", escape_name(str(tm.get("board", {}).get("name") if isinstance(tm.get("board"), dict) else tm.get("board"))))
+        b = tm.get("board") if isinstance(tm.get("board"), dict) else {}
+        rt = b.get("runtime") if isinstance(b.get("runtime"), dict) else {}
+        head.add_row("tier map", escape_name(f"board {b.get('name', tm.get('board'))}, runtime {rt.get('name', 'board-v2')}"))
         cl = (tm.get("options") or {}).get("cluster") if isinstance(tm.get("options"), dict) else None
         if isinstance(cl, dict) and isinstance(cl.get("layers"), list) and len(cl["layers"]) == 2:
-            a, b = cl["layers"]
-            head.add_row("cluster", escape_name(f"node {cl.get('node')} of {len(cl.get('nodes') or [])}: layers {a}-{b - 1} "
-                                                f"({b - a}){' + embedding/head (client)' if cl.get('node') == 0 else ''}; "
+            a, b_ = cl["layers"]
+            head.add_row("cluster", escape_name(f"node {cl.get('node')} of {len(cl.get('nodes') or [])}: layers {a}-{b_ - 1} "
+                                                f"({b_ - a}){' + embedding/head (client)' if cl.get('node') == 0 else ''}; "
                                                 "the whole split: orkpack inspect DIR/cluster.json"))
         pr = tm.get("prediction")
         line = _prediction_line(pr) if isinstance(pr, dict) else None
@@ -149,6 +151,13 @@ def _prediction_line(pr: dict) -> str | None:
                 f"{float(base['decode_tok_s']):.2f}, prefill {float(base['prefill_tok_s']):.1f})")
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def imatrix_report(console: Console, r: dict) -> None:
+    """``orkpack imatrix``: what was written."""
+    console.print(f"wrote {markup_escape(escape_name(r['output']))}: statistics of {r['matrices']} matrices over "
+                  f"{r['chunks']} chunks of {r['chunk_size']} tokens "
+                  f"({markup_escape(escape_name(', '.join(r['datasets'])))})")
 
 
 def eval_report(console: Console, r: dict, *, rows: int = 20) -> None:

@@ -119,7 +119,7 @@ def test_joint_split_is_exact_against_brute_force(seed):
         boards.append(replace(base, name=f"b{j}", reserve_bytes=1 << 20,
                               total_bytes=(1 << 20) + int(least * rng.choice([0.45, 0.6, 0.8, 1.2])),
                               iova_usable_bytes=npu_item * rng.choice([0, 1, 2, 3]),
-                              decode_bandwidth=base.decode_bandwidth * rng.choice([0.5, 1.0])))
+                              cpu_stream_bytes_per_s=base.cpu_stream_bytes_per_s * rng.choice([0.5, 1.0])))
     net = network.Network("t", latency_s=rng.choice([0.0, 2e-5, 2e-3]), bandwidth_bytes_per_s=117.5e6,
                           round_trips_per_eval=3)
     spec = cluster.ClusterSpec(boards, [f"h{j}" for j in range(B)], net)
@@ -156,14 +156,26 @@ def test_the_brute_force_instances_are_not_trivial():
 
 
 def test_one_board_cluster_is_the_single_board_plan():
-    """A cluster of one board is the board: same stages and predictions as orkpack plan."""
+    """A cluster of one board is the board: the same stage optima as orkpack plan, and the single-board plan's
+    choices costed the cluster's way (the node's sub-model through node_phase) give its predictions exactly."""
     man = manifest_from_path(CFG / "qwen2.json")
     b = load_board("rk3588-32g")
-    tm = solver.solve(man, b, load_profile(None, man, b, 512), ctx=4096)
+    prof = load_profile(None, man, b, 512)
+    tm = solver.solve(man, b, prof, ctx=4096)
     plan = cluster.solve_cluster(man, cluster.ClusterSpec([b], ["h"], network.load_network(None)), ctx=4096)
-    for k in ("decode_tok_s", "prefill_tok_s", "ttft_s"):
-        assert plan.prediction[k] == pytest.approx(tm.prediction[k], rel=1e-6)
     assert [s["value"] for s in plan.stages] == pytest.approx([s["value"] for s in tm.objective["stages"]], rel=1e-6)
+    sub, idx = cluster.sub_manifest(man, list(range(man.facts["n_layers"])), client=True)
+    assert [man.items[i].key for i in idx] == [it.key for it in man.items]
+    choices = []
+    for it in man.items:
+        d = tm.get(it.tensor, it.expert)
+        choices.append(("npu+nf4" if d.host_copy else "npu") if d.tier == "npu" else d.encoding)
+    ph = cluster.node_phase(sub, b, cluster.sub_profile(prof, idx), choices, prompt=512, ctx=4096, kv_type="f16")
+    for k in ("decode_s_per_token", "prefill_s_per_chunk", "ttft_s"):
+        assert ph[k] == pytest.approx(tm.prediction[k], rel=1e-6)
+    # and the plan found keeps the goal's slacks around those optima
+    assert plan.prediction["decode_s_per_token"] <= plan.stages[0]["value"] / 0.95 * (1 + 1e-6)
+    assert plan.prediction["prefill_s_per_chunk"] <= plan.stages[1]["value"] / 0.99 * (1 + 1e-6)
 
 
 @pytest.mark.parametrize("goal", ["decode", "balanced"])

@@ -70,10 +70,11 @@ class ClusterSpec:
     network: Network
 
 
-def parse_cluster(boards: str, network: str | None = None) -> ClusterSpec:
+def parse_cluster(boards: str, network: str | None = None, runtime: str | None = None) -> ClusterSpec:
     """``--boards``: a comma-separated list of board names or TOML files, or a cluster TOML file
     (``boards = [...]``, optional ``hosts = [...]``, optional ``[network]``). ``--network`` wins over a
-    file's [network]; a board file's own [network] (the client's) is used when neither is given."""
+    file's [network]; a board file's own [network] (the client's) is used when neither is given. ``runtime``:
+    the runtime path every board runs (--runtime; default ggml-ork)."""
     text = (boards or "").strip()
     hosts: list[str] | None = None
     net = None
@@ -95,7 +96,7 @@ def parse_cluster(boards: str, network: str | None = None) -> ClusterSpec:
         if not text or any(not x for x in names):
             raise OrkError("--boards: give a comma-separated list of boards (e.g. rk3588-32g,rk3588-32g) or a "
                            "cluster .toml file; an empty name is not a board")
-    bs = [load_board(n) for n in names]
+    bs = [load_board(n, runtime) for n in names]
     if network is not None:
         net = load_network(network)
     elif net is None:
@@ -553,7 +554,9 @@ def _assemble(man, spec, ranges, pick, profs, tj, rows, *, ctx, kv_type, prompt,
         r = min(prefill_m, prompt - done)
         net_ttft += len(remote) * net.eval_s(r, hidden)
         done += r
-    ttft = sum(n["phase"]["ttft_s"] for n in nodes if n["used"]) + net_ttft
+    # each node's TTFT holds its runtime's fixed cost per request; a request is the client's: once
+    ttft = sum(n["phase"]["ttft_s"] for n in nodes if n["used"]) + net_ttft \
+        - sum(getattr(boards[j], "request_s", 0.0) for j in remote)
     kld = sum(n["phase"]["kld"] for n in nodes if n["used"])
     pred = {"decode_tok_s": round(1.0 / dec, 3), "prefill_tok_s": round(prefill_m / pre, 3), "ttft_s": round(ttft, 4),
             "decode_s_per_token": round(dec, 9), "prefill_s_per_chunk": round(pre, 9), "kld": round(kld, 6),
@@ -663,11 +666,12 @@ def to_json(plan: ClusterPlan, baseline: ClusterPlan | None = None, packs: list[
 
 def plan_cluster(model: Path, boards: str, *, network: str | None = None, profile: Path | None = None, ctx: int = 8192,
                  kv_type: str = "f16", prefill_m: int = 512, pins: dict | None = None, ignore_unknown: bool = False,
-                 goal: solver.Goal | None = None, prompt: int = 512, baseline: bool = True):
+                 goal: solver.Goal | None = None, prompt: int = 512, baseline: bool = True,
+                 runtime: str | None = None):
     """(plan, the memory-proportional plan of the same boards or None, manifest)."""
     from .manifest import manifest_from_path
 
-    spec = parse_cluster(boards, network)
+    spec = parse_cluster(boards, network, runtime)
     man = manifest_from_path(model)
     kw = dict(profile=profile, prefill_m=prefill_m, ctx=ctx, kv_type=kv_type, pins=pins, goal=goal, prompt=prompt,
               ignore_unknown=ignore_unknown)

@@ -26,7 +26,8 @@ def prepare_cluster_build(source: Path, out_dir: Path, opts, boards: str, networ
     goal = solver.Goal(opts.goal, opts.min_decode_tok_s, opts.min_prefill_tok_s, opts.max_ram, max_kld=opts.max_kld)
     plan, base, _ = plan_cluster(Path(source), boards, network=network, profile=opts.profile, ctx=opts.ctx,
                                  kv_type=opts.kv_type, prefill_m=opts.prefill_m, pins=opts.pins(),
-                                 ignore_unknown=opts.ignore_unknown, goal=goal, prompt=opts.prompt)
+                                 ignore_unknown=opts.ignore_unknown, goal=goal, prompt=opts.prompt,
+                                 runtime=getattr(opts, "runtime", None))
     return plan, base
 
 
