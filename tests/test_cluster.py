@@ -490,3 +490,14 @@ def test_options_that_contradict_boards(args, needle):
     res = subprocess.run([sys.executable, "-m", "orkpack", "plan", str(CFG / "qwen2.json"), *args],
                          capture_output=True, text=True)
     assert res.returncode == 2 and res.stderr.count("\n") == 1 and needle in res.stderr
+
+
+def test_the_runtime_path_reaches_every_board():
+    spec = cluster.parse_cluster("rk3588-32g,rk3588-16g", runtime="rkllm")
+    assert [b.runtime for b in spec.boards] == ["rkllm", "rkllm"]
+    assert [b.runtime for b in cluster.parse_cluster("rk3588-32g,rk3588-16g").boards] == ["ggml-ork", "ggml-ork"]
+    man = manifest_from_path(CFG / "qwen2.json")
+    a = cluster.solve_cluster(man, cluster.parse_cluster("rk3588-16g,rk3588-16g"), ctx=2048)
+    b = cluster.solve_cluster(man, cluster.parse_cluster("rk3588-16g,rk3588-16g", runtime="rkllm"), ctx=2048)
+    assert a.prediction["decode_s_per_token"] != b.prediction["decode_s_per_token"]
+    assert cluster.to_json(b)["nodes"][0]["runtime"] == "rkllm"

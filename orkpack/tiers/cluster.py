@@ -639,7 +639,8 @@ def cluster_block(plan: ClusterPlan) -> dict:
 def to_json(plan: ClusterPlan, baseline: ClusterPlan | None = None, packs: list[str | None] | None = None) -> dict:
     nodes = []
     for j, n in enumerate(plan.nodes):
-        d = {"node": j, "board": n["board"], "host": n["host"], "layers": n["layers"], "used": n["used"],
+        d = {"node": j, "board": n["board"], "runtime": getattr(plan.boards[j], "runtime", None), "host": n["host"],
+             "layers": n["layers"], "used": n["used"],
              "n_layers": n["layers"][1] - n["layers"][0], "client": j == 0}
         if n["used"]:
             tm = node_tiermap(plan, j)
@@ -715,6 +716,7 @@ def render(plan: ClusterPlan, base: ClusterPlan | None, console) -> None:
     o = plan.options
     console.print(f"[bold]{escape_name(man.source)}[/]: {man.facts.get('arch')}, {man.facts.get('n_layers')} layers, "
                   f"{len(man.items)} items; {len(plan.boards)} boards over {plan.network.name} (llama.cpp RPC), "
+                  f"runtime {escape_name(', '.join(sorted({str(getattr(b, 'runtime', '?')) for b in plan.boards})))}, "
                   f"ctx {o['ctx']} ({o['kv_type']} KV), goal {plan.goal.name}")
     t = Table(title="Split per board (node 0 is the client: embedding, output head, its own layers)")
     for c in ("node", "board", "host", "layers", "NPU used / cap", "RAM used / cap", "KV", "decode s/tok",
