@@ -592,8 +592,13 @@ def build(
     *,
     on_start: Callable[[int], None] | None = None,
     on_progress: Callable[[int, str], None] | None = None,
+    placement_map=None,
+    select: set[str] | None = None,
 ) -> BuildResult:
-    """Build ``out_path`` from the checkpoint at ``src_path``. Raises OrkError on bad input."""
+    """Build ``out_path`` from the checkpoint at ``src_path``. Raises OrkError on bad input.
+
+    ``placement_map`` (a TierMap) and ``select`` (tensor names) build one node of a cluster
+    (orkpack/tiers/cluster.py): only the selected tensors, placed by that node's tier map."""
     t0 = time.perf_counter()
     out_path = Path(out_path)
     if opts.tiermap is not None and not opts.plan:
@@ -610,6 +615,8 @@ def build(
     try:
         refuse_overwriting_inputs(out_path, src, Path(src_path), opts)
         infos = src.tensors()
+        if select is not None:
+            infos = [i for i in infos if i.name in select]
         if not infos:
             raise SourceError(f"{escape_name(str(src_path))}: no tensors found")
         for i in infos:
@@ -619,7 +626,9 @@ def build(
         skipped = skipped_of(src)
         info_lines = [line] if (line := skipped_line(skipped)) else []
         tiermap = None
-        if opts.tiermap is not None:
+        if placement_map is not None:
+            placement, tiermap, warnings = TierMapPlacement(placement_map, opts), placement_map.to_json(), []
+        elif opts.tiermap is not None:
             tm, warnings = load_tiermap(Path(opts.tiermap), infos)
             placement = TierMapPlacement(tm, opts)
             tiermap = tm.to_json()

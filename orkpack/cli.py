@@ -36,6 +36,21 @@ def _out():
     return Console() if sys.stdout.isatty() else Console(width=160)
 
 
+BOARDS_HELP = ("Plan across several boards over llama.cpp RPC: a comma-separated list of board names or TOML files "
+               "(node 0 is the client), or a cluster TOML file (docs/CLUSTER.md).")
+NETWORK_HELP = "The link between the boards with --boards: 1gbe (default), 2.5gbe, 10gbe, or a TOML file with a [network] table."
+
+
+def _cluster_only(boards, *, frontier: bool = False, board_given: bool = False) -> None:
+    """--boards / --network: the flags that contradict a cluster plan, refused in one line."""
+    if boards is None:
+        raise OrkError("--network applies to a plan across boards: add --boards B1,B2,...")
+    if frontier:
+        raise OrkError("--frontier is for one board; drop it or --boards")
+    if board_given:
+        raise OrkError("--board and --boards contradict each other: give the boards once, in --boards")
+
+
 MAX_KLD_HELP = "Only plans whose predicted KLD (the sensitivities of the items decode reads as NF4, docs/TIERMAP.md) is at most X."
 RUNTIME_HELP = ("The runtime path the plan is for (what the software decides: submit cost, NPU efficiency, CPU rates, "
                 "fixed costs, decode engine): ggml-ork (default), llama.cpp-cpu, rkllm, or a TOML file (orkpack calibrate).")
@@ -164,6 +179,8 @@ def build(
     max_ram: Optional[str] = typer.Option(None, "--max-ram", metavar="BYTES", help="Use at most this much RAM (e.g. 24GiB)."),
     max_kld: Optional[float] = typer.Option(None, "--max-kld", metavar="X", help=MAX_KLD_HELP),
     prompt: int = typer.Option(512, "--prompt", metavar="N", help="Prompt length the TTFT and decode predictions are for."),
+    boards: Optional[str] = typer.Option(None, "--boards", metavar="B1,B2,...", help=BOARDS_HELP + " -o then names a folder: one pack per board and cluster.json."),
+    network: Optional[str] = typer.Option(None, "--network", metavar="NAME", help=NETWORK_HELP),
     tiermap: Optional[Path] = typer.Option(None, "--tiermap", metavar="FILE", help="Follow this tier-map JSON (orkpack plan -o FILE, or edited) instead of planning; it must cover every tensor of SOURCE. The planning options (--board, --ctx, --profile, --goal, ...) are refused with it: give them to orkpack plan."),
     imatrix: Optional[Path] = typer.Option(None, "--imatrix", metavar="FILE", help="Activation statistics (orkpack imatrix SOURCE -o FILE): smooth the activations of the norm-fed and down matrices for the NPU's int8 (SmoothQuant, folded into the weights; docs/EVAL.md)."),
     no_smooth: bool = typer.Option(False, "--no-smooth", help="With --imatrix: do not smooth."),
@@ -194,6 +211,12 @@ def build(
         max_ram=parse_bytes(max_ram, "--max-ram"), max_kld=max_kld, prompt=prompt, given=_given(context),
         imatrix=imatrix, smooth=not no_smooth, smooth_alpha=smooth_alpha, clip=not no_clip,
     )
+    if boards is not None or network is not None:
+        from orkpack.tiers.cluster_build import build_cluster_command
+
+        _cluster_only(boards, board_given="board" in opts.given)
+        raise typer.Exit(build_cluster_command(source, output, opts, boards, network, json_out=json_out,
+                                               console=_out(), progress=_progress))
     with _progress(not json_out) as prog:
         task = prog.add_task("build", total=None, tensor="")
         r = run_build(
@@ -238,8 +261,14 @@ def inspect(
     json_out: bool = typer.Option(False, "--json", help="Print the facts as JSON (stable keys)."),
     all_rows: bool = typer.Option(False, "--all", help="Show every tensor row (default: the first 60)."),
 ):
-    """Show a pack's header facts, residency per engine and per-tensor rows."""
+    """Show a pack's header facts, residency per engine and per-tensor rows (a cluster folder or its cluster.json:
+    the split per board)."""
     from orkpack.inspect import pack_facts, untrusted_line
+
+    if pack.is_dir() or pack.suffix == ".json":
+        from orkpack.tiers.cluster_build import inspect_cluster
+
+        raise typer.Exit(inspect_cluster(pack, json_out=json_out, console=_out()))
     from orkpack.render import pack_facts as render
 
     f = pack_facts(pack, tensor)
@@ -255,6 +284,7 @@ def inspect(
 @app.command()
 @_fail_cleanly
 def plan(
+    context: typer.Context,
     model: Path = typer.Argument(..., help="A config.json, an HF folder, a .safetensors or a .gguf file (headers only: no weights are read)."),
     board: str = typer.Option("rk3588-32g", "--board", help="A board profile name (rk3588-32g, rk3588-16g, rk3588-8g) or a TOML file."),
     runtime: Optional[str] = typer.Option(None, "--runtime", help=RUNTIME_HELP),
@@ -275,6 +305,8 @@ def plan(
     max_kld: Optional[float] = typer.Option(None, "--max-kld", metavar="X", help=MAX_KLD_HELP),
     prompt: int = typer.Option(512, "--prompt", metavar="N", help="Prompt length the TTFT and decode predictions are for."),
     frontier: bool = typer.Option(False, "--frontier", help="Print the Pareto set of (decode, prefill, quality) plans; with -o DIR, write each as DIR/frontier-K.json."),
+    boards: Optional[str] = typer.Option(None, "--boards", metavar="B1,B2,...", help=BOARDS_HELP),
+    network: Optional[str] = typer.Option(None, "--network", metavar="NAME", help=NETWORK_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the tier map as JSON."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the tier map JSON here (a folder with --frontier)."),
 ):
@@ -285,6 +317,14 @@ def plan(
 
     pins = {"npu": npu, "cpu": cpu, "int8": int8, "nf4": nf4, "keep": keep}
     g = Goal(goal, min_decode_tok_s, min_prefill_tok_s, parse_bytes(max_ram, "--max-ram"), max_kld=max_kld)
+    if boards is not None or network is not None:
+        from orkpack.tiers.cluster import plan_cluster_command
+
+        _cluster_only(boards, frontier=frontier, board_given="board" in _given(context))
+        raise typer.Exit(plan_cluster_command(model, boards, network=network, json_out=json_out, output=output,
+                                              console=None if json_out else _out(), profile=profile, ctx=ctx,
+                                              kv_type=kv_type, prefill_m=prefill_m, pins=pins,
+                                              ignore_unknown=ignore_unknown, goal=g, prompt=prompt, runtime=runtime))
     code = plan_command(model, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, pins=pins,
                         ignore_unknown=ignore_unknown, json_out=json_out, output=output, console=None if json_out else _out(), goal=g,
                         prompt=prompt, frontier_out=frontier, runtime=runtime)
