@@ -4,7 +4,7 @@
  * the same NF4 format and decoder as bitsandbytes; per 64-block the stored absmax is the scale that
  * minimizes the weighted squared error over bitsandbytes' choice, a scan and a refinement. Every
  * operation here is the reference's, in the same order (float32 scaling and decode, float64 sums in
- * 16 lanes), built with -ffp-contract=off: tests/test_nf4opt.py checks the bytes are equal.
+ * in element order), built with -ffp-contract=off: tests/test_nf4opt.py checks the bytes are equal.
  */
 #ifndef ORK_NF4OPT_H
 #define ORK_NF4OPT_H

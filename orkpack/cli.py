@@ -36,6 +36,12 @@ def _out():
     return Console() if sys.stdout.isatty() else Console(width=160)
 
 
+NF4_MODE_HELP = ("How NF4 blocks are chosen: opt (default): each block's absmax minimizes the squared error, still "
+                 "bitsandbytes NF4 (dequantize_4bit reads it); bnb: byte-identical to bitsandbytes' quantize_4bit.")
+NF4_WEIGHTING_HELP = ("The opt search's error weight per value: plain (default), x2 (the value squared) or sigma "
+                      "(sqrt(sigma^2 + x^2), llama.cpp's with an imatrix); times the imatrix column weight if given.")
+IMATRIX_HELP = ("Activation statistics (llama.cpp imatrix .gguf/.dat, e.g. from orkpack imatrix) weighing each input "
+                "column's error in the opt NF4 search by its mean square activation.")
 MAX_KLD_HELP = "Only plans whose predicted KLD (the sensitivities of the items decode reads as NF4, docs/TIERMAP.md) is at most X."
 GOAL_HELP = ("balanced (default): decode within 5% of the best this board allows, then prefill within 1% of the "
              "most that allows, then the best quality (least predicted KLD); decode, prefill or quality: that first.")
@@ -148,6 +154,9 @@ def build(
     npu: List[str] = typer.Option([], "--npu", metavar="GLOB", help="Place matching tensors on the NPU as int8 tiles."),
     cpu: List[str] = typer.Option([], "--cpu", metavar="GLOB", help="Keep matching tensors off the NPU (host: CPU/GPU)."),
     npu_storage: str = typer.Option("int8", "--npu-storage", help="How NPU tensors are stored: int8 tiles, or nf4 inflated to int8 at load (w4a8)."),
+    nf4_mode: str = typer.Option("opt", "--nf4-mode", help=NF4_MODE_HELP),
+    nf4_weighting: str = typer.Option("plain", "--nf4-weighting", help=NF4_WEIGHTING_HELP),
+    imatrix: Optional[Path] = typer.Option(None, "--imatrix", metavar="FILE", help=IMATRIX_HELP),
     board: str = typer.Option("rk3588-32g", "--board", help="Board profile the tier map is solved for (name or TOML file)."),
     profile: Optional[Path] = typer.Option(None, "--profile", help="Hotness profile (orkpack JSON, imatrix .gguf/.dat, timing CSV). Default: analytic."),
     ctx: int = typer.Option(8192, "--ctx", help="Context length the KV cache must hold."),
@@ -182,6 +191,7 @@ def build(
         raise OrkError(f"--npu-storage {npu_storage!r}: choose int8 or nf4")
     opts = BuildOptions(
         threads=threads, int8=int8, nf4=nf4, keep=keep, npu=npu, cpu=cpu, npu_storage=npu_storage, allow_nonfinite=allow_nonfinite,
+        nf4_mode=nf4_mode, nf4_weighting=nf4_weighting, imatrix=imatrix,
         timestamp=timestamp, plan=not no_plan, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, ignore_unknown=ignore_unknown,
         tiermap=tiermap, goal=goal, min_decode_tok_s=min_decode_tok_s, min_prefill_tok_s=min_prefill_tok_s,
         max_ram=parse_bytes(max_ram, "--max-ram"), max_kld=max_kld, prompt=prompt, given=_given(context),

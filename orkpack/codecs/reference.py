@@ -224,7 +224,8 @@ def nf4_to_npu_int8(codes: np.ndarray, absmax: np.ndarray, shape, k_segment: int
 #
 #   0. bitsandbytes' own choice (d = max|x|): the search never does worse than quantize_4bit, and an
 #      all-zero block (max|x| < 1e-38) is exactly quantize_4bit's;
-#   1. a scan over inverse scales s * (1 + j * NF4OPT_STEP) / max|x|, s = +1 then -1, j = -NF4OPT_TRIES ..
+#   1. a scan (its sums in float32: w as float32, sum(w x * q) and sum(w q * q) in element order) over
+#      inverse scales s * (1 + j * NF4OPT_STEP) / max|x|, s = +1 then -1, j = -NF4OPT_TRIES ..
 #      NF4OPT_TRIES: codes of x * inv, then the least-squares scale of those codes sum(w x q) / sum(w q^2);
 #      the scan keeps the one with the largest sum(w x q)^2 / sum(w q^2) (the first on a tie). A negative
 #      scale flips the codebook (NF4 has 8 levels above 0 and 7 below): the stored "absmax" is then
@@ -235,24 +236,20 @@ def nf4_to_npu_int8(codes: np.ndarray, absmax: np.ndarray, shape, k_segment: int
 # Every candidate (0, and each d of 2) is scored by its exact error (float32 decode, float64 sums); the
 # smallest wins, the earlier on a tie. Weights w_i (float64): the column weight cw[k] of element i
 # (k = flat index mod K: imatrix mean squares, or 1) times f(x_i): 1 ("plain"), x^2 ("x2"), or
-# sqrt(sigma2 + x^2) with sigma2 = 2 * sum(x^2) / 64 over the block ("sigma"). Every float64 sum
-# runs over 16 lanes (element i into lane i % 16, in order), then the lanes in order: what the C kernel
-# (kernels/nf4opt.c) does, so both give the same bytes.
-NF4OPT_TRIES = 4
-NF4OPT_STEP = np.float32(3.0 / 64.0)
+# sqrt(sigma2 + x^2) with sigma2 = 2 * sum(x^2) / 64 over the block ("sigma"). Every float64 sum over a
+# block runs in element order from 0: what the C kernel (kernels/nf4opt.c, one block per SIMD lane)
+# does, so both give the same bytes.
+NF4OPT_TRIES = 2
+NF4OPT_STEP = np.float32(3.0 / 32.0)
 NF4OPT_ROUNDS = 2
 NF4OPT_WEIGHTINGS = ("plain", "x2", "sigma")
 
 
 def _lanesum(a: np.ndarray) -> np.ndarray:
-    """Sum over the last axis (64 float64) as the kernel does: 16 lanes (i % 16) in order, then the lanes."""
-    a = a.reshape(a.shape[:-1] + (NF4_BLOCK // 16, 16))
-    acc = a[..., 0, :].copy()
-    for g in range(1, a.shape[-2]):
-        acc += a[..., g, :]
-    s = np.zeros(a.shape[:-2], dtype=np.float64)
-    for lane in range(16):
-        s += acc[..., lane]
+    """Sum over the last axis (64 float64) as the kernel does: in element order, from 0."""
+    s = np.zeros(a.shape[:-1], dtype=np.float64)
+    for i in range(a.shape[-1]):
+        s += a[..., i]
     return s
 
 
@@ -322,12 +319,19 @@ def nf4opt_encode(x: np.ndarray, col_weights: np.ndarray | None = None, weightin
     best_e = exact_err(best_c, best_d)
 
     safe = np.where(live, amax, np.float32(1)).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        wf = w.astype(np.float32)
+        wx = wf * xb
     best_score = np.full(nb, -1.0)
     dscan = np.zeros(nb, dtype=np.float64)
     for sgn, j in [(g, j) for g in (1, -1) for j in range(-NF4OPT_TRIES, NF4OPT_TRIES + 1)]:
         inv = np.float32(sgn) * (np.float32(1) + np.float32(j) * NF4OPT_STEP) / safe
-        c = _codes_of((xb * inv[:, None]).astype(np.float32))
-        sxq, sqq = refit(c)
+        q = CODEBOOK[_codes_of((xb * inv[:, None]).astype(np.float32))]
+        fx, fq = np.zeros(nb, np.float32), np.zeros(nb, np.float32)
+        for i in range(NF4_BLOCK):  # float32 sums in element order
+            fx += wx[:, i] * q[:, i]
+            fq += wf[:, i] * q[:, i] * q[:, i]
+        sxq, sqq = fx.astype(np.float64), fq.astype(np.float64)
         with np.errstate(divide="ignore", invalid="ignore"):
             score = np.where(sqq > 0, sxq * sxq / np.where(sqq > 0, sqq, 1.0), -1.0)
             better = (sqq > 0) & (score > best_score)
