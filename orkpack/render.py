@@ -5,6 +5,7 @@ from rich.console import Console
 from rich.markup import escape as markup_escape
 from rich.table import Table
 
+from orkpack.codecs.nf4opt import describe as nf4_describe
 from orkpack.errors import escape_name
 
 
@@ -60,6 +61,8 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
     line = _model_line(f.get("model"))
     if line:
         head.add_row("model", line)
+    if line := nf4_describe(prov.get("nf4")):
+        head.add_row("nf4", markup_escape(line))
     if f.get("tiermap"):
         tm = f["tiermap"]
         head.add_row("tier map", escape_name(str(tm.get("board", {}).get("name") if isinstance(tm.get("board"), dict) else tm.get("board"))))
@@ -162,6 +165,8 @@ def eval_report(console: Console, r: dict, *, rows: int = 20) -> None:
         console.print(markup_escape(f"{p['path']}: {p['numerics']}"))
     if r.get("note"):
         console.print(markup_escape(f"note: {r['note']}"))
+    if line := nf4_describe(r.get("nf4")):
+        console.print(markup_escape(f"nf4: {line}"))
     sv = r.get("sensitivity")
     if sv:
         rho = "n/a" if sv["spearman"] is None else f"{sv['spearman']:.3f}"

@@ -95,3 +95,33 @@ def choose(mode: str, weighting: str, imatrix: Path | None) -> NF4Choice:
     record = {"file": p.name, "xxh3": hash_file(p), "datasets": [str(d) for d in (stats.datasets or [])],
               "chunks": int(stats.chunk_count or 0), "chunk_size": int(stats.chunk_size or 0)}
     return NF4Choice(mode, weighting, p, stats, record)
+
+
+def pack_record(header: dict | None) -> dict | None:
+    """A pack header's ``provenance.nf4`` (well-typed), or None. Packs written before it are ``bnb``."""
+    rec = ((header or {}).get("provenance") or {}).get("nf4") if isinstance((header or {}).get("provenance"), dict) \
+        else None
+    if not isinstance(rec, dict) or rec.get("mode") not in NF4_MODES:
+        return None
+    return rec
+
+
+def pack_mode(header: dict | None) -> str:
+    """The NF4 mode a pack records: ``opt`` or ``bnb`` (packs without the record: bnb, all they could be)."""
+    rec = pack_record(header)
+    return rec["mode"] if rec else "bnb"
+
+
+def describe(rec: dict | None) -> str | None:
+    """One line for people: 'opt (plain weights; imatrix FILE xxh3 ..., N chunks of M on DATASETS)'."""
+    if not isinstance(rec, dict):
+        return None
+    if rec.get("mode") != "opt":
+        return f"{rec.get('mode')} (bitsandbytes quantize_4bit bytes)"
+    im = rec.get("imatrix")
+    what = f"opt: error-minimizing absmax, {rec.get('weighting', 'plain')} weights"
+    if isinstance(im, dict):
+        ds = ", ".join(str(d) for d in im.get("datasets") or []) or "unnamed text"
+        what += (f" x imatrix {im.get('file')} (xxh3 {im.get('xxh3')}; {im.get('chunks')} chunks of "
+                 f"{im.get('chunk_size')} on {ds})")
+    return escape_name(what, 400)

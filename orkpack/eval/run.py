@@ -13,6 +13,7 @@ GGUF (one path: llama.cpp's CPU numerics, GGUFWeights). With SOURCE the referenc
 model; without, the pack's first path is the reference of the others (and perplexities are
 reported for every path). Docs: docs/EVAL.md.
 """
+from ..codecs.nf4opt import pack_record as nf4_pack_record
 from __future__ import annotations
 
 import math
@@ -425,6 +426,7 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
         "chunks": n_chunks,
         "scored": n_chunks * (opts.ctx - 1 - first),
         "reference": runs[0].label,
+        "nf4": nf4_pack_record(pack.header) if kind == "pack" else None,
         "note": None if ref_target else ("no SOURCE: there is no float reference; KL divergence and top-1 agreement "
                                          f"are of each path against the {runs[0].label} path"),
         "paths": [{"path": r.label, "numerics": r.numerics, **_summary(stats[r.label])} for r in runs],
