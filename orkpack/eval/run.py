@@ -13,7 +13,6 @@ GGUF (one path: llama.cpp's CPU numerics, GGUFWeights). With SOURCE the referenc
 model; without, the pack's first path is the reference of the others (and perplexities are
 reported for every path). Docs: docs/EVAL.md.
 """
-from ..codecs.nf4opt import pack_record as nf4_pack_record
 from __future__ import annotations
 
 import math
@@ -24,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..codecs.nf4opt import pack_record as nf4_pack_record
 from ..errors import escape_name
 from ..model import forward
 from ..model.hparams import Hparams, from_config, from_gguf
