@@ -109,8 +109,8 @@ def _progress(enabled: bool):
 class _LazyBar:
     """A progress bar on stderr that appears with the first progress report (so an early error is one line)."""
 
-    def __init__(self, enabled: bool):
-        self.enabled, self.prog, self.task = enabled, None, None
+    def __init__(self, enabled: bool, label: str = "eval"):
+        self.enabled, self.label, self.prog, self.task = enabled, label, None, None
 
     def update(self, done: float, total: float, what: str) -> None:
         if not self.enabled:
@@ -119,7 +119,7 @@ class _LazyBar:
             from rich.console import Console
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self.prog = Progress(TextColumn("[bold]eval"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+            self.prog = Progress(TextColumn(f"[bold]{self.label}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                                  TimeRemainingColumn(), TextColumn("{task.fields[what]}"),
                                  console=Console(stderr=True, highlight=False))
             self.prog.start()
@@ -396,6 +396,37 @@ def eval_(
         print(json.dumps(r, indent=1))
     else:
         eval_report(_out(), r, rows=rows)
+
+
+@app.command()
+@_fail_cleanly
+def imatrix(
+    source: Path = typer.Argument(..., help="The float checkpoint: an HF folder, .safetensors or .gguf."),
+    output: Path = typer.Option(..., "-o", "--output", metavar="FILE", help="The statistics to write (GGUF imatrix, atomically); llama-quantize --imatrix reads it too."),
+    text: Optional[Path] = typer.Option(None, "--text", metavar="FILE", help="UTF-8 text to run (default: the built-in prose, ~2,300 tokens). Gather on a text other than the one you score."),
+    tokens: Optional[Path] = typer.Option(None, "--tokens", metavar="FILE", help="Token ids to run instead of a text (integers separated by spaces)."),
+    ctx: int = typer.Option(512, "--ctx", metavar="N", help="Chunk length: each chunk is one sequence."),
+    chunks: int = typer.Option(0, "--chunks", metavar="N", help="Run only the first N chunks (0: all)."),
+    threads: int = typer.Option(1, "--threads", "-t", help="BLAS threads (0: all cores)."),
+    json_out: bool = typer.Option(False, "--json", help="Print a summary as JSON."),
+):
+    """Activation statistics of the float model on a text (llama.cpp's importance matrix, plus each input
+    column's largest |x|), for build --imatrix (docs/EVAL.md)."""
+    from orkpack.eval.imatrix import gather
+    from orkpack.render import imatrix_report
+
+    bar = _LazyBar(not json_out, "imatrix")
+    try:
+        stats = gather(source, output, text=text, tokens=tokens, ctx=ctx, chunks=chunks, threads=threads,
+                       progress=bar.update)
+    finally:
+        bar.stop()
+    r = {"output": str(output), "matrices": len(stats.entries), "chunks": stats.chunk_count,
+         "chunk_size": stats.chunk_size, "datasets": stats.datasets}
+    if json_out:
+        print(json.dumps(r, indent=1))
+    else:
+        imatrix_report(_out(), r)
 
 
 def main() -> None:

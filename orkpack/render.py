@@ -148,6 +148,13 @@ def _prediction_line(pr: dict) -> str | None:
         return None
 
 
+def imatrix_report(console: Console, r: dict) -> None:
+    """``orkpack imatrix``: what was written."""
+    console.print(f"wrote {markup_escape(escape_name(r['output']))}: statistics of {r['matrices']} matrices over "
+                  f"{r['chunks']} chunks of {r['chunk_size']} tokens "
+                  f"({markup_escape(escape_name(', '.join(r['datasets'])))})")
+
+
 def eval_report(console: Console, r: dict, *, rows: int = 20) -> None:
     """``orkpack eval``: one row per path (KLD against the reference, top-1 agreement, perplexity)."""
     src = f"{escape_name(r['source'])} (float) vs " if r.get("source") else ""

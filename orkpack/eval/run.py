@@ -34,7 +34,7 @@ from ..pack.reader import Pack
 from ..sources import open_source
 from ..sources.gguf import GGUFSource
 from . import sensitivity
-from .sensitivity import InputStats
+from .imatrix import Collector
 from .tokenizer import from_model
 from .weights import ACT_SCHEMES, CPU_ACTS, EvalError, GGUFWeights, PackWeights
 
@@ -164,6 +164,22 @@ def _read_ids(path: Path, vocab: int) -> np.ndarray:
         raise EvalError(f"{where}: token id {int(ids.max() if ids.max() >= vocab else ids.min())} is outside the "
                         f"vocabulary (0..{vocab - 1})")
     return ids
+
+
+def token_ids(text: Path | None, tokens: Path | None, record: dict | None, vocab: int,
+              model_where: str) -> tuple[np.ndarray, int | None, str]:
+    """(the token ids to score, the BOS id each chunk starts with or None, the text's name for messages):
+    ``tokens`` as given, else ``text`` (default: the built-in prose) through the model's tokenizer."""
+    if tokens is not None:
+        return _read_ids(tokens, vocab), None, escape_name(str(tokens))
+    tok = from_model(record, model_where)
+    text_path = text or PROSE
+    try:
+        s = Path(text_path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise EvalError(f"{escape_name(str(text_path))}: cannot read the text ({e.__class__.__name__}); give a "
+                        "UTF-8 text file") from None
+    return np.asarray(tok.encode(s), dtype=np.int64), tok._bos, escape_name(str(text_path))
 
 
 def _summary(st: _Stats) -> dict:
@@ -355,20 +371,11 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
         if hp_src.layout != hp.layout:
             raise EvalError(f"{what} needs the source the pack was built from ({'a GGUF' if hp.layout == 'gguf' else 'an HF folder'}): "
                             "the two hold the attention rows in different orders")
-    if opts.tokens is not None:
-        ids, bos, text_path = _read_ids(opts.tokens, hp.vocab), None, opts.tokens
-    else:
-        tok = from_model(record, escape_name(str(pack_path)))
-        text_path = opts.text or PROSE
-        try:
-            text = Path(text_path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise EvalError(f"{escape_name(str(text_path))}: cannot read the text ({e.__class__.__name__}); give a "
-                            "UTF-8 text file") from None
-        ids, bos = np.asarray(tok.encode(text), dtype=np.int64), tok._bos
+    ids, bos, text_where = token_ids(opts.text, opts.tokens, record, hp.vocab, escape_name(str(pack_path)))
+    text_path = opts.tokens if opts.tokens is not None else (opts.text or PROSE)
     n_chunks = ids.size // opts.ctx
     if n_chunks == 0:
-        raise EvalError(f"{escape_name(str(text_path))}: {ids.size} tokens, fewer than one chunk of --ctx {opts.ctx}; "
+        raise EvalError(f"{text_where}: {ids.size} tokens, fewer than one chunk of --ctx {opts.ctx}; "
                         "give a longer text or a smaller --ctx")
     if opts.chunks:
         n_chunks = min(n_chunks, opts.chunks)
@@ -393,7 +400,7 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
             if opts.per_tensor and r is not ref_target:
                 w = _ErrorMeter(w, SourceWeights(src), acc.setdefault(r.label, {}))
             if opts.sensitivity and r is ref_target:
-                w = InputStats(w, sacc)
+                w = Collector(w, sacc, output_energy=True)
             rows = []
 
             def on_logits(t0, lg, rows=rows):

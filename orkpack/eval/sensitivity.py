@@ -27,7 +27,7 @@ from statistics import median
 import numpy as np
 
 from ..codecs import reference as ref
-from ..model.weights import SourceWeights, Wrapped, matmul_rows
+from ..model.weights import SourceWeights, matmul_rows
 
 _KIND = re.compile(r"^blk\.\d+\.")
 
@@ -35,23 +35,6 @@ _KIND = re.compile(r"^blk\.\d+\.")
 def kind(name: str) -> str:
     """The kind of an item: its tensor name without the layer (``attn_v.weight``)."""
     return _KIND.sub("", name)
-
-
-class InputStats(Wrapped):
-    """Wraps the reference pass's weight provider: per matmul item, the inputs' column energies and the
-    output energy (float64)."""
-
-    def __init__(self, inner, acc: dict):
-        super().__init__(inner)
-        self.acc = acc
-
-    def matmul(self, name, x, expert=None):
-        y = self.inner.matmul(name, x, expert)
-        x64 = x.astype(np.float64)
-        s2, rows, ysq = self.acc.get((name, expert), (0.0, 0, 0.0))
-        self.acc[(name, expert)] = (s2 + (x64 * x64).sum(axis=0), rows + x.shape[0],
-                                    ysq + float((y.astype(np.float64) ** 2).sum()))
-        return y
 
 
 def _versions(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -113,7 +96,7 @@ def measure(src, items: list[tuple[str, int | None]], stats: dict, sample_kld, p
         if st is None:  # never multiplied (an untied embedding: a row lookup): no statistics, estimate 0
             rel[key] = err[key] = 0.0
         else:
-            s2, rows, ysq = st
+            s2, _, rows, ysq = st
             d = (nf4.astype(np.float64) - i8) ** 2
             e = float(d.sum(axis=0) @ s2)
             rel[key] = e / ysq if ysq > 0 else 0.0

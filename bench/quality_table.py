@@ -1,0 +1,126 @@
+"""Issue 16's table: orkpack's 4-bit and int8 encodings against llama.cpp's quantizations of the same weights,
+all scored by `orkpack eval` on the same text in the same numerics.
+
+    python bench/quality_table.py SOURCE --gguf F32.gguf --quantize /path/to/llama-quantize [--work DIR]
+                                  [--stats-text FILE] [--chunks N] [--only ROW,...] [--json]
+
+SOURCE: the float model (an HF folder); F32.gguf: the same weights as a llama.cpp GGUF (what
+llama-quantize reads). Statistics for every "with statistics" row come from one file,
+`orkpack imatrix SOURCE --text STATS_TEXT` (default /usr/share/common-licenses/GPL-3, 8 chunks of 512),
+used by orkpack (`build --imatrix`) and by llama-quantize (`--imatrix`, which reads the same GGUF
+imatrix format). Scoring: `orkpack eval SOURCE X --cpu-act q8 --json` on the built-in prose: a GGUF
+in llama.cpp's CPU numerics (Q8 activation blocks), an orkpack pack's decode path with Q8_0
+activations (the same numerics), and for the w8a8 rows the prefill path (NPU: int8 weights x int8
+activations per token). Every pack and GGUF is built into --work and kept (rerunning reuses them;
+delete the folder to rebuild). Rows whose tool is missing are skipped with a note.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+STATS_TEXT = Path("/usr/share/common-licenses/GPL-3")
+
+# (name, what, how, path reported): how is ("orkpack", build args) or ("llama", type, extra args)
+HEAD8 = ["--token-embedding-type", "q8_0", "--output-tensor-type", "q8_0"]
+ROWS = [
+    ("nf4-bnb", "NF4 body, head int8: bitsandbytes' rounding (--nf4 bnb)", ("orkpack", ["--no-plan", "--nf4-mode", "bnb"]), "decode"),
+    ("nf4", "NF4 body, head int8: error-minimizing (default)", ("orkpack", ["--no-plan"]), "decode"),
+    ("nf4-imat", "NF4 body, head int8: error-minimizing, with statistics", ("orkpack", ["--no-plan", "--imatrix", "@stats"]), "decode"),
+    ("q4_0", "llama.cpp Q4_0, head Q8_0", ("llama", "Q4_0", HEAD8), "llama.cpp CPU"),
+    ("iq4_nl", "llama.cpp IQ4_NL, head Q8_0", ("llama", "IQ4_NL", HEAD8), "llama.cpp CPU"),
+    ("q4_k_m", "llama.cpp Q4_K_M, head Q8_0", ("llama", "Q4_K_M", HEAD8), "llama.cpp CPU"),
+    ("q4_0-imat", "llama.cpp Q4_0, head Q8_0, with statistics", ("llama", "Q4_0", HEAD8 + ["--imatrix", "@stats"]), "llama.cpp CPU"),
+    ("iq4_nl-imat", "llama.cpp IQ4_NL, head Q8_0, with statistics", ("llama", "IQ4_NL", HEAD8 + ["--imatrix", "@stats"]), "llama.cpp CPU"),
+    ("q4_k_m-imat", "llama.cpp Q4_K_M, head Q8_0, with statistics", ("llama", "Q4_K_M", HEAD8 + ["--imatrix", "@stats"]), "llama.cpp CPU"),
+]
+
+
+def run(cmd: list[str], log: Path) -> None:
+    with open(log, "ab") as f:
+        f.write(("$ " + " ".join(cmd) + "\n").encode())
+        f.flush()
+        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT)
+    if r.returncode:
+        sys.exit(f"failed ({r.returncode}): {' '.join(cmd)}; see {log}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("source", type=Path)
+    ap.add_argument("--gguf", type=Path, help="the same weights as an F32/F16 llama.cpp GGUF (for llama-quantize)")
+    ap.add_argument("--quantize", default=shutil.which("llama-quantize"), help="llama-quantize (default: $PATH)")
+    ap.add_argument("--work", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "orkpack-quality")
+    ap.add_argument("--stats-text", type=Path, default=STATS_TEXT)
+    ap.add_argument("--stats-chunks", type=int, default=8)
+    ap.add_argument("--chunks", type=int, default=0, help="eval chunks (0: every chunk of the prose)")
+    ap.add_argument("--only", default="", help="comma-separated row names")
+    ap.add_argument("--extra-rows", type=Path, help="a JSON list of more rows [name, what, [\"orkpack\", args], path]")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    a.work.mkdir(parents=True, exist_ok=True)
+    log = a.work / "log.txt"
+    rows = list(ROWS)
+    if a.extra_rows:
+        rows += [tuple(r) if r[2][0] != "orkpack" else (r[0], r[1], (r[2][0], r[2][1]), r[3])
+                 for r in json.loads(a.extra_rows.read_text())]
+    if a.only:
+        keep = set(a.only.split(","))
+        rows = [r for r in rows if r[0] in keep]
+    stats = a.work / "stats.gguf"
+    if any("@stats" in (r[2][1] if r[2][0] == "orkpack" else r[2][2]) for r in rows) and not stats.exists():
+        run(["orkpack", "imatrix", str(a.source), "--text", str(a.stats_text), "--chunks", str(a.stats_chunks),
+             "-o", str(stats), "--json"], log)
+    out = []
+    for name, what, how, path in rows:
+        sub = lambda args: [str(stats) if x == "@stats" else x for x in args]  # noqa: E731
+        if how[0] == "orkpack":
+            target = a.work / f"{name}.orkpack"
+            if not target.exists():
+                run(["orkpack", "build", str(a.source), "-o", str(target), "--threads", "1", "--json"] + sub(how[1]), log)
+            ev = ["--cpu-act", "q8"] + (["--act", "token"] if path == "prefill" else [])
+        else:
+            if not (a.quantize and a.gguf):
+                out.append({"row": name, "what": what, "skipped": "no llama-quantize or --gguf"})
+                continue
+            target = a.work / f"{name}.gguf"
+            if not target.exists():
+                run([a.quantize] + sub(how[2]) + [str(a.gguf), str(target), how[1], "1"], log)
+            ev = []
+        cache = a.work / f"{name}.eval.json"
+        if not cache.exists():
+            cmd = ["orkpack", "eval", str(a.source), str(target), "--json"] + ev + (["--chunks", str(a.chunks)] if a.chunks else [])
+            r = subprocess.run(cmd, capture_output=True, text=True)
+            if r.returncode:
+                sys.exit(f"failed: {' '.join(cmd)}\n{r.stderr}")
+            cache.write_text(r.stdout)
+        rep = json.loads(cache.read_text())
+        p = next(x for x in rep["paths"] if x["path"] == path)
+        out.append({"row": name, "what": what, "path": path, "bytes": target.stat().st_size, "kld": p["kld"]["mean"],
+                    "kld_se": p["kld"]["se"], "top1": p["top1"], "ppl": p["ppl"], "scored": rep["scored"]})
+    base = {r["row"]: r["kld"] for r in out if "kld" in r}
+    for r in out:
+        if "kld" in r:
+            q = base.get("q4_0-imat" if r["row"].endswith("-imat") else "q4_0")
+            r["vs_q4_0"] = r["kld"] / q if q else None
+    if a.json:
+        print(json.dumps(out, indent=1))
+        return
+    print("| row | path | file MB | KLD mean ± se | / Q4_0 (same statistics) | top-1 | ppl |")
+    print("|---|---|---|---|---|---|---|")
+    for r in out:
+        if "kld" not in r:
+            print(f"| {r['what']} | skipped: {r['skipped']} | | | | | |")
+            continue
+        vs = f"{r['vs_q4_0']:.2f}" if r.get("vs_q4_0") is not None else ""
+        print(f"| {r['what']} | {r['path']} | {r['bytes'] / 1e6:.1f} | {r['kld']:.4f} ± {r['kld_se']:.4f} | {vs} | "
+              f"{100 * r['top1']:.1f} % | {r['ppl']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
