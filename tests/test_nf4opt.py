@@ -291,7 +291,7 @@ def test_bad_imatrix_is_one_line(model, tmp_path, what):
     extra = ["--nf4-mode", "bnb"] if what == "with_bnb" else []
     if what == "with_bnb":
         bad = _imatrix(model, tmp_path / "ok.gguf")
-    r = _run("build", model, "-o", out, "--no-plan", "--imatrix", bad, *extra, check=False)
+    r = _run("build", model, "-o", out, "--no-plan", "--imatrix", bad, "--json", *extra, check=False)
     assert r.returncode != 0
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
