@@ -274,11 +274,16 @@ void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const flo
         for (int64_t i = 0; i < len_all; i++)
             if ((f2u(xb[i]) & 0x7f800000u) == 0x7f800000u) xb[i] = 0.0f;
         for (int64_t i = len_all; i < (int64_t)G * BLK; i++) xb[i] = 0.0f;
-        int64_t col = k > 0 ? off0 % k : 0;
-        for (int64_t i = 0; i < (int64_t)G * BLK; i++) {
-            cwb[i] = i < len_all ? (col_w ? col_w[col] : 1.0f) : 0.0f;
-            if (i < len_all && ++col == k) col = 0;
+        if (col_w) {
+            int64_t col = k > 0 ? off0 % k : 0;
+            for (int64_t i = 0; i < len_all; i++) {
+                cwb[i] = col_w[col];
+                if (++col == k) col = 0;
+            }
+        } else {
+            for (int64_t i = 0; i < len_all; i++) cwb[i] = 1.0f;
         }
+        for (int64_t i = len_all; i < (int64_t)G * BLK; i++) cwb[i] = 0.0f;
         for (int b = 0; b < G; b++) tail[b] = b < nb && off0 + (int64_t)(b + 1) * BLK > n;
         load_group(xb, cwb, weighting, nb, xs, ws);
 #ifdef ORK_NF4OPT_X86
