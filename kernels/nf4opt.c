@@ -257,6 +257,7 @@ void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const flo
         use512 = bins_ok == 1;
     }
 #endif
+    (void)use512;
     const int esz = dtype == ORK_DT_F32 ? 4 : 2;
     double ax[16], ae[16];
     for (int l = 0; l < 16; l++) ax[l] = ae[l] = 0.0;

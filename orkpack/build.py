@@ -75,8 +75,8 @@ class BuildOptions:
     npu_storage: str = "int8"  # int8 tiles, or nf4 inflated at load (w4a8)
     # NF4 bytes (orkpack/codecs/nf4opt.py): "opt" error-minimizing absmax, or "bnb" (quantize_4bit's bytes);
     # the opt search's weighting, and the activation statistics (llama.cpp imatrix) that weigh its columns
-    nf4_mode: str = "opt"
-    nf4_weighting: str = "plain"
+    nf4_mode: str = NF4Choice.mode
+    nf4_weighting: str = NF4Choice.weighting
     imatrix: Path | None = None
     allow_nonfinite: bool = False
     # placement: the tier-map compiler (default) or the rules alone (plan=False)

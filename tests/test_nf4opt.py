@@ -224,7 +224,13 @@ def test_build_modes_provenance_inspect_verify(model, tmp_path):
         assert r.returncode == 0
         info = json.loads(_run("inspect", p, "--json").stdout)
         assert info["provenance"]["nf4"]["mode"] == mode
-        assert "nf4" in _run("inspect", p).stdout
+        shown = " ".join(_run("inspect", p).stdout.split())
+        assert ("error-minimizing" if mode == "opt" else "quantize_4bit") in shown
+    # eval reports the mode it scored (the pack alone: its model record's tokenizer, token ids here)
+    ids = tmp_path / "ids.txt"
+    ids.write_text(" ".join(str(i % 500 + 1) for i in range(16)))
+    r = _run("eval", packs["opt"], "--tokens", ids, "--ctx", "8", "--json")
+    assert json.loads(r.stdout)["nf4"]["mode"] == "opt"
     # reproducible: the same options give the same bytes
     again = tmp_path / "again.orkpack"
     _run("build", model, "-o", again, "--no-plan", "--threads", "1")
