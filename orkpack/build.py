@@ -82,6 +82,7 @@ class BuildOptions:
     # placement: the tier-map compiler (default) or the rules alone (plan=False)
     plan: bool = True
     board: str = "rk3588-32g"
+    runtime: str | None = None  # the runtime path the plan is for (None: ggml-ork, the default)
     profile: Path | None = None
     ctx: int = 8192
     kv_type: str = "f16"
@@ -118,6 +119,7 @@ class BuildOptions:
             "allow_nonfinite": self.allow_nonfinite,
             "plan": self.plan,
             "board": self.board,
+            "runtime": self.runtime,
             "profile": None if self.profile is None else Path(self.profile).name,
             "ctx": self.ctx,
             "kv_type": self.kv_type,
@@ -314,7 +316,7 @@ def load_tiermap(path: Path, infos: list[TensorInfo]) -> tuple["TierMap", list[s
 
 
 # the options that shape a plan, which a given tier map makes meaningless: field -> flag
-PLAN_OPTIONS = {"board": "--board", "profile": "--profile", "ctx": "--ctx", "kv_type": "--kv-type",
+PLAN_OPTIONS = {"board": "--board", "runtime": "--runtime", "profile": "--profile", "ctx": "--ctx", "kv_type": "--kv-type",
                 "prefill_m": "--prefill-m", "ignore_unknown": "--ignore-unknown", "goal": "--goal",
                 "min_decode_tok_s": "--min-decode-tok-s", "min_prefill_tok_s": "--min-prefill-tok-s",
                 "max_ram": "--max-ram", "max_kld": "--max-kld", "prompt": "--prompt"}
@@ -350,7 +352,8 @@ def _identity(path: Path) -> tuple[int, int] | None:
 def build_inputs(src, src_path: Path, opts: BuildOptions) -> list[tuple[Path, str]]:
     """Every file a build reads, as (path, what it is): the source's weight files; for a model folder
     every other file in it too (config, index, tokenizer, ...; previous ``*.orkpack`` packs excepted);
-    a lone .safetensors file's config.json beside it; the --tiermap, --profile and --board files."""
+    a lone .safetensors file's config.json beside it; the --tiermap, --profile, --board, --runtime and --imatrix
+    files."""
     out = [(Path(f), "a weight file of the source") for f in src.files]
     root = Path(src_path)
     if root.is_dir():
@@ -362,7 +365,8 @@ def build_inputs(src, src_path: Path, opts: BuildOptions) -> list[tuple[Path, st
                 if not q.name.endswith(".orkpack") and q.is_file()]
     elif src.kind == "safetensors":
         out.append((root.parent / "config.json", "the config.json of the source"))
-    for flag, p in (("--tiermap", opts.tiermap), ("--profile", opts.profile), ("--board", opts.board)):
+    for flag, p in (("--tiermap", opts.tiermap), ("--profile", opts.profile), ("--board", opts.board),
+                    ("--runtime", opts.runtime), ("--imatrix", opts.imatrix)):
         if p is not None and Path(p).is_file():
             out.append((Path(p), f"the {flag} file"))
     return out
@@ -581,8 +585,13 @@ def build(
     *,
     on_start: Callable[[int], None] | None = None,
     on_progress: Callable[[int, str], None] | None = None,
+    placement_map=None,
+    select: set[str] | None = None,
 ) -> BuildResult:
-    """Build ``out_path`` from the checkpoint at ``src_path``. Raises OrkError on bad input."""
+    """Build ``out_path`` from the checkpoint at ``src_path``. Raises OrkError on bad input.
+
+    ``placement_map`` (a TierMap) and ``select`` (tensor names) build one node of a cluster
+    (orkpack/tiers/cluster.py): only the selected tensors, placed by that node's tier map."""
     t0 = time.perf_counter()
     out_path = Path(out_path)
     if opts.tiermap is not None and not opts.plan:
@@ -600,6 +609,8 @@ def build(
     try:
         refuse_overwriting_inputs(out_path, src, Path(src_path), opts)
         infos = src.tensors()
+        if select is not None:
+            infos = [i for i in infos if i.name in select]
         if not infos:
             raise SourceError(f"{escape_name(str(src_path))}: no tensors found")
         for i in infos:
@@ -609,7 +620,9 @@ def build(
         skipped = skipped_of(src)
         info_lines = [line] if (line := skipped_line(skipped)) else []
         tiermap = None
-        if opts.tiermap is not None:
+        if placement_map is not None:
+            placement, tiermap, warnings = TierMapPlacement(placement_map, opts), placement_map.to_json(), []
+        elif opts.tiermap is not None:
             tm, warnings = load_tiermap(Path(opts.tiermap), infos)
             placement = TierMapPlacement(tm, opts)
             tiermap = tm.to_json()
@@ -632,7 +645,7 @@ def build(
                 Path(src_path), board=opts.board, profile=opts.profile, ctx=opts.ctx, kv_type=opts.kv_type,
                 prefill_m=opts.prefill_m, pins=opts.pins(), ignore_unknown=opts.ignore_unknown,
                 goal=Goal(opts.goal, opts.min_decode_tok_s, opts.min_prefill_tok_s, opts.max_ram, max_kld=opts.max_kld),
-                prompt=opts.prompt,
+                prompt=opts.prompt, runtime=opts.runtime,
             )
             placement = TierMapPlacement(tm, opts)
             tiermap = tm.to_json()

@@ -42,7 +42,24 @@ NF4_WEIGHTING_HELP = ("The opt search's error weight per value: plain (default),
                       "(sqrt(sigma^2 + x^2), llama.cpp's with an imatrix); times the imatrix column weight if given.")
 IMATRIX_HELP = ("Activation statistics (llama.cpp imatrix .gguf/.dat, e.g. from orkpack imatrix) weighing each input "
                 "column's error in the opt NF4 search by its mean square activation.")
+BOARDS_HELP = ("Plan across several boards over llama.cpp RPC: a comma-separated list of board names or TOML files "
+               "(node 0 is the client), or a cluster TOML file (docs/CLUSTER.md).")
+NETWORK_HELP = "The link between the boards with --boards: 1gbe (default), 2.5gbe, 10gbe, or a TOML file with a [network] table."
+
+
+def _cluster_only(boards, *, frontier: bool = False, board_given: bool = False) -> None:
+    """--boards / --network: the flags that contradict a cluster plan, refused in one line."""
+    if boards is None:
+        raise OrkError("--network applies to a plan across boards: add --boards B1,B2,...")
+    if frontier:
+        raise OrkError("--frontier is for one board; drop it or --boards")
+    if board_given:
+        raise OrkError("--board and --boards contradict each other: give the boards once, in --boards")
+
+
 MAX_KLD_HELP = "Only plans whose predicted KLD (the sensitivities of the items decode reads as NF4, docs/TIERMAP.md) is at most X."
+RUNTIME_HELP = ("The runtime path the plan is for (what the software decides: submit cost, NPU efficiency, CPU rates, "
+                "fixed costs, decode engine): ggml-ork (default), llama.cpp-cpu, rkllm, or a TOML file (orkpack calibrate).")
 GOAL_HELP = ("balanced (default): decode within 5% of the best this board allows, then prefill within 1% of the "
              "most that allows, then the best quality (least predicted KLD); decode, prefill or quality: that first.")
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000 ** 2, "mb": 1000 ** 2, "mib": 1 << 20,
@@ -158,6 +175,7 @@ def build(
     nf4_weighting: str = typer.Option("plain", "--nf4-weighting", help=NF4_WEIGHTING_HELP),
     imatrix: Optional[Path] = typer.Option(None, "--imatrix", metavar="FILE", help=IMATRIX_HELP),
     board: str = typer.Option("rk3588-32g", "--board", help="Board profile the tier map is solved for (name or TOML file)."),
+    runtime: Optional[str] = typer.Option(None, "--runtime", help=RUNTIME_HELP),
     profile: Optional[Path] = typer.Option(None, "--profile", help="Hotness profile (orkpack JSON, imatrix .gguf/.dat, timing CSV). Default: analytic."),
     ctx: int = typer.Option(8192, "--ctx", help="Context length the KV cache must hold."),
     kv_type: str = typer.Option("f16", "--kv-type", help="KV cache type: f16 or q8_0."),
@@ -170,6 +188,8 @@ def build(
     max_ram: Optional[str] = typer.Option(None, "--max-ram", metavar="BYTES", help="Use at most this much RAM (e.g. 24GiB)."),
     max_kld: Optional[float] = typer.Option(None, "--max-kld", metavar="X", help=MAX_KLD_HELP),
     prompt: int = typer.Option(512, "--prompt", metavar="N", help="Prompt length the TTFT and decode predictions are for."),
+    boards: Optional[str] = typer.Option(None, "--boards", metavar="B1,B2,...", help=BOARDS_HELP + " -o then names a folder: one pack per board and cluster.json."),
+    network: Optional[str] = typer.Option(None, "--network", metavar="NAME", help=NETWORK_HELP),
     tiermap: Optional[Path] = typer.Option(None, "--tiermap", metavar="FILE", help="Follow this tier-map JSON (orkpack plan -o FILE, or edited) instead of planning; it must cover every tensor of SOURCE. The planning options (--board, --ctx, --profile, --goal, ...) are refused with it: give them to orkpack plan."),
     threads: int = typer.Option(0, "--threads", "-t", help="Encoder threads (0: all cores). The output does not depend on it."),
     allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite", help="Encode NaN/Inf weights as 0 instead of stopping."),
@@ -192,10 +212,16 @@ def build(
     opts = BuildOptions(
         threads=threads, int8=int8, nf4=nf4, keep=keep, npu=npu, cpu=cpu, npu_storage=npu_storage, allow_nonfinite=allow_nonfinite,
         nf4_mode=nf4_mode, nf4_weighting=nf4_weighting, imatrix=imatrix,
-        timestamp=timestamp, plan=not no_plan, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, ignore_unknown=ignore_unknown,
+        timestamp=timestamp, plan=not no_plan, board=board, runtime=runtime, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, ignore_unknown=ignore_unknown,
         tiermap=tiermap, goal=goal, min_decode_tok_s=min_decode_tok_s, min_prefill_tok_s=min_prefill_tok_s,
         max_ram=parse_bytes(max_ram, "--max-ram"), max_kld=max_kld, prompt=prompt, given=_given(context),
     )
+    if boards is not None or network is not None:
+        from orkpack.tiers.cluster_build import build_cluster_command
+
+        _cluster_only(boards, board_given="board" in opts.given)
+        raise typer.Exit(build_cluster_command(source, output, opts, boards, network, json_out=json_out,
+                                               console=_out(), progress=_progress))
     with _progress(not json_out) as prog:
         task = prog.add_task("build", total=None, tensor="")
         r = run_build(
@@ -240,8 +266,14 @@ def inspect(
     json_out: bool = typer.Option(False, "--json", help="Print the facts as JSON (stable keys)."),
     all_rows: bool = typer.Option(False, "--all", help="Show every tensor row (default: the first 60)."),
 ):
-    """Show a pack's header facts, residency per engine and per-tensor rows."""
+    """Show a pack's header facts, residency per engine and per-tensor rows (a cluster folder or its cluster.json:
+    the split per board)."""
     from orkpack.inspect import pack_facts, untrusted_line
+
+    if pack.is_dir() or pack.suffix == ".json":
+        from orkpack.tiers.cluster_build import inspect_cluster
+
+        raise typer.Exit(inspect_cluster(pack, json_out=json_out, console=_out()))
     from orkpack.render import pack_facts as render
 
     f = pack_facts(pack, tensor)
@@ -257,8 +289,10 @@ def inspect(
 @app.command()
 @_fail_cleanly
 def plan(
+    context: typer.Context,
     model: Path = typer.Argument(..., help="A config.json, an HF folder, a .safetensors or a .gguf file (headers only: no weights are read)."),
     board: str = typer.Option("rk3588-32g", "--board", help="A board profile name (rk3588-32g, rk3588-16g, rk3588-8g) or a TOML file."),
+    runtime: Optional[str] = typer.Option(None, "--runtime", help=RUNTIME_HELP),
     profile: Optional[Path] = typer.Option(None, "--profile", help="Hotness profile: orkpack JSON, llama.cpp imatrix (.gguf or .dat), or a timing CSV. Default: analytic."),
     ctx: int = typer.Option(8192, "--ctx", help="Context length the KV cache must hold."),
     kv_type: str = typer.Option("f16", "--kv-type", help="KV cache type: f16 or q8_0."),
@@ -276,6 +310,8 @@ def plan(
     max_kld: Optional[float] = typer.Option(None, "--max-kld", metavar="X", help=MAX_KLD_HELP),
     prompt: int = typer.Option(512, "--prompt", metavar="N", help="Prompt length the TTFT and decode predictions are for."),
     frontier: bool = typer.Option(False, "--frontier", help="Print the Pareto set of (decode, prefill, quality) plans; with -o DIR, write each as DIR/frontier-K.json."),
+    boards: Optional[str] = typer.Option(None, "--boards", metavar="B1,B2,...", help=BOARDS_HELP),
+    network: Optional[str] = typer.Option(None, "--network", metavar="NAME", help=NETWORK_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the tier map as JSON."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the tier map JSON here (a folder with --frontier)."),
 ):
@@ -286,9 +322,17 @@ def plan(
 
     pins = {"npu": npu, "cpu": cpu, "int8": int8, "nf4": nf4, "keep": keep}
     g = Goal(goal, min_decode_tok_s, min_prefill_tok_s, parse_bytes(max_ram, "--max-ram"), max_kld=max_kld)
+    if boards is not None or network is not None:
+        from orkpack.tiers.cluster import plan_cluster_command
+
+        _cluster_only(boards, frontier=frontier, board_given="board" in _given(context))
+        raise typer.Exit(plan_cluster_command(model, boards, network=network, json_out=json_out, output=output,
+                                              console=None if json_out else _out(), profile=profile, ctx=ctx,
+                                              kv_type=kv_type, prefill_m=prefill_m, pins=pins,
+                                              ignore_unknown=ignore_unknown, goal=g, prompt=prompt, runtime=runtime))
     code = plan_command(model, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, pins=pins,
                         ignore_unknown=ignore_unknown, json_out=json_out, output=output, console=None if json_out else _out(), goal=g,
-                        prompt=prompt, frontier_out=frontier)
+                        prompt=prompt, frontier_out=frontier, runtime=runtime)
     raise typer.Exit(code)
 
 
@@ -342,14 +386,15 @@ def demo(
 @_fail_cleanly
 def calibrate(
     times: Path = typer.Argument(..., help="Timings measured on your board: a CSV of matmul, prefill, ttft and decode rows (docs/CALIBRATION.md)."),
-    output: Path = typer.Option(..., "-o", "--output", help="The board TOML to write (atomically); its file name becomes the board's name."),
-    board: str = typer.Option("rk3588-32g", "--board", help="The board the unfitted values come from (name or TOML file)."),
+    output: Path = typer.Option(..., "-o", "--output", help="The runtime TOML to write (atomically); its file name becomes the runtime path's name."),
+    board: str = typer.Option("rk3588-32g", "--board", help="The board the timings were measured on (name or TOML file): its hardware is not fitted."),
+    runtime: Optional[str] = typer.Option(None, "--runtime", help="The runtime path the unfitted values come from (name or TOML file; default ggml-ork)."),
     json_out: bool = typer.Option(False, "--json", help="Print the fit as JSON."),
 ):
-    """Fit the board's cost-model constants to timings measured on your board and write a board TOML for --board."""
+    """Fit a runtime path's cost-model constants to timings measured on your board and write a runtime TOML for --runtime."""
     from orkpack.tiers.calibrate import calibrate as run_calibrate, report_json, report_text
 
-    f, _ = run_calibrate(times, output, board=board)
+    f, _ = run_calibrate(times, output, board=board, runtime=runtime)
     print(json.dumps(report_json(f, str(output)), indent=1) if json_out else report_text(f, str(output)))
 
 

@@ -65,7 +65,15 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
         head.add_row("nf4", markup_escape(line))
     if f.get("tiermap"):
         tm = f["tiermap"]
-        head.add_row("tier map", escape_name(str(tm.get("board", {}).get("name") if isinstance(tm.get("board"), dict) else tm.get("board"))))
+        b = tm.get("board") if isinstance(tm.get("board"), dict) else {}
+        rt = b.get("runtime") if isinstance(b.get("runtime"), dict) else {}
+        head.add_row("tier map", escape_name(f"board {b.get('name', tm.get('board'))}, runtime {rt.get('name', 'board-v2')}"))
+        cl = (tm.get("options") or {}).get("cluster") if isinstance(tm.get("options"), dict) else None
+        if isinstance(cl, dict) and isinstance(cl.get("layers"), list) and len(cl["layers"]) == 2:
+            a, b_ = cl["layers"]
+            head.add_row("cluster", escape_name(f"node {cl.get('node')} of {len(cl.get('nodes') or [])}: layers {a}-{b_ - 1} "
+                                                f"({b_ - a}){' + embedding/head (client)' if cl.get('node') == 0 else ''}; "
+                                                "the whole split: orkpack inspect DIR/cluster.json"))
         pr = tm.get("prediction")
         line = _prediction_line(pr) if isinstance(pr, dict) else None
         if line:

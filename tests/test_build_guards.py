@@ -243,6 +243,7 @@ def test_build_line_speed_has_a_unit_that_shows_a_number(tmp_path, nbytes, secon
 
 @pytest.mark.parametrize("extra,named", [
     (["--board", "rk3588-32g"], "--board"),  # given, even at its default value
+    (["--runtime", "rkllm"], "--runtime"),
     (["--ctx", "4096"], "--ctx"),
     (["--profile", "{map}"], "--profile"),
     (["--goal", "decode", "--prompt", "128"], "--goal, --prompt"),

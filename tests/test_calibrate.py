@@ -1,5 +1,5 @@
-"""orkpack calibrate: the fit recovers known constants, the board it writes loads, bad CSVs are one line,
-and docs/CALIBRATION.md's table is what the shipped boards predict (docs/CALIBRATION.md)."""
+"""orkpack calibrate: the fit recovers known constants, the runtime path it writes loads, bad CSVs are one
+line, and docs/CALIBRATION.md's table is what the shipped runtime paths predict (docs/CALIBRATION.md)."""
 from __future__ import annotations
 
 import csv
@@ -25,9 +25,10 @@ CONFIGS = ROOT / "tests" / "fixtures" / "configs"
 BASE = load_board("rk3588-32g")
 runner = CliRunner()
 
-# constants the synthetic timings are generated with: far from the base board's
+# constants the synthetic timings are generated with: far from the base runtime path's
 TRUE = replace(BASE, npu_efficiency=0.21, submit_overhead_s=2.2e-4, npu_k_falloff=0.65, cpu_int8_ops_per_s=1.3e11,
-               cpu_nf4_ops_per_s=2.0e11, cpu_float_ops_per_s=0.8e11, decode_bandwidth=2.1e10, decode_token_s=0.009)
+               cpu_nf4_ops_per_s=2.0e11, cpu_float_ops_per_s=0.8e11, decode_fraction=0.8, decode_token_s=0.009,
+               request_s=0.03)
 HEADER = "kind,engine,encoding,m,n,k,config,choice,prompt,chunk,seconds,tok_s"
 
 
@@ -37,7 +38,7 @@ def _synthetic_rows() -> list[str]:
     rows += [f"matmul,cpu,{enc},256,2048,2048,,,,,X," for enc in ("int8", "nf4", "f16")]
     for cfg in ("qwen2.json", "llama.json"):
         rows += [f"decode,,,,,,{cfg},{ch},64,,,X" for ch in ("all-int8", "all-nf4")]
-        rows += [f"prefill,,,,,,{cfg},npu,512,,,X", f"ttft,,,,,,{cfg},npu,128,128,X,"]
+        rows += [f"prefill,,,,,,{cfg},npu,512,,,X", f"ttft,,,,,,{cfg},npu,128,128,X,", f"ttft,,,,,,{cfg},npu,32,32,X,"]
     return rows
 
 
@@ -69,12 +70,15 @@ def test_fit_recovers_the_constants_that_generated_the_timings(tmp_path):
 def test_fit_keeps_what_the_rows_do_not_constrain(tmp_path):
     # one decode row cannot tell the bandwidth from the fixed cost; no NPU, no prefill rows
     rows = ["decode,,,,,,qwen2.json,all-int8,64,,,X"]
-    f = cal.fit(cal.read_times(synthetic_csv(tmp_path, rows=rows)), BASE)
-    assert [p.key for p in f.params] == ["bandwidth_bytes_per_s"]
-    assert "cannot tell it from bandwidth_bytes_per_s" in f.why["decode_token_s"]
+    f = cal.fit(cal.read_times(synthetic_csv(tmp_path, replace(TRUE, decode_token_s=BASE.decode_token_s), rows)), BASE)
+    assert [p.key for p in f.params] == ["bandwidth_fraction"]
+    assert f.raw["decode_fraction"] == pytest.approx(TRUE.decode_fraction, rel=1e-6)
+    assert "cannot tell it from bandwidth_fraction" in f.why["decode_token_s"]
     assert f.why["npu_efficiency"] == "no fit row depends on it"
-    for prm in cal.PARAMS[:-2] + cal.PARAMS[-1:]:
-        assert getattr(f.board, prm.field) == getattr(BASE, prm.field), prm.field
+    assert f.why["request_s"] == "no fit row depends on it"
+    for prm in cal.PARAMS:
+        if prm.key != "bandwidth_fraction":
+            assert getattr(f.board, prm.field) == getattr(BASE, prm.field), prm.field
     assert np.max(np.abs(f.errors(f.after))) < 1e-3
 
 
@@ -86,7 +90,7 @@ def test_holdout_rows_are_predicted_not_fitted(tmp_path):
     lines.append("decode,,,,,,qwen2.json,all-nf4,64,,,1000,holdout")  # absurd, but held out: no effect on the fit
     p.write_text("\n".join(lines) + "\n")
     f = cal.fit(cal.read_times(p), BASE)
-    assert f.raw["decode_bandwidth"] == pytest.approx(TRUE.decode_bandwidth, rel=1e-6)
+    assert f.raw["decode_fraction"] == pytest.approx(TRUE.decode_fraction, rel=1e-6)
     assert f.stats("holdout")["n"] == 1 and f.stats("holdout")["worst_abs_pct"] > 90
 
 
@@ -109,30 +113,62 @@ def test_exact_predictions_agree_with_solver_evaluate():
 
 # ------------------------------------------------------------------------------------------ the command
 
-def test_cli_writes_a_board_that_loads_and_round_trips(tmp_path):
-    times = synthetic_csv(tmp_path)
-    out = tmp_path / "myboard.toml"
+def test_cli_writes_a_runtime_path_that_loads_and_round_trips(tmp_path):
+    """Timings synthesized from known constants on rk3588-16g: the written runtime path recovers them, and
+    `plan --board rk3588-16g --runtime FILE` predicts with them."""
+    times = synthetic_csv(tmp_path, board=replace(TRUE, **{f: getattr(load_board("rk3588-16g"), f) for f in
+                                                          ("name", "total_bytes", "reserve_bytes")}))
+    out = tmp_path / "myruntime.toml"
     r = runner.invoke(app, ["calibrate", str(times), "-o", str(out), "--board", "rk3588-16g"])
     assert r.exit_code == 0, r.output
     assert "FITTED on" in r.stdout and "wrote" in r.stdout
-    b = load_board(out)
-    assert b.name == "myboard" and b.total_bytes == load_board("rk3588-16g").total_bytes
+    b = load_board("rk3588-16g", out)
+    assert b.runtime == "myruntime" and b.name == "rk3588-16g" and b.total_bytes == load_board("rk3588-16g").total_bytes
     for prm in cal.PARAMS:
         assert getattr(b, prm.field) == pytest.approx(getattr(TRUE, prm.field), rel=1e-3), prm.field
+    assert b.decode_bandwidth == pytest.approx(0.8 * b.cpu_stream_bytes_per_s, rel=1e-3)  # the board's, not fitted
     text = out.read_text()
     assert text.count("# FITTED by orkpack calibrate on ") == len(cal.PARAMS)
-    assert "# from rk3588-16g" in text
+    assert "# from ggml-ork" in text and 'engine = "cpu"' in text
     assert re.search(r"# FITTED by orkpack calibrate on \d+ points?, residual \d+\.\d%", text)
     # every value commented, like the shipped boards (tests/test_tiers.py's rule)
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("[")]
     for i, ln in enumerate(lines):
         if "=" in ln and not ln.startswith("#"):
             assert i > 0 and (lines[i - 1].startswith("#") or "=" in lines[i - 1]), ln
-    # the file is the fit's board: writing it again from the same CSV gives the same bytes
-    out2 = tmp_path / "myboard2.toml"
+    # the file is the fit's runtime path: writing it again from the same CSV gives the same bytes
+    out2 = tmp_path / "myruntime2.toml"
     assert runner.invoke(app, ["calibrate", str(times), "-o", str(out2), "--board", "rk3588-16g"]).exit_code == 0
-    assert out2.read_text().replace("myboard2", "myboard") == text
-    assert load_board(out2) == replace(b, name="myboard2")
+    assert out2.read_text().replace("myruntime2", "myruntime") == text
+    assert load_board("rk3588-16g", out2) == replace(b, runtime="myruntime2")
+    # the plan records it and predicts with it
+    from orkpack.tiers.command import plan
+
+    tm, _, _ = plan(tmp_path / "qwen2.json", board="rk3588-16g", runtime=str(out), ctx=1024)
+    assert tm.board["runtime"]["name"] == "myruntime" and tm.board["runtime"]["request_s"] == b.request_s
+
+
+def test_calibrate_a_runtime_path_without_the_npu(tmp_path):
+    """Base llama.cpp-cpu: CPU rows fit its CPU constants; the written file has no [npu] section; NPU rows
+    are refused in one line."""
+    cpu = load_board("rk3588-32g", "llama.cpp-cpu")
+    true = replace(cpu, cpu_int8_ops_per_s=0.9e11, cpu_nf4_ops_per_s=1.9e11, cpu_float_ops_per_s=0.7e11,
+                   decode_fraction=0.7, decode_token_s=0.012)
+    rows = [f"matmul,cpu,{enc},256,2048,2048,,,,,X," for enc in ("int8", "nf4", "f16")]
+    rows += [f"decode,,,,,,{c},{ch},64,,,X" for c in ("qwen2.json", "llama.json") for ch in ("all-int8", "all-nf4")]
+    times = synthetic_csv(tmp_path, board=true, rows=rows)
+    out = tmp_path / "mycpu.toml"
+    r = runner.invoke(app, ["calibrate", str(times), "-o", str(out), "--runtime", "llama.cpp-cpu"])
+    assert r.exit_code == 0, r.output
+    assert "[npu]" not in out.read_text()
+    b = load_board("rk3588-32g", out)
+    assert b.engines == ("cpu",) and b.iova_usable_bytes == 0
+    for f in ("cpu_int8_ops_per_s", "cpu_nf4_ops_per_s", "cpu_float_ops_per_s", "decode_fraction", "decode_token_s"):
+        assert getattr(b, f) == pytest.approx(getattr(true, f), rel=1e-3), f
+    (tmp_path / "npu.csv").write_text("kind,engine,encoding,m,n,k,seconds\nmatmul,npu,int8,64,768,2048,0.0003\n")
+    r = runner.invoke(app, ["calibrate", str(tmp_path / "npu.csv"), "-o", str(tmp_path / "x.toml"),
+                            "--runtime", "llama.cpp-cpu"])
+    assert r.exit_code == 2 and "has no NPU" in r.stderr and not (tmp_path / "x.toml").exists()
 
 
 def test_cli_json(tmp_path):
@@ -160,6 +196,8 @@ BAD = [
     ("empty cell", "kind,engine,encoding,m,n,k,seconds\nmatmul,npu,int8,,768,2048,0.001\n", "line 2: 'm' is empty"),
     ("empty file", "", "empty"),
     ("all held out", "kind,config,choice,prompt,tok_s,set\ndecode,qwen2.json,all-nf4,64,10,holdout\n", "set = fit"),
+    ("two runtimes", "kind,config,choice,prompt,tok_s,runtime\ndecode,qwen2.json,all-nf4,64,10,a\n"
+                     "decode,qwen2.json,all-int8,64,8,b\n", "one file calibrates one runtime path"),
 ]
 
 
@@ -183,6 +221,8 @@ def test_missing_times_file_and_bad_output_name(tmp_path):
     times = synthetic_csv(tmp_path)
     r = runner.invoke(app, ["calibrate", str(times), "-o", str(tmp_path / "b.json")])
     assert r.exit_code == 2 and "must end in .toml" in r.stderr
+    r = runner.invoke(app, ["calibrate", str(times), "-o", str(tmp_path / "b.toml"), "--runtime", "nope"])
+    assert r.exit_code == 2 and "unknown runtime 'nope'" in r.stderr and not (tmp_path / "b.toml").exists()
     r = runner.invoke(app, ["calibrate", str(times), "-o", str(tmp_path / "nodir" / "b.toml")])
     assert r.exit_code == 2 and "does not exist" in r.stderr
     assert not (tmp_path / "b.json").exists()
@@ -213,44 +253,69 @@ def test_published_and_excluded_cover_every_measurement_once():
 
 
 def test_shipped_fit_set_is_the_documented_design():
+    """published.csv's set column is each runtime path's Design (docs/CALIBRATION.md section 3)."""
     pts = cal.read_times(cal.PUBLISHED)
-    assert [p.set for p in cal.design_points(pts, cal.DESIGNS["shipped"])] == [p.set for p in pts]
+    assert {p.runtime for p in pts} == set(cal.RUNTIME_FITS)
+    for rt in cal.RUNTIME_FITS:
+        own = [p for p in pts if p.runtime == rt]
+        assert [p.set for p in cal.design_points(pts, rt)] == [p.set for p in own], rt
 
 
-def test_doc_table_is_what_the_shipped_board_predicts():
+def test_doc_table_is_what_the_shipped_runtime_paths_predict():
     """docs/CALIBRATION.md section 4 = `python -m orkpack.tiers.calibrate --published` (so it cannot go stale)."""
-    table = cal.published_table(BASE)
+    table = cal.published_table()
     assert cal.doc_table() == table, "run: python -m orkpack.tiers.calibrate --published --update-doc"
-    for name in ("rk3588-16g", "rk3588-8g"):  # the three boards share the constants
-        b = load_board(name)
-        assert all(getattr(b, p.field) == getattr(BASE, p.field) for p in cal.PARAMS), name
+    for name in ("rk3588-16g", "rk3588-8g"):  # the three boards share the hardware constants of the cost model
+        for rt in cal.RUNTIME_FITS:
+            b, base = load_board(name, rt), load_board("rk3588-32g", rt)
+            assert replace(b, name=base.name, total_bytes=base.total_bytes, reserve_bytes=base.reserve_bytes) == base
 
 
 def test_held_out_error_stays_within_the_claim():
-    m = re.search(r"held-out median \|error\| <= (\d+) %, worst <= (\d+) %, at\s+least (\d+) of (\d+) held-out "
-                  r"points within ±35 %", _doc())
-    assert m, "the claim sentence of docs/CALIBRATION.md section 4 is missing"
-    med, worst, within, n = (int(x) for x in m.groups())
+    """Section 4's claim, per runtime path: held-out median, worst and the count within ±35 %."""
     pts = cal.read_times(cal.PUBLISHED)
-    pred = cal.predict_all(pts, BASE)
-    e = np.abs(pred / np.array([p.value for p in pts]) - 1)[[p.set == "holdout" for p in pts]]
-    assert len(e) == n
-    assert np.median(e) * 100 <= med and np.max(e) * 100 <= worst and int((e <= 0.35).sum()) >= within
+    pred = cal.predict_published(pts, cal.published_boards())
+    e_all = np.abs(pred / np.array([p.value for p in pts]) - 1)
+    claims = re.findall(r"`([\w.-]+)` held out: median \|error\| <= (\d+) %, worst <= (\d+) %, at least (\d+) of "
+                        r"(\d+) within ±35 %", _doc())
+    assert {c[0] for c in claims} == set(cal.RUNTIME_FITS), "a runtime path's claim is missing in docs/CALIBRATION.md"
+    for rt, med, worst, within, n in claims:
+        e = e_all[[p.runtime == rt and p.set == "holdout" for p in pts]]
+        assert len(e) == int(n), rt
+        assert np.median(e) * 100 <= int(med) and np.max(e) * 100 <= int(worst) and int((e <= 0.35).sum()) >= int(within), rt
 
 
 def test_shipped_constants_are_the_fit_from_any_start():
-    """The shipped [npu]/[cpu]/[decode] constants are what the published fit gives, from a start far from them."""
-    far = replace(BASE, npu_efficiency=0.5, submit_overhead_s=1e-5, npu_k_falloff=0.1, cpu_int8_ops_per_s=3e11,
-                  cpu_nf4_ops_per_s=5e10, cpu_float_ops_per_s=3e11, decode_bandwidth=1e10, decode_token_s=0.0)
-    f = cal.fit(cal.read_times(cal.PUBLISHED), far)
-    assert [p.field for p in f.params] == [p.field for p in cal.PARAMS]
-    for prm in cal.PARAMS:
-        assert getattr(f.board, prm.field) == pytest.approx(getattr(BASE, prm.field), rel=2e-3), prm.field
+    """Every shipped runtime path's constants are what the published fit gives (fitted, inherited or kept),
+    also from a start far from them."""
+    boards = cal.published_boards()
+    far = {rt: replace(b, npu_efficiency=0.5, submit_overhead_s=1e-5 if rt == "rkllm" else b.submit_overhead_s,
+                       npu_k_falloff=0.1, cpu_int8_ops_per_s=3e11, cpu_nf4_ops_per_s=5e10, cpu_float_ops_per_s=3e11,
+                       decode_fraction=0.3, decode_token_s=0.0, request_s=0.0 if rt == "rkllm" else b.request_s)
+           if "npu" in b.engines else replace(b, cpu_int8_ops_per_s=3e11, cpu_nf4_ops_per_s=5e10,
+                                               cpu_float_ops_per_s=3e11, decode_fraction=0.3, decode_token_s=0.0)
+           for rt, b in boards.items()}
+    for start, rel in ((None, 0.0), (far, 2e-3)):
+        fits = cal.published_fits(base=start)
+        for rt, f in fits.items():
+            assert [p.field for p in f.params] == list(cal.RUNTIME_FITS[rt].params), rt
+            for fld in cal.TOML_KEYS:
+                want, got = getattr(boards[rt], fld), getattr(f.board, fld)
+                fitted = fld in cal.RUNTIME_FITS[rt].params or any(fld in fl for _, fl in cal.RUNTIME_FITS[rt].inherit)
+                if start is None or fitted:
+                    assert got == (want if rel == 0 else pytest.approx(want, rel=rel)), (rt, fld)
+
+
+def test_published_fit_is_physical():
+    """No runtime path decodes faster than the board's cores (or NPU) stream: fraction <= 1 and the CPU
+    decode bandwidth <= 22.94 GB/s (docs/CALIBRATION.md)."""
+    for rt, b in cal.published_boards().items():
+        assert b.decode_fraction <= 1.0 and b.decode_bandwidth <= 22.94e9 and b.npu_decode_bandwidth <= 29.71e9, rt
 
 
 def test_published_mode_prints_the_table(capsys):
     assert cal.main(["--published"]) == 0
-    assert capsys.readouterr().out == cal.published_table(BASE)
+    assert capsys.readouterr().out == cal.published_table()
     assert cal.main([]) == 2
 
 
@@ -261,10 +326,13 @@ def test_read_times_errors_name_the_line(tmp_path):
         cal.read_times(p)
 
 
-def test_written_board_covers_every_board_field():
-    """A new Board constant must get a line in the board files `orkpack calibrate` writes."""
+def test_written_runtime_covers_every_runtime_field():
+    """A new Runtime constant must get a line in the runtime files `orkpack calibrate` writes, and a Board field."""
     from dataclasses import fields
 
     from orkpack.tiers.board import Board
+    from orkpack.tiers.runtime import Runtime
 
-    assert {fld for _, _, fld in cal.LAYOUT} == {f.name for f in fields(Board)} - {"name", "engines", "source"}
+    assert set(cal.TOML_KEYS) == {f.name for f in fields(Runtime)} - {"name", "engines", "source"}
+    assert set(cal.TOML_KEYS) <= {f.name for f in fields(Board)}
+    assert {p.field for p in cal.PARAMS} <= set(cal.TOML_KEYS)

@@ -271,12 +271,16 @@ def test_plan_command_json_output_and_tables(moe, tmp_path):
     js2 = json.loads(buf2.getvalue())
     assert js2["tensors"] == js["tensors"] and js2["budget"] == js["budget"]
     con = Console(record=True, width=160)
-    board = tmp_path / "tiny.toml"  # a cheap submit and 1 MiB of IOVA: the small model gains and overflows
+    board = tmp_path / "tiny.toml"  # 1 MiB of IOVA and (the runtime path) a cheap submit: the small model gains and overflows
     board.write_text((TM / "boards" / "rk3588-32g.toml").read_text()
-                     .replace("submit_overhead_s = 365e-6", "submit_overhead_s = 1e-6")
                      .replace("iova_usable_bytes = 4026531840", "iova_usable_bytes = 1048576"))
+    rt = tmp_path / "cheap.toml"
+    text = (TM / "runtimes" / "ggml-ork.toml").read_text()
+    assert "submit_overhead_s = 365e-6" in text
+    rt.write_text(text.replace("submit_overhead_s = 365e-6", "submit_overhead_s = 1e-6"))
     plan_command(folder / "config.json", board=str(board), profile=None, ctx=1024, kv_type="f16", prefill_m=512,
-                 pins={"cpu": ["blk.0.attn_q.weight"]}, ignore_unknown=False, json_out=False, output=None, console=con)
+                 pins={"cpu": ["blk.0.attn_q.weight"]}, ignore_unknown=False, json_out=False, output=None, console=con,
+                 runtime=str(rt))
     text = con.export_text()
     for want in ("Budget per engine", "NPU (IOVA)", "RAM (UMA)", "Hottest", "optimal", "Predicted speed",
                  "CPU only, all NF4", "CPU only, all int8", "decode tok/s", "TTFT", "Fell off the NPU", "pinned --cpu"):
@@ -311,5 +315,5 @@ def test_shipped_tier_maps_facts():
         assert js["budget"]["npu"]["used"] <= js["budget"]["npu"]["cap"]
         assert js["budget"]["ram"]["used"] <= js["budget"]["ram"]["cap"]
     big = maps["qwen2.5-32b.rk3588-32g.ctx8192.json"]
-    assert big["budget"]["npu"]["headroom"] < 0.01 * big["budget"]["npu"]["cap"]  # NPU at its cap
+    assert big["budget"]["npu"]["headroom"] < 0.02 * big["budget"]["npu"]["cap"]  # NPU at its cap
     assert big["options"]["ctx"] == 8192 and big["budget"]["ram"]["kv_cache"] > 0  # fully resident, KV counted

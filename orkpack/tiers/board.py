@@ -1,6 +1,8 @@
 """Board profiles: memory budgets and the cost model of one RK3588 board.
 
-A board is a small TOML file (schema in docs/TIERMAP.md). The three shipped
+A board is a small TOML file (schema in docs/TIERMAP.md): the hardware only. What depends on the
+software that runs the pack (per-submit cost, NPU efficiency, CPU kernel rates, fixed costs, the
+decode engine) is a runtime path (runtime.py); ``load_board(board, runtime)`` joins the two. The three shipped
 boards live in ``tiermaps/boards/`` (the documented, commented copies) and are
 installed as package data in ``orkpack/data/boards/`` (byte-identical copies,
 kept in sync by ``python -m orkpack.tiers.regenerate`` and checked by a test),
@@ -15,16 +17,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import OrkError, escape_name
+from .runtime import DEFAULT_RUNTIME, TOML_KEYS, Runtime, load_runtime, runtime_from_json
 
 BOARD_DIR = Path(__file__).resolve().parent.parent / "data" / "boards"
 BOARD_SCHEMA = "orkpack.board"
-BOARD_VERSION = 2
+BOARD_VERSION = 3
 
 
 @dataclass(frozen=True)
 class Board:
+    """The cost model of one board running one runtime path (docs/TIERMAP.md section 2).
+
+    The hardware fields come from the board file (this module); the software fields (from
+    ``npu_efficiency`` on) from the runtime path (runtime.py). ``load_board(board, runtime)`` joins them.
+    """
     name: str
-    engines: tuple[str, ...]
+    engines: tuple[str, ...]  # the engines the plan may use: the board's that the runtime uses
     total_bytes: int
     reserve_bytes: int
     iova_cap_bytes: int
@@ -35,17 +43,35 @@ class Board:
     k_segment: int
     npu_cores: int
     npu_ops_per_s_per_core: float
-    npu_efficiency: float
     npu_k_ref: int
+    cpu_stream_bytes_per_s: float  # what the CPU cores stream (measured): physics
+    npu_stream_bytes_per_s: float  # what the NPU streams (measured): physics
+    # ---- the runtime path (runtime.Runtime)
+    npu_efficiency: float
     npu_k_falloff: float
     submit_overhead_s: float
     cpu_int8_ops_per_s: float
     cpu_nf4_ops_per_s: float
     cpu_float_ops_per_s: float
-    decode_bandwidth: float
-    decode_token_s: float
     tile_read_factor: float
+    decode_fraction: float
+    decode_token_s: float
+    request_s: float = 0.0
+    decode_engine: str = "cpu"
+    runtime: str = DEFAULT_RUNTIME
+    board_engines: tuple[str, ...] = ()  # the board file's engines (the hardware)
+    runtime_engines: tuple[str, ...] = ()  # the runtime's engines
     source: str = field(default="", compare=False)
+
+    @property
+    def decode_bandwidth(self) -> float:
+        """Bytes/s the runtime's CPU kernels stream: the cores' measured stream x the runtime's fraction."""
+        return self.cpu_stream_bytes_per_s * self.decode_fraction
+
+    @property
+    def npu_decode_bandwidth(self) -> float:
+        """Bytes/s an NPU-decoding runtime streams NPU tiles at: the NPU's measured stream x the fraction."""
+        return self.npu_stream_bytes_per_s * self.decode_fraction
 
     @property
     def npu_ops_per_s(self) -> float:
@@ -61,39 +87,79 @@ class Board:
         g = self.alloc_granularity
         return -(-nbytes // g) * g
 
+    def path(self) -> Runtime:
+        """The runtime path of this cost model."""
+        return Runtime(name=self.runtime, engines=self.runtime_engines or self.engines,
+                       **{f: getattr(self, f) for f in TOML_KEYS})
+
     def to_json(self) -> dict:
+        """The tier map's board block: the hardware, and the runtime path under "runtime"."""
         return {
-            "name": self.name, "engines": list(self.engines),
+            "name": self.name, "engines": list(self.board_engines or self.engines),
             "total_bytes": self.total_bytes, "reserve_bytes": self.reserve_bytes,
             "iova_cap_bytes": self.iova_cap_bytes, "iova_usable_bytes": self.iova_usable_bytes,
             "alloc_granularity": self.alloc_granularity, "k_align": self.k_align, "n_align": self.n_align,
             "k_segment": self.k_segment, "npu_cores": self.npu_cores,
-            "npu_ops_per_s_per_core": self.npu_ops_per_s_per_core, "npu_efficiency": self.npu_efficiency,
-            "npu_k_ref": self.npu_k_ref, "npu_k_falloff": self.npu_k_falloff,
-            "submit_overhead_s": self.submit_overhead_s, "cpu_int8_ops_per_s": self.cpu_int8_ops_per_s,
-            "cpu_nf4_ops_per_s": self.cpu_nf4_ops_per_s, "cpu_float_ops_per_s": self.cpu_float_ops_per_s,
-            "decode_bandwidth_bytes_per_s": self.decode_bandwidth, "decode_token_s": self.decode_token_s,
-            "tile_read_factor": self.tile_read_factor,
+            "npu_ops_per_s_per_core": self.npu_ops_per_s_per_core, "npu_k_ref": self.npu_k_ref,
+            "cpu_stream_bytes_per_s": self.cpu_stream_bytes_per_s, "npu_stream_bytes_per_s": self.npu_stream_bytes_per_s,
+            "runtime": self.path().to_json(),
         }
 
 
 _INT_FIELDS = ("total_bytes", "reserve_bytes", "iova_cap_bytes", "iova_usable_bytes", "alloc_granularity", "k_align",
                "n_align", "k_segment", "npu_cores", "npu_k_ref")
-_FLOAT_FIELDS = ("npu_ops_per_s_per_core", "npu_efficiency", "npu_k_falloff", "submit_overhead_s", "cpu_int8_ops_per_s",
-                 "cpu_nf4_ops_per_s", "cpu_float_ops_per_s", "decode_bandwidth_bytes_per_s", "decode_token_s",
-                 "tile_read_factor")
+_HW_FLOATS = ("npu_ops_per_s_per_core", "cpu_stream_bytes_per_s", "npu_stream_bytes_per_s")
+# a version-2 board block (tier maps planned before runtime paths): the software constants sat in the board
+_LEGACY_FLOATS = ("npu_efficiency", "npu_k_falloff", "submit_overhead_s", "cpu_int8_ops_per_s", "cpu_nf4_ops_per_s",
+                  "cpu_float_ops_per_s", "decode_bandwidth_bytes_per_s", "decode_token_s", "tile_read_factor")
+LEGACY_RUNTIME = "board-v2"
+
+
+def combine(hw: dict, rt: Runtime, where: str) -> Board:
+    """The cost model of hardware ``hw`` (the checked board values) running runtime path ``rt``."""
+    board_engines = tuple(hw.pop("engines"))
+    engines = tuple(e for e in board_engines if e in rt.engines)
+    if "cpu" not in engines:
+        raise OrkError(f"{where}: the board has no cpu engine, which runtime {escape_name(rt.name)} needs")
+    if rt.decode_engine == "npu" and "npu" not in engines:
+        raise OrkError(f"{where}: runtime {escape_name(rt.name)} decodes on the NPU, which the board lacks; "
+                       "choose another --runtime")
+    if "npu" not in engines:
+        hw["iova_usable_bytes"] = 0
+    b = Board(engines=engines, board_engines=board_engines, runtime_engines=rt.engines, runtime=rt.name,
+              source=where, **hw, **{f: getattr(rt, f) for f in TOML_KEYS})
+    if b.iova_usable_bytes > b.iova_cap_bytes:
+        raise OrkError(f"{where}: iova_usable_bytes exceeds iova_cap_bytes; fix the board file")
+    if b.reserve_bytes >= b.total_bytes:
+        raise OrkError(f"{where}: reserve_bytes must be below total_bytes; fix the board file")
+    if b.k_segment % b.k_align:
+        raise OrkError(f"{where}: k_segment must be a multiple of k_align; fix the board file")
+    return b
 
 
 def board_from_json(d: object, where: str) -> Board:
-    """The board a tier map records (``Board.to_json``'s block), checked as a board file is."""
+    """The board a tier map records (``Board.to_json``'s block), checked as a board file is.
+
+    A block without "runtime" is a version-2 one (its software constants in the board): it is read as
+    runtime path "board-v2" with those constants, the decode at its bandwidth (fraction 1)."""
     if not isinstance(d, dict) or not isinstance(d.get("name"), str) or not isinstance(d.get("engines"), list) \
             or not all(isinstance(e, str) for e in d["engines"]):
         raise OrkError(f"{where}: its board block is not a board (name, engines, ...); plan again")
-    vals = {k: _num(d, k, where, int, positive=k not in ("reserve_bytes",)) for k in _INT_FIELDS}
-    vals |= {k: _num(d, k, where, float, positive=k not in ("npu_k_falloff", "submit_overhead_s", "decode_token_s"))
-             for k in _FLOAT_FIELDS}
-    vals["decode_bandwidth"] = vals.pop("decode_bandwidth_bytes_per_s")
-    return Board(name=d["name"], engines=tuple(d["engines"]), source=where, **vals)
+    hw = {k: _num(d, k, where, int, positive=k not in ("reserve_bytes", "iova_cap_bytes", "iova_usable_bytes"))
+          for k in _INT_FIELDS}
+    hw["name"], hw["engines"] = d["name"], list(d["engines"])
+    if "runtime" in d:
+        hw |= {k: _num(d, k, where, float) for k in _HW_FLOATS}
+        return combine(hw, runtime_from_json(d["runtime"], f"{where} (runtime)"), where)
+    old = {k: _num(d, k, where, float, positive=k not in ("npu_k_falloff", "submit_overhead_s", "decode_token_s"))
+           for k in _LEGACY_FLOATS}
+    hw["npu_ops_per_s_per_core"] = _num(d, "npu_ops_per_s_per_core", where, float)
+    bw = old.pop("decode_bandwidth_bytes_per_s")
+    hw["cpu_stream_bytes_per_s"] = hw["npu_stream_bytes_per_s"] = bw
+    engines = tuple(e for e in ("npu", "cpu", "gpu") if e in d["engines"]) or ("cpu",)
+    rt = Runtime(name=LEGACY_RUNTIME, engines=engines, decode_engine="cpu", decode_fraction=1.0, request_s=0.0,
+                 source=where, **old)
+    return combine(hw, rt, where)
 
 
 def board_names() -> list[str]:
@@ -111,23 +177,37 @@ def _num(d: dict, key: str, where: str, kind=int, positive: bool = True):
     return kind(v)
 
 
-def parse_board(data: dict, where: str) -> Board:
-    """Validate a parsed board TOML (OrkError naming the file and key on any problem)."""
-    if data.get("schema", BOARD_SCHEMA) != BOARD_SCHEMA or data.get("version", 1) != BOARD_VERSION:
-        raise OrkError(f"{where}: not an orkpack board v{BOARD_VERSION} file (schema/version); "
-                       "start from tiermaps/boards/rk3588-32g.toml")
-    for sec in ("memory", "npu", "cpu", "decode"):
+def parse_board_hw(data: dict, where: str) -> dict:
+    """The hardware values of a parsed board TOML, checked (OrkError naming the file and key on any problem)."""
+    hint = "start from tiermaps/boards/rk3588-32g.toml"
+    if data.get("schema", BOARD_SCHEMA) != BOARD_SCHEMA:
+        raise OrkError(f"{where}: not an orkpack board file (schema); {hint}")
+    if data.get("version", 1) != BOARD_VERSION:
+        if data.get("version") == 2:
+            raise OrkError(f"{where}: a board v2 file: its [cpu], [decode] and NPU efficiency / submit / falloff "
+                           "constants now belong to a runtime path (orkpack calibrate writes one, tiermaps/runtimes/); "
+                           f"make it v3 with [memory], [npu] hardware and [stream]; {hint}")
+        raise OrkError(f"{where}: not an orkpack board v{BOARD_VERSION} file (schema/version); {hint}")
+    for sec in ("memory", "npu", "stream"):
         if not isinstance(data.get(sec), dict):
-            raise OrkError(f"{where}: section [{sec}] is missing; start from tiermaps/boards/rk3588-32g.toml")
-    mem, npu, cpu, dec = data["memory"], data["npu"], data["cpu"], data["decode"]
+            raise OrkError(f"{where}: section [{sec}] is missing; {hint}")
+    for sec in ("cpu", "decode"):
+        if sec in data:
+            raise OrkError(f"{where}: section [{sec}] belongs to a runtime path now (tiermaps/runtimes/); "
+                           "remove it from the board file")
+    mem, npu, st = data["memory"], data["npu"], data["stream"]
+    for key in ("efficiency", "k_falloff", "submit_overhead_s"):
+        if key in npu:
+            raise OrkError(f"{where}: [npu] {key} belongs to a runtime path now (tiermaps/runtimes/); "
+                           "remove it from the board file")
     engines = data.get("engines", ["npu", "cpu"])
     if not isinstance(engines, list) or not all(isinstance(e, str) for e in engines):
         raise OrkError(f"{where}: 'engines' must be a list of names (npu, cpu, gpu)")
     name = data.get("name")
     if not isinstance(name, str) or not name:
         raise OrkError(f"{where}: 'name' is missing")
-    b = Board(
-        name=name, engines=tuple(engines),
+    return dict(
+        name=name, engines=list(engines),
         total_bytes=_num(mem, "total_bytes", where), reserve_bytes=_num(mem, "reserve_bytes", where, positive=False),
         iova_cap_bytes=_num(npu, "iova_cap_bytes", where, positive=False),
         iova_usable_bytes=_num(npu, "iova_usable_bytes", where, positive=False),
@@ -135,30 +215,19 @@ def parse_board(data: dict, where: str) -> Board:
         k_align=_num(npu, "k_align", where), n_align=_num(npu, "n_align", where),
         k_segment=_num(npu, "k_segment", where), npu_cores=_num(npu, "cores", where),
         npu_ops_per_s_per_core=_num(npu, "int8_ops_per_s_per_core", where, float),
-        npu_efficiency=_num(npu, "efficiency", where, float),
-        npu_k_ref=_num(npu, "k_ref", where), npu_k_falloff=_num(npu, "k_falloff", where, float, positive=False),
-        submit_overhead_s=_num(npu, "submit_overhead_s", where, float, positive=False),
-        cpu_int8_ops_per_s=_num(cpu, "int8_ops_per_s", where, float),
-        cpu_nf4_ops_per_s=_num(cpu, "nf4_ops_per_s", where, float),
-        cpu_float_ops_per_s=_num(cpu, "float_ops_per_s", where, float),
-        decode_bandwidth=_num(dec, "bandwidth_bytes_per_s", where, float),
-        decode_token_s=_num(dec, "token_fixed_s", where, float, positive=False),
-        tile_read_factor=_num(dec, "tile_read_factor", where, float),
-        source=where,
+        npu_k_ref=_num(npu, "k_ref", where),
+        cpu_stream_bytes_per_s=_num(st, "cpu_bytes_per_s", where, float),
+        npu_stream_bytes_per_s=_num(st, "npu_bytes_per_s", where, float),
     )
-    if "npu" not in b.engines:
-        b = Board(**{**b.__dict__, "iova_usable_bytes": 0})
-    if b.iova_usable_bytes > b.iova_cap_bytes:
-        raise OrkError(f"{where}: iova_usable_bytes exceeds iova_cap_bytes; fix the board file")
-    if b.reserve_bytes >= b.total_bytes:
-        raise OrkError(f"{where}: reserve_bytes must be below total_bytes; fix the board file")
-    if b.k_segment % b.k_align:
-        raise OrkError(f"{where}: k_segment must be a multiple of k_align; fix the board file")
-    return b
 
 
-def load_board(name_or_path: str | Path) -> Board:
-    """A shipped board by name (rk3588-32g, rk3588-16g, rk3588-8g) or a TOML file path."""
+def parse_board(data: dict, where: str, runtime: Runtime | None = None) -> Board:
+    """A parsed board TOML running ``runtime`` (default: the default runtime path), checked."""
+    return combine(parse_board_hw(data, where), runtime or load_runtime(None), where)
+
+
+def read_board_toml(name_or_path: str | Path) -> tuple[dict, str]:
+    """(parsed TOML, the name to report) of a shipped board by name or a TOML file path."""
     s = str(name_or_path)
     p = Path(s)
     if not (s.endswith(".toml") or p.exists()):
@@ -170,11 +239,18 @@ def load_board(name_or_path: str | Path) -> Board:
     else:
         where = escape_name(str(p))
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        return tomllib.loads(p.read_text(encoding="utf-8")), where
     except FileNotFoundError:
         raise OrkError(f"{where}: board file not found; give a path to a .toml board file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise OrkError(f"{where}: cannot read the board file ({e.__class__.__name__})") from None
     except tomllib.TOMLDecodeError as e:
         raise OrkError(f"{where}: not valid TOML ({e}); fix the board file") from None
-    return parse_board(data, where)
+
+
+def load_board(name_or_path: str | Path, runtime: str | Path | Runtime | None = None) -> Board:
+    """A shipped board by name (rk3588-32g, rk3588-16g, rk3588-8g) or a TOML file path, running a runtime
+    path (a name, a TOML file path or a Runtime; default ggml-ork)."""
+    data, where = read_board_toml(name_or_path)
+    rt = runtime if isinstance(runtime, Runtime) else load_runtime(runtime)
+    return parse_board(data, where, rt)

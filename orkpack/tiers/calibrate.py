@@ -1,7 +1,7 @@
-"""Fit a board's cost-model constants to timings measured on that board (docs/CALIBRATION.md).
+"""Fit a runtime path's cost-model constants to timings measured on a board (docs/CALIBRATION.md).
 
-    orkpack calibrate TIMES.csv -o myboard.toml [--board BASE] [--json]
-    python -m orkpack.tiers.calibrate --published [--fit | --alternatives | --update-doc]
+    orkpack calibrate TIMES.csv -o myruntime.toml [--board BOARD] [--runtime BASE] [--json]
+    python -m orkpack.tiers.calibrate --published [--fit | --update-doc]
 
 TIMES.csv: one header row, columns in any order, a blank cell = not given. Each row is one timing:
 
@@ -12,7 +12,7 @@ TIMES.csv: one header row, columns in any order, a blank cell = not given. Each 
   ttft       config, choice, prompt, seconds   (time to first token of a prompt-token prompt)
   decode     config, choice, prompt, tok_s     (generation speed with about `prompt` tokens in the context)
   optional   chunk (prefill/ttft: rows per pass, default min(prompt, 512)), set (fit | holdout,
-             default fit), id, note
+             default fit), runtime (the runtime path that ran the row: one per file), id, note
 
 ``config`` is a model's config.json, as a path relative to the CSV's folder. ``choice`` says how
 the model ran: all-nf4 | all-int8 | all-float (every weight on the CPU in that encoding) or npu
@@ -22,9 +22,11 @@ reads the int8 weights at the decode bandwidth either way: the cost model's assu
 The fit: least squares on log(predicted / measured) over the ``set = fit`` rows
 (scipy.optimize.least_squares, trust-region reflective, bounded, deterministic), over the constants
 the rows constrain: the NPU's efficiency, submit_overhead_s and k_falloff, the CPU's int8 / nf4 /
-float ops/s, the decode bandwidth and token_fixed_s. A constant is fitted when some fit row's
-prediction depends on it and it is not degenerate with the constants before it (checked on the
-Jacobian at the start point); every other value is kept from the base board. Predictions are the
+float ops/s, the decode bandwidth fraction, token_fixed_s and the per-request cost: the runtime path's
+constants (runtime.py); the board's hardware (its stream bandwidth: the ceiling of the decode) is
+never fitted. A constant is fitted when some fit row's prediction depends on it and it is not
+degenerate with the constants before it (checked on the Jacobian at the start point); every other
+value is kept from the base runtime path. Predictions are the
 planner's own (solver.py, cost.py), so a calibrated board predicts what ``orkpack plan`` will say.
 """
 from __future__ import annotations
@@ -42,6 +44,7 @@ import numpy as np
 from ..errors import OrkError, escape_name
 from . import cost, solver
 from .board import Board, load_board
+from .runtime import RUNTIME_SCHEMA, RUNTIME_VERSION, TOML_KEYS, parse_runtime
 from .manifest import Manifest, manifest_from_path
 from .profile import load_profile
 
@@ -54,7 +57,7 @@ NEEDS = {
     "ttft": ("config", "choice", "prompt", "seconds"),
     "decode": ("config", "choice", "prompt", "tok_s"),
 }
-OPTIONAL = ("chunk", "set", "id", "note")
+OPTIONAL = ("chunk", "set", "runtime", "id", "note")
 COLUMNS = ("kind",) + tuple(dict.fromkeys(c for cs in NEEDS.values() for c in cs)) + OPTIONAL
 DEFAULT_CHUNK = 512
 DIGITS = 4  # significant digits of a fitted constant in the written board
@@ -67,8 +70,8 @@ TABLE_END = "<!-- published-table:end -->"
 
 @dataclass(frozen=True)
 class Param:
-    field: str  # Board attribute
-    section: str  # TOML section and key
+    field: str  # Board attribute (a runtime path's: runtime.TOML_KEYS)
+    section: str  # the runtime TOML's section and key
     key: str
     lo: float
     hi: float
@@ -83,8 +86,9 @@ PARAMS = (
     Param("cpu_int8_ops_per_s", "cpu", "int8_ops_per_s", 1e9, 1e13, True, 1e9),
     Param("cpu_nf4_ops_per_s", "cpu", "nf4_ops_per_s", 1e9, 1e13, True, 1e9),
     Param("cpu_float_ops_per_s", "cpu", "float_ops_per_s", 1e9, 1e13, True, 1e9),
-    Param("decode_bandwidth", "decode", "bandwidth_bytes_per_s", 1e9, 2e11, True, 1e9),
+    Param("decode_fraction", "decode", "bandwidth_fraction", 0.02, 1.0, True, 0.02),  # <= 1: physics
     Param("decode_token_s", "decode", "token_fixed_s", 1e-5, 1.0, True, 1e-3),
+    Param("request_s", "request", "fixed_s", 1e-5, 5.0, True, 1e-2),
 )
 SENSITIVE = 1e-2  # |d log(prediction) / d parameter| below this on every row: the data do not constrain it
 INDEPENDENT = 1e-2  # smallest singular value of the normalized Jacobian columns a new parameter may bring
@@ -108,6 +112,7 @@ class Point:
     choice: str = ""
     prompt: int = 0
     chunk: int = 0
+    runtime: str = ""
     note: str = ""
 
     @property
@@ -195,7 +200,7 @@ def read_times(path: str | Path) -> list[Point]:
         if st not in SETS:
             raise OrkError(f"{where}: set {escape_name(st, 40)!r} is not fit or holdout")
         common = dict(line=lineno, id=cell.get("id", "") or f"line{lineno}", kind=kind, set=st,
-                      note=cell.get("note", ""))
+                      runtime=cell.get("runtime", ""), note=cell.get("note", ""))
         if kind == "matmul":
             eng, enc = cell["engine"], cell["encoding"]
             if eng not in ("npu", "cpu"):
@@ -303,12 +308,16 @@ def _jacobian(points: list[Point], board: Board, params: list[Param], h: float =
     return J
 
 
-def constrained(points: list[Point], start: Board) -> tuple[list[Param], dict[str, str]]:
+def constrained(points: list[Point], start: Board, only: tuple[str, ...] | None = None
+                ) -> tuple[list[Param], dict[str, str]]:
     """(the parameters the fit rows constrain, in PARAMS order; reason per parameter left out)."""
     J = _jacobian(points, start, list(PARAMS))
     chosen: list[int] = []
     why: dict[str, str] = {}
     for j, prm in enumerate(PARAMS):
+        if only is not None and prm.field not in only:
+            why[prm.field] = "not fitted by this design"
+            continue
         col = J[:, j]
         if np.max(np.abs(col)) < SENSITIVE:
             why[prm.field] = "no fit row depends on it"
@@ -352,20 +361,23 @@ class Fit:
                 "rms_log_pct": round(float(np.sqrt(np.mean(np.log1p(e) ** 2))) * 100, 1)}
 
 
-def fit(points: list[Point], base: Board, *, digits: int = DIGITS) -> Fit:
-    """Least squares on log(predicted / measured) over the ``set = fit`` points (module docstring)."""
+def fit(points: list[Point], base: Board, *, digits: int = DIGITS, only: tuple[str, ...] | None = None) -> Fit:
+    """Least squares on log(predicted / measured) over the ``set = fit`` points (module docstring).
+    ``only``: fit at most these constants (Board fields; a published design's choice, docs/CALIBRATION.md)."""
     from scipy.optimize import least_squares
 
     fit_pts = [p for p in points if p.set == "fit"]
     if not fit_pts:
         raise OrkError("no timing row has set = fit; at least one row must be fitted")
     if "npu" not in base.engines and any(p.engine == "npu" or p.choice == "npu" for p in points):
-        raise OrkError(f"board {base.name} has no NPU, but some rows ran on it; use a base board with an NPU")
+        raise OrkError(f"{base.name} running {base.runtime} has no NPU, but some rows ran on it; use a board "
+                       "and a base --runtime with an NPU")
     start = replace(base, **{prm.field: min(max(_get(base, prm), prm.start_floor, prm.lo), prm.hi) for prm in PARAMS})
-    params, why = constrained(fit_pts, start)
+    params, why = constrained(fit_pts, start, only)
     if not params:
         raise OrkError("the fit rows constrain none of the fitted constants (efficiency, submit_overhead_s, "
-                       "k_falloff, CPU ops/s, decode bandwidth, token_fixed_s); add matmul, prefill or decode rows")
+                       "k_falloff, CPU ops/s, decode bandwidth fraction, token_fixed_s, request fixed_s); add "
+                       "matmul, prefill or decode rows")
     meas = np.log(np.array([p.value for p in fit_pts]))
     x0 = np.array([_to_x(_get(start, prm), prm) for prm in params])
     lo = np.array([_to_x(prm.lo, prm) for prm in params])
@@ -375,7 +387,22 @@ def fit(points: list[Point], base: Board, *, digits: int = DIGITS) -> Fit:
     def resid(x):
         return np.log(predict_all(fit_pts, _board(base, params, x))) - meas
 
-    sol = least_squares(resid, x0, bounds=(lo, hi), method="trf", x_scale=1.0, diff_step=1e-7,
+    def jac(x):
+        # forward differences at an absolute step (scipy's diff_step is relative to |x|: at x = 0, a
+        # constant whose log is 0 (a fraction of 1) would get a zero step and a zero gradient), away from
+        # the nearer bound
+        r0 = resid(x)
+        J = np.empty((len(r0), len(x)))
+        for j in range(len(x)):
+            h = 1e-7 * max(1.0, abs(x[j]))
+            if x[j] + h > hi[j]:
+                h = -h
+            xp = x.copy()
+            xp[j] += h
+            J[:, j] = (resid(xp) - r0) / h
+        return J
+
+    sol = least_squares(resid, x0, jac=jac, bounds=(lo, hi), method="trf", x_scale=1.0,
                         ftol=1e-15, xtol=1e-15, gtol=1e-15, max_nfev=400 * (len(params) + 1))
     raw = {prm.field: _from_x(float(x), prm) for prm, x in zip(params, sol.x)}
     board = replace(base, **{f: _round(v, digits) for f, v in raw.items()})
@@ -404,42 +431,27 @@ def _fmt(v) -> str:
     return s if any(c in s for c in ".eE") else s + ".0"
 
 
-# (section, key, Board field) in the order of the shipped boards
-LAYOUT = (
-    ("memory", "total_bytes", "total_bytes"), ("memory", "reserve_bytes", "reserve_bytes"),
-    ("npu", "iova_cap_bytes", "iova_cap_bytes"), ("npu", "iova_usable_bytes", "iova_usable_bytes"),
-    ("npu", "alloc_granularity", "alloc_granularity"), ("npu", "k_align", "k_align"), ("npu", "n_align", "n_align"),
-    ("npu", "k_segment", "k_segment"), ("npu", "cores", "npu_cores"),
-    ("npu", "int8_ops_per_s_per_core", "npu_ops_per_s_per_core"), ("npu", "efficiency", "npu_efficiency"),
-    ("npu", "k_ref", "npu_k_ref"), ("npu", "k_falloff", "npu_k_falloff"),
-    ("npu", "submit_overhead_s", "submit_overhead_s"),
-    ("cpu", "int8_ops_per_s", "cpu_int8_ops_per_s"), ("cpu", "nf4_ops_per_s", "cpu_nf4_ops_per_s"),
-    ("cpu", "float_ops_per_s", "cpu_float_ops_per_s"),
-    ("decode", "bandwidth_bytes_per_s", "decode_bandwidth"), ("decode", "token_fixed_s", "decode_token_s"),
-    ("decode", "tile_read_factor", "tile_read_factor"),
-)
-
-
-def board_toml(f: Fit, name: str, times_name: str, base_name: str) -> str:
-    """The board TOML of a fit: every fitted constant says so, every other value comes from the base."""
-    from .board import BOARD_SCHEMA, BOARD_VERSION
-
+def runtime_toml(f: Fit, name: str, times_name: str, board_name: str, base_name: str) -> str:
+    """The runtime TOML of a fit: every fitted constant says so, every other value comes from the base path."""
     nfit = sum(p.set == "fit" for p in f.points)
-    L = [f"# Board profile written by `orkpack calibrate` from {times_name} (docs/CALIBRATION.md):",
-         f"# {len(f.points)} timing rows ({nfit} fitted, {len(f.points) - nfit} held out), base board {base_name}.",
+    rt = f.board.path()
+    L = [f"# Runtime path written by `orkpack calibrate` from {times_name} (docs/CALIBRATION.md):",
+         f"# {len(f.points)} timing rows ({nfit} fitted, {len(f.points) - nfit} held out) measured on board "
+         f"{board_name}, base runtime path {base_name}.",
          "# FITTED: least squares on log(predicted / measured); residual = rms relative error of the fitted",
-         "# rows that depend on the constant. Every other value is the base board's.",
-         "# Schema: docs/TIERMAP.md section \"Board profile\".",
-         "schema = " + json.dumps(BOARD_SCHEMA), f"version = {BOARD_VERSION}",
-         f"# The name --board takes (this file's name; the base board was {base_name}).",
-         "name = " + json.dumps(name), f"# from {base_name}", "engines = " + json.dumps(list(f.board.engines))]
+         "# rows that depend on the constant. Every other value is the base runtime path's.",
+         "# Schema: docs/TIERMAP.md section \"Runtime path\".",
+         "schema = " + json.dumps(RUNTIME_SCHEMA), f"version = {RUNTIME_VERSION}",
+         f"# The name --runtime takes (this file's name; the base runtime path was {base_name}).",
+         "name = " + json.dumps(name), f"# from {base_name}", "engines = " + json.dumps(list(rt.engines))]
     fitted = {prm.field for prm in f.params}
     section = None
-    for sec, key, fld in LAYOUT:
+    for fld, (sec, key) in TOML_KEYS.items():
+        if sec == "npu" and "npu" not in rt.engines:
+            continue
         if sec != section:
             L += ["", f"[{sec}]"]
             section = sec
-        v = getattr(f.board, fld)
         if fld in fitted:
             n, r = f.per_param[fld]
             L.append(f"# FITTED by orkpack calibrate on {_points(n)}, residual {r * 100:.1f}% "
@@ -448,32 +460,34 @@ def board_toml(f: Fit, name: str, times_name: str, base_name: str) -> str:
             L.append(f"# from {base_name} (not fitted: {f.why[fld]})")
         else:
             L.append(f"# from {base_name}")
-        if fld == "iova_usable_bytes" and "npu" not in f.board.engines:
-            v = getattr(f.base, fld)
-        L.append(f"{key} = {_fmt(v)}")
+        L.append(f"{key} = {_fmt(getattr(rt, fld))}")
     return "\n".join(L) + "\n"
 
 
-def calibrate(times: str | Path, output: str | Path, *, board: str = "rk3588-32g") -> tuple[Fit, str]:
-    """Read, fit, write ``output`` atomically (only after everything succeeded); (fit, board text)."""
+def calibrate(times: str | Path, output: str | Path, *, board: str = "rk3588-32g",
+              runtime: str | None = None) -> tuple[Fit, str]:
+    """Read, fit, write the runtime path ``output`` atomically (only after everything succeeded); (fit, text)."""
     import tomllib
 
-    from .board import parse_board
     from .command import write_atomic
 
     times, output = Path(times), Path(output)
     if output.suffix != ".toml":
-        raise OrkError(f"{_where(output)}: the board file must end in .toml")
+        raise OrkError(f"{_where(output)}: the runtime file must end in .toml")
     name = output.stem
     if not name or any(c in name for c in "\"\\\n\r\t"):
-        raise OrkError(f"{_where(output)}: choose a plain file name (it becomes the board's name)")
-    base = load_board(board)
+        raise OrkError(f"{_where(output)}: choose a plain file name (it becomes the runtime path's name)")
+    base = load_board(board, runtime)
     points = read_times(times)
+    named = sorted({p.runtime for p in points if p.runtime})
+    if len(named) > 1:
+        raise OrkError(f"{_where(times)}: the rows name runtime paths {', '.join(named)}; one file calibrates one "
+                       "runtime path (split it)")
     f = fit(points, base)
-    f.board = replace(f.board, name=name)
-    text = board_toml(f, name, times.name, base.name)
-    check = parse_board(tomllib.loads(text), _where(output))  # never write a file load_board would refuse
-    assert check == f.board, "written board differs from the fitted one"
+    f.board = replace(f.board, runtime=name)
+    text = runtime_toml(f, name, times.name, base.name, base.runtime)
+    check = parse_runtime(tomllib.loads(text), _where(output))  # never write a file load_runtime would refuse
+    assert check == f.board.path(), "written runtime path differs from the fitted one"
     write_atomic(output, text)
     return f, text
 
@@ -493,7 +507,7 @@ def _show(p: Point, v: float) -> str:
 def report_json(f: Fit, output: str | None = None) -> dict:
     fitted = {prm.field for prm in f.params}
     return {
-        "base": f.base.name, "output": output, "name": f.board.name,
+        "board": f.base.name, "base": f.base.runtime, "output": output, "name": f.board.runtime,
         "constants": [{"key": f"{prm.section}.{prm.key}", "before": _get(f.base, prm), "after": _get(f.board, prm),
                        "fitted": prm.field in fitted,
                        **({"points": f.per_param[prm.field][0], "residual_pct": round(f.per_param[prm.field][1] * 100, 2),
@@ -509,7 +523,7 @@ def report_json(f: Fit, output: str | None = None) -> dict:
 
 def report_text(f: Fit, output: str | None = None) -> str:
     fitted = {prm.field for prm in f.params}
-    L = [f"base board {f.base.name}; {len(f.points)} rows: {f.stats('fit')['n']} fitted, "
+    L = [f"board {f.base.name}, base runtime path {f.base.runtime}; {len(f.points)} rows: {f.stats('fit')['n']} fitted, "
          f"{f.stats('holdout').get('n', 0)} held out" + (f"; wrote {output}" if output else ""), "",
          f"{'constant':<28} {'before':>11} {'after':>11}  status"]
     for prm in PARAMS:
@@ -551,68 +565,107 @@ def measurements() -> dict[str, dict]:
         return {r["id"]: r for r in csv.DictReader(fh)}
 
 
-def published_table(board: Board, points: list[Point] | None = None) -> str:
-    """The markdown table of docs/CALIBRATION.md: every published row we model, predicted by ``board``."""
+def published_boards(board: str = "rk3588-32g") -> dict[str, Board]:
+    """Every shipped runtime path of the published rows on ``board``."""
+    return {rt: load_board(board, rt) for rt in RUNTIME_FITS}
+
+
+def predict_published(points: list[Point], boards: dict[str, Board]) -> np.ndarray:
+    """Each published row predicted by the runtime path that ran it."""
+    return np.array([predict(p, boards[p.runtime]) for p in points])
+
+
+def _summary(label: str, pts: list[Point], e: np.ndarray) -> str:
+    worst = int(np.argmax(e))
+    return (f"{label}: {len(pts)} points, median |error| {np.median(e) * 100:.0f}%, worst {e[worst] * 100:.0f}% "
+            f"({pts[worst].id}), within ±35%: {int((e <= 0.35).sum())} of {len(pts)}")
+
+
+def published_table(boards: dict[str, Board] | None = None, points: list[Point] | None = None) -> str:
+    """The markdown table of docs/CALIBRATION.md: every published row we model, predicted by the shipped
+    runtime path that ran it (on the shipped board), and each runtime path's fit and held-out errors."""
     points = read_times(PUBLISHED) if points is None else points
+    boards = published_boards() if boards is None else boards
     meas = measurements()
-    pred = predict_all(points, board)
-    L = ["| # | id | kind | model / setup | as | published | predicted | error | set | source |",
-         "|---:|---|---|---|---|---:|---:|---:|---|---|"]
+    pred = predict_published(points, boards)
+    L = ["| # | id | runtime | kind | model / setup | as | published | predicted | error | set | source |",
+         "|---:|---|---|---|---|---|---:|---:|---:|---|---|"]
     for i, (p, v) in enumerate(zip(points, pred), 1):
         r = meas[p.id]
         setup = (f"{r['model'] or 'matmul'} {r['quant']}".strip() if p.kind != "matmul"
                  else f"rknn_matmul int8 M={p.m} K={p.k} N={p.n}")
-        L.append(f"| {i} | {p.id} | {r['kind']} | {setup} | {p.setup()} | {_show(p, p.value)} | {_show(p, v)} | "
-                 f"{(v / p.value - 1) * 100:+.0f}% | {p.set} | {SOURCES[p.id.split('-')[0]]} |")
+        L.append(f"| {i} | {p.id} | {p.runtime} | {r['kind']} | {setup} | {p.setup()} | {_show(p, p.value)} | "
+                 f"{_show(p, v)} | {(v / p.value - 1) * 100:+.0f}% | {p.set} | {SOURCES[p.id.split('-')[0]]} |")
     e = np.abs(pred / np.array([p.value for p in points]) - 1.0)
+    L.append("")
+    for rt in RUNTIME_FITS:
+        for st in SETS:
+            sel = [i for i, p in enumerate(points) if p.runtime == rt and p.set == st]
+            if sel:
+                L.append(_summary(f"{rt} {st}", [points[i] for i in sel], e[sel]) + "  ")
     for st in SETS:
-        sel = np.array([p.set == st for p in points])
-        if sel.any():
-            L.append("")
-            L.append(f"{st}: {int(sel.sum())} points, median |error| {np.median(e[sel]) * 100:.0f}%, "
-                     f"worst {np.max(e[sel]) * 100:.0f}% ({points[int(np.flatnonzero(sel)[np.argmax(e[sel])])].id}), "
-                     f"within ±35%: {int((e[sel] <= 0.35).sum())} of {int(sel.sum())}")
+        sel = [i for i, p in enumerate(points) if p.set == st]
+        L.append(_summary(f"all {st}", [points[i] for i in sel], e[sel]) + "  ")
+    L[-1] = L[-1].rstrip()
     return "\n".join(L) + "\n"
 
 
-_GROUPS = {  # named groups of published rows, for the fit-set designs compared in docs/CALIBRATION.md
-    "mojo-mm": lambda p: p.id.startswith("mojo-mm-"),
-    "wtw": lambda p: p.id.startswith("wtw-"),
-    "inv-gemma": lambda p: p.id.startswith("inv-gemma-3-1b-it-"),
-    "rkb-ttft": lambda p: p.id.startswith("rkb-") and p.kind == "ttft",
-    "rkb-decode": lambda p: p.id.startswith("rkb-") and p.kind == "decode",
+@dataclass(frozen=True)
+class Design:
+    """How one runtime path's shipped constants are fitted to the published rows (docs/CALIBRATION.md section 3)."""
+    fit: object  # Point -> bool: the row is in the fit set (the runtime's other rows are held out)
+    params: tuple[str, ...]  # the constants fitted (Board fields)
+    inherit: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (runtime path, its fitted constants this one takes)
+
+
+def _inv_cpu(p: Point) -> bool:
+    return p.id.startswith("inv-gemma-3-1b-it-") and p.choice != "npu"
+
+
+CPU_FIELDS = ("cpu_int8_ops_per_s", "cpu_nf4_ops_per_s", "cpu_float_ops_per_s", "decode_fraction")
+RUNTIME_FITS = {  # in fit order: a runtime path inheriting constants comes after the one it takes them from
+    # llama.cpp's CPU backend: invisiofficial's Gemma3-1B Q8_0 / Q4_0 / F16 pp512 and tg128 (one build, board)
+    "llama.cpp-cpu": Design(_inv_cpu, CPU_FIELDS + ("decode_token_s",)),
+    # Rockchip's runtime: its matmul API's M sweep (Mojo24x7) and rkllm's current TTFT and decode tables; its
+    # CPU work (attention, a tied head) at llama.cpp's CPU rates (no published row measures it alone)
+    "rkllm": Design(lambda p: p.id.startswith("mojo-mm-") or p.id.startswith("rkb-"),
+                    ("npu_efficiency", "submit_overhead_s", "npu_k_falloff", "decode_fraction", "decode_token_s",
+                     "request_s"), inherit=(("llama.cpp-cpu", CPU_FIELDS[:3]),)),
+    # ggml-ork: a llama.cpp backend; its nearest published evidence, invisiofficial's NPU build of the same
+    # Gemma3-1B (pp512, tg128); submit_overhead_s is the field report's, its CPU side llama.cpp's
+    "ggml-ork": Design(lambda p: p.id.startswith("inv-gemma-3-1b-it-"), ("npu_efficiency", "decode_token_s"),
+                       inherit=(("llama.cpp-cpu", CPU_FIELDS), ("rkllm", ("npu_k_falloff",)))),
 }
-DESIGNS = {  # fit-set design -> the groups fitted (everything else held out); the first is the shipped one
-    "shipped": ("mojo-mm", "inv-gemma", "rkb-ttft"),
-    "wtw for mojo": ("wtw", "inv-gemma", "rkb-ttft"),
-    "no rkllm": ("mojo-mm", "inv-gemma"),
-    "no raw matmul": ("inv-gemma", "rkb-ttft"),
-    "wtw, no rkllm": ("wtw", "inv-gemma"),
-    "+ rkllm decode": ("mojo-mm", "inv-gemma", "rkb-ttft", "rkb-decode"),
-}
 
 
-def design_points(points: list[Point], groups: tuple[str, ...]) -> list[Point]:
-    return [replace(p, set="fit" if any(_GROUPS[g](p) for g in groups) else "holdout") for p in points]
+def design_points(points: list[Point], runtime: str) -> list[Point]:
+    """The published rows of ``runtime``, each in the fit or the held-out set as its Design says."""
+    d = RUNTIME_FITS[runtime]
+    return [replace(p, set="fit" if d.fit(p) else "holdout") for p in points if p.runtime == runtime]
 
 
-def alternatives_table(base: Board) -> str:
-    """Every fit-set design of DESIGNS fitted from ``base``: its constants and its held-out errors."""
+def published_fits(board: str = "rk3588-32g", base: dict[str, Board] | None = None) -> dict[str, Fit]:
+    """Every runtime path of RUNTIME_FITS fitted to its published rows (docs/CALIBRATION.md section 3), from
+    ``base`` (default: the shipped runtime paths), in order; inherited constants from the fits before."""
     pts = read_times(PUBLISHED)
-    fits = {name: fit(design_points(pts, groups), base) for name, groups in DESIGNS.items()}
-    common = np.array([all(f.points[i].set == "holdout" for f in fits.values()) for i in range(len(pts))])
-    L = ["| design | fitted groups | fit rows | " + " | ".join(prm.key for prm in PARAMS)
-         + " | held out: median / worst / within ±35% | common held-out median |",
-         "|---|---|---:|" + "---:|" * len(PARAMS) + "---|---:|"]
-    for name, f in fits.items():
-        s = f.stats("holdout")
-        e = np.abs(f.errors(f.after))
-        L.append(f"| {name} | {', '.join(DESIGNS[name])} | {f.stats('fit')['n']} | "
-                 + " | ".join(_num(_get(f.board, prm)) for prm in PARAMS)
-                 + f" | {s['median_abs_pct']:.0f}% / {s['worst_abs_pct']:.0f}% / "
-                 f"{int((e[[p.set == 'holdout' for p in f.points]] <= 0.35).sum())} of {s['n']} | "
-                 f"{np.median(e[common]) * 100:.0f}% |")
-    return "\n".join(L) + f"\n\n(common held-out: the {int(common.sum())} rows no design fits)\n"
+    base = published_boards(board) if base is None else base
+    fits: dict[str, Fit] = {}
+    for rt, d in RUNTIME_FITS.items():
+        b = base[rt]
+        for src, fields in d.inherit:
+            b = replace(b, **{f: getattr(fits[src].board, f) for f in fields})
+        fits[rt] = fit(design_points(pts, rt), b, only=d.params)
+    return fits
+
+
+def fit_report(fits: dict[str, Fit]) -> str:
+    out = []
+    for rt, f in fits.items():
+        inh = "; ".join(f"{', '.join(fl)} from {src}'s fit" for src, fl in RUNTIME_FITS[rt].inherit)
+        out.append(f"== runtime path {rt}" + (f" (inherits {inh})" if inh else ""))
+        out.append(report_text(f))
+        out.append("")
+    return "\n".join(out)
 
 
 def update_doc(table: str) -> bool:
@@ -632,19 +685,14 @@ def doc_table() -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--published" not in argv:
-        print("usage: python -m orkpack.tiers.calibrate --published [--fit | --alternatives | --update-doc] [--board NAME]\n"
-              "(users: orkpack calibrate TIMES.csv -o BOARD.toml)", file=sys.stderr)
+        print("usage: python -m orkpack.tiers.calibrate --published [--fit | --update-doc] [--board NAME]\n"
+              "(users: orkpack calibrate TIMES.csv -o RUNTIME.toml)", file=sys.stderr)
         return 2
     name = argv[argv.index("--board") + 1] if "--board" in argv else "rk3588-32g"
-    board = load_board(name)
-    if "--alternatives" in argv:  # the fit-set designs compared in docs/CALIBRATION.md
-        print(alternatives_table(board), end="")
+    if "--fit" in argv:  # what the shipped runtime paths' constants were set from
+        print(fit_report(published_fits(name)), end="")
         return 0
-    if "--fit" in argv:  # what the shipped constants were set from
-        f = fit(read_times(PUBLISHED), board)
-        print(report_text(f))
-        return 0
-    table = published_table(board)
+    table = published_table(published_boards(name))
     if "--update-doc" in argv:
         print(f"{'updated' if update_doc(table) else 'unchanged'}: {DOC}")
     else:

@@ -44,9 +44,11 @@ def write_atomic(path: Path, text: str) -> None:
 
 def plan(model: Path, *, board: str = "rk3588-32g", profile: Path | None = None, ctx: int = 8192,
          kv_type: str = "f16", prefill_m: int = 512, pins: dict[str, list[str]] | None = None,
-         ignore_unknown: bool = False, goal: Goal | None = None, prompt: int = 512) -> tuple[TierMap, float, list]:
-    """(tier map, solve seconds, [manifest, board, profile]) for the build and for ``plan_command``."""
-    b = load_board(board)
+         ignore_unknown: bool = False, goal: Goal | None = None, prompt: int = 512,
+         runtime: str | None = None) -> tuple[TierMap, float, list]:
+    """(tier map, solve seconds, [manifest, board, profile]) for the build and for ``plan_command``;
+    ``runtime``: the runtime path the plan is for (default ggml-ork)."""
+    b = load_board(board, runtime)
     man = manifest_from_path(model)
     prof = load_profile(profile, man, b, prefill_m, ignore_unknown=ignore_unknown)
     t0 = time.perf_counter()
@@ -155,6 +157,12 @@ def _pred_table(console, rows: list[tuple[str, dict]], prompt: int) -> None:
                   "int8 weights' own error and the NPU's int8 activations are not in it: docs/TIERMAP.md section 4)")
 
 
+def _runtime_name(board: dict) -> str:
+    """The runtime path a tier map's board block records ("board-v2": a map planned before runtime paths)."""
+    rt = board.get("runtime")
+    return escape_name(str(rt.get("name"))) if isinstance(rt, dict) else "board-v2"
+
+
 def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
     from rich.table import Table
 
@@ -162,9 +170,18 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
     ob, bu, pr = d["objective"], d["budget"], d["prediction"]
     m = d["model"]
     console.print(f"[bold]{escape_name(m['source'])}[/]: {m['arch']}, {m['n_layers']} layers, "
-                  f"{m['items']} items; board [bold]{d['board']['name']}[/], ctx {d['options']['ctx']} "
+                  f"{m['items']} items; board [bold]{d['board']['name']}[/], runtime [bold]{_runtime_name(d['board'])}[/], "
+                  f"ctx {d['options']['ctx']} "
                   f"({d['options']['kv_type']} KV), profile {escape_name(str(d['options']['profile']))}, "
                   f"goal {ob['goal']['goal']}")
+    rt = d["board"].get("runtime")
+    if isinstance(rt, dict):
+        dec = ("NPU items on the NPU" if rt.get("decode_engine") == "npu" else "on the CPU")
+        npu = (f"NPU submit {rt['submit_overhead_s'] * 1e6:.0f} us, efficiency {rt['npu_efficiency']:.3g}; "
+               if "npu" in rt.get("engines", []) else "no NPU; ")
+        console.print(f"runtime path {escape_name(str(rt['name']))}: {npu}decode {dec}, "
+                      f"{rt['decode_fraction']:.3g} x the board's stream + {rt['decode_token_s'] * 1e3:.3g} ms/token"
+                      + (f", {rt['request_s'] * 1e3:.3g} ms/request" if rt.get("request_s") else ""))
     t = Table(title="Budget per engine")
     for c in ("engine", "used", "cap", "headroom", "what"):
         t.add_column(c, justify="left" if c in ("engine", "what") else "right")
@@ -179,8 +196,10 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
     ben = getattr(tm, "benefits", {})  # the profile's benefit of every item, NPU or not
     hot = sorted((x for x in tm.decisions if ben.get(x.name, x.benefit_us) > 0),
                  key=lambda x: (-ben.get(x.name, x.benefit_us), x.name))[:top]
-    if not hot:
-        console.print(f"No item gains from the NPU at M = {pr['prefill_m']} on this board (every min_m is larger).")
+    if not hot and isinstance(rt, dict) and "npu" not in rt.get("engines", []):
+        console.print("This runtime path does not use the NPU: every item stays on the host.")
+    elif not hot:
+        console.print(f"No item gains from the NPU at M = {pr['prefill_m']} on this board with this runtime path (every min_m is larger).")
     else:
         t = Table(title=f"Hottest {len(hot)} items (NPU benefit per prefill chunk of {pr['prefill_m']} tokens)")
         for c in ("item", "benefit", "encoding", "tier", "min_m"):
@@ -210,8 +229,10 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
                   f"({ob['variables']} variables); solved in {solve_s * 1e3:.0f} ms")
     best_dec = next((x["value"] for x in ob["stages"] if x["metric"] == "decode"), None)
     if ob.get("decode_slack") and best_dec:
+        where = ("NPU items decode on the NPU (this runtime path)" if isinstance(rt, dict) and rt.get("decode_engine") == "npu"
+                 else "decode (M = 1) always runs on the CPU")
         console.print(f"Decode is kept within {ob['decode_slack']:.0%} of the best this board allows "
-                      f"({1 / best_dec:.2f} tok/s); decode (M = 1) always runs on the CPU")
+                      f"({1 / best_dec:.2f} tok/s); {where}")
     if ob.get("prefill_slack"):
         console.print(f"Prefill is kept within {ob['prefill_slack']:.0%} of the most that decode allows, for quality")
     for w in getattr(tm, "warnings", []):
@@ -236,7 +257,8 @@ def render_frontier(points: list[TierMap], console, solve_s: float) -> None:
 def plan_command(model: Path, *, board: str = "rk3588-32g", profile: Path | None = None, ctx: int = 8192,
                  kv_type: str = "f16", prefill_m: int = 512, pins: dict[str, list[str]] | None = None,
                  ignore_unknown: bool = False, json_out: bool = False, output: Path | None = None, console=None,
-                 goal: Goal | None = None, prompt: int = 512, frontier_out: bool = False) -> int:
+                 goal: Goal | None = None, prompt: int = 512, frontier_out: bool = False,
+                 runtime: str | None = None) -> int:
     """The whole ``orkpack plan``: returns the exit code; raises OrkError for bad input."""
     if console is None and not json_out:  # --json prints no table: rich is not even imported
         from rich.console import Console
@@ -247,7 +269,7 @@ def plan_command(model: Path, *, board: str = "rk3588-32g", profile: Path | None
         if output is not None and not Path(output).is_dir():
             raise OrkError(f"{escape_name(str(output))}: with --frontier, -o names a folder (one tier map per point); "
                            "create it first")
-        b = load_board(board)
+        b = load_board(board, runtime)
         man = manifest_from_path(model)
         prof = load_profile(profile, man, b, prefill_m, ignore_unknown=ignore_unknown)
         t0 = time.perf_counter()
@@ -272,7 +294,7 @@ def plan_command(model: Path, *, board: str = "rk3588-32g", profile: Path | None
         raise OrkError(f"{escape_name(str(output))}: folder {escape_name(str(Path(output).parent))} does not exist; create it first")
     tm, solve_s, (man, b, prof) = plan(Path(model), board=board, profile=profile, ctx=ctx, kv_type=kv_type,
                                        prefill_m=prefill_m, pins=pins, ignore_unknown=ignore_unknown, goal=goal,
-                                       prompt=prompt)
+                                       prompt=prompt, runtime=runtime)
     text = dumps(tm)
     if output is not None:
         write_atomic(Path(output), text)

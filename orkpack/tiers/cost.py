@@ -14,9 +14,10 @@ Prefill, one item at M rows of activations:
   min_m         = the smallest integer M >= 2 with t_npu(M) < t_cpu(M, the host path the item keeps:
                   its NF4 copy, or "tiles" = int8 from an NPU-only item's tiles);
                   MIN_M_NEVER if there is none. M = 1 never goes to the NPU.
-Decode, one token (M = 1, always the CPU): the bytes of the copy the CPU reads
-  (decode_bytes: host nf4 / int8 as stored, an NPU-only item's int8 tiles x
-  tile_read_factor) over the decode bandwidth, plus a fixed per-token cost.
+Decode, one token (M = 1): the bytes of the copy the CPU reads (decode_bytes: host nf4 / int8 as
+  stored, an NPU-only item's int8 tiles x tile_read_factor) over the decode bandwidth (the board's
+  CPU stream x the runtime path's fraction), plus a fixed per-token cost. A runtime path that decodes
+  on the NPU (rkllm) reads an NPU item's tiles (unaligned bytes) at the NPU's stream x that fraction.
 """
 from __future__ import annotations
 
@@ -151,3 +152,11 @@ def decode_bytes(n: int, k: int, choice: str, board: Board) -> float:
     if choice == "npu":
         return path_bytes(n, k, "tiles", board)
     raise ValueError(choice)
+
+
+def decode_s(n: int, k: int, choice: str, board: Board) -> float:
+    """Seconds one decode token spends reading this item under ``choice``: on the CPU (decode_bytes over the
+    decode bandwidth), or, for an NPU item of a runtime path that decodes on the NPU, its tiles on the NPU."""
+    if board.decode_engine == "npu" and choice in ("npu", "npu+nf4"):
+        return npu_tile_bytes(n, k, board) / board.npu_decode_bandwidth
+    return decode_bytes(n, k, choice, board) / board.decode_bandwidth

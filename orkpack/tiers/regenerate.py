@@ -1,6 +1,7 @@
 """Regenerate everything under tiermaps/ that the code produces: ``python -m orkpack.tiers.regenerate``.
 
 * ``orkpack/data/boards/*.toml``: byte copies of ``tiermaps/boards/*.toml`` (package data).
+* ``orkpack/data/runtimes/*.toml``: byte copies of ``tiermaps/runtimes/*.toml`` (package data).
 * ``tiermaps/profiles/qwen3-30b-a3b.routing-example.json``: a SYNTHETIC, seeded, skewed
   routing profile (Zipf-like expert popularity per layer) to show non-uniform routing.
 * ``tiermaps/compiled/<model>.<board>.ctx<ctx>[.<profile>].json``: the tier maps of the
@@ -19,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from .board import BOARD_DIR
+from .runtime import RUNTIME_DIR
 
 ROOT = Path(__file__).resolve().parents[2] / "tiermaps"
 BOARD = "rk3588-32g"
@@ -57,6 +59,8 @@ def expected() -> dict[Path, str]:
     out: dict[Path, str] = {}
     for p in sorted((ROOT / "boards").glob("*.toml")):
         out[BOARD_DIR / p.name] = p.read_text(encoding="utf-8")
+    for p in sorted((ROOT / "runtimes").glob("*.toml")):
+        out[RUNTIME_DIR / p.name] = p.read_text(encoding="utf-8")
     out[ROOT / "profiles" / ROUTING_EXAMPLE] = json.dumps(routing_example(), indent=1) + "\n"
     runs = [(m, None) for m in MODELS] + [("qwen3-30b-a3b", ROUTING_EXAMPLE)]
     for model, prof in runs:

@@ -221,7 +221,13 @@ def _share(it: Item, m_eff: float, prefill_m: int, tied: bool) -> float:
     return 1.0
 
 
-def _allowed(r: _Row, it: Item) -> tuple[str, ...]:
+def _allowed(r: _Row, it: Item, board: Board) -> tuple[str, ...]:
+    """The item's choices its pins leave; a runtime path that decodes on the NPU never reads a host copy."""
+    al = _pinned_choices(r)
+    return tuple(c for c in al if c != "npu+nf4") if board.decode_engine == "npu" else al
+
+
+def _pinned_choices(r: _Row) -> tuple[str, ...]:
     if r.forced_enc == "float":
         return ("float",)
     if r.forced_tier == "npu":
@@ -286,7 +292,7 @@ def _item_cost(it: Item, r: _Row, c: str, mi: float, rho: tuple[float, float], s
         return (float(r.fl), 0.0, share * r.fl / board.decode_bandwidth, pre, 0.0)
     ram = {"nf4": r.n4, "int8": r.i8, "npu": r.npu, "npu+nf4": r.npu + r.n4}[c]
     npu = r.npu if c.startswith("npu") else 0
-    dec = share * cost.decode_bytes(it.n, it.k, c, board) / board.decode_bandwidth
+    dec = share * cost.decode_s(it.n, it.k, c, board)
     q = sens if c == "int8" or (c == "npu" and r.forced_enc != "nf4") else 0.0
     return (float(ram), float(npu), dec, pre, q)
 
@@ -323,7 +329,7 @@ def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row],
         if got is None:
             share = _share(it, mi, m, tied)
             head = tied and it.role == "embedding"  # the tied head: the last row of each chunk times the embedding
-            al = _allowed(r, it) if allowed is None else allowed[i]
+            al = _allowed(r, it, board) if allowed is None else allowed[i]
             rho = _rho(it, mi, tc, tn, board)
             costs = [_item_cost(it, r, c, mi, rho, sens, share, head, board) for c in al]
             got = memo[key] = len(classes)
@@ -381,7 +387,7 @@ def ttft_s(manifest: Manifest, board: Board, profile: Profile, choices: list[str
     for i, key in enumerate(keys):
         first.setdefault(key, i)
     rhos: dict[tuple, tuple[float, float]] = {}
-    total, done = 0.0, 0
+    total, done = board.request_s, 0  # the runtime's fixed cost per request, once
     while done < prompt:
         rows = min(m, prompt - done)
         f = rows / m
