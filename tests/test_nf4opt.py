@@ -303,3 +303,11 @@ def test_bad_imatrix_is_one_line(model, tmp_path, what):
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
     assert bad.name in lines[0]
     assert not out.exists()
+
+
+def test_output_may_not_overwrite_the_imatrix(model, tmp_path):
+    im = _imatrix(model, tmp_path / "stats.gguf")
+    before = im.read_bytes()
+    r = _run("build", model, "-o", im, "--no-plan", "--imatrix", im, "--json", check=False)
+    assert r.returncode != 0 and "--imatrix" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert im.read_bytes() == before
