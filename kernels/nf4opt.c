@@ -301,12 +301,17 @@ void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const flo
             uint8_t packed[BLK / 2];
             for (int i = 0; i < BLK / 2; i++) packed[i] = (uint8_t)((cs[2 * i][b] << 4) | cs[2 * i + 1][b]);
             memcpy(codes + off / 2, packed, (size_t)((len + 1) / 2));
-            for (int i = 0; i < BLK; i++) {
-                const float xv = xs[i][b];
-                const float r = xv - CB[cs[i][b]] * dv;
-                ax[i % 16] += (double)xv * (double)xv;
-                ae[i % 16] += (double)r * (double)r;
-            }
+            /* SQNR sums: lane i % 16, in element order (xb is the block contiguous, as xs holds it) */
+            const float *xr = xb + (int64_t)b * BLK;
+            float deq[BLK];
+            for (int i = 0; i < BLK; i++) deq[i] = CB[cs[i][b]] * dv;
+            for (int g = 0; g < BLK; g += 16)
+                for (int l = 0; l < 16; l++) {
+                    const float xv = xr[g + l];
+                    const float r = xv - deq[g + l];
+                    ax[l] += (double)xv * (double)xv;
+                    ae[l] += (double)r * (double)r;
+                }
         }
     }
     double sx = 0.0, se = 0.0;
