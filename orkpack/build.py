@@ -45,6 +45,7 @@ import xxhash
 
 from orkpack import globs
 from orkpack.codecs import get_codec
+from orkpack.codecs.nf4opt import NF4Choice, choose as choose_nf4
 from orkpack.codecs.reference import nf4_to_npu_int8
 from orkpack.errors import OrkError, SourceError, escape_name
 from orkpack.keepfloat import pin_warnings, stays_float
@@ -72,6 +73,12 @@ class BuildOptions:
     npu: list[str] = field(default_factory=list)
     cpu: list[str] = field(default_factory=list)
     npu_storage: str = "int8"  # int8 tiles, or nf4 inflated at load (w4a8)
+    # NF4 bytes (orkpack/codecs/nf4opt.py): "opt" error-minimizing absmax, or "bnb" (quantize_4bit's bytes);
+    # the opt search's weighting, and the activation statistics (orkpack imatrix, or llama.cpp's) that weigh its
+    # columns, smooth the NPU's activations and clip int8 rows
+    nf4_mode: str = NF4Choice.mode
+    nf4_weighting: str = NF4Choice.weighting
+    imatrix: Path | None = None
     allow_nonfinite: bool = False
     # placement: the tier-map compiler (default) or the rules alone (plan=False)
     plan: bool = True
@@ -93,9 +100,8 @@ class BuildOptions:
     max_ram: int | None = None
     max_kld: float | None = None
     prompt: int = 512
-    # activation smoothing (orkpack/smooth.py): the statistics file of `orkpack imatrix`; smoothing is on when it
-    # is given unless smooth is False; smooth_alpha fixes SmoothQuant's alpha (None: searched per group)
-    imatrix: Path | None = None
+    # activation smoothing (orkpack/smooth.py), from the same statistics file (`imatrix` above); on when it is
+    # given unless smooth is False; smooth_alpha fixes SmoothQuant's alpha (None: searched per group)
     smooth: bool = True
     smooth_alpha: float | None = None
     clip: bool = True  # with imatrix: clamp int8 rows to their least-error ratio (orkpack/clip.py)
@@ -115,6 +121,7 @@ class BuildOptions:
             "npu": list(self.npu),
             "cpu": list(self.cpu),
             "npu_storage": self.npu_storage,
+            "nf4_mode": self.nf4_mode,
             "allow_nonfinite": self.allow_nonfinite,
             "plan": self.plan,
             "board": self.board,
@@ -128,7 +135,8 @@ class BuildOptions:
             "min_prefill_tok_s": self.min_prefill_tok_s,
             "max_ram": self.max_ram,
             "prompt": self.prompt,
-        } | ({} if self.tiermap is None else {"tiermap": Path(self.tiermap).name}) \
+        } | ({} if self.nf4_mode != "opt" else {"nf4_weighting": self.nf4_weighting}) \
+            | ({} if self.tiermap is None else {"tiermap": Path(self.tiermap).name}) \
             | ({} if self.imatrix is None else {"imatrix": Path(self.imatrix).name, "smooth": self.smooth,
                                                 "smooth_alpha": self.smooth_alpha, "clip": self.clip}) \
             | ({} if self.max_kld is None else {"max_kld": self.max_kld})
@@ -351,7 +359,8 @@ def _identity(path: Path) -> tuple[int, int] | None:
 def build_inputs(src, src_path: Path, opts: BuildOptions) -> list[tuple[Path, str]]:
     """Every file a build reads, as (path, what it is): the source's weight files; for a model folder
     every other file in it too (config, index, tokenizer, ...; previous ``*.orkpack`` packs excepted);
-    a lone .safetensors file's config.json beside it; the --tiermap, --profile, --board and --runtime files."""
+    a lone .safetensors file's config.json beside it; the --tiermap, --profile, --board, --runtime and --imatrix
+    files."""
     out = [(Path(f), "a weight file of the source") for f in src.files]
     root = Path(src_path)
     if root.is_dir():
@@ -482,9 +491,18 @@ def _clipped(x: np.ndarray, name: str, expert: int | None, stats, smoothing, cou
 
 
 def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts: BuildOptions,
-                 alloc=np.empty) -> dict:
+                 alloc=np.empty, nf4: NF4Choice | None = None, tensor: str | None = None,
+                 expert: int | None = None) -> dict:
     """Encode one 1-D/2-D slice per its decision into a writer slice dict; the parts' arrays come from
-    ``alloc(shape, dtype)`` (the pack writer's reused buffers in a build)."""
+    ``alloc(shape, dtype)`` (the pack writer's reused buffers in a build). NF4 is encoded as ``nf4``
+    chooses (default: the options' mode, no statistics) for ``tensor`` / ``expert``."""
+    if nf4 is None:
+        nf4 = NF4Choice(opts.nf4_mode, opts.nf4_weighting)
+    tensor = name if tensor is None else tensor
+
+    def nf4_encode():
+        return nf4.encode(x, tensor=tensor, expert=expert, threads=threads, alloc=alloc)
+
     if dec.encoding == spec.ENC_RAW:
         # the source bytes verbatim, copied out of the source's pages (or the reused read buffer)
         enc = get_codec(spec.ENC_RAW).encode(x, dtype=dec.dtype, alloc=alloc)
@@ -495,7 +513,10 @@ def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts:
         encoding = FLOAT_ENC[x.dtype]
     else:
         npu_tiles = dec.tier == spec.TIER_NPU and dec.encoding == spec.ENC_INT8
-        enc = get_codec(dec.encoding).encode(x, npu=npu_tiles, threads=threads, alloc=alloc)
+        if dec.encoding == spec.ENC_NF4:
+            enc = nf4_encode()
+        else:
+            enc = get_codec(dec.encoding).encode(x, npu=npu_tiles, threads=threads, alloc=alloc)
         if enc.nonfinite:
             if not opts.allow_nonfinite:
                 raise SourceError(
@@ -529,7 +550,7 @@ def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts:
         if dec.host_copy not in spec.HOST_COPY_ENCODINGS:
             raise OrkError(f"{escape_name(name)}: host copy encoding {escape_name(str(dec.host_copy))!r}; "
                            f"a host copy is {', '.join(spec.HOST_COPY_ENCODINGS)}")
-        hc = enc if encoding == dec.host_copy else get_codec(dec.host_copy).encode(x, threads=threads, alloc=alloc)
+        hc = enc if encoding == dec.host_copy else nf4_encode()
         s["host_copy"] = {"encoding": dec.host_copy, "layout": hc.layout, "parts": hc.parts, "sqnr_db": hc.sqnr_db}
     return s
 
@@ -610,6 +631,7 @@ def build(
     if not out_path.parent.is_dir():
         raise OrkError(f"{escape_name(str(out_path.parent))}: output folder does not exist; create it first")
     threads = opts.resolved_threads()
+    nf4 = choose_nf4(opts.nf4_mode, opts.nf4_weighting, opts.imatrix)  # bad --imatrix: one line, nothing written
     late: list[str] = []  # what the source says while it is read (a quantized GGUF): into the result, not stderr
     src = open_source(Path(src_path), on_warning=late.append)
     try:
@@ -703,7 +725,7 @@ def build(
                     if stats is not None and opts.clip and dec.encoding == spec.ENC_INT8 and sub.ndim == 2:
                         sub = _clipped(sub, info.name, e, stats, smoothing, clipped)
                     s = encode_slice(sub, dec, name=info.name if e is None else f"{info.name}[{e}]", threads=threads,
-                                     opts=opts, alloc=w.alloc)
+                                     opts=opts, alloc=w.alloc, nf4=nf4, tensor=info.name, expert=e)
                     s["expert"] = e
                     slices.append(s)
                     nbytes = sum(int(p.nbytes) for p in s["parts"].values())
@@ -722,7 +744,7 @@ def build(
                 arr = subs = slices = sub = s = None  # drop every view of the source pages
                 if on_progress:
                     on_progress(info.nbytes, info.name)
-            prov = provenance.result()
+            prov = provenance.result() | {"nf4": nf4.recorded()}
             if stats is not None and opts.clip:
                 from orkpack.clip import RATIOS
 
@@ -751,7 +773,7 @@ def build(
         seconds=time.perf_counter() - t0,
         by_kind=by_kind,
         worst_sqnr=worst,
-        warnings=list(dict.fromkeys(warnings + late)),  # a plan may have said the same already
+        warnings=list(dict.fromkeys(warnings + late + ([m] if (m := nf4.warning()) else []))),  # a plan may have said the same already
         info=info_lines,
         skipped=[s.to_json() for s in skipped],
     )

@@ -36,6 +36,13 @@ def _out():
     return Console() if sys.stdout.isatty() else Console(width=160)
 
 
+NF4_MODE_HELP = ("How NF4 blocks are chosen: opt (default): each block's absmax minimizes the squared error, still "
+                 "bitsandbytes NF4 (dequantize_4bit reads it); bnb: byte-identical to bitsandbytes' quantize_4bit.")
+NF4_WEIGHTING_HELP = ("The opt search's error weight per value: plain (default), x2 (the value squared) or sigma "
+                      "(sqrt(sigma^2 + x^2), llama.cpp's with an imatrix); times the imatrix column weight if given.")
+IMATRIX_HELP = ("Activation statistics (orkpack imatrix SOURCE -o FILE, or llama.cpp's imatrix .gguf/.dat): weigh each "
+                "input column's error in the opt NF4 search by its mean square activation; smooth the NPU's int8 "
+                "activations (SmoothQuant folded into the weights) and clip int8 rows (docs/EVAL.md).")
 BOARDS_HELP = ("Plan across several boards over llama.cpp RPC: a comma-separated list of board names or TOML files "
                "(node 0 is the client), or a cluster TOML file (docs/CLUSTER.md).")
 NETWORK_HELP = "The link between the boards with --boards: 1gbe (default), 2.5gbe, 10gbe, or a TOML file with a [network] table."
@@ -165,6 +172,9 @@ def build(
     npu: List[str] = typer.Option([], "--npu", metavar="GLOB", help="Place matching tensors on the NPU as int8 tiles."),
     cpu: List[str] = typer.Option([], "--cpu", metavar="GLOB", help="Keep matching tensors off the NPU (host: CPU/GPU)."),
     npu_storage: str = typer.Option("int8", "--npu-storage", help="How NPU tensors are stored: int8 tiles, or nf4 inflated to int8 at load (w4a8)."),
+    nf4_mode: str = typer.Option("opt", "--nf4-mode", help=NF4_MODE_HELP),
+    nf4_weighting: str = typer.Option("plain", "--nf4-weighting", help=NF4_WEIGHTING_HELP),
+    imatrix: Optional[Path] = typer.Option(None, "--imatrix", metavar="FILE", help=IMATRIX_HELP),
     board: str = typer.Option("rk3588-32g", "--board", help="Board profile the tier map is solved for (name or TOML file)."),
     runtime: Optional[str] = typer.Option(None, "--runtime", help=RUNTIME_HELP),
     profile: Optional[Path] = typer.Option(None, "--profile", help="Hotness profile (orkpack JSON, imatrix .gguf/.dat, timing CSV). Default: analytic."),
@@ -182,7 +192,6 @@ def build(
     boards: Optional[str] = typer.Option(None, "--boards", metavar="B1,B2,...", help=BOARDS_HELP + " -o then names a folder: one pack per board and cluster.json."),
     network: Optional[str] = typer.Option(None, "--network", metavar="NAME", help=NETWORK_HELP),
     tiermap: Optional[Path] = typer.Option(None, "--tiermap", metavar="FILE", help="Follow this tier-map JSON (orkpack plan -o FILE, or edited) instead of planning; it must cover every tensor of SOURCE. The planning options (--board, --ctx, --profile, --goal, ...) are refused with it: give them to orkpack plan."),
-    imatrix: Optional[Path] = typer.Option(None, "--imatrix", metavar="FILE", help="Activation statistics (orkpack imatrix SOURCE -o FILE): smooth the activations of the norm-fed and down matrices for the NPU's int8 (SmoothQuant, folded into the weights; docs/EVAL.md)."),
     no_smooth: bool = typer.Option(False, "--no-smooth", help="With --imatrix: do not smooth."),
     no_clip: bool = typer.Option(False, "--no-clip", help="With --imatrix: do not clip int8 rows (by default each is clamped to the ratio of its max with the least error weighted by the statistics)."),
     smooth_alpha: Optional[float] = typer.Option(None, "--smooth-alpha", metavar="X", help="SmoothQuant's alpha (0..1) for every group instead of the one the statistics score best per group."),
@@ -206,10 +215,11 @@ def build(
         raise OrkError(f"--npu-storage {npu_storage!r}: choose int8 or nf4")
     opts = BuildOptions(
         threads=threads, int8=int8, nf4=nf4, keep=keep, npu=npu, cpu=cpu, npu_storage=npu_storage, allow_nonfinite=allow_nonfinite,
+        nf4_mode=nf4_mode, nf4_weighting=nf4_weighting, imatrix=imatrix,
         timestamp=timestamp, plan=not no_plan, board=board, runtime=runtime, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, ignore_unknown=ignore_unknown,
         tiermap=tiermap, goal=goal, min_decode_tok_s=min_decode_tok_s, min_prefill_tok_s=min_prefill_tok_s,
         max_ram=parse_bytes(max_ram, "--max-ram"), max_kld=max_kld, prompt=prompt, given=_given(context),
-        imatrix=imatrix, smooth=not no_smooth, smooth_alpha=smooth_alpha, clip=not no_clip,
+        smooth=not no_smooth, smooth_alpha=smooth_alpha, clip=not no_clip,
     )
     if boards is not None or network is not None:
         from orkpack.tiers.cluster_build import build_cluster_command

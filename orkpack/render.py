@@ -5,6 +5,7 @@ from rich.console import Console
 from rich.markup import escape as markup_escape
 from rich.table import Table
 
+from orkpack.codecs.nf4opt import describe as nf4_describe
 from orkpack.errors import escape_name
 
 
@@ -69,6 +70,8 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
     if c:
         head.add_row("clipping", markup_escape(f"{c['rows']} int8 rows of {c['slices']} slices clamped to their least-error "
                                                f"ratio, weighted by {escape_name(str(c['stats']), 80)}"))
+    if line := nf4_describe(prov.get("nf4")):
+        head.add_row("nf4", markup_escape(line))
     if f.get("tiermap"):
         tm = f["tiermap"]
         b = tm.get("board") if isinstance(tm.get("board"), dict) else {}
@@ -188,6 +191,8 @@ def eval_report(console: Console, r: dict, *, rows: int = 20) -> None:
         console.print(markup_escape(f"{p['path']}: {p['numerics']}"))
     if r.get("note"):
         console.print(markup_escape(f"note: {r['note']}"))
+    if line := nf4_describe(r.get("nf4")):
+        console.print(markup_escape(f"nf4: {line}"))
     sv = r.get("sensitivity")
     if sv:
         rho = "n/a" if sv["spearman"] is None else f"{sv['spearman']:.3f}"

@@ -103,6 +103,8 @@ def w(tmp_path_factory):
     tmf = write_tiermap(d / "map.json", hand_tiermap(model))
     packs = {
         "int8": build(model, d / "dual_int8.orkpack", BuildOptions(threads=1, tiermap=tmf)).path,
+        # bitsandbytes' NF4 bytes: each block's absmax is its max |w|, so a row's int8 scale is its absmax / 127
+        "int8_bnb": build(model, d / "dual_int8_bnb.orkpack", BuildOptions(threads=1, tiermap=tmf, nf4_mode="bnb")).path,
         "nf4": build(model, d / "dual_nf4.orkpack", BuildOptions(threads=1, tiermap=tmf, npu_storage="nf4")).path,
         # every matrix NF4 on the host: what a host NF4 slice of each weight holds
         "host": build(model, d / "host_nf4.orkpack", BuildOptions(threads=1, plan=False, nf4=["*"])).path,
@@ -389,7 +391,8 @@ def _swap_host_copies(a, b):
 
 
 @pytest.mark.parametrize("storage,a,b,why", [
-    ("int8", ("blk.0.ffn_up_exps.weight", 0), ("blk.0.ffn_up_exps.weight", 2), "absmax / 127"),  # K = 64: exact scales
+    ("int8_bnb", ("blk.0.ffn_up_exps.weight", 0), ("blk.0.ffn_up_exps.weight", 2), "absmax / 127"),  # K = 64: exact scales
+    ("int8", ("blk.0.ffn_up_exps.weight", 0), ("blk.0.ffn_up_exps.weight", 2), "cannot come from one source value"),
     ("int8", ("blk.0.ffn_down_exps.weight", 0), ("blk.0.ffn_down_exps.weight", 1), "cannot come from one source value"),
     ("nf4", ("blk.0.ffn_up_exps.weight", 0), ("blk.0.ffn_up_exps.weight", 2), "differs from the NPU copy"),
 ])

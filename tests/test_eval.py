@@ -94,7 +94,7 @@ def test_npu_matmul_is_int8_by_int8_of_the_tiles(model, tmp, storage):
         s = next(s for t, s in pack.slices() if t["name"] == name)
         assert s["tier"] == "npu" and s["encoding"] == storage
         w = as_float32(src.read(name))
-        enc = get_codec("int8").encode(get_codec("nf4").decode(get_codec("nf4").encode(w).parts, w.shape)
+        enc = get_codec("int8").encode(get_codec("nf4").decode(get_codec("nf4").encode(w, mode="opt").parts, w.shape)
                                        if storage == "nf4" else w)
         q, sw = enc.parts["q"].reshape(w.shape), enc.parts["scale"]  # independent of the pack's bytes
         pre = PackWeights(pack, "prefill", m=CTX)

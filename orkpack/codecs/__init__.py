@@ -41,7 +41,7 @@ except ImportError as exc:  # pragma: no cover - a broken install
     raise ImportError("orkpack's C kernels are not built: run `pip install -e .` in the source tree") from exc
 
 __all__ = ["Encoded", "Codec", "get_codec", "CODECS", "float_encoding_for", "SQNR_CAP",
-           "NF4_CHUNK_BLOCKS", "INT8_CHUNK_ELEMS", "set_isa", "isa"]
+           "NF4_CHUNK_BLOCKS", "INT8_CHUNK_ELEMS", "NF4_MODES", "NF4_WEIGHTINGS", "set_isa", "isa"]
 
 DT_CODE = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.uint16): 2}
 FLOAT_ENCODING = {np.dtype(np.float32): spec.ENC_F32, np.dtype(np.float16): spec.ENC_F16,
@@ -173,15 +173,31 @@ class FloatCodec(Codec):
         return np.ascontiguousarray(reference.widen(data), dtype=np.float32)
 
 
+NF4_MODES = ("bnb", "opt")  # bitsandbytes' quantize_4bit bytes; error-minimizing absmax (reference.nf4opt_encode)
+NF4_WEIGHTINGS = reference.NF4OPT_WEIGHTINGS
+_NF4W_CODE = {w: i for i, w in enumerate(NF4_WEIGHTINGS)}  # ORK_NF4W_* of kernels/nf4opt.h
+
+
 class NF4Codec(Codec):
-    """bitsandbytes NF4, blocks of 64 over the row-major flatten (parts: codes, absmax)."""
+    """bitsandbytes NF4, blocks of 64 over the row-major flatten (parts: codes, absmax).
+
+    ``mode="bnb"``: the bytes of bitsandbytes' ``quantize_4bit``. ``mode="opt"``: the same format, each
+    block's absmax chosen to minimize the squared error (``reference.nf4opt_encode``), weighted per input
+    column by ``col_weights`` (float [K], e.g. imatrix mean squares; None: 1) times ``weighting`` of the
+    value (plain, x2, sigma). Both decode with bitsandbytes' ``dequantize_4bit``."""
 
     encoding = spec.ENC_NF4
 
-    def encode(self, x, *, npu=False, threads=1, alloc=_empty):
+    def encode(self, x, *, npu=False, threads=1, alloc=_empty, mode: str = "bnb", col_weights=None,
+               weighting: str = "plain"):
         if npu:
             raise ValueError("nf4 slices are inflated to int8 tiles at load; encode int8 with npu=True for the image")
+        if mode not in NF4_MODES:
+            raise ValueError(f"unknown nf4 mode {mode!r}; known: {', '.join(NF4_MODES)}")
+        if weighting not in _NF4W_CODE:
+            raise ValueError(f"unknown nf4 weighting {weighting!r}; known: {', '.join(NF4_WEIGHTINGS)}")
         x, code = _source(x)
+        k = int(x.shape[-1]) if x.ndim else 1
         flat = x.reshape(-1)
         n = flat.size
         nblocks = -(-n // spec.NF4_BLOCK)
@@ -189,11 +205,24 @@ class NF4Codec(Codec):
         absmax = alloc((nblocks,), np.float32)
         src = _ptr(flat, "void *")
         cp, ap = _ptr(codes, "uint8_t *"), _ptr(absmax, "float *")
+        if mode == "opt":
+            cw = None
+            if col_weights is not None:
+                cw = np.ascontiguousarray(col_weights, dtype=np.float32).reshape(-1)
+                if cw.size != k or not np.all(np.isfinite(cw)) or np.any(cw < 0):
+                    raise ValueError(f"nf4 column weights: {cw.size} finite values >= 0 needed, one per column "
+                                     f"of {k}")
+            cwp, wcode = (_ptr(cw, "float *") if cw is not None else ffi.NULL), _NF4W_CODE[weighting]
 
-        def one(b0, b1):
-            st = ffi.new("ork_codec_stats *")
-            lib.ork_nf4_encode(src, code, n, b0, b1, cp, ap, st)
-            return st
+            def one(b0, b1):
+                st = ffi.new("ork_codec_stats *")
+                lib.ork_nf4opt_encode(src, code, n, k, cwp, wcode, b0, b1, cp, ap, st)
+                return st
+        else:
+            def one(b0, b1):
+                st = ffi.new("ork_codec_stats *")
+                lib.ork_nf4_encode(src, code, n, b0, b1, cp, ap, st)
+                return st
 
         chunks = [(b, min(nblocks, b + NF4_CHUNK_BLOCKS)) for b in range(0, nblocks, NF4_CHUNK_BLOCKS)]
         sq, nf = _sqnr(_run(one, chunks, threads))

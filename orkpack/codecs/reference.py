@@ -211,3 +211,150 @@ def nf4_to_npu_int8(codes: np.ndarray, absmax: np.ndarray, shape, k_segment: int
         v = nf4_decode(np.asarray(codes, dtype=np.uint8), np.asarray(absmax, dtype=np.float32), (n, k))
     q, scale = int8_encode(v)
     return tile_int8(q, k_segment), scale, npu_layout(n, k, k_segment)
+
+
+# ---------------------------------------------------------------- NF4, error-minimizing ("opt")
+#
+# Same format, same decoder: codes + one float32 per 64-block, value = CODEBOOK[code] * absmax[block].
+# Only the choice of the stored absmax differs: per block, the d that minimizes the weighted squared
+# error  sum_i w_i (x_i - CODEBOOK[c_i(d)] * d)^2,  where c_i(d) is bitsandbytes' code of x_i against d
+# (the count of float32 midpoints strictly below x_i * (1/d), a tail block x_i / d: quantize_4bit's own
+# rule with d in place of max|x|). The stored absmax may be below max|x| (the largest values then take
+# code 0 or 15: clipping) or above it. The candidates (llama.cpp's IQ4_NL / make_qx_quants idea):
+#
+#   0. bitsandbytes' own choice (d = max|x|): the search never does worse than quantize_4bit, and an
+#      all-zero block (max|x| < 1e-38) is exactly quantize_4bit's;
+#   1. a scan (its sums in float32: w as float32, sum(w x * q) and sum(w q * q) in element order) over
+#      inverse scales s * (1 + j * NF4OPT_STEP) / max|x|, s = +1 then -1, j = -NF4OPT_TRIES ..
+#      NF4OPT_TRIES: codes of x * inv, then the least-squares scale of those codes sum(w x q) / sum(w q^2);
+#      the scan keeps the one with the largest sum(w x q)^2 / sum(w q^2) (the first on a tie). A negative
+#      scale flips the codebook (NF4 has 8 levels above 0 and 7 below): the stored "absmax" is then
+#      negative, which bitsandbytes' dequantize_4bit (code value x absmax) reads like any other;
+#   2. NF4OPT_ROUNDS refinements from that scale: codes against d, their exact error, then the
+#      least-squares refit of d for those codes.
+#
+# Every candidate (0, and each d of 2) is scored by its exact error (float32 decode, float64 sums); the
+# smallest wins, the earlier on a tie. Weights w_i (float64): the column weight cw[k] of element i
+# (k = flat index mod K: imatrix mean squares, or 1) times f(x_i): 1 ("plain"), x^2 ("x2"), or
+# sqrt(sigma2 + x^2) with sigma2 = 2 * sum(x^2) / 64 over the block ("sigma"). Every float64 sum over a
+# block runs in element order from 0: what the C kernel (kernels/nf4opt.c, one block per SIMD lane)
+# does, so both give the same bytes.
+NF4OPT_TRIES = 2
+NF4OPT_STEP = np.float32(3.0 / 32.0)
+NF4OPT_ROUNDS = 2
+NF4OPT_WEIGHTINGS = ("plain", "x2", "sigma")
+
+
+def _lanesum(a: np.ndarray) -> np.ndarray:
+    """Sum over the last axis (64 float64) as the kernel does: in element order, from 0."""
+    s = np.zeros(a.shape[:-1], dtype=np.float64)
+    for i in range(a.shape[-1]):
+        s += a[..., i]
+    return s
+
+
+def _codes_of(s: np.ndarray) -> np.ndarray:
+    return np.searchsorted(MIDPOINTS, s, side="left").astype(np.uint8)
+
+
+def _nf4opt_weights(xb: np.ndarray, cw: np.ndarray, weighting: str) -> np.ndarray:
+    x64 = xb.astype(np.float64)
+    if weighting == "plain":
+        f = np.ones_like(x64)
+    elif weighting == "x2":
+        f = x64 * x64
+    elif weighting == "sigma":
+        sigma2 = 2.0 * _lanesum(x64 * x64) / NF4_BLOCK
+        f = np.sqrt(sigma2[:, None] + x64 * x64)
+    else:
+        raise ValueError(f"unknown nf4 weighting {weighting!r}; known: {', '.join(NF4OPT_WEIGHTINGS)}")
+    return cw * f
+
+
+def nf4opt_encode(x: np.ndarray, col_weights: np.ndarray | None = None, weighting: str = "plain",
+                  k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Error-minimizing NF4 of the row-major flatten of x (see above): (codes, absmax) as nf4_encode.
+
+    ``col_weights``: float32/float64 [K] per input column (the last axis of x, or ``k``), >= 0, or None."""
+    x32, _ = sanitize(widen(x).ravel())
+    n = x32.size
+    nb = -(-n // NF4_BLOCK)
+    kk = int(k if k is not None else (np.asarray(x).shape[-1] if np.asarray(x).ndim else 1))
+    xb = np.zeros(nb * NF4_BLOCK, dtype=np.float32)
+    xb[:n] = x32
+    xb = xb.reshape(nb, NF4_BLOCK)
+    idx = np.arange(nb * NF4_BLOCK, dtype=np.int64)
+    if col_weights is None:
+        cw = np.ones(nb * NF4_BLOCK, dtype=np.float64)
+    else:
+        cw = np.asarray(col_weights, dtype=np.float64).ravel()[idx % kk]
+    cw[n:] = 0.0  # the padding of a tail block weighs nothing
+    w = _nf4opt_weights(xb, cw.reshape(nb, NF4_BLOCK), weighting)
+    tail = np.zeros(nb, dtype=bool)
+    if n % NF4_BLOCK:
+        tail[-1] = True
+    x64 = xb.astype(np.float64)
+
+    def codes_under(d):  # bitsandbytes' rule against d (per block)
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            inv = np.float32(1) / d
+            s = np.where(tail[:, None], xb / d[:, None], xb * inv[:, None])
+        return _codes_of(s.astype(np.float32))
+
+    def exact_err(c, d):
+        deq = CODEBOOK[c] * d[:, None]
+        e = x64 - deq.astype(np.float64)
+        return _lanesum(w * e * e)
+
+    def refit(c):
+        q = CODEBOOK[c].astype(np.float64)
+        return _lanesum(w * x64 * q), _lanesum(w * q * q)
+
+    amax = np.abs(xb).max(axis=1)
+    live = amax >= NF4_TINY
+    d0 = np.where(tail, np.maximum(amax, NF4_TINY), amax).astype(np.float32)
+    # bitsandbytes' codes: full blocks x * (1 / max(amax, tiny)), the tail x / max(amax, tiny)
+    best_c = codes_under(np.maximum(amax, NF4_TINY).astype(np.float32))
+    best_d = d0.copy()
+    best_e = exact_err(best_c, best_d)
+
+    safe = np.where(live, amax, np.float32(1)).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        wf = w.astype(np.float32)
+        wx = wf * xb
+    best_score = np.full(nb, -1.0)
+    dscan = np.zeros(nb, dtype=np.float64)
+    for sgn, j in [(g, j) for g in (1, -1) for j in range(-NF4OPT_TRIES, NF4OPT_TRIES + 1)]:
+        inv = np.float32(sgn) * (np.float32(1) + np.float32(j) * NF4OPT_STEP) / safe
+        q = CODEBOOK[_codes_of((xb * inv[:, None]).astype(np.float32))]
+        fx, fq = np.zeros(nb, np.float32), np.zeros(nb, np.float32)
+        for i in range(NF4_BLOCK):  # float32 sums in element order
+            fx += wx[:, i] * q[:, i]
+            fq += wf[:, i] * q[:, i] * q[:, i]
+        sxq, sqq = fx.astype(np.float64), fq.astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            score = np.where(sqq > 0, sxq * sxq / np.where(sqq > 0, sqq, 1.0), -1.0)
+            better = (sqq > 0) & (score > best_score)
+            best_score = np.where(better, score, best_score)
+            dscan = np.where(better, sxq / np.where(sqq > 0, sqq, 1.0), dscan)
+    d = dscan.astype(np.float32)
+    going = live.copy()
+    for _ in range(NF4OPT_ROUNDS):
+        with np.errstate(divide="ignore", over="ignore"):
+            going &= (d != 0) & np.isfinite(d) & np.isfinite(np.float32(1) / np.where(d != 0, d, np.float32(1)))
+        dd = np.where(going, d, np.float32(1)).astype(np.float32)
+        c = codes_under(dd)
+        e = exact_err(c, dd)
+        take = going & (e < best_e)
+        best_c = np.where(take[:, None], c, best_c)
+        best_d = np.where(take, dd, best_d).astype(np.float32)
+        best_e = np.where(take, e, best_e)
+        sxq, sqq = refit(c)
+        going &= sqq > 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d = (sxq / np.where(sqq > 0, sqq, 1.0)).astype(np.float32)
+    flat = best_c.ravel()[:n]
+    if n & 1:
+        flat = np.concatenate([flat, [np.uint8(7)]])
+    codes = (flat[0::2] << 4) | flat[1::2]
+    return codes.astype(np.uint8), best_d.astype(np.float32)

@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..codecs.nf4opt import pack_record as nf4_pack_record
 from ..errors import escape_name
 from ..model import forward
 from ..model.hparams import Hparams, from_config, from_gguf
@@ -437,6 +438,7 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
         "chunks": n_chunks,
         "scored": n_chunks * (opts.ctx - 1 - first),
         "reference": runs[0].label,
+        "nf4": nf4_pack_record(pack.header) if kind == "pack" else None,
         "note": None if ref_target else ("no SOURCE: there is no float reference; KL divergence and top-1 agreement "
                                          f"are of each path against the {runs[0].label} path"),
         "paths": [{"path": r.label, "numerics": r.numerics, **_summary(stats[r.label])} for r in runs],

@@ -38,9 +38,13 @@ def kind(name: str) -> str:
 
 
 def _versions(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(NF4, int8 per channel) dequantized images of one [N, K] matrix, as the pack's codecs store them."""
-    n, k = w.shape
-    nf4 = ref.nf4_dequant_flat(w)[: n * k].reshape(n, k)
+    """(NF4, int8 per channel) dequantized images of one [N, K] matrix, as the pack's codecs store them
+    (NF4 in the build's default mode, without statistics: orkpack/codecs/nf4opt.py)."""
+    from ..codecs import get_codec
+    from ..codecs.nf4opt import NF4Choice
+
+    nf4 = get_codec("nf4").decode(NF4Choice().encode(np.ascontiguousarray(w, dtype=np.float32), tensor="",
+                                                     expert=None, threads=1).parts, w.shape)
     i8 = ref.int8_decode(*ref.int8_encode(w))
     return nf4, i8
 

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from orkpack.codecs.nf4opt import pack_mode as nf4_pack_mode
 from orkpack.errors import PackError, escape_name
 from orkpack.layout import npu_layout, untile_int8, tile_int8
 from orkpack.pack import spec
@@ -494,6 +495,10 @@ def _reference_host_copy(pack: Pack, s: dict) -> str | None:
       is exactly float32(max of the row's block absmaxes / 127). A host copy of another tensor or
       expert, or a changed code, fails this; requantizing the host copy to int8 would not give the
       tiles (one NF4 step spans 10 to 40 int8 steps), so that is not what is compared.
+
+    A pack whose ``provenance.nf4.mode`` is ``opt`` (the default since issue 16) chose each block's
+    absmax to minimize the error: it may be negative, codes 0 and 15 stand for any value beyond
+    their midpoint (clipping), and the row scale is not tied to the absmaxes; the rest holds as above.
     """
     from orkpack.codecs.reference import nf4_decode
     from orkpack.pack.reader import host_copy_slice
@@ -503,7 +508,10 @@ def _reference_host_copy(pack: Pack, s: dict) -> str | None:
     numel = n * k
     codes, ab = pack.part(hs["parts"]["codes"]), pack.part(hs["parts"]["absmax"])
     absmax = ab.view(np.float32)
-    if not np.all(np.isfinite(absmax)) or np.any(absmax < 0):
+    # an opt-mode pack (provenance.nf4) chooses each block's scale: it may clip the block's largest values
+    # (codes 0 / 15 then stand for anything beyond) or be negative (the codebook flipped)
+    opt = nf4_pack_mode(pack.header) == "opt"
+    if not np.all(np.isfinite(absmax)) or (not opt and np.any(absmax < 0)):
         return "nf4 absmax values are negative or not finite"
     want = nf4_decode(codes, absmax, (numel,))
     got = inf.nf4_decode_c(codes, ab, numel)
@@ -520,7 +528,7 @@ def _reference_host_copy(pack: Pack, s: dict) -> str | None:
     scale = pack.part(s["parts"]["scale"]).view(np.float32)
     if not np.all(np.isfinite(scale)) or np.any(scale < 0):
         return "int8 scales of the NPU copy are negative or not finite"
-    if k % spec.NF4_BLOCK == 0:
+    if k % spec.NF4_BLOCK == 0 and not opt:
         row_amax = absmax.reshape(n, k // spec.NF4_BLOCK).max(axis=1)
         want_scale = (row_amax / np.float32(127)).astype(np.float32)
         off = np.flatnonzero(want_scale.view(np.uint32) != scale.view(np.uint32))
@@ -529,6 +537,9 @@ def _reference_host_copy(pack: Pack, s: dict) -> str | None:
             return (f"row {r}: the NPU copy's int8 scale {float(scale[r])!r} is not the host copy's row absmax / 127 "
                     f"({float(want_scale[r])!r}): the copies are not of one source slice")
     lo_edge, hi_edge = _nf4_edges()
+    if opt:
+        lo_edge, hi_edge = lo_edge.copy(), hi_edge.copy()
+        lo_edge[0], hi_edge[15] = -np.inf, np.inf
     rows = max(1, _CHUNK // k)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
@@ -536,12 +547,14 @@ def _reference_host_copy(pack: Pack, s: dict) -> str | None:
         byte = codes[idx >> 1]
         c = np.where(idx & 1, byte & 15, byte >> 4)
         a = absmax[idx // spec.NF4_BLOCK].astype(np.float64)
-        n_lo, n_hi = lo_edge[c] * a, hi_edge[c] * a
+        with np.errstate(invalid="ignore"):  # inf x 0 (an all-zero block: not checked)
+            n_lo, n_hi = lo_edge[c] * a, hi_edge[c] * a
+        n_lo, n_hi = np.minimum(n_lo, n_hi), np.maximum(n_lo, n_hi)  # a negative absmax flips the interval
         sc = np.repeat(scale[r0:r1].astype(np.float64), k)
         qv = q2[r0:r1].ravel().astype(np.float64)
         i_lo, i_hi = (qv - 0.5) * sc, (qv + 0.5) * sc
-        slack = _SLACK * (a + 127.0 * sc)
-        bad = (np.maximum(n_lo, i_lo) > np.minimum(n_hi, i_hi) + slack) & (a > _TINY) & (sc * 127.0 > _TINY)
+        slack = _SLACK * (np.abs(a) + 127.0 * sc)
+        bad = (np.maximum(n_lo, i_lo) > np.minimum(n_hi, i_hi) + slack) & (np.abs(a) > _TINY) & (sc * 127.0 > _TINY)
         if bad.any():
             j = int(np.flatnonzero(bad)[0])
             r, col = r0 + j // k, j % k

@@ -1,0 +1,25 @@
+/* nf4opt.h: error-minimizing NF4 (the "opt" mode of the nf4 codec).
+ *
+ * The bytes are defined by orkpack/codecs/reference.py nf4opt_encode (the comment block above it):
+ * the same NF4 format and decoder as bitsandbytes; per 64-block the stored absmax is the scale that
+ * minimizes the weighted squared error over bitsandbytes' choice, a scan and a refinement. Every
+ * operation here is the reference's, in the same order (float32 scaling and decode, float64 sums in
+ * in element order), built with -ffp-contract=off: tests/test_nf4opt.py checks the bytes are equal.
+ */
+#ifndef ORK_NF4OPT_H
+#define ORK_NF4OPT_H
+#include <stdint.h>
+
+#define ORK_NF4W_PLAIN 0
+#define ORK_NF4W_X2 1
+#define ORK_NF4W_SIGMA 2
+
+/* CDEF BEGIN */
+/* Blocks [b0, b1) of the flat x[n] (dtype ORK_DT_*): codes (ceil(n/2) bytes in all) and absmax[b0..b1).
+ * col_w: NULL, or float32 weights per column, element e weighing col_w[e % k]. weighting: ORK_NF4W_*.
+ * stats as ork_nf4_encode's (sum x^2 and sum (x - decoded)^2, 16 lanes by element index mod 16). */
+void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const float *col_w, int weighting,
+                       int64_t b0, int64_t b1, uint8_t *codes, float *absmax, ork_codec_stats *stats);
+/* CDEF END */
+
+#endif

@@ -1,0 +1,127 @@
+"""How a build chooses its NF4 bytes: the mode, the weighting and the activation statistics.
+
+``bnb``: bitsandbytes' ``quantize_4bit`` bytes. ``opt`` (the default): the same format, each block's
+absmax chosen to minimize the squared error (``reference.nf4opt_encode``); with ``--imatrix FILE``
+(llama.cpp's imatrix format, ``orkpack imatrix`` or ``llama-imatrix``) the error of input column k
+weighs the column's mean square activation, as llama-quantize weighs its scale search. A tensor the
+imatrix does not cover is encoded with plain weights (and named in one build warning).
+
+The choice is recorded in the pack's ``provenance.nf4`` (:meth:`NF4Choice.recorded`): mode,
+weighting, and the imatrix file's name, xxh3, datasets and chunk count, so ``inspect`` and ``eval``
+show it and a rebuild with the same inputs gives the same bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import OrkError, escape_name
+from . import NF4_MODES, NF4_WEIGHTINGS, Encoded, get_codec
+from ..pack import spec
+
+
+@dataclass
+class NF4Choice:
+    mode: str = "opt"
+    weighting: str = "plain"
+    imatrix: Path | None = None
+    stats: object | None = None  # orkpack.eval.imatrix.ActStats
+    record: dict | None = None  # the imatrix's provenance record
+    missing: list = field(default_factory=list)  # tensors encoded without statistics
+
+    def col_weights(self, tensor: str, expert: int | None, k: int) -> np.ndarray | None:
+        """The imatrix mean squares of ``tensor``'s input columns (None: no statistics for it)."""
+        if self.stats is None or self.mode != "opt":
+            return None
+        if tensor not in self.stats:
+            self.missing.append(tensor if expert is None else f"{tensor}[{expert}]")
+            return None
+        ms = self.stats.mean_sq(tensor, expert)
+        if ms is None:
+            self.missing.append(tensor if expert is None else f"{tensor}[{expert}]")
+            return None
+        ms = np.asarray(ms, dtype=np.float64).reshape(-1)
+        if ms.size != k:
+            raise OrkError(f"{escape_name(str(self.imatrix))}: {escape_name(tensor)} has {ms.size} columns of "
+                           f"statistics, the tensor {k}; give the imatrix of this model")
+        if not np.all(np.isfinite(ms)) or np.any(ms < 0):
+            raise OrkError(f"{escape_name(str(self.imatrix))}: {escape_name(tensor)} has negative or non-finite "
+                           "statistics; regenerate the imatrix")
+        return ms.astype(np.float32)
+
+    def encode(self, x: np.ndarray, *, tensor: str, expert: int | None, threads: int, alloc=np.empty) -> Encoded:
+        """The NF4 encoding of one slice under this choice."""
+        k = int(x.shape[-1]) if x.ndim else 1
+        cw = self.col_weights(tensor, expert, k) if x.ndim == 2 else None
+        return get_codec(spec.ENC_NF4).encode(x, threads=threads, alloc=alloc, mode=self.mode, col_weights=cw,
+                                              weighting=self.weighting)
+
+    def recorded(self) -> dict:
+        out = {"mode": self.mode}
+        if self.mode == "opt":
+            out["weighting"] = self.weighting
+            out["imatrix"] = self.record
+        return out
+
+    def warning(self) -> str | None:
+        if not self.missing:
+            return None
+        names = self.missing if len(self.missing) <= 4 else self.missing[:3] + ["...", self.missing[-1]]
+        return (f"{escape_name(str(self.imatrix))}: no statistics for {len(self.missing)} NF4 "
+                f"tensor{'s' if len(self.missing) != 1 else ''} ({', '.join(escape_name(n) for n in names)}); "
+                "encoded with plain weights")
+
+
+def choose(mode: str, weighting: str, imatrix: Path | None) -> NF4Choice:
+    """Check the options and load the imatrix once (bad input: one OrkError line naming the file)."""
+    if mode not in NF4_MODES:
+        raise OrkError(f"--nf4-mode {mode!r}: choose {' or '.join(NF4_MODES)}")
+    if weighting not in NF4_WEIGHTINGS:
+        raise OrkError(f"--nf4-weighting {weighting!r}: choose {', '.join(NF4_WEIGHTINGS)}")
+    if imatrix is None:
+        return NF4Choice(mode, weighting)
+    if mode != "opt":
+        raise OrkError(f"--imatrix {escape_name(str(imatrix))} with --nf4-mode {mode}: bitsandbytes' bytes use no "
+                       "statistics; drop one")
+    from ..build import hash_file
+    from ..eval import imatrix as im
+
+    p = Path(imatrix)
+    if not p.is_file():
+        raise OrkError(f"{escape_name(str(p))}: imatrix file not found")
+    stats = im.load(p)
+    record = {"file": p.name, "xxh3": hash_file(p), "datasets": [str(d) for d in (stats.datasets or [])],
+              "chunks": int(stats.chunk_count or 0), "chunk_size": int(stats.chunk_size or 0)}
+    return NF4Choice(mode, weighting, p, stats, record)
+
+
+def pack_record(header: dict | None) -> dict | None:
+    """A pack header's ``provenance.nf4`` (well-typed), or None. Packs written before it are ``bnb``."""
+    rec = ((header or {}).get("provenance") or {}).get("nf4") if isinstance((header or {}).get("provenance"), dict) \
+        else None
+    if not isinstance(rec, dict) or rec.get("mode") not in NF4_MODES:
+        return None
+    return rec
+
+
+def pack_mode(header: dict | None) -> str:
+    """The NF4 mode a pack records: ``opt`` or ``bnb`` (packs without the record: bnb, all they could be)."""
+    rec = pack_record(header)
+    return rec["mode"] if rec else "bnb"
+
+
+def describe(rec: dict | None) -> str | None:
+    """One line for people: 'opt (plain weights; imatrix FILE xxh3 ..., N chunks of M on DATASETS)'."""
+    if not isinstance(rec, dict):
+        return None
+    if rec.get("mode") != "opt":
+        return f"{rec.get('mode')} (bitsandbytes quantize_4bit bytes)"
+    im = rec.get("imatrix")
+    what = f"opt: error-minimizing absmax, {rec.get('weighting', 'plain')} weights"
+    if isinstance(im, dict):
+        ds = ", ".join(str(d) for d in im.get("datasets") or []) or "unnamed text"
+        what += (f" x imatrix {im.get('file')} (xxh3 {im.get('xxh3')}; {im.get('chunks')} chunks of "
+                 f"{im.get('chunk_size')} on {ds})")
+    return escape_name(what, 400)
