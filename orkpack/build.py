@@ -688,10 +688,7 @@ def build(
 
             if opts.smooth_alpha is not None and not 0 <= opts.smooth_alpha <= 1:
                 raise OrkError(f"--smooth-alpha {opts.smooth_alpha}: give a value from 0 to 1")
-            if not Path(opts.imatrix).is_file():
-                raise OrkError(f"--imatrix {escape_name(str(opts.imatrix))}: no such file (write one with "
-                               "`orkpack imatrix SOURCE -o FILE`)")
-            stats = smooth.load_stats(Path(opts.imatrix))
+            stats = nf4.stats if nf4.stats is not None else smooth.load_stats(Path(opts.imatrix))  # read once
             if opts.smooth:
                 smoothing, said = smooth.plan(src, infos, Path(opts.imatrix), stats, alpha=opts.smooth_alpha,
                                               stats_hash=hash_file(Path(opts.imatrix)))

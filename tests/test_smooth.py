@@ -156,7 +156,7 @@ def test_npu_and_host_encode_the_same_smoothed_weights(tmp_path):
     packs = {}
     for name, kw in (("npu", {"npu": ["*"]}), ("int8", {"int8": ["*"]}), ("nf4", {"nf4": ["*"]})):
         packs[name] = tmp_path / f"{name}.orkpack"
-        build(model, packs[name], BuildOptions(threads=1, plan=False, imatrix=st, clip=False, **kw))
+        build(model, packs[name], BuildOptions(threads=1, plan=False, imatrix=st, clip=False, nf4_mode="bnb", **kw))
     src = open_source(model)
     with Pack.open(packs["npu"]) as a, Pack.open(packs["int8"]) as b, Pack.open(packs["nf4"]) as c:
         ops = smooth.ops_of(a)

@@ -82,15 +82,15 @@ def choose(mode: str, weighting: str, imatrix: Path | None) -> NF4Choice:
         raise OrkError(f"--nf4-weighting {weighting!r}: choose {', '.join(NF4_WEIGHTINGS)}")
     if imatrix is None:
         return NF4Choice(mode, weighting)
-    if mode != "opt":
-        raise OrkError(f"--imatrix {escape_name(str(imatrix))} with --nf4-mode {mode}: bitsandbytes' bytes use no "
-                       "statistics; drop one")
+    if not Path(imatrix).is_file():
+        raise OrkError(f"--imatrix {escape_name(str(imatrix))}: no such file (write one with "
+                       "`orkpack imatrix SOURCE -o FILE`)")
+    if mode != "opt":  # bitsandbytes' bytes use no statistics (--imatrix still smooths and clips the int8 items)
+        return NF4Choice(mode, weighting)
     from ..build import hash_file
     from ..eval import imatrix as im
 
     p = Path(imatrix)
-    if not p.is_file():
-        raise OrkError(f"{escape_name(str(p))}: imatrix file not found")
     stats = im.load(p)
     record = {"file": p.name, "xxh3": hash_file(p), "datasets": [str(d) for d in (stats.datasets or [])],
               "chunks": int(stats.chunk_count or 0), "chunk_size": int(stats.chunk_size or 0)}
