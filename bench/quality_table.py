@@ -38,6 +38,18 @@ ROWS = [
     ("q4_0-imat", "llama.cpp Q4_0, head Q8_0, with statistics", ("llama", "Q4_0", HEAD8 + ["--imatrix", "@stats"]), "llama.cpp CPU"),
     ("iq4_nl-imat", "llama.cpp IQ4_NL, head Q8_0, with statistics", ("llama", "IQ4_NL", HEAD8 + ["--imatrix", "@stats"]), "llama.cpp CPU"),
     ("q4_k_m-imat", "llama.cpp Q4_K_M, head Q8_0, with statistics", ("llama", "Q4_K_M", HEAD8 + ["--imatrix", "@stats"]), "llama.cpp CPU"),
+    ("nf4-imat-w", "NF4 body, head int8: error-minimizing, statistics for the NF4 search only (--no-smooth --no-clip)",
+     ("orkpack", ["--no-plan", "--imatrix", "@stats", "--no-smooth", "--no-clip"]), "decode"),
+    # the default plan, without and with statistics: both paths (one pack each, NAME@TARGET shares a pack)
+    ("default", "default plan", ("orkpack", []), "decode"),
+    ("default-prefill@default", "default plan", ("orkpack", []), "prefill"),
+    ("default-imat", "default plan, --imatrix", ("orkpack", ["--imatrix", "@stats"]), "decode"),
+    ("default-imat-prefill@default-imat", "default plan, --imatrix", ("orkpack", ["--imatrix", "@stats"]), "prefill"),
+    # w8a8: every matrix int8 on the NPU, prefill path, activations int8 per token (the NPU) or float (weights only)
+    ("w8a8", "every matrix int8 on the NPU, int8 activations", ("orkpack", ["--no-plan", "--npu", "*"]), "prefill"),
+    ("w8-float@w8a8", "every matrix int8 on the NPU, float activations", ("orkpack", ["--no-plan", "--npu", "*"]), "prefill", ["--act", "float"]),
+    ("w8a8-imat", "every matrix int8 on the NPU, int8 activations, --imatrix (smoothed, clipped)", ("orkpack", ["--no-plan", "--npu", "*", "--imatrix", "@stats"]), "prefill"),
+    ("w8-float-imat@w8a8-imat", "every matrix int8 on the NPU, float activations, --imatrix", ("orkpack", ["--no-plan", "--npu", "*", "--imatrix", "@stats"]), "prefill", ["--act", "float"]),
 ]
 
 
@@ -71,24 +83,28 @@ def main() -> None:
                  for r in json.loads(a.extra_rows.read_text())]
     if a.only:
         keep = set(a.only.split(","))
-        rows = [r for r in rows if r[0] in keep]
+        rows = [r for r in rows if r[0].partition("@")[0] in keep]
     stats = a.work / "stats.gguf"
     if any("@stats" in (r[2][1] if r[2][0] == "orkpack" else r[2][2]) for r in rows) and not stats.exists():
         run(["orkpack", "imatrix", str(a.source), "--text", str(a.stats_text), "--chunks", str(a.stats_chunks),
              "-o", str(stats), "--json"], log)
     out = []
-    for name, what, how, path in rows:
+    for row in rows:
+        name, what, how, path = row[:4]
+        extra_eval = list(row[4]) if len(row) > 4 else []
+        name, _, tname = name.partition("@")
+        tname = tname or name
         sub = lambda args: [str(stats) if x == "@stats" else x for x in args]  # noqa: E731
         if how[0] == "orkpack":
-            target = a.work / f"{name}.orkpack"
+            target = a.work / f"{tname}.orkpack"
             if not target.exists():
                 run(["orkpack", "build", str(a.source), "-o", str(target), "--threads", "1", "--json"] + sub(how[1]), log)
-            ev = ["--cpu-act", "q8"] + (["--act", "token"] if path == "prefill" else [])
+            ev = ["--cpu-act", "q8"] + (extra_eval or (["--act", "token"] if path == "prefill" else []))
         else:
             if not (a.quantize and a.gguf):
                 out.append({"row": name, "what": what, "skipped": "no llama-quantize or --gguf"})
                 continue
-            target = a.work / f"{name}.gguf"
+            target = a.work / f"{tname}.gguf"
             if not target.exists():
                 run([a.quantize] + sub(how[2]) + [str(a.gguf), str(target), how[1], "1"], log)
             ev = []
