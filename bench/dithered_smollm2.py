@@ -22,6 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gguf_f32 import rewrite, shape_of  # noqa: E402
+
 SEED = 20261201
 
 
@@ -43,29 +46,16 @@ def dither(src: Path, out: Path) -> None:
     import gguf
     from gguf.quants import dequantize
 
-    r = gguf.GGUFReader(str(src))
-    arch = str(r.fields["general.architecture"].contents())
-    w = gguf.GGUFWriter(str(out), arch=arch)
-    for f in r.fields.values():
-        if f.name.startswith("GGUF.") or f.name in ("general.architecture", "general.file_type"):
-            continue
-        sub = f.types[1] if f.types and f.types[0] == gguf.GGUFValueType.ARRAY and len(f.types) > 1 else None
-        w.add_key_value(f.name, f.contents(), f.types[0], sub)
-    w.add_key_value("general.file_type", int(gguf.LlamaFileType.MOSTLY_F16), gguf.GGUFValueType.UINT32)
-    rng = np.random.default_rng(SEED)
-    for t in r.tensors:
-        shape = [int(x) for x in reversed(t.shape)]  # numpy order
+    rng = np.random.default_rng(SEED)  # drawn tensor by tensor in file order
+
+    def smeared(t):
         step = _steps(t)
         if step is None:
-            a = np.asarray(t.data).reshape(shape)
-        else:
-            x = dequantize(t.data, t.tensor_type).reshape(-1).astype(np.float64)
-            a = (x + rng.uniform(-0.5, 0.5, size=x.size) * step).astype(np.float16).reshape(shape)
-        w.add_tensor(t.name, a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+            return np.asarray(t.data).reshape(shape_of(t))
+        x = dequantize(t.data, t.tensor_type).reshape(-1).astype(np.float64)
+        return (x + rng.uniform(-0.5, 0.5, size=x.size) * step).astype(np.float16).reshape(shape_of(t))
+
+    rewrite(str(src), str(out), smeared, gguf.LlamaFileType.MOSTLY_F16)
 
 
 def _default_source() -> Path:

@@ -13,9 +13,10 @@ import sys
 import numpy as np
 
 
-def to_f32(src: str, out: str) -> None:
+def rewrite(src: str, out: str, tensor, file_type: int) -> None:
+    """Copy the GGUF ``src`` to ``out`` with every metadata key, ``general.file_type`` set to ``file_type`` and
+    each tensor replaced by ``tensor(t)`` (a numpy array, numpy order) of its gguf-py ReaderTensor ``t``."""
     import gguf
-    from gguf.quants import dequantize
 
     r = gguf.GGUFReader(src)
     w = gguf.GGUFWriter(out, arch=str(r.fields["general.architecture"].contents()))
@@ -24,14 +25,26 @@ def to_f32(src: str, out: str) -> None:
             continue
         sub = f.types[1] if f.types and f.types[0] == gguf.GGUFValueType.ARRAY and len(f.types) > 1 else None
         w.add_key_value(f.name, f.contents(), f.types[0], sub)
-    w.add_key_value("general.file_type", int(gguf.LlamaFileType.ALL_F32), gguf.GGUFValueType.UINT32)
+    w.add_key_value("general.file_type", int(file_type), gguf.GGUFValueType.UINT32)
     for t in r.tensors:
-        shape = [int(x) for x in reversed(t.shape)]  # numpy order
-        w.add_tensor(t.name, dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32))
+        w.add_tensor(t.name, tensor(t))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def shape_of(t) -> list[int]:
+    """A ReaderTensor's shape in numpy order."""
+    return [int(x) for x in reversed(t.shape)]
+
+
+def to_f32(src: str, out: str) -> None:
+    import gguf
+    from gguf.quants import dequantize
+
+    rewrite(src, out, lambda t: dequantize(t.data, t.tensor_type).reshape(shape_of(t)).astype(np.float32),
+            gguf.LlamaFileType.ALL_F32)
 
 
 if __name__ == "__main__":

@@ -21,28 +21,7 @@
 static const float STEP = 3.0f / 32.0f;
 static const float TINY = 1e-38f;
 
-#define CB_0 (-1.0f)
-#define CB_1 (-0.6961928009986877f)
-#define CB_2 (-0.5250730514526367f)
-#define CB_3 (-0.39491748809814453f)
-#define CB_4 (-0.28444138169288635f)
-#define CB_5 (-0.18477343022823334f)
-#define CB_6 (-0.09105003625154495f)
-#define CB_7 0.0f
-#define CB_8 0.07958029955625534f
-#define CB_9 0.16093020141124725f
-#define CB_10 0.24611230194568634f
-#define CB_11 0.33791524171829224f
-#define CB_12 0.44070982933044434f
-#define CB_13 0.5626170039176941f
-#define CB_14 0.7229568362236023f
-#define CB_15 1.0f
-static const float CB[16] = {CB_0, CB_1, CB_2, CB_3, CB_4, CB_5, CB_6, CB_7,
-                             CB_8, CB_9, CB_10, CB_11, CB_12, CB_13, CB_14, CB_15};
-#define MIDK(i, j) ((CB_##i + CB_##j) / 2.0f)
-static const float MID[15] = {MIDK(0, 1), MIDK(1, 2), MIDK(2, 3), MIDK(3, 4), MIDK(4, 5),
-                              MIDK(5, 6), MIDK(6, 7), MIDK(7, 8), MIDK(8, 9), MIDK(9, 10),
-                              MIDK(10, 11), MIDK(11, 12), MIDK(12, 13), MIDK(13, 14), MIDK(14, 15)};
+#include "nf4_codebook.h"
 
 AI uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 AI float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
