@@ -108,7 +108,8 @@ def main() -> None:
             if not target.exists():
                 run([a.quantize] + sub(how[2]) + [str(a.gguf), str(target), how[1], "1"], log)
             ev = []
-        cache = a.work / f"{name}.eval.json"
+        key = tname + "".join("_" + x.lstrip("-") for x in extra_eval)
+        cache = a.work / f"{key}.eval.json"  # one eval per pack and eval options: it reports every path
         if not cache.exists():
             cmd = ["orkpack", "eval", str(a.source), str(target), "--json"] + ev + (["--chunks", str(a.chunks)] if a.chunks else [])
             r = subprocess.run(cmd, capture_output=True, text=True)
