@@ -12,7 +12,6 @@ so ``load_board("rk3588-32g")`` works from an editable and a normal install.
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -228,24 +227,9 @@ def parse_board(data: dict, where: str, runtime: Runtime | None = None) -> Board
 
 def read_board_toml(name_or_path: str | Path) -> tuple[dict, str]:
     """(parsed TOML, the name to report) of a shipped board by name or a TOML file path."""
-    s = str(name_or_path)
-    p = Path(s)
-    if not (s.endswith(".toml") or p.exists()):
-        p = BOARD_DIR / f"{s}.toml"
-        if not p.is_file():
-            raise OrkError(f"unknown board {escape_name(s)!r}; shipped boards: {', '.join(board_names())}, "
-                           "or give a .toml file (see tiermaps/boards/)")
-        where = s
-    else:
-        where = escape_name(str(p))
-    try:
-        return tomllib.loads(p.read_text(encoding="utf-8")), where
-    except FileNotFoundError:
-        raise OrkError(f"{where}: board file not found; give a path to a .toml board file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise OrkError(f"{where}: cannot read the board file ({e.__class__.__name__})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise OrkError(f"{where}: not valid TOML ({e}); fix the board file") from None
+    from .tomlfile import read_shipped
+
+    return read_shipped(name_or_path, "board", BOARD_DIR, board_names, "tiermaps/boards/")
 
 
 def load_board(name_or_path: str | Path, runtime: str | Path | Runtime | None = None) -> Board:

@@ -72,12 +72,6 @@ def load_network(spec: str | None) -> Network:
 
 
 def _read_toml(p: Path) -> dict:
-    where = escape_name(str(p))
-    try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise OrkError(f"{where}: file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise OrkError(f"{where}: cannot read it ({e.__class__.__name__})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise OrkError(f"{where}: not valid TOML ({e})") from None
+    from .tomlfile import read_toml
+
+    return read_toml(p, escape_name(str(p)), "network")

@@ -16,7 +16,6 @@ cost model the planner reads.
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,22 +145,8 @@ def runtime_from_json(d: object, where: str) -> Runtime:
 
 def load_runtime(name_or_path: str | Path | None = None) -> Runtime:
     """A shipped runtime path by name (ggml-ork, llama.cpp-cpu, rkllm) or a TOML file path."""
-    s = DEFAULT_RUNTIME if name_or_path is None else str(name_or_path)
-    p = Path(s)
-    if not (s.endswith(".toml") or p.exists()):
-        p = RUNTIME_DIR / f"{s}.toml"
-        if not p.is_file():
-            raise OrkError(f"unknown runtime {escape_name(s)!r}; shipped runtimes: {', '.join(runtime_names())}, "
-                           "or give a .toml file (see tiermaps/runtimes/)")
-        where = s
-    else:
-        where = escape_name(str(p))
-    try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise OrkError(f"{where}: runtime file not found; give a path to a .toml runtime file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise OrkError(f"{where}: cannot read the runtime file ({e.__class__.__name__})") from None
-    except tomllib.TOMLDecodeError as e:
-        raise OrkError(f"{where}: not valid TOML ({e}); fix the runtime file") from None
+    from .tomlfile import read_shipped
+
+    data, where = read_shipped(DEFAULT_RUNTIME if name_or_path is None else name_or_path, "runtime", RUNTIME_DIR,
+                               runtime_names, "tiermaps/runtimes/")
     return parse_runtime(data, where)
