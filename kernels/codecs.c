@@ -342,6 +342,13 @@ static void nf4_bins_init(void) {
     bins_state = ok ? 1 : -1;
 }
 
+int ork_nf4_bin_tables(const float **mid, const int32_t **base) {
+    nf4_bins_init();
+    *mid = BIN_MID;
+    *base = BIN_BASE;
+    return bins_state;
+}
+
 /* Hand the vector accumulators' stats to the generic block code (tail block, or a block
  * with a non-finite value) and back: lane j of the generic code is element j mod 16. */
 AI void nf4_generic_block(const void *x, int dt, int64_t n, int64_t b, uint8_t *codes, float *absmax,

@@ -29,4 +29,10 @@ static const float MID[15] = {MIDK(0, 1), MIDK(1, 2), MIDK(2, 3), MIDK(3, 4), MI
                               MIDK(5, 6), MIDK(6, 7), MIDK(7, 8), MIDK(8, 9), MIDK(9, 10),
                               MIDK(10, 11), MIDK(11, 12), MIDK(12, 13), MIDK(13, 14), MIDK(14, 15)};
 
+#include <stdint.h>
+
+/* codecs.c's bin tables for the AVX-512 encoders (32 bins, bin(s) = (int)(s * 15.5f + 16.0f) for |s| <= 1.03;
+ * code = base[bin] + (s > mid[bin])), built once; 1 when valid, -1 when not (then use the compare path). */
+int ork_nf4_bin_tables(const float **mid, const int32_t **base);
+
 #endif

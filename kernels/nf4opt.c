@@ -150,28 +150,8 @@ static void group_generic(const float (*x)[G], const double (*w)[G], const int *
 #ifdef ORK_NF4OPT_X86
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2")))
 /* bin tables as codecs.c's (bin(s) = (int)(s * 15.5f + 16.0f) for |s| <= 1.03): code = BASE[bin] + (s > MIDB[bin]) */
-static float BIN_MID[32];
-static int32_t BIN_BASE[32];
-static int bins_ok = 0; /* 0: not built, 1: valid, -1: invalid (generic path) */
-
-static void bins_init(void) {
-    if (bins_ok) return;
-    int bk[15], ok = 1;
-    for (int k = 0; k < 15; k++) bk[k] = (int)((MID[k] * 15.5f) + 16.0f);
-    for (int v = 0; v < 32; v++) {
-        int base = 0, hits = 0;
-        float m = 2.0f;
-        for (int k = 0; k < 15; k++) {
-            base += bk[k] < v;
-            if (bk[k] == v) { m = MID[k]; hits++; }
-        }
-        ok &= hits <= 1;
-        BIN_BASE[v] = base;
-        BIN_MID[v] = m;
-    }
-    for (int k = 0; k < 15; k++) ok &= bk[k] >= 0 && bk[k] < 32;
-    bins_ok = ok ? 1 : -1;
-}
+static const float *BIN_MID;
+static const int32_t *BIN_BASE;
 
 typedef struct { __m512 mlo, mhi, cb; __m512i blo, bhi; } tabs512;
 
@@ -232,8 +212,7 @@ void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const flo
     int use512 = 0;
 #ifdef ORK_NF4OPT_X86
     if (ork_codecs_isa() == ORK_ISA_AVX512) {
-        bins_init();
-        use512 = bins_ok == 1;
+        use512 = ork_nf4_bin_tables(&BIN_MID, &BIN_BASE) == 1;
     }
 #endif
     (void)use512;

@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -27,9 +26,7 @@ from orkpack.eval import imatrix
 from orkpack.eval.weights import PackWeights
 from orkpack.layout import untile_int8
 from orkpack.model import forward
-from orkpack.pack import spec
 from orkpack.pack.reader import Pack
-from orkpack.pack.writer import header_bytes, preamble_bytes
 from orkpack.runtime.verify import verify_pack
 from orkpack.sources import open_source
 from orkpack.sources.base import as_float32
@@ -227,16 +224,9 @@ def test_records_inspect_eval_and_determinism(tmp_path):
 
 
 def _rewrite_header(p: Path, mutate) -> None:
-    raw = p.read_bytes()
-    pre = struct.unpack_from(spec.PREAMBLE_FMT, raw)
-    data_size, hoff = pre[6], pre[7]
-    h = json.loads(raw[hoff:])
-    mutate(h)
-    hb = header_bytes(h)
-    data = raw[4096:hoff]
-    block = preamble_bytes(file_size=hoff + len(hb), data_size=data_size, header_size=len(hb),
-                           data_xxh3=xxhash.xxh3_64_intdigest(data), header_xxh3=xxhash.xxh3_64_intdigest(hb))
-    p.write_bytes(block + data + hb)
+    from test_pack import _rewrite_header as rewrite
+
+    rewrite(p, mutate)
 
 
 def _tensor(h: dict, name: str) -> dict:
