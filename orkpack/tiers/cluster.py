@@ -60,7 +60,7 @@ from .manifest import Manifest, _layer
 from .profile import Profile, load_profile
 
 STAGE_TOL = 1e-6
-REL_GAP = 1e-6
+REL_GAP = milp.REL_GAP  # one gap for every MILP of the planner
 
 
 @dataclass
@@ -183,7 +183,7 @@ class ClusterPlan:
 def solve_cluster(man: Manifest, spec: ClusterSpec, *, profile: Path | None = None, prefill_m: int = 512,
                   ctx: int = 8192, kv_type: str = "f16", pins: dict | None = None, goal: solver.Goal | None = None,
                   prompt: int = 512, ignore_unknown: bool = False, fixed: list[tuple[int, int]] | None = None,
-                  time_limit: float = 60.0, contiguity: str = "auto") -> ClusterPlan:
+                  time_limit: float = milp.TIME_LIMIT, contiguity: str = "auto") -> ClusterPlan:
     """The optimal joint layer split and tier maps of ``man`` over ``spec.boards`` (module docstring);
     ``fixed``: solve the choices only, for this split (the memory-proportional comparison). ``contiguity``:
     "auto" (layer counts when every layer is alike, else per-layer binaries) or "binary" (always per-layer
@@ -435,15 +435,7 @@ def solve_cluster(man: Manifest, spec: ClusterSpec, *, profile: Path | None = No
         lp.col_lower_, lp.col_upper_ = bounds_lo, bounds_hi
         lp.row_lower_, lp.row_upper_ = lbs, ubs
         lp.integrality_ = [h.HighsVarType.kInteger] * ncol
-        opts = h.HighsOptions()
-        opts.log_to_console = False
-        opts.mip_rel_gap = REL_GAP
-        opts.time_limit = float(time_limit)
-        highs = h._Highs()
-        with milp._quiet_stdout():
-            highs.passOptions(opts)
-            highs.passModel(lp)
-            highs.run()
+        highs = milp.run_highs(lp, time_limit)
         st, info, S = highs.getModelStatus(), highs.getInfo(), h.HighsModelStatus
         has_x = st == S.kOptimal or (st in (S.kTimeLimit, S.kIterationLimit, S.kSolutionLimit)
                                      and info.objective_function_value != h.kHighsInf)

@@ -13,8 +13,9 @@ last-listed choice first, so equal items are chosen by name.
 :func:`lexicographic` minimizes a list of objectives in order: after each stage
 the objective is fixed (as a constraint: a later stage may give back at most
 1e-6 of an earlier optimum, which keeps the later stages from being needle-in-a-
-haystack equality problems) and the next is optimized. A later stage that runs
-out of time keeps the previous stage's plan (feasible for it) and records its gap. HiGHS reports each stage's proven
+haystack equality problems) and the next is optimized. A stage stops after ``NODE_LIMIT``
+branch-and-bound nodes (a count, not a time: the same plan on any machine); a later stage that stops
+without a solution keeps the previous stage's plan (feasible for it) and records its gap. HiGHS reports each stage's proven
 dual bound: a stage is ``optimal`` when its relative gap is within HiGHS's
 ``mip_rel_gap`` (1e-6 here: HiGHS proved no assignment is better by more than
 that fraction), else the gap is recorded.
@@ -40,6 +41,11 @@ REL_GAP = 1e-6
 ABS_GAP = 1e-6  # HiGHS's mip_abs_gap (its default), on the objective scaled to max |c| = 1
 STAGE_TOL = 1e-6
 PRESOLVE_MIN_GROUPS = 64  # HiGHS presolve only above this many groups (see _solve)
+# Each stage stops after NODE_LIMIT branch-and-bound nodes (HiGHS's mip_max_nodes): a count, so a plan is
+# the same on a loaded machine as on an idle one. The time limit is only a safety net, far above what
+# NODE_LIMIT nodes take on the models planned here (the shipped configs solve at the root node).
+NODE_LIMIT = 10_000
+TIME_LIMIT = 300.0
 
 
 @dataclass
@@ -251,19 +257,27 @@ def _model(p: Problem, c: np.ndarray, caps: dict[str, float], lower: np.ndarray 
     return _Model(lp, rows, vals, keep, row_hi, n_groups, cost, scale)
 
 
-def _run(m: _Model, time_limit: float, presolve: bool):
+def run_highs(lp, time_limit: float, presolve: bool | None = None):
+    """HiGHS on the model ``lp`` (a HighsLp), quietly, under this module's options: the relative gap, the node
+    limit and the time limit (a safety net); ``presolve`` None leaves HiGHS's default. The solved Highs."""
     h = _highs()
     opts = h.HighsOptions()
     opts.log_to_console = False
     opts.mip_rel_gap = REL_GAP
     opts.time_limit = float(time_limit)
-    opts.presolve = "on" if presolve else "off"
+    opts.mip_max_nodes = NODE_LIMIT
+    if presolve is not None:
+        opts.presolve = "on" if presolve else "off"
     highs = h._Highs()
     with _quiet_stdout():
         highs.passOptions(opts)
-        highs.passModel(m.lp)
+        highs.passModel(lp)
         highs.run()
     return highs
+
+
+def _run(m: _Model, time_limit: float, presolve: bool):
+    return run_highs(m.lp, time_limit, presolve)
 
 
 def _solve(p: Problem, c: np.ndarray, caps: dict[str, float], time_limit: float,
@@ -325,7 +339,7 @@ def _tighten(p: Problem, c: np.ndarray, caps: dict[str, float], cap: float, lowe
 
 
 def lexicographic(p: Problem, order: list[tuple[str, str]], caps: dict[str, float], *,
-                  time_limit: float = 30.0) -> tuple[dict[int, str], list[Stage]]:
+                  time_limit: float = TIME_LIMIT) -> tuple[dict[int, str], list[Stage]]:
     """Optimize ``order`` = [(metric, "min"|"max"), ...] in turn under ``caps`` (metric -> upper bound).
 
     Returns (item index -> choice, stages). Raises OrkError("infeasible") when no assignment meets the caps.
@@ -350,7 +364,7 @@ def lexicographic(p: Problem, order: list[tuple[str, str]], caps: dict[str, floa
                 raise OrkError("infeasible")
             if x is None:
                 raise OrkError(f"the MILP solver stopped without a solution ({res.message}); "
-                               "give it more time or fewer distinct items")
+                               "give it fewer distinct items (a coarser profile)")
             # out of time in a later stage: the previous stage's plan is feasible here; keep it, with its gap
             val = float(v @ x)
             bound = res.bound * scale if res.bound is not None else (-np.inf if sense == "min" else np.inf)

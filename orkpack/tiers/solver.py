@@ -430,7 +430,7 @@ def _decision_fields(it: Item, r: _Row, c: str, profile: Profile, i: int, board:
 
 def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192, kv_type: str = "f16",
           pins: dict[str, list[str]] | None = None, goal: Goal | None = None, prompt: int = 512,
-          time_limit: float = 10.0) -> TierMap:
+          time_limit: float = milp.TIME_LIMIT) -> TierMap:
     """The optimal tier map for ``manifest`` on ``board`` under ``goal`` (see the module docstring)."""
     goal = goal or Goal()
     if not isinstance(prompt, int) or prompt < 1:
