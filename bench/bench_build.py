@@ -46,7 +46,7 @@ import xxhash
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from common import Case, heavy_tailed, interleave, loadavg, machine, median_minmax, paired, rates  # noqa: E402
+from common import Case, emit, heavy_tailed, interleave, loadavg, machine, machine_lines, median_minmax, paired, rates  # noqa: E402
 
 # the model's shapes (a ~1B llama); layers follow from --size-gb
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, VOCAB, SHARDS, SEED = 2048, 5504, 16, 8, 32000, 4, 0
@@ -383,11 +383,7 @@ def main(argv=None) -> int:
         "kernel_input": {"shape": [n, n], "dtype": "float32", "bytes": kb},
         "reps": reps, "measure_seconds": round(wall, 1), "rows": rows, "notes": notes,
     }
-    if a.json:
-        print(json.dumps(result, indent=1))
-    else:
-        print_table(result)
-    return 0
+    return emit(result, a.json, print_table)
 
 
 def print_table(res: dict) -> None:
@@ -395,11 +391,10 @@ def print_table(res: dict) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    m, md = res["machine"], res["model"]
+    md = res["model"]
     con = Console(width=max(132, Console().width))
-    con.print(f"machine: {m['cpu']} ({m['arch']}), {m['cores']} cores, python {m['python']}, numpy {m['numpy']}, "
-              f"kernels {escape(res['kernels_isa'])}", highlight=False)
-    con.print(f"load average (1, 5, 15 min): before {res['load_before']}; after {res['load_after']}", highlight=False)
+    for line in machine_lines(res, f", kernels {escape(res['kernels_isa'])}"):
+        con.print(line, highlight=False)
     con.print(f"model: {md['layers']} layers, hidden {md['hidden']}, intermediate {md['intermediate']}, "
               f"vocab {md['vocab']}, bf16, {md['shard_files']} shards = {md['shards_bytes'] / 1e9:.2f} GB "
               f"(pack {md['pack_bytes_no_plan'] / 1e9:.2f} GB with --no-plan)", highlight=False)

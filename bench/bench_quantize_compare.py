@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from bench_build import clear, prefault, warm  # noqa: E402
-from common import loadavg, machine, median_minmax  # noqa: E402
+from common import emit, loadavg, machine, machine_lines, median_minmax  # noqa: E402
 
 # issue 14's source: 2 layers, hidden 4096, ffn 14336, vocab 32000, bf16 (1.40 GB)
 DIMS = dict(arch="llama", layers=2, hidden=4096, intermediate=14336, heads=32, kv_heads=8, vocab=32000,
@@ -210,17 +210,12 @@ def main(argv=None) -> int:
         "target": "llama-quantize Q4_0 wall / orkpack build --threads 1 wall >= 2",
         "met": None if q4 is None else q4["wall_vs_orkpack_t1"][0] >= 2.0,
     }
-    if a.json:
-        print(json.dumps(result, indent=1))
-    else:
-        print_table(result)
-    return 0
+    return emit(result, a.json, print_table)
 
 
 def print_table(res: dict) -> None:
-    m, md = res["machine"], res["model"]
-    print(f"machine: {m['cpu']} ({m['arch']}), {m['cores']} cores, python {m['python']}, numpy {m['numpy']}")
-    print(f"load average (1, 5, 15 min): before {res['load_before']}; after {res['load_after']}")
+    md = res["model"]
+    print("\n".join(machine_lines(res)))
     print(f"model: {md['layers']} layers, hidden {md['hidden']}, ffn {md['intermediate']}, vocab {md['vocab']}, "
           f"bf16, {md['source_bytes'] / 1e9:.2f} GB (safetensors; the GGUF holds the same tensors)")
     print(f"cpus: {res['cpus']}; memory state before each case: {res['memory_state']}; "

@@ -95,6 +95,24 @@ def machine() -> dict:
     }
 
 
+def machine_lines(res: dict, extra: str = "") -> list[str]:
+    """The header lines every bench report starts with: the machine, and the load before and after."""
+    m = res["machine"]
+    return [f"machine: {m['cpu']} ({m['arch']}), {m['cores']} cores, python {m['python']}, numpy {m['numpy']}{extra}",
+            f"load average (1, 5, 15 min): before {res['load_before']}; after {res['load_after']}"]
+
+
+def emit(result: dict, as_json: bool, table: Callable[[dict], None]) -> int:
+    """Print a bench's result as JSON or as its table; the exit code (0)."""
+    import json
+
+    if as_json:
+        print(json.dumps(result, indent=1))
+    else:
+        table(result)
+    return 0
+
+
 def heavy_tailed(rows: int, cols: int, seed: int = 0) -> np.ndarray:
     """Seeded heavy-tailed float32 weights: Student-t (3 dof) scaled to std 0.02, plus ~1e-5 outliers of 0.2-0.6."""
     rng = np.random.default_rng(seed)
