@@ -257,14 +257,14 @@ def _codes_of(s: np.ndarray) -> np.ndarray:
     return np.searchsorted(MIDPOINTS, s, side="left").astype(np.uint8)
 
 
-def _nf4opt_weights(xb: np.ndarray, cw: np.ndarray, weighting: str) -> np.ndarray:
+def _nf4opt_weights(xb: np.ndarray, cw: np.ndarray, weighting: str, block: int = NF4_BLOCK) -> np.ndarray:
     x64 = xb.astype(np.float64)
     if weighting == "plain":
         f = np.ones_like(x64)
     elif weighting == "x2":
         f = x64 * x64
     elif weighting == "sigma":
-        sigma2 = 2.0 * _lanesum(x64 * x64) / NF4_BLOCK
+        sigma2 = 2.0 * _lanesum(x64 * x64) / block
         f = np.sqrt(sigma2[:, None] + x64 * x64)
     else:
         raise ValueError(f"unknown nf4 weighting {weighting!r}; known: {', '.join(NF4OPT_WEIGHTINGS)}")
@@ -272,10 +272,12 @@ def _nf4opt_weights(xb: np.ndarray, cw: np.ndarray, weighting: str) -> np.ndarra
 
 
 def nf4opt_encode(x: np.ndarray, col_weights: np.ndarray | None = None, weighting: str = "plain",
-                  k: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+                  k: int | None = None, block: int = NF4_BLOCK) -> tuple[np.ndarray, np.ndarray]:
     """Error-minimizing NF4 of the row-major flatten of x (see above): (codes, absmax) as nf4_encode.
 
-    ``col_weights``: float32/float64 [K] per input column (the last axis of x, or ``k``), >= 0, or None."""
+    ``col_weights``: float32/float64 [K] per input column (the last axis of x, or ``k``), >= 0, or None.
+    ``block``: the block length (64: the nf4 encoding; 32: the first step of nf4dq, :func:`nf4dq_encode`)."""
+    NF4_BLOCK = block  # noqa: N806 (the same algorithm at either block length)
     x32, _ = sanitize(widen(x).ravel())
     n = x32.size
     nb = -(-n // NF4_BLOCK)
@@ -289,7 +291,7 @@ def nf4opt_encode(x: np.ndarray, col_weights: np.ndarray | None = None, weightin
     else:
         cw = np.asarray(col_weights, dtype=np.float64).ravel()[idx % kk]
     cw[n:] = 0.0  # the padding of a tail block weighs nothing
-    w = _nf4opt_weights(xb, cw.reshape(nb, NF4_BLOCK), weighting)
+    w = _nf4opt_weights(xb, cw.reshape(nb, NF4_BLOCK), weighting, NF4_BLOCK)
     tail = np.zeros(nb, dtype=bool)
     if n % NF4_BLOCK:
         tail[-1] = True
@@ -358,3 +360,140 @@ def nf4opt_encode(x: np.ndarray, col_weights: np.ndarray | None = None, weightin
         flat = np.concatenate([flat, [np.uint8(7)]])
     codes = (flat[0::2] << 4) | flat[1::2]
     return codes.astype(np.uint8), best_d.astype(np.float32)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# nf4dq: bitsandbytes' NF4 at blocksize=32 with compress_statistics=True (its "double quantization").
+#
+# A slice of n elements has nb = ceil(n / 32) blocks and ng = ceil(nb / 256) groups of blocks. Parts:
+#   codes          uint8[ceil(n / 2)]   the NF4 codes, two per byte, element 2i in the high nibble (as nf4)
+#   absmax_q       uint8[nb]            each block's absmax as an index into DQ_CODE
+#   absmax_scale   float32[ng]          each group's scale (bitsandbytes' state2.absmax)
+#   absmax_offset  float32[1]           the slice's offset (bitsandbytes' quant_state.offset)
+# Decode, all float32 (bitsandbytes' dequantize_4bit of a nested QuantState, bit for bit):
+#   absmax[b] = (DQ_CODE[absmax_q[b]] * absmax_scale[b // 256]) + absmax_offset
+#   value[e]  = CODEBOOK[code[e]] * absmax[e // 32]
+# 4 + 8/32 + 32/8192 = 4.254 bits per weight (nf4: 4.5).
+#
+# The encoder (the bytes, :func:`nf4dq_encode`; kernels/nf4opt.c gives the same):
+#   1. each block's error-minimizing absmax d[b]: nf4opt_encode at block 32 (its codes are dropped);
+#   2. offset = float32(sum of d[b] in block order, in float64, / nb);
+#      per group: r = float32(d - offset), scale = max |r| (float32); q0 = the number of DQ_MID strictly
+#      below float32(r / scale) (0 when scale is 0: DQ_CODE[127] = 0);
+#   3. per block, candidates q0, q0-1, q0+1, q0-2, q0+2 (those in 0..255): a = its decoded absmax,
+#      codes = nearest NF4 codes of float32(x * float32(1 / a)) (all code 7 when a is 0 or 1 / a is not
+#      finite), error = the weighted squared error as nf4opt scores it; the first candidate with the
+#      least error is kept.
+# ---------------------------------------------------------------------------------------------------------
+NF4DQ_BLOCK = 32
+NF4DQ_GROUP = 256
+NF4DQ_CANDIDATES = (0, -1, 1, -2, 2)
+# bitsandbytes' create_dynamic_map(signed=True) (its 8-bit blockwise code), as float32 bits
+DQ_CODE = np.array([
+    0xbf7e3333, 0xbf7a999a, 0xbf770000, 0xbf736666, 0xbf6fcccd, 0xbf6c3333, 0xbf68999a, 0xbf650000,
+    0xbf616666, 0xbf5dcccd, 0xbf5a3333, 0xbf56999a, 0xbf530000, 0xbf4f6666, 0xbf4bcccd, 0xbf483333,
+    0xbf44999a, 0xbf410000, 0xbf3d6666, 0xbf39cccd, 0xbf363334, 0xbf32999a, 0xbf2f0000, 0xbf2b6666,
+    0xbf27cccd, 0xbf243334, 0xbf20999a, 0xbf1d0000, 0xbf196666, 0xbf15cccd, 0xbf123334, 0xbf0e999a,
+    0xbf0b0000, 0xbf076666, 0xbf03cccc, 0xbf003333, 0xbef93332, 0xbef20000, 0xbeeacccc, 0xbee3999a,
+    0xbedc6666, 0xbed53333, 0xbece0000, 0xbec6cccc, 0xbebf999a, 0xbeb86666, 0xbeb13333, 0xbeaa0000,
+    0xbea2cccc, 0xbe9b999a, 0xbe946666, 0xbe8d3334, 0xbe860000, 0xbe7d9999, 0xbe6f3333, 0xbe60cccd,
+    0xbe526666, 0xbe440000, 0xbe35999a, 0xbe273333, 0xbe18cccd, 0xbe0a6666, 0xbdf80000, 0xbddb3334,
+    0xbdc9eb85, 0xbdc428f7, 0xbdbe6667, 0xbdb8a3d7, 0xbdb2e148, 0xbdad1eb8, 0xbda75c2a, 0xbda1999a,
+    0xbd9bd70a, 0xbd96147b, 0xbd9051eb, 0xbd8a8f5d, 0xbd84cccd, 0xbd7e147b, 0xbd728f5d, 0xbd670a3d,
+    0xbd5b851f, 0xbd500000, 0xbd447ae1, 0xbd38f5c3, 0xbd2d70a3, 0xbd21eb85, 0xbd166667, 0xbd0ae148,
+    0xbcfeb852, 0xbce7ae15, 0xbcd0a3d7, 0xbcb9999a, 0xbca28f5d, 0xbc8b851f, 0xbc68f5c3, 0xbc3ae148,
+    0xbc1f3b64, 0xbc160418, 0xbc0ccccd, 0xbc039581, 0xbbf4bc6a, 0xbbe24dd3, 0xbbcfdf3b, 0xbbbd70a4,
+    0xbbab020d, 0xbb989374, 0xbb8624dd, 0xbb676c8a, 0xbb428f5c, 0xbb1db22d, 0xbaf1a9fc, 0xbaa7ef9d,
+    0xba7765ff, 0xba59e83e, 0xba3c6a80, 0xba1eecc1, 0xba016f01, 0xb9c7e283, 0xb98ce705, 0xb923d70b,
+    0xb8ba1f4b, 0xb88aefb3, 0xb8378034, 0xb7b24206, 0xb70205ff, 0xb65a1a94, 0xb513a3b7, 0x00000000,
+    0x3513a3b7, 0x365a1a94, 0x370205ff, 0x37b24206, 0x38378034, 0x388aefb3, 0x38ba1f4b, 0x3923d70b,
+    0x398ce705, 0x39c7e283, 0x3a016f01, 0x3a1eecc1, 0x3a3c6a80, 0x3a59e83e, 0x3a7765ff, 0x3aa7ef9d,
+    0x3af1a9fc, 0x3b1db22d, 0x3b428f5c, 0x3b676c8a, 0x3b8624dd, 0x3b989374, 0x3bab020d, 0x3bbd70a4,
+    0x3bcfdf3b, 0x3be24dd3, 0x3bf4bc6a, 0x3c039581, 0x3c0ccccd, 0x3c160418, 0x3c1f3b64, 0x3c3ae148,
+    0x3c68f5c3, 0x3c8b851f, 0x3ca28f5d, 0x3cb9999a, 0x3cd0a3d7, 0x3ce7ae15, 0x3cfeb852, 0x3d0ae148,
+    0x3d166667, 0x3d21eb85, 0x3d2d70a3, 0x3d38f5c3, 0x3d447ae1, 0x3d500000, 0x3d5b851f, 0x3d670a3d,
+    0x3d728f5d, 0x3d7e147b, 0x3d84cccd, 0x3d8a8f5d, 0x3d9051eb, 0x3d96147b, 0x3d9bd70a, 0x3da1999a,
+    0x3da75c2a, 0x3dad1eb8, 0x3db2e148, 0x3db8a3d7, 0x3dbe6667, 0x3dc428f7, 0x3dc9eb85, 0x3ddb3334,
+    0x3df80000, 0x3e0a6666, 0x3e18cccd, 0x3e273333, 0x3e35999a, 0x3e440000, 0x3e526666, 0x3e60cccd,
+    0x3e6f3333, 0x3e7d9999, 0x3e860000, 0x3e8d3334, 0x3e946666, 0x3e9b999a, 0x3ea2cccc, 0x3eaa0000,
+    0x3eb13333, 0x3eb86666, 0x3ebf999a, 0x3ec6cccc, 0x3ece0000, 0x3ed53333, 0x3edc6666, 0x3ee3999a,
+    0x3eeacccc, 0x3ef20000, 0x3ef93332, 0x3f003333, 0x3f03cccc, 0x3f076666, 0x3f0b0000, 0x3f0e999a,
+    0x3f123334, 0x3f15cccd, 0x3f196666, 0x3f1d0000, 0x3f20999a, 0x3f243334, 0x3f27cccd, 0x3f2b6666,
+    0x3f2f0000, 0x3f32999a, 0x3f363334, 0x3f39cccd, 0x3f3d6666, 0x3f410000, 0x3f44999a, 0x3f483333,
+    0x3f4bcccd, 0x3f4f6666, 0x3f530000, 0x3f56999a, 0x3f5a3333, 0x3f5dcccd, 0x3f616666, 0x3f650000,
+    0x3f68999a, 0x3f6c3333, 0x3f6fcccd, 0x3f736666, 0x3f770000, 0x3f7a999a, 0x3f7e3333, 0x3f800000,
+], dtype=np.uint32).view(np.float32)
+DQ_MID = (DQ_CODE[:-1] + DQ_CODE[1:]) / np.float32(2)
+
+
+def nf4dq_absmax(absmax_q: np.ndarray, scale: np.ndarray, offset: np.ndarray) -> np.ndarray:
+    """Each block's float32 absmax (bitsandbytes' dequantize_blockwise of the nested state, plus the offset)."""
+    q = np.asarray(absmax_q, dtype=np.uint8)
+    s = np.repeat(np.asarray(scale, dtype=np.float32), NF4DQ_GROUP)[: q.size]
+    return (DQ_CODE[q] * s) + np.asarray(offset, dtype=np.float32).reshape(-1)[0]
+
+
+def nf4dq_decode(codes: np.ndarray, absmax_q: np.ndarray, scale: np.ndarray, offset: np.ndarray, shape) -> np.ndarray:
+    n = int(np.prod(shape)) if len(shape) else 1
+    a = np.repeat(nf4dq_absmax(absmax_q, scale, offset), NF4DQ_BLOCK)[:n]
+    return (CODEBOOK[nf4_unpack(codes, n)] * a).reshape(shape)
+
+
+def _nf4_codes_at(xb: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """Nearest NF4 codes of float32(x * float32(1 / a)) per block row; code 7 where 1 / a is not finite."""
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        inv = np.float32(1) / a
+        ok = (a != 0) & np.isfinite(inv)
+        s = xb * np.where(ok, inv, np.float32(0))[:, None]
+    return _codes_of(s.astype(np.float32))
+
+
+def nf4dq_encode(x: np.ndarray, col_weights: np.ndarray | None = None, weighting: str = "plain",
+                 k: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """nf4dq of the row-major flatten of x (the definition above): (codes, absmax_q, absmax_scale, absmax_offset)."""
+    B = NF4DQ_BLOCK
+    _, d = nf4opt_encode(x, col_weights, weighting, k, block=B)
+    x32, _ = sanitize(widen(x).ravel())
+    n = x32.size
+    nb = -(-n // B)
+    ng = -(-nb // NF4DQ_GROUP)
+    kk = int(k if k is not None else (np.asarray(x).shape[-1] if np.asarray(x).ndim else 1))
+    xb = np.zeros(nb * B, dtype=np.float32)
+    xb[:n] = x32
+    xb = xb.reshape(nb, B)
+    idx = np.arange(nb * B, dtype=np.int64)
+    cw = np.ones(nb * B) if col_weights is None else np.asarray(col_weights, dtype=np.float64).ravel()[idx % kk]
+    cw[n:] = 0.0
+    w = _nf4opt_weights(xb, cw.reshape(nb, B), weighting, B)
+    x64 = xb.astype(np.float64)
+
+    offset = np.float32(np.cumsum(d.astype(np.float64))[-1] / nb)
+    r = (d - offset).astype(np.float32)
+    rg = np.zeros(ng * NF4DQ_GROUP, dtype=np.float32)
+    rg[:nb] = r
+    scale = np.abs(rg.reshape(ng, NF4DQ_GROUP)).max(axis=1).astype(np.float32)
+    sb = np.repeat(scale, NF4DQ_GROUP)[:nb]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.where(sb > 0, r / np.where(sb > 0, sb, np.float32(1)), np.float32(0)).astype(np.float32)
+    q0 = np.searchsorted(DQ_MID, v, side="left").astype(np.int64)
+
+    best_q = q0.copy()
+    best_e = np.full(nb, np.inf)
+    best_c = np.zeros((nb, B), dtype=np.uint8)
+    for j in NF4DQ_CANDIDATES:
+        q = q0 + j
+        valid = (q >= 0) & (q <= 255)
+        qc = np.clip(q, 0, 255)
+        a = ((DQ_CODE[qc] * sb) + offset).astype(np.float32)
+        c = _nf4_codes_at(xb, a)
+        e = x64 - (CODEBOOK[c] * a[:, None]).astype(np.float64)
+        err = _lanesum(w * e * e)
+        take = valid & (err < best_e)
+        best_q = np.where(take, qc, best_q)
+        best_e = np.where(take, err, best_e)
+        best_c = np.where(take[:, None], c, best_c)
+    flat = best_c.ravel()[:n]
+    if n & 1:
+        flat = np.concatenate([flat, [np.uint8(7)]])
+    codes = (flat[0::2] << 4) | flat[1::2]
+    return (codes.astype(np.uint8), best_q.astype(np.uint8), scale, np.array([offset], dtype=np.float32))

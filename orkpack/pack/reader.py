@@ -69,6 +69,10 @@ def expected_part_sizes(shape: list[int], encoding: str, layout: dict, dtype: st
         return {"data": n * np.dtype(spec.RAW_DTYPES[dtype]).itemsize}
     if encoding == spec.ENC_NF4:
         return {"codes": (n + 1) // 2, "absmax": 4 * ((n + spec.NF4_BLOCK - 1) // spec.NF4_BLOCK)}
+    if encoding == spec.ENC_NF4DQ:
+        nb = (n + spec.NF4DQ_BLOCK - 1) // spec.NF4DQ_BLOCK
+        return {"codes": (n + 1) // 2, "absmax_q": nb, "absmax_scale": 4 * ((nb + spec.NF4DQ_GROUP - 1) // spec.NF4DQ_GROUP),
+                "absmax_offset": 4}
     if encoding == spec.ENC_INT8:
         rows = shape[0] if len(shape) == 2 else 1
         if layout.get("kind") == spec.LAYOUT_NPU_INT8:
@@ -398,6 +402,8 @@ def validate_header(h, p: Preamble) -> str | None:
                 return f"{name}: int8 slices are 1-D or 2-D"
             if s["layout"]["kind"] == spec.LAYOUT_NPU_INT8 and (enc != spec.ENC_INT8 or s["tier"] != spec.TIER_NPU):
                 return f"{name}: npu_int8 layout is only for int8 slices on the NPU"
+            if enc == spec.ENC_NF4DQ and s["tier"] != spec.TIER_HOST:
+                return f"{name}: nf4dq slices live on the host (an NPU slice is int8, or nf4 to inflate)"
             if s["tier"] == spec.TIER_NPU:
                 m = s.get("min_m")
                 if not _is_int(m) or m < 2:

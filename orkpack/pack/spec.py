@@ -9,7 +9,7 @@ import struct
 
 MAGIC = b"ORKPACK\0"
 VERSION_MAJOR = 1
-VERSION_MINOR = 4  # 1.1: the raw encoding; 1.2: host copies of NPU slices; 1.3: the model record; 1.4: activation smoothing records (docs/FORMAT.md 7)
+VERSION_MINOR = 5  # 1.1: the raw encoding; 1.2: host copies of NPU slices; 1.3: the model record; 1.4: activation smoothing records (docs/FORMAT.md 7); 1.5: the nf4dq encoding
 PREAMBLE_SIZE = 128  # the fixed struct at offset 0
 PREAMBLE_BLOCK = 4096  # bytes [PREAMBLE_SIZE, PREAMBLE_BLOCK) are zero
 ALIGN = 4096  # every data part starts on a 4 KiB boundary (mmap / DMA map)
@@ -33,9 +33,11 @@ MAX_NAME_BYTES = 4096
 ENC_F32, ENC_F16, ENC_BF16 = "f32", "f16", "bf16"
 ENC_INT8 = "int8"
 ENC_NF4 = "nf4"
+ENC_NF4DQ = "nf4dq"  # 1.5: bitsandbytes' NF4 at blocksize 32, absmax double-quantized (docs/FORMAT.md 3)
 ENC_RAW = "raw"  # non-float tensors (integers, bool, f64, c64): the source bytes verbatim, host only
 FLOAT_ENCODINGS = (ENC_F32, ENC_F16, ENC_BF16)
-ENCODINGS = FLOAT_ENCODINGS + (ENC_INT8, ENC_NF4, ENC_RAW)
+ENCODINGS = FLOAT_ENCODINGS + (ENC_INT8, ENC_NF4, ENC_RAW, ENC_NF4DQ)
+NF4_ENCODINGS = (ENC_NF4, ENC_NF4DQ)  # the 4-bit NormalFloat encodings (host slices and host copies)
 
 # element types of a raw slice (its "dtype" key) -> numpy dtype (little-endian); bool is one byte, 0 or 1
 RAW_DTYPES = {
@@ -53,7 +55,7 @@ TIERS = (TIER_NPU, TIER_HOST)
 
 # dual residency (1.2): an NPU slice may carry a "host_copy" record, a second copy of the same
 # source slice in host memory that the CPU reads at decode (M = 1 never goes to the NPU)
-HOST_COPY_ENCODINGS = (ENC_NF4,)
+HOST_COPY_ENCODINGS = (ENC_NF4, ENC_NF4DQ)
 
 # layouts
 LAYOUT_ROW_MAJOR = "row_major"
@@ -70,9 +72,12 @@ PARTS = {
     ENC_INT8: ("q", "scale"),
     ENC_NF4: ("codes", "absmax"),
     ENC_RAW: ("data",),
+    ENC_NF4DQ: ("codes", "absmax_q", "absmax_scale", "absmax_offset"),
 }
 
 NF4_BLOCK = 64
+NF4DQ_BLOCK = 32  # nf4dq: elements per absmax
+NF4DQ_GROUP = 256  # nf4dq: absmaxes per float32 scale
 
 # element type of each part (numpy dtype names, little-endian); bf16 is carried as its uint16 bits
 PART_DTYPES = {
@@ -83,5 +88,9 @@ PART_DTYPES = {
     (ENC_INT8, "scale"): "<f4",
     (ENC_NF4, "codes"): "u1",
     (ENC_NF4, "absmax"): "<f4",
-    (ENC_RAW, "data"): "u1",  # the bytes; the element type is the slice's "dtype" (RAW_DTYPES)
+    (ENC_RAW, "data"): "u1",
+    (ENC_NF4DQ, "codes"): "u1",
+    (ENC_NF4DQ, "absmax_q"): "u1",
+    (ENC_NF4DQ, "absmax_scale"): "<f4",
+    (ENC_NF4DQ, "absmax_offset"): "<f4",  # the bytes; the element type is the slice's "dtype" (RAW_DTYPES)
 }
