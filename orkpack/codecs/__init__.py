@@ -243,6 +243,50 @@ class NF4Codec(Codec):
         return out.reshape(shape)
 
 
+class NF4DQCodec(Codec):
+    """bitsandbytes NF4 at blocksize 32 with double-quantized absmax (docs/FORMAT.md 3, nf4dq; parts: codes,
+    absmax_q, absmax_scale, absmax_offset). The encoder is the error-minimizing one (``reference.nf4dq_encode``),
+    weighted like NF4Codec's ``opt`` mode; bitsandbytes' ``dequantize_4bit`` of a nested QuantState decodes it."""
+
+    encoding = spec.ENC_NF4DQ
+
+    def encode(self, x, *, npu=False, threads=1, alloc=_empty, col_weights=None, weighting: str = "plain"):
+        if npu:
+            raise ValueError("nf4dq slices live on the host; encode int8 with npu=True for the NPU")
+        if weighting not in _NF4W_CODE:
+            raise ValueError(f"unknown nf4 weighting {weighting!r}; known: {', '.join(NF4_WEIGHTINGS)}")
+        x, code = _source(x)
+        k = int(x.shape[-1]) if x.ndim else 1
+        cw = None
+        if col_weights is not None:
+            cw = np.ascontiguousarray(col_weights, dtype=np.float32).reshape(-1)
+            if cw.size != k or not np.all(np.isfinite(cw)) or np.any(cw < 0):
+                raise ValueError(f"nf4 column weights: {cw.size} finite values >= 0 needed, one per column of {k}")
+        flat = x.reshape(-1)
+        x32, nf = reference.sanitize(reference.widen(flat))
+        c, q, sc, off = reference.nf4dq_encode(flat, cw, weighting, k)
+        parts = {}
+        for name, v in zip(spec.PARTS[self.encoding], (c, q, sc, off)):
+            parts[name] = _copy_into(alloc, v)
+        d = reference.nf4dq_decode(c, q, sc, off, (flat.size,)).astype(np.float64)
+        x64 = x32.astype(np.float64)
+        e = x64 - d
+        return Encoded(parts, {"kind": spec.LAYOUT_ROW_MAJOR}, reference.sqnr_from_sums(float(x64 @ x64), float(e @ e)),
+                       int(nf))
+
+    def decode(self, enc_parts, shape, layout=None, threads: int = 1):
+        shape = tuple(int(d) for d in shape)
+        n = math.prod(shape)
+        nb = -(-n // spec.NF4DQ_BLOCK)
+        codes = np.ascontiguousarray(enc_parts["codes"], dtype=np.uint8).reshape(-1)
+        q = np.ascontiguousarray(enc_parts["absmax_q"], dtype=np.uint8).reshape(-1)
+        sc = np.ascontiguousarray(enc_parts["absmax_scale"], dtype=np.float32).reshape(-1)
+        off = np.ascontiguousarray(enc_parts["absmax_offset"], dtype=np.float32).reshape(-1)
+        if codes.size != (n + 1) // 2 or q.size != nb or sc.size != -(-nb // spec.NF4DQ_GROUP) or off.size != 1:
+            raise ValueError(f"nf4dq parts do not fit shape {shape}")
+        return reference.nf4dq_decode(codes, q, sc, off, (n,)).reshape(shape)
+
+
 class Int8Codec(Codec):
     """int8 per output channel, symmetric, half-to-even (parts: q, scale); npu=True tiles q."""
 
@@ -348,6 +392,7 @@ CODECS: dict[str, Codec] = {
     spec.ENC_BF16: FloatCodec(spec.ENC_BF16, np.uint16),
     spec.ENC_INT8: Int8Codec(),
     spec.ENC_NF4: NF4Codec(),
+    spec.ENC_NF4DQ: NF4DQCodec(),
     spec.ENC_RAW: RawCodec(),
 }
 
