@@ -468,6 +468,11 @@ def test_untied_head_records_placement_inspect_eval(tmp_path):
     assert "output.weight" in seen and "token_embd.weight" not in seen
     assert res["smoothing"]["head"]["untied_from"] == "token_embd.weight"
     assert all(x["kld"]["mean"] < 0.1 for x in res["paths"] if "kld" in x)
+    # --per-tensor compares the copy with the source's embedding smoothed as recorded: an int8-sized error
+    res = evaluate(model, out, Options(tokens=_ids(tmp_path, 128, 64, seed=4), ctx=32, per_tensor=True,
+                                       per_tensor_tokens=16))
+    rows = {x["item"]: x for x in res["per_tensor"]["decode"]}
+    assert rows["output.weight"]["rel_error"] < 1e-3
     # reproducible
     again = tmp_path / "again.orkpack"
     build(model, again, BuildOptions(threads=2, plan=False, npu=["*"], imatrix=st, smooth_alpha=0.5))
@@ -550,3 +555,15 @@ def test_head_statistics_missing_one_line(tmp_path):
         assert ta["output_norm.weight"]["smoothing"] == tb["output_norm.weight"]["smoothing"]
         assert ta["output.weight"]["slices"][0]["parts"]["q"]["xxh3"] == \
             tb["output.weight"]["slices"][0]["parts"]["q"]["xxh3"]
+
+
+def test_planned_build_keeps_the_tied_head_tied(tmp_path):
+    """The planner never puts the embedding (a tied head's role) on the NPU: a planned build copies nothing, so the
+    planner's byte counts stay those of the pack."""
+    model = _model(tmp_path, "qwen2")
+    plain = tmp_path / "plain.orkpack"
+    build(model, plain, BuildOptions(threads=1, imatrix=_stats(model, tmp_path), smooth_alpha=0.5))
+    with Pack.open(plain) as p:
+        t = {x["name"]: x for x in p.tensors}
+        assert "output.weight" not in t and t["token_embd.weight"]["slices"][0]["tier"] == "host"
+        assert p.header["provenance"]["smoothing"]["smoothed"] > 0
