@@ -491,7 +491,7 @@ def _with_copies(infos: list[TensorInfo], untied: dict[str, str]) -> list[Tensor
 
 class UntiedHead:
     """A placement with untied copies (the smoothed head): a copy takes the decision its original had (the head's:
-    the NPU), the original the host int8 of a tied head's row lookups (the same int8 rows the lookups read before)."""
+    the NPU), the original host int8 (encoded and clipped as when it was tied: the rows its lookups read before)."""
 
     def __init__(self, inner, untied: dict[str, str]):
         self.inner, self.untied = inner, untied
@@ -763,9 +763,8 @@ def build(
                 slices = []
                 for e, sub in subs:
                     dec = placement.decide(info, e)
-                    if stats is not None and opts.clip and dec.encoding == spec.ENC_INT8 and sub.ndim == 2 \
-                            and not (smoothing is not None and info.name in smoothing.untied.values()):
-                        # (an untied original keeps plain rows: it serves row lookups, not the products)
+                    if stats is not None and opts.clip and dec.encoding == spec.ENC_INT8 and sub.ndim == 2:
+                        # (an untied original is clipped as it was when tied: the lookups read the same int8 rows)
                         sub = _clipped(sub, info.name, e, stats, smoothing, clipped)
                     s = encode_slice(sub, dec, name=info.name if e is None else f"{info.name}[{e}]", threads=threads,
                                      opts=opts, alloc=w.alloc, nf4=nf4, tensor=info.name, expert=e)
@@ -800,6 +799,10 @@ def build(
                 al = f"{min(sp['alphas'])}..{max(sp['alphas'])}" if sp["alphas"] else "-"
                 info_lines.append(f"smoothed {sp['smoothed']} of {sp['groups']} groups (alpha {al}; the statistics' "
                                   f"w8a8 error {sp['error_ratio']} of unsmoothed)")
+                if sp.get("head"):
+                    info_lines.append(f"untied the head to smooth it: output.weight, a copy of {sp['head']['untied_from']} "
+                                      f"with its columns x s (alpha {sp['head']['alpha']}; the statistics' w8a8 error "
+                                      f"{sp['head']['error_ratio']} of unsmoothed); --no-untie-head keeps it tied")
             if "clipping" in prov:
                 info_lines.append(f"clipped {prov['clipping']['rows']} int8 rows of {prov['clipping']['slices']} slices")
             path = w.finish()

@@ -408,7 +408,9 @@ def test_untied_head_float_model_is_the_model(tmp_path, family):
         # the embedding's rows are the source's (int8, unsmoothed); the head copy's the columns times s (int8)
         e = w._cpu_operand(w._slice("token_embd.weight", None)).rows(0, emb.shape[0])
         h = w._cpu_operand(w._slice("output.weight", None)).rows(0, emb.shape[0])
-        assert np.array_equal(e, ref.int8_decode(*ref.int8_encode(emb)))
+        q, sc = ref.int8_encode(emb)  # (rows may be clipped, as the tied head's were: each to >= 0.8 of its max)
+        assert np.all(np.abs(e - emb) <= 0.21 * 127 * sc[:, None] + 1e-6)
+        assert np.mean(e == ref.int8_decode(q, sc)) > 0.95
         scale = np.abs(emb * s).max(axis=1, keepdims=True) / 127
         assert np.all(np.abs(h - emb * s) <= 0.21 * 127 * scale + 1e-6)  # int8 step, or clipped to >= 0.8 of the max
         assert np.mean(np.abs(h - emb * s) <= 0.5 * scale + 1e-6) > 0.95
@@ -473,6 +475,22 @@ def test_untied_head_records_placement_inspect_eval(tmp_path):
                                        per_tensor_tokens=16))
     rows = {x["item"]: x for x in res["per_tensor"]["decode"]}
     assert rows["output.weight"]["rel_error"] < 1e-3
+    # against the same build kept tied: only the head's copy and the final norm differ; the embedding's int8 rows
+    # (what the lookups read) are the tied head's, untiled
+    tied = tmp_path / "tied.orkpack"
+    build(model, tied, BuildOptions(threads=1, plan=False, npu=["*"], imatrix=st, smooth_alpha=0.5, untie_head=False))
+    with Pack.open(out) as pu, Pack.open(tied) as pt:
+        tu = {x["name"]: x for x in pu.tensors}
+        tt = {x["name"]: x for x in pt.tensors}
+        assert set(tu) - set(tt) == {"output.weight"} and set(tt) <= set(tu)
+        for n in tt:
+            same = [s["parts"] == r["parts"] for s, r in zip(tu[n]["slices"], tt[n]["slices"])] == [True] * len(tt[n]["slices"])
+            ok = {k: v for k, v in tu[n].items() if k != "slices"} == {k: v for k, v in tt[n].items() if k != "slices"}
+            assert (same and ok) == (n not in ("output_norm.weight", "token_embd.weight")), n
+        wu, wt = PackWeights(pu, "decode"), PackWeights(pt, "decode")
+        e = tu["token_embd.weight"]["shape"][0]
+        assert np.array_equal(wu._cpu_operand(wu._slice("token_embd.weight", None)).rows(0, e),
+                              wt._cpu_operand(wt._slice("token_embd.weight", None)).rows(0, e))
     # reproducible
     again = tmp_path / "again.orkpack"
     build(model, again, BuildOptions(threads=2, plan=False, npu=["*"], imatrix=st, smooth_alpha=0.5))
@@ -500,9 +518,12 @@ def test_head_stays_tied_unless_smoothed_on_the_npu(tmp_path):
     build(untied, out, BuildOptions(threads=1, plan=False, npu=["*"], imatrix=_stats(untied, tmp_path, "l.gguf")))
     with Pack.open(out) as p:
         assert not smooth.untied_of(p) and "head" not in p.header["provenance"]["smoothing"]
-    # the CLI flag
-    r = _cli_build(model, tmp_path / "cli.orkpack", st, "--no-untie-head")
+    # the CLI flag; without it the build says it untied the head
+    r = _cli_build(model, tmp_path / "cli.orkpack", st, "--no-untie-head", "--smooth-alpha", "0.5")
     assert r.exit_code == 0, r.output
+    assert "untied the head" not in r.output
+    r = _cli_build(model, tmp_path / "cli2.orkpack", st, "--smooth-alpha", "0.5")
+    assert r.exit_code == 0 and "untied the head to smooth it: output.weight" in r.output, r.output
     with Pack.open(tmp_path / "cli.orkpack") as p:
         assert not smooth.untied_of(p)
 
