@@ -154,7 +154,8 @@ def _int8_sq_err_cols(w: np.ndarray) -> np.ndarray:
 
 
 WEIGHT_FACTOR = 3.0  # the weights' error counts 3x: it reaches decode too (NF4 host copies), and is systematic (chosen from 1, 3, 10 on SmolLM2: docs/EVAL.md)
-HEAD_WEIGHT_FACTOR = 1.0  # the untied head's: counted 3x the search keeps the head's activations' error (docs/EVAL.md)
+HEAD_WEIGHT_FACTOR = 1.0  # the head's weights' error counts once: counted 3x, the search picks an alpha that raises
+# the head's true w8a8 KLD (SmolLM2: docs/EVAL.md, bench/head_w8a8.py)
 RANGE = "rms"  # how a token's largest |x| is estimated: rms (from the mean squares) | absmax (the columns' max)
 
 
