@@ -321,6 +321,8 @@ def plan(
     frontier: bool = typer.Option(False, "--frontier", help="Print the Pareto set of (decode, prefill, quality) plans; with -o DIR, write each as DIR/frontier-K.json."),
     boards: Optional[str] = typer.Option(None, "--boards", metavar="B1,B2,...", help=BOARDS_HELP),
     network: Optional[str] = typer.Option(None, "--network", metavar="NAME", help=NETWORK_HELP),
+    nf4_format: Optional[str] = typer.Option(None, "--nf4-format", help=NF4_FORMAT_HELP + " The plan counts its bytes; "
+                                             "build the pack with the same format."),
     json_out: bool = typer.Option(False, "--json", help="Print the tier map as JSON."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the tier map JSON here (a folder with --frontier)."),
 ):
@@ -338,10 +340,11 @@ def plan(
         raise typer.Exit(plan_cluster_command(model, boards, network=network, json_out=json_out, output=output,
                                               console=None if json_out else _out(), profile=profile, ctx=ctx,
                                               kv_type=kv_type, prefill_m=prefill_m, pins=pins,
-                                              ignore_unknown=ignore_unknown, goal=g, prompt=prompt, runtime=runtime))
+                                              ignore_unknown=ignore_unknown, goal=g, prompt=prompt, runtime=runtime,
+                                              nf4_format=nf4_format))
     code = plan_command(model, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, pins=pins,
                         ignore_unknown=ignore_unknown, json_out=json_out, output=output, console=None if json_out else _out(), goal=g,
-                        prompt=prompt, frontier_out=frontier, runtime=runtime)
+                        prompt=prompt, frontier_out=frontier, runtime=runtime, nf4_format=nf4_format)
     raise typer.Exit(code)
 
 
