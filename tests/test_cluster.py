@@ -111,7 +111,7 @@ def test_joint_split_is_exact_against_brute_force(seed):
     base = load_board("rk3588-32g")
     B = 2 if seed < 3 else 3
     kept, _ = solver.match_pins(man, {"keep": KEEP + (["blk.1.ffn_gate.weight"] if seed >= 4 else [])})
-    least = sum(it.float_bytes if i in kept else solver.cost.host_nf4_bytes(it.n, it.k) for i, it in enumerate(man.items)) \
+    least = sum(it.float_bytes if i in kept else solver.cost.host_nf4_bytes(it.n, it.k, base.nf4_format) for i, it in enumerate(man.items)) \
         + sum(t.float_bytes for t in man.floats) + man.kv_bytes(256)
     npu_item = solver.cost.npu_bytes(1024, 512, base)
     boards = []
