@@ -321,8 +321,8 @@ def plan(
     frontier: bool = typer.Option(False, "--frontier", help="Print the Pareto set of (decode, prefill, quality) plans; with -o DIR, write each as DIR/frontier-K.json."),
     boards: Optional[str] = typer.Option(None, "--boards", metavar="B1,B2,...", help=BOARDS_HELP),
     network: Optional[str] = typer.Option(None, "--network", metavar="NAME", help=NETWORK_HELP),
-    nf4_format: Optional[str] = typer.Option(None, "--nf4-format", help=NF4_FORMAT_HELP + " The plan counts its bytes; "
-                                             "build the pack with the same format."),
+    nf4_format: Optional[str] = typer.Option(None, "--nf4-format", help=NF4_FORMAT_HELP + " The plan counts its bytes and "
+                                             "records it; orkpack build --tiermap writes it."),
     json_out: bool = typer.Option(False, "--json", help="Print the tier map as JSON."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the tier map JSON here (a folder with --frontier)."),
 ):

@@ -634,7 +634,8 @@ def cluster_block(plan: ClusterPlan) -> dict:
 def to_json(plan: ClusterPlan, baseline: ClusterPlan | None = None, packs: list[str | None] | None = None) -> dict:
     nodes = []
     for j, n in enumerate(plan.nodes):
-        d = {"node": j, "board": n["board"], "runtime": getattr(plan.boards[j], "runtime", None), "host": n["host"],
+        d = {"node": j, "board": n["board"], "runtime": getattr(plan.boards[j], "runtime", None),
+             "nf4_format": plan.boards[j].nf4_format, "host": n["host"],
              "layers": n["layers"], "used": n["used"],
              "n_layers": n["layers"][1] - n["layers"][0], "client": j == 0}
         if n["used"]:

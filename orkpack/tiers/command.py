@@ -172,7 +172,7 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
     m = d["model"]
     console.print(f"[bold]{escape_name(m['source'])}[/]: {m['arch']}, {m['n_layers']} layers, "
                   f"{m['items']} items; board [bold]{d['board']['name']}[/], runtime [bold]{_runtime_name(d['board'])}[/], "
-                  f"ctx {d['options']['ctx']} "
+                  f"host NF4 {escape_name(str(d['board'].get('nf4_format', 'b64')))}, ctx {d['options']['ctx']} "
                   f"({d['options']['kv_type']} KV), profile {escape_name(str(d['options']['profile']))}, "
                   f"goal {ob['goal']['goal']}")
     rt = d["board"].get("runtime")
