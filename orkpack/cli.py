@@ -177,7 +177,8 @@ def build(
     npu_storage: str = typer.Option("int8", "--npu-storage", help="How NPU tensors are stored: int8 tiles, or nf4 inflated to int8 at load (w4a8)."),
     nf4_mode: str = typer.Option("opt", "--nf4-mode", help=NF4_MODE_HELP),
     nf4_weighting: str = typer.Option("plain", "--nf4-weighting", help=NF4_WEIGHTING_HELP),
-    nf4_format: Optional[str] = typer.Option(None, "--nf4-format", help=NF4_FORMAT_HELP),
+    nf4_format: Optional[str] = typer.Option(None, "--nf4-format", help=NF4_FORMAT_HELP + " The plan counts its "
+                                             "bytes; with --tiermap the default is the map's format."),
     imatrix: Optional[Path] = typer.Option(None, "--imatrix", metavar="FILE", help=IMATRIX_HELP),
     board: str = typer.Option("rk3588-32g", "--board", help="Board profile the tier map is solved for (name or TOML file)."),
     runtime: Optional[str] = typer.Option(None, "--runtime", help=RUNTIME_HELP),
