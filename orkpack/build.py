@@ -78,7 +78,7 @@ class BuildOptions:
     # columns, smooth the NPU's activations and clip int8 rows
     nf4_mode: str = NF4Choice.mode
     nf4_weighting: str = NF4Choice.weighting
-    nf4_format: str | None = None  # dq32 (nf4dq) or b64 (nf4); None: dq32 with opt, b64 with bnb
+    nf4_format: str | None = None  # dq32 (nf4dq) or b64 (nf4); None: dq32 with opt, b64 with bnb, a --tiermap's own
     imatrix: Path | None = None
     allow_nonfinite: bool = False
     # placement: the tier-map compiler (default) or the rules alone (plan=False)
@@ -350,6 +350,28 @@ def refuse_ignored_plan_options(opts: BuildOptions) -> None:
     else:
         head, why, alt = "--no-plan", "no tier map is solved", "drop --no-plan"
     raise OrkError(f"{head} with {', '.join(flags)}: {why}, so {these} would be ignored; drop {it}, or {alt}")
+
+
+def follow_nf4_format(tm, map_path: Path, opts: BuildOptions, nf4: NF4Choice) -> tuple[BuildOptions, NF4Choice]:
+    """(options, NF4 choice) of a build that follows tier map ``tm``: host NF4 in the map's NF4 format, whose
+    bytes its plan counts (docs/TIERMAP.md section 5; a map without one was planned at b64). An --nf4-format
+    (or --nf4-mode bnb, which writes b64 only) that contradicts the map is refused in one line."""
+    from dataclasses import replace
+
+    from orkpack.tiers.board import check_nf4_format
+
+    label = escape_name(str(map_path))
+    fmt = check_nf4_format(tm.nf4_format, f"tier map {label}")
+    if fmt == nf4.format:
+        return opts, nf4
+    head = f"tier map {label} was planned for NF4 format {fmt} (its bytes and predictions count it), but"
+    if opts.nf4_format is not None:
+        raise OrkError(f"{head} the build was given --nf4-format {nf4.format}: drop --nf4-format to follow the map, "
+                       f"or plan again with orkpack plan --nf4-format {nf4.format}")
+    if nf4.mode != "opt":
+        raise OrkError(f"{head} --nf4-mode {nf4.mode} writes {nf4.format} only: plan again with orkpack plan "
+                       f"--nf4-format {nf4.format}, or build with --nf4-mode opt")
+    return replace(opts, nf4_format=fmt), replace(nf4, format=fmt)
 
 
 def _identity(path: Path) -> tuple[int, int] | None:
@@ -698,6 +720,7 @@ def build(
             placement, tiermap, warnings = TierMapPlacement(placement_map, opts), placement_map.to_json(), []
         elif opts.tiermap is not None:
             tm, warnings = load_tiermap(Path(opts.tiermap), infos)
+            opts, nf4 = follow_nf4_format(tm, Path(opts.tiermap), opts, nf4)
             placement = TierMapPlacement(tm, opts)
             tiermap = tm.to_json()
             if tm.prediction is not None and src.kind in ("safetensors", "gguf"):
@@ -719,7 +742,7 @@ def build(
                 Path(src_path), board=opts.board, profile=opts.profile, ctx=opts.ctx, kv_type=opts.kv_type,
                 prefill_m=opts.prefill_m, pins=opts.pins(), ignore_unknown=opts.ignore_unknown,
                 goal=Goal(opts.goal, opts.min_decode_tok_s, opts.min_prefill_tok_s, opts.max_ram, max_kld=opts.max_kld),
-                prompt=opts.prompt, runtime=opts.runtime,
+                prompt=opts.prompt, runtime=opts.runtime, nf4_format=nf4.format,
             )
             placement = TierMapPlacement(tm, opts)
             tiermap = tm.to_json()

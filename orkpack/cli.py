@@ -177,7 +177,8 @@ def build(
     npu_storage: str = typer.Option("int8", "--npu-storage", help="How NPU tensors are stored: int8 tiles, or nf4 inflated to int8 at load (w4a8)."),
     nf4_mode: str = typer.Option("opt", "--nf4-mode", help=NF4_MODE_HELP),
     nf4_weighting: str = typer.Option("plain", "--nf4-weighting", help=NF4_WEIGHTING_HELP),
-    nf4_format: Optional[str] = typer.Option(None, "--nf4-format", help=NF4_FORMAT_HELP),
+    nf4_format: Optional[str] = typer.Option(None, "--nf4-format", help=NF4_FORMAT_HELP + " The plan counts its "
+                                             "bytes; with --tiermap the default is the map's format."),
     imatrix: Optional[Path] = typer.Option(None, "--imatrix", metavar="FILE", help=IMATRIX_HELP),
     board: str = typer.Option("rk3588-32g", "--board", help="Board profile the tier map is solved for (name or TOML file)."),
     runtime: Optional[str] = typer.Option(None, "--runtime", help=RUNTIME_HELP),
@@ -322,6 +323,8 @@ def plan(
     frontier: bool = typer.Option(False, "--frontier", help="Print the Pareto set of (decode, prefill, quality) plans; with -o DIR, write each as DIR/frontier-K.json."),
     boards: Optional[str] = typer.Option(None, "--boards", metavar="B1,B2,...", help=BOARDS_HELP),
     network: Optional[str] = typer.Option(None, "--network", metavar="NAME", help=NETWORK_HELP),
+    nf4_format: Optional[str] = typer.Option(None, "--nf4-format", help=NF4_FORMAT_HELP + " The plan counts its bytes and "
+                                             "records it; orkpack build --tiermap writes it."),
     json_out: bool = typer.Option(False, "--json", help="Print the tier map as JSON."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the tier map JSON here (a folder with --frontier)."),
 ):
@@ -339,10 +342,11 @@ def plan(
         raise typer.Exit(plan_cluster_command(model, boards, network=network, json_out=json_out, output=output,
                                               console=None if json_out else _out(), profile=profile, ctx=ctx,
                                               kv_type=kv_type, prefill_m=prefill_m, pins=pins,
-                                              ignore_unknown=ignore_unknown, goal=g, prompt=prompt, runtime=runtime))
+                                              ignore_unknown=ignore_unknown, goal=g, prompt=prompt, runtime=runtime,
+                                              nf4_format=nf4_format))
     code = plan_command(model, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, pins=pins,
                         ignore_unknown=ignore_unknown, json_out=json_out, output=output, console=None if json_out else _out(), goal=g,
-                        prompt=prompt, frontier_out=frontier, runtime=runtime)
+                        prompt=prompt, frontier_out=frontier, runtime=runtime, nf4_format=nf4_format)
     raise typer.Exit(code)
 
 
