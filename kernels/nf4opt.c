@@ -14,7 +14,7 @@
 #include <string.h>
 
 #define AI static inline __attribute__((always_inline))
-#define BLK 64
+#define BLKMAX 64
 #define G 16
 #define TRIES 2
 #define ROUNDS 2
@@ -22,6 +22,7 @@ static const float STEP = 3.0f / 32.0f;
 static const float TINY = 1e-38f;
 
 #include "nf4_codebook.h"
+#include "nf4dq_code.h"
 
 AI uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 AI float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
@@ -40,8 +41,8 @@ AI void levels_generic(const float *s, float *q, uint8_t *c) {
     }
 }
 
-/* the body, written once; LEVELS(s, q, c) computes 16 codes / levels */
-#define GROUP_BODY(LEVELS)                                                                              \
+/* the body, written once; LEVELS(s, q, c) computes 16 codes / levels; BLK: the block length (a constant) */
+#define GROUP_BODY(LEVELS, BLK)                                                                            \
     float amax[G], dc[G], best_d[G], inv0[G], d[G], fx[G], fq[G];                                        \
     float wf[BLK][G], wx[BLK][G];                                                                        \
     for (int i = 0; i < BLK; i++)                                                                        \
@@ -135,16 +136,70 @@ AI void levels_generic(const float *s, float *q, uint8_t *c) {
     }                                                                                                    \
     for (int b = 0; b < G; b++) dout[b] = best_d[b];
 
+/* nf4dq step 3 for 16 blocks of 32 (one per lane): the candidates q0 + NF4DQ_CAND[t] (those in 0..255), each
+ * with the nearest NF4 codes of x * (1 / a) and its weighted squared error; the first least error is kept
+ * (reference.nf4dq_encode). a(q) = DQ[q] * sc + off. best_c starts all 0, best_q at q0, the error at +inf. */
+#define DQB 32
+static const int NF4DQ_CAND[5] = {0, -1, 1, -2, 2};
+#define DQ_BODY(LEVELS)                                                                                  \
+    double best_e[G];                                                                                    \
+    float s[G], q[G];                                                                                    \
+    for (int b = 0; b < G; b++) { best_e[b] = INFINITY; qout[b] = q0[b]; }                               \
+    for (int i = 0; i < DQB; i++)                                                                        \
+        for (int b = 0; b < G; b++) best_c[i][b] = 0;                                                    \
+    for (int t = 0; t < 5; t++) {                                                                        \
+        float a[G], iv[G];                                                                               \
+        int valid[G], qc[G];                                                                             \
+        double e[G];                                                                                     \
+        uint8_t cr[DQB][G];                                                                              \
+        for (int b = 0; b < G; b++) {                                                                    \
+            const int qq = q0[b] + NF4DQ_CAND[t];                                                        \
+            valid[b] = qq >= 0 && qq <= 255;                                                             \
+            qc[b] = qq < 0 ? 0 : (qq > 255 ? 255 : qq);                                                  \
+            a[b] = dq[qc[b]] * sc[b] + off;                                                              \
+            const float inv = 1.0f / a[b];                                                               \
+            iv[b] = (a[b] != 0.0f && isfinite(inv)) ? inv : 0.0f;                                        \
+            e[b] = 0.0;                                                                                  \
+        }                                                                                                \
+        for (int i = 0; i < DQB; i++) {                                                                  \
+            for (int b = 0; b < G; b++) s[b] = x[i][b] * iv[b];                                          \
+            LEVELS(s, q, cr[i]);                                                                         \
+            for (int b = 0; b < G; b++) {                                                                \
+                const float deq = q[b] * a[b];                                                           \
+                const double r = (double)x[i][b] - (double)deq;                                          \
+                e[b] += w[i][b] * r * r;                                                                 \
+            }                                                                                            \
+        }                                                                                                \
+        int take[G];                                                                                     \
+        for (int b = 0; b < G; b++) {                                                                    \
+            take[b] = valid[b] && e[b] < best_e[b];                                                      \
+            best_e[b] = take[b] ? e[b] : best_e[b];                                                      \
+            qout[b] = take[b] ? qc[b] : qout[b];                                                         \
+        }                                                                                                \
+        for (int i = 0; i < DQB; i++)                                                                    \
+            for (int b = 0; b < G; b++) best_c[i][b] = take[b] ? cr[i][b] : best_c[i][b];               \
+    }
+
 #define GEN_LEVELS(s, q, c) levels_generic(s, q, c)
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(ORK_NO_X86_SIMD)
 #define ORK_NF4OPT_X86 1
 #include <immintrin.h>
-__attribute__((target_clones("avx2", "default")))
+#define CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CLONES
 #endif
-static void group_generic(const float (*x)[G], const double (*w)[G], const int *tail, uint8_t (*best_c)[G],
-                          float *dout) {
-    GROUP_BODY(GEN_LEVELS)
+CLONES static void group_generic64(const float (*x)[G], const double (*w)[G], const int *tail, uint8_t (*best_c)[G],
+                                   float *dout) {
+    GROUP_BODY(GEN_LEVELS, 64)
+}
+CLONES static void group_generic32(const float (*x)[G], const double (*w)[G], const int *tail, uint8_t (*best_c)[G],
+                                   float *dout) {
+    GROUP_BODY(GEN_LEVELS, 32)
+}
+CLONES static void dq_generic(const float (*x)[G], const double (*w)[G], const int *q0, const float *sc, float off,
+                              const float *dq, uint8_t (*best_c)[G], int *qout) {
+    DQ_BODY(GEN_LEVELS)
 }
 
 #ifdef ORK_NF4OPT_X86
@@ -169,109 +224,103 @@ AI T512 void levels512(const float *s, float *q, uint8_t *c, const tabs512 *t) {
 }
 
 #define V512_LEVELS(s, q, c) levels512(s, q, c, &tb)
-
-T512 static void group_avx512(const float (*x)[G], const double (*w)[G], const int *tail, uint8_t (*best_c)[G],
-                              float *dout) {
-    tabs512 tb;
-    tb.mlo = _mm512_loadu_ps(BIN_MID);
-    tb.mhi = _mm512_loadu_ps(BIN_MID + 16);
-    tb.blo = _mm512_loadu_si512(BIN_BASE);
-    tb.bhi = _mm512_loadu_si512(BIN_BASE + 16);
+#define TABS512                                                                                          \
+    tabs512 tb;                                                                                          \
+    tb.mlo = _mm512_loadu_ps(BIN_MID);                                                                   \
+    tb.mhi = _mm512_loadu_ps(BIN_MID + 16);                                                              \
+    tb.blo = _mm512_loadu_si512(BIN_BASE);                                                               \
+    tb.bhi = _mm512_loadu_si512(BIN_BASE + 16);                                                          \
     tb.cb = _mm512_loadu_ps(CB);
-    GROUP_BODY(V512_LEVELS)
+
+T512 static void group_avx512_64(const float (*x)[G], const double (*w)[G], const int *tail, uint8_t (*best_c)[G],
+                                 float *dout) {
+    TABS512
+    GROUP_BODY(V512_LEVELS, 64)
+}
+T512 static void group_avx512_32(const float (*x)[G], const double (*w)[G], const int *tail, uint8_t (*best_c)[G],
+                                 float *dout) {
+    TABS512
+    GROUP_BODY(V512_LEVELS, 32)
+}
+T512 static void dq_avx512(const float (*x)[G], const double (*w)[G], const int *q0, const float *sc, float off,
+                           const float *dq, uint8_t (*best_c)[G], int *qout) {
+    TABS512
+    DQ_BODY(V512_LEVELS)
 }
 #endif
 
 #if defined(ORK_NF4OPT_X86)
 __attribute__((target_clones("avx512f", "avx2", "default")))
 #endif
-static void load_group(const float *xb, const float *cwb, int weighting, int nb, float (*x)[G], double (*w)[G]) {
-    /* xb: nb blocks of 64 floats (sanitized, zero padded); cwb: their column weights (0 past the end) */
+static void load_group(const float *xb, const float *cwb, int weighting, int nb, int blk, float (*x)[G],
+                       double (*w)[G]) {
+    /* xb: nb blocks of blk floats (sanitized, zero padded); cwb: their column weights (0 past the end) */
     for (int b = 0; b < G; b++) {
-        for (int i = 0; i < BLK; i++) {
-            x[i][b] = b < nb ? xb[b * BLK + i] : 0.0f;
-            w[i][b] = b < nb ? (double)cwb[b * BLK + i] : 0.0;
+        for (int i = 0; i < blk; i++) {
+            x[i][b] = b < nb ? xb[b * blk + i] : 0.0f;
+            w[i][b] = b < nb ? (double)cwb[b * blk + i] : 0.0;
         }
     }
     if (weighting == ORK_NF4W_X2) {
-        for (int i = 0; i < BLK; i++)
+        for (int i = 0; i < blk; i++)
             for (int b = 0; b < G; b++) w[i][b] = w[i][b] * ((double)x[i][b] * (double)x[i][b]);
     } else if (weighting == ORK_NF4W_SIGMA) {
         double s2[G];
         for (int b = 0; b < G; b++) s2[b] = 0.0;
-        for (int i = 0; i < BLK; i++)
+        for (int i = 0; i < blk; i++)
             for (int b = 0; b < G; b++) s2[b] += (double)x[i][b] * (double)x[i][b];
-        for (int b = 0; b < G; b++) s2[b] = 2.0 * s2[b] / 64.0;
-        for (int i = 0; i < BLK; i++)
+        for (int b = 0; b < G; b++) s2[b] = 2.0 * s2[b] / (double)blk;
+        for (int i = 0; i < blk; i++)
             for (int b = 0; b < G; b++) w[i][b] = w[i][b] * sqrt(s2[b] + (double)x[i][b] * (double)x[i][b]);
     }
 }
 
-void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const float *col_w, int weighting,
-                       int64_t b0, int64_t b1, uint8_t *codes, float *absmax, ork_codec_stats *st) {
-    int use512 = 0;
-#ifdef ORK_NF4OPT_X86
-    if (ork_codecs_isa() == ORK_ISA_AVX512) {
-        use512 = ork_nf4_bin_tables(&BIN_MID, &BIN_BASE) == 1;
-    }
-#endif
-    (void)use512;
+/* The 16 blocks from block g0 (nb of them real) into xb / cwb (zero padded): returns the non-finite count. */
+static int64_t gather_group(const void *x, int dtype, int64_t n, int64_t k, const float *col_w, int blk, int64_t g0,
+                            int nb, float *xb, float *cwb) {
     const int esz = dtype == ORK_DT_F32 ? 4 : 2;
-    double ax[16], ae[16];
-    for (int l = 0; l < 16; l++) ax[l] = ae[l] = 0.0;
-    int64_t nf = 0;
-    float xb[G * BLK], cwb[G * BLK], dout[G];
-    float xs[BLK][G];
-    double ws[BLK][G];
-    uint8_t cs[BLK][G];
-    int tail[G];
-    for (int64_t g0 = b0; g0 < b1; g0 += G) {
-        const int nb = (int)(b1 - g0 < G ? b1 - g0 : G);
-        const int64_t off0 = g0 * BLK;
-        const int64_t len_all = (n - off0 < (int64_t)nb * BLK) ? n - off0 : (int64_t)nb * BLK;
-        nf += ork_widen((const char *)x + off0 * esz, dtype, len_all, xb);
-        for (int64_t i = 0; i < len_all; i++)
-            if ((f2u(xb[i]) & 0x7f800000u) == 0x7f800000u) xb[i] = 0.0f;
-        for (int64_t i = len_all; i < (int64_t)G * BLK; i++) xb[i] = 0.0f;
-        if (col_w) {
-            int64_t col = k > 0 ? off0 % k : 0;
-            for (int64_t i = 0; i < len_all; i++) {
-                cwb[i] = col_w[col];
-                if (++col == k) col = 0;
-            }
-        } else {
-            for (int64_t i = 0; i < len_all; i++) cwb[i] = 1.0f;
+    const int64_t off0 = g0 * blk;
+    const int64_t len_all = (n - off0 < (int64_t)nb * blk) ? n - off0 : (int64_t)nb * blk;
+    const int64_t nf = ork_widen((const char *)x + off0 * esz, dtype, len_all, xb);
+    for (int64_t i = 0; i < len_all; i++)
+        if ((f2u(xb[i]) & 0x7f800000u) == 0x7f800000u) xb[i] = 0.0f;
+    for (int64_t i = len_all; i < (int64_t)G * blk; i++) xb[i] = 0.0f;
+    if (col_w) {
+        int64_t col = k > 0 ? off0 % k : 0;
+        for (int64_t i = 0; i < len_all; i++) {
+            cwb[i] = col_w[col];
+            if (++col == k) col = 0;
         }
-        for (int64_t i = len_all; i < (int64_t)G * BLK; i++) cwb[i] = 0.0f;
-        for (int b = 0; b < G; b++) tail[b] = b < nb && off0 + (int64_t)(b + 1) * BLK > n;
-        load_group(xb, cwb, weighting, nb, xs, ws);
-#ifdef ORK_NF4OPT_X86
-        if (use512)
-            group_avx512((const float (*)[G])xs, (const double (*)[G])ws, tail, cs, dout);
-        else
-#endif
-            group_generic((const float (*)[G])xs, (const double (*)[G])ws, tail, cs, dout);
-        for (int b = 0; b < nb; b++) {
-            const int64_t off = off0 + (int64_t)b * BLK;
-            const int len = (int)(n - off < BLK ? n - off : BLK);
-            const float dv = dout[b];
-            absmax[g0 + b] = dv;
-            uint8_t packed[BLK / 2];
-            for (int i = 0; i < BLK / 2; i++) packed[i] = (uint8_t)((cs[2 * i][b] << 4) | cs[2 * i + 1][b]);
-            memcpy(codes + off / 2, packed, (size_t)((len + 1) / 2));
-            /* SQNR sums: lane i % 16, in element order (xb is the block contiguous, as xs holds it) */
-            const float *xr = xb + (int64_t)b * BLK;
-            float deq[BLK];
-            for (int i = 0; i < BLK; i++) deq[i] = CB[cs[i][b]] * dv;
-            for (int g = 0; g < BLK; g += 16)
-                for (int l = 0; l < 16; l++) {
-                    const float xv = xr[g + l];
-                    const float r = xv - deq[g + l];
-                    ax[l] += (double)xv * (double)xv;
-                    ae[l] += (double)r * (double)r;
-                }
-        }
+    } else {
+        for (int64_t i = 0; i < len_all; i++) cwb[i] = 1.0f;
     }
+    for (int64_t i = len_all; i < (int64_t)G * blk; i++) cwb[i] = 0.0f;
+    return nf;
+}
+
+static int want512(void) {
+#ifdef ORK_NF4OPT_X86
+    if (ork_codecs_isa() == ORK_ISA_AVX512) return ork_nf4_bin_tables(&BIN_MID, &BIN_BASE) == 1;
+#endif
+    return 0;
+}
+
+/* Pack the codes of block b (codes[i][b], len of them) and add its SQNR sums: lane i % 16, in element order. */
+static void block_out(uint8_t (*cs)[G], int b, int blk, const float *xr, int len, float a, uint8_t *dst, double *ax,
+                      double *ae) {
+    uint8_t packed[BLKMAX / 2];
+    for (int i = 0; i < blk / 2; i++) packed[i] = (uint8_t)((cs[2 * i][b] << 4) | cs[2 * i + 1][b]);
+    memcpy(dst, packed, (size_t)((len + 1) / 2));
+    for (int g = 0; g < blk; g += 16)
+        for (int l = 0; l < 16; l++) {
+            const float xv = xr[g + l];
+            const float r = xv - CB[cs[g + l][b]] * a;
+            ax[l] += (double)xv * (double)xv;
+            ae[l] += (double)r * (double)r;
+        }
+}
+
+static void fold_stats(const double *ax, const double *ae, int64_t nf, ork_codec_stats *st) {
     double sx = 0.0, se = 0.0;
     for (int l = 0; l < 16; l++) {
         sx += ax[l];
@@ -280,4 +329,151 @@ void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const flo
     st->sum_x2 = sx;
     st->sum_err2 = se;
     st->nonfinite = nf;
+}
+
+void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const float *col_w, int weighting, int block,
+                       int64_t b0, int64_t b1, uint8_t *codes, float *absmax, ork_codec_stats *st) {
+    const int use512 = want512();
+    (void)use512;
+    const int blk = block == 32 ? 32 : 64;
+    double ax[16], ae[16];
+    for (int l = 0; l < 16; l++) ax[l] = ae[l] = 0.0;
+    int64_t nf = 0;
+    float xb[G * BLKMAX], cwb[G * BLKMAX], dout[G];
+    float xs[BLKMAX][G];
+    double ws[BLKMAX][G];
+    uint8_t cs[BLKMAX][G];
+    int tail[G];
+    for (int64_t g0 = b0; g0 < b1; g0 += G) {
+        const int nb = (int)(b1 - g0 < G ? b1 - g0 : G);
+        const int64_t off0 = g0 * blk;
+        nf += gather_group(x, dtype, n, k, col_w, blk, g0, nb, xb, cwb);
+        for (int b = 0; b < G; b++) tail[b] = b < nb && off0 + (int64_t)(b + 1) * blk > n;
+        load_group(xb, cwb, weighting, nb, blk, xs, ws);
+        const float (*xc)[G] = (const float (*)[G])xs;
+        const double (*wc)[G] = (const double (*)[G])ws;
+#ifdef ORK_NF4OPT_X86
+        if (use512) {
+            if (blk == 32) group_avx512_32(xc, wc, tail, cs, dout);
+            else group_avx512_64(xc, wc, tail, cs, dout);
+        } else
+#endif
+        {
+            if (blk == 32) group_generic32(xc, wc, tail, cs, dout);
+            else group_generic64(xc, wc, tail, cs, dout);
+        }
+        for (int b = 0; b < nb; b++) {
+            const int64_t off = off0 + (int64_t)b * blk;
+            absmax[g0 + b] = dout[b];
+            if (codes) block_out(cs, b, blk, xb + (int64_t)b * blk, (int)(n - off < blk ? n - off : blk), dout[b],
+                                 codes + off / 2, ax, ae);
+        }
+    }
+    if (st) fold_stats(ax, ae, nf, st);
+}
+
+/* ---------------------------------------------------------------- nf4dq */
+
+static const uint32_t DQ_BITS[256] = ORK_DQ_CODE_BITS;
+
+static void dq_tables(float *dq, float *mid) {
+    for (int i = 0; i < 256; i++) dq[i] = u2f(DQ_BITS[i]);
+    for (int i = 0; i < 255; i++) mid[i] = (dq[i] + dq[i + 1]) / 2.0f;
+}
+
+/* numpy's searchsorted(mid, v, side="left"): the number of mid strictly below v (NaN sorts last: 255) */
+static int dq_nearest(const float *mid, float v) {
+    if (v != v) return 255;
+    int lo = 0, hi = 255;
+    while (lo < hi) {
+        const int m = (lo + hi) >> 1;
+        if (mid[m] < v) lo = m + 1;
+        else hi = m;
+    }
+    return lo;
+}
+
+void ork_nf4dq_scales(const float *d, int64_t nb, float *scale, float *offset) {
+    double sum = 0.0;
+    for (int64_t b = 0; b < nb; b++) sum += (double)d[b];
+    const float off = (float)(sum / (double)nb);
+    *offset = off;
+    for (int64_t g0 = 0; g0 < nb; g0 += ORK_NF4DQ_GROUP) {
+        const int64_t g1 = nb - g0 < ORK_NF4DQ_GROUP ? nb : g0 + ORK_NF4DQ_GROUP;
+        float m = 0.0f;
+        for (int64_t b = g0; b < g1; b++) {
+            const float r = fabsf(d[b] - off);
+            m = (r > m || r != r) && m == m ? r : m; /* numpy's max: a NaN wins */
+        }
+        scale[g0 / ORK_NF4DQ_GROUP] = m;
+    }
+}
+
+void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const float *col_w, int weighting,
+                      const float *d, const float *scale, float offset, int64_t b0, int64_t b1, uint8_t *codes,
+                      uint8_t *absmax_q, ork_codec_stats *st) {
+    const int use512 = want512();
+    (void)use512;
+    float dq[256], mid[255];
+    dq_tables(dq, mid);
+    double ax[16], ae[16];
+    for (int l = 0; l < 16; l++) ax[l] = ae[l] = 0.0;
+    int64_t nf = 0;
+    float xb[G * DQB], cwb[G * DQB];
+    float xs[DQB][G];
+    double ws[DQB][G];
+    uint8_t cs[DQB][G];
+    int q0[G], qo[G];
+    float sc[G];
+    for (int64_t g0 = b0; g0 < b1; g0 += G) {
+        const int nb = (int)(b1 - g0 < G ? b1 - g0 : G);
+        nf += gather_group(x, dtype, n, k, col_w, DQB, g0, nb, xb, cwb);
+        load_group(xb, cwb, weighting, nb, DQB, xs, ws);
+        for (int b = 0; b < G; b++) {
+            if (b < nb) {
+                sc[b] = scale[(g0 + b) / ORK_NF4DQ_GROUP];
+                const float r = d[g0 + b] - offset;
+                q0[b] = dq_nearest(mid, sc[b] > 0.0f ? r / sc[b] : 0.0f);
+            } else {
+                sc[b] = 0.0f;
+                q0[b] = 127;
+            }
+        }
+        const float (*xc)[G] = (const float (*)[G])xs;
+        const double (*wc)[G] = (const double (*)[G])ws;
+#ifdef ORK_NF4OPT_X86
+        if (use512) dq_avx512(xc, wc, q0, sc, offset, dq, cs, qo);
+        else
+#endif
+            dq_generic(xc, wc, q0, sc, offset, dq, cs, qo);
+        for (int b = 0; b < nb; b++) {
+            const int64_t off = (g0 + b) * DQB;
+            absmax_q[g0 + b] = (uint8_t)qo[b];
+            const float a = dq[qo[b]] * sc[b] + offset;
+            block_out(cs, b, DQB, xb + (int64_t)b * DQB, (int)(n - off < DQB ? n - off : DQB), a, codes + off / 2,
+                      ax, ae);
+        }
+    }
+    if (st) fold_stats(ax, ae, nf, st);
+}
+
+void ork_nf4dq_decode(const uint8_t *codes, const uint8_t *absmax_q, const float *scale, float offset, int64_t n,
+                      int64_t b0, int64_t b1, float *out) {
+    float dq[256], mid[255];
+    dq_tables(dq, mid);
+    for (int64_t b = b0; b < b1; b++) {
+        const float a = dq[absmax_q[b]] * scale[b / ORK_NF4DQ_GROUP] + offset;
+        const int64_t e0 = b * DQB;
+        const int len = (int)(n - e0 < DQB ? n - e0 : DQB);
+        const uint8_t *c = codes + e0 / 2;
+        float *o = out + e0;
+        if (len == DQB) {
+            for (int i = 0; i < DQB / 2; i++) {
+                o[2 * i] = CB[c[i] >> 4] * a;
+                o[2 * i + 1] = CB[c[i] & 15] * a;
+            }
+        } else {
+            for (int i = 0; i < len; i++) o[i] = CB[(i & 1) ? (c[i >> 1] & 15) : (c[i >> 1] >> 4)] * a;
+        }
+    }
 }
