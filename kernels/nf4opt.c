@@ -178,7 +178,16 @@ static const int NF4DQ_CAND[5] = {0, -1, 1, -2, 2};
         }                                                                                                \
         for (int i = 0; i < DQB; i++)                                                                    \
             for (int b = 0; b < G; b++) best_c[i][b] = take[b] ? cr[i][b] : best_c[i][b];               \
-    }
+    }                                                                                                    \
+    /* SQNR sums of the decoded values: lane b (the block), in element order */                         \
+    float ab[G];                                                                                         \
+    for (int b = 0; b < G; b++) ab[b] = dq[qout[b]] * sc[b] + off;                                       \
+    for (int i = 0; i < DQB; i++)                                                                        \
+        for (int b = 0; b < G; b++) {                                                                    \
+            const float r = x[i][b] - CB[best_c[i][b]] * ab[b];                                          \
+            ax[b] += (double)x[i][b] * (double)x[i][b];                                                  \
+            ae[b] += (double)r * (double)r;                                                              \
+        }
 
 #define GEN_LEVELS(s, q, c) levels_generic(s, q, c)
 
@@ -198,7 +207,7 @@ CLONES static void group_generic32(const float (*x)[G], const double (*w)[G], co
     GROUP_BODY(GEN_LEVELS, 32)
 }
 CLONES static void dq_generic(const float (*x)[G], const double (*w)[G], const int *q0, const float *sc, float off,
-                              const float *dq, uint8_t (*best_c)[G], int *qout) {
+                              const float *dq, uint8_t (*best_c)[G], int *qout, double *ax, double *ae) {
     DQ_BODY(GEN_LEVELS)
 }
 
@@ -210,20 +219,6 @@ static const int32_t *BIN_BASE;
 
 typedef struct { __m512 mlo, mhi, cb; __m512i blo, bhi; } tabs512;
 
-AI T512 void levels512(const float *s, float *q, uint8_t *c, const tabs512 *t) {
-    __m512 v = _mm512_loadu_ps(s);
-    v = _mm512_max_ps(_mm512_set1_ps(-1.03f), _mm512_min_ps(_mm512_set1_ps(1.03f), v));
-    const __m512i bin = _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(15.5f)),
-                                                          _mm512_set1_ps(16.0f)));
-    const __m512 mid = _mm512_permutex2var_ps(t->mlo, bin, t->mhi);
-    const __m512i base = _mm512_permutex2var_epi32(t->blo, bin, t->bhi);
-    const __mmask16 gt = _mm512_cmp_ps_mask(v, mid, _CMP_GT_OQ);
-    const __m512i code = _mm512_mask_add_epi32(base, gt, base, _mm512_set1_epi32(1));
-    _mm512_storeu_ps(q, _mm512_permutexvar_ps(code, t->cb));
-    if (c) _mm_storeu_si128((__m128i *)c, _mm512_cvtepi32_epi8(code));
-}
-
-#define V512_LEVELS(s, q, c) levels512(s, q, c, &tb)
 #define TABS512                                                                                          \
     tabs512 tb;                                                                                          \
     tb.mlo = _mm512_loadu_ps(BIN_MID);                                                                   \
@@ -232,20 +227,211 @@ AI T512 void levels512(const float *s, float *q, uint8_t *c, const tabs512 *t) {
     tb.bhi = _mm512_loadu_si512(BIN_BASE + 16);                                                          \
     tb.cb = _mm512_loadu_ps(CB);
 
-T512 static void group_avx512_64(const float (*x)[G], const double (*w)[G], const int *tail, uint8_t (*best_c)[G],
-                                 float *dout) {
-    TABS512
-    GROUP_BODY(V512_LEVELS, 64)
+/* The AVX-512 bodies: GROUP_BODY and DQ_BODY written out with intrinsics, operation for operation (the same
+ * float32 / float64 operations in the same order per lane, no fused multiply-add), so the same bytes as the
+ * generic code (tests/test_nf4opt.py, tests/test_nf4dq.py); GCC's vectorizer left parts of the macro bodies
+ * scalar. Per-block (per-lane) bookkeeping stays scalar C, as in the macros. */
+AI T512 __m512 levels512v(__m512 v, __m512i *code, const tabs512 *t) {
+    v = _mm512_max_ps(_mm512_set1_ps(-1.03f), _mm512_min_ps(_mm512_set1_ps(1.03f), v));
+    const __m512i bin = _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(15.5f)),
+                                                          _mm512_set1_ps(16.0f)));
+    const __m512 mid = _mm512_permutex2var_ps(t->mlo, bin, t->mhi);
+    const __m512i base = _mm512_permutex2var_epi32(t->blo, bin, t->bhi);
+    const __mmask16 gt = _mm512_cmp_ps_mask(v, mid, _CMP_GT_OQ);
+    *code = _mm512_mask_add_epi32(base, gt, base, _mm512_set1_epi32(1));
+    return _mm512_permutexvar_ps(*code, t->cb);
 }
-T512 static void group_avx512_32(const float (*x)[G], const double (*w)[G], const int *tail, uint8_t (*best_c)[G],
-                                 float *dout) {
-    TABS512
-    GROUP_BODY(V512_LEVELS, 32)
+
+AI T512 __m512d lo8(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+AI T512 __m512d hi8(__m512 v) { return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))); }
+AI T512 __mmask16 lanes_mask(const int *f) {
+    __mmask16 m = 0;
+    for (int b = 0; b < G; b++) m |= (__mmask16)((f[b] ? 1u : 0u) << b);
+    return m;
 }
+/* e += (w * r) * r with r = x - (double)deq, both halves */
+#define ACC_ERR(EL, EH, WL, WH, XL, XH, DEQ)                                                             \
+    do {                                                                                                 \
+        const __m512d rl_ = _mm512_sub_pd(XL, lo8(DEQ)), rh_ = _mm512_sub_pd(XH, hi8(DEQ));             \
+        EL = _mm512_add_pd(EL, _mm512_mul_pd(_mm512_mul_pd(WL, rl_), rl_));                              \
+        EH = _mm512_add_pd(EH, _mm512_mul_pd(_mm512_mul_pd(WH, rh_), rh_));                              \
+    } while (0)
+
+T512 static void group_avx512(const float (*x)[G], const double (*w)[G], const int *tail, int blk,
+                              uint8_t (*best_c)[G], float *dout) {
+    TABS512
+    float amax[G], dc[G], best_d[G], inv0[G], d[G], fx[G], fq[G];
+    double best_e[G], best_s[G], dscan[G], sxq[G], sqq[G], e[G];
+    int going[G];
+    __m512 wfv[BLKMAX], wxv[BLKMAX];
+    for (int i = 0; i < blk; i++) {
+        const __m512 xv = _mm512_loadu_ps(x[i]);
+        const __m256 wl = _mm512_cvtpd_ps(_mm512_loadu_pd(w[i])), wh = _mm512_cvtpd_ps(_mm512_loadu_pd(w[i] + 8));
+        wfv[i] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(wl)), _mm256_castps_pd(wh), 1));
+        wxv[i] = _mm512_mul_ps(wfv[i], xv);
+    }
+    const __mmask16 tm = lanes_mask(tail);
+    for (int b = 0; b < G; b++) {
+        uint32_t m = 0;
+        for (int i = 0; i < blk; i++) { uint32_t u = f2u(x[i][b]) & 0x7fffffffu; m = u > m ? u : m; }
+        amax[b] = u2f(m);
+        dc[b] = amax[b] < TINY ? TINY : amax[b];
+        best_d[b] = tail[b] ? dc[b] : amax[b];
+        inv0[b] = 1.0f / dc[b];
+    }
+    /* 0. bitsandbytes' choice */
+    {
+        const __m512 iv = _mm512_loadu_ps(inv0), dcv = _mm512_loadu_ps(dc), bd = _mm512_loadu_ps(best_d);
+        __m512d el = _mm512_setzero_pd(), eh = _mm512_setzero_pd();
+        for (int i = 0; i < blk; i++) {
+            const __m512 xv = _mm512_loadu_ps(x[i]);
+            __m512 sv = _mm512_mul_ps(xv, iv);
+            if (tm) sv = _mm512_mask_div_ps(sv, tm, xv, dcv);
+            __m512i code;
+            const __m512 q = levels512v(sv, &code, &tb);
+            _mm_storeu_si128((__m128i *)best_c[i], _mm512_cvtepi32_epi8(code));
+            ACC_ERR(el, eh, _mm512_loadu_pd(w[i]), _mm512_loadu_pd(w[i] + 8), lo8(xv), hi8(xv), _mm512_mul_ps(q, bd));
+        }
+        _mm512_storeu_pd(e, el);
+        _mm512_storeu_pd(e + 8, eh);
+    }
+    for (int b = 0; b < G; b++) { best_e[b] = e[b]; best_s[b] = -1.0; dscan[b] = 0.0; }
+    /* 1. the scan (float32 sums) */
+    for (int g = 0; g < 2; g++)
+        for (int j = -TRIES; j <= TRIES; j++) {
+            float inv[G];
+            for (int b = 0; b < G; b++) {
+                const float safe = amax[b] >= TINY ? amax[b] : 1.0f;
+                inv[b] = (g ? -1.0f : 1.0f) * (1.0f + (float)j * STEP) / safe;
+            }
+            const __m512 iv = _mm512_loadu_ps(inv);
+            __m512 fxv = _mm512_setzero_ps(), fqv = _mm512_setzero_ps();
+            for (int i = 0; i < blk; i++) {
+                __m512i code;
+                const __m512 q = levels512v(_mm512_mul_ps(_mm512_loadu_ps(x[i]), iv), &code, &tb);
+                fxv = _mm512_add_ps(fxv, _mm512_mul_ps(wxv[i], q));
+                fqv = _mm512_add_ps(fqv, _mm512_mul_ps(_mm512_mul_ps(wfv[i], q), q));
+            }
+            _mm512_storeu_ps(fx, fxv);
+            _mm512_storeu_ps(fq, fqv);
+            for (int b = 0; b < G; b++) {
+                sxq[b] = (double)fx[b]; sqq[b] = (double)fq[b];
+                const double den = sqq[b] > 0.0 ? sqq[b] : 1.0;
+                const double score = sqq[b] > 0.0 ? sxq[b] * sxq[b] / den : -1.0;
+                const int better = sqq[b] > 0.0 && score > best_s[b];
+                best_s[b] = better ? score : best_s[b];
+                dscan[b] = better ? sxq[b] / den : dscan[b];
+            }
+        }
+    /* 2. refinement (float64 sums) */
+    for (int b = 0; b < G; b++) { d[b] = (float)dscan[b]; going[b] = amax[b] >= TINY; }
+    for (int r = 0; r < ROUNDS; r++) {
+        float dd[G], inv[G];
+        int any = 0;
+        for (int b = 0; b < G; b++) {
+            const float den = d[b] != 0.0f ? d[b] : 1.0f;
+            going[b] = going[b] && d[b] != 0.0f && isfinite(d[b]) && isfinite(1.0f / den);
+            dd[b] = going[b] ? d[b] : 1.0f;
+            inv[b] = 1.0f / dd[b];
+            any |= going[b];
+        }
+        if (!any) break;
+        const __m512 iv = _mm512_loadu_ps(inv), ddv = _mm512_loadu_ps(dd);
+        __m512d el = _mm512_setzero_pd(), eh = _mm512_setzero_pd(), xl_ = _mm512_setzero_pd(),
+                xh_ = _mm512_setzero_pd(), ql_ = _mm512_setzero_pd(), qh_ = _mm512_setzero_pd();
+        __m128i cr[BLKMAX];
+        for (int i = 0; i < blk; i++) {
+            const __m512 xv = _mm512_loadu_ps(x[i]);
+            __m512 sv = _mm512_mul_ps(xv, iv);
+            if (tm) sv = _mm512_mask_div_ps(sv, tm, xv, ddv);
+            __m512i code;
+            const __m512 q = levels512v(sv, &code, &tb);
+            cr[i] = _mm512_cvtepi32_epi8(code);
+            const __m512d wl = _mm512_loadu_pd(w[i]), wh = _mm512_loadu_pd(w[i] + 8);
+            const __m512d x64l = lo8(xv), x64h = hi8(xv);
+            ACC_ERR(el, eh, wl, wh, x64l, x64h, _mm512_mul_ps(q, ddv));
+            const __m512d qdl = lo8(q), qdh = hi8(q);
+            xl_ = _mm512_add_pd(xl_, _mm512_mul_pd(_mm512_mul_pd(wl, x64l), qdl));
+            xh_ = _mm512_add_pd(xh_, _mm512_mul_pd(_mm512_mul_pd(wh, x64h), qdh));
+            ql_ = _mm512_add_pd(ql_, _mm512_mul_pd(_mm512_mul_pd(wl, qdl), qdl));
+            qh_ = _mm512_add_pd(qh_, _mm512_mul_pd(_mm512_mul_pd(wh, qdh), qdh));
+        }
+        _mm512_storeu_pd(e, el); _mm512_storeu_pd(e + 8, eh);
+        _mm512_storeu_pd(sxq, xl_); _mm512_storeu_pd(sxq + 8, xh_);
+        _mm512_storeu_pd(sqq, ql_); _mm512_storeu_pd(sqq + 8, qh_);
+        int take[G];
+        for (int b = 0; b < G; b++) {
+            take[b] = going[b] && e[b] < best_e[b];
+            best_e[b] = take[b] ? e[b] : best_e[b];
+            best_d[b] = take[b] ? dd[b] : best_d[b];
+            going[b] = going[b] && sqq[b] > 0.0;
+            d[b] = (float)(sxq[b] / (sqq[b] > 0.0 ? sqq[b] : 1.0));
+        }
+        const __mmask16 tk = lanes_mask(take);
+        if (tk)
+            for (int i = 0; i < blk; i++)
+                _mm_storeu_si128((__m128i *)best_c[i],
+                                 _mm_mask_blend_epi8(tk, _mm_loadu_si128((const __m128i *)best_c[i]), cr[i]));
+    }
+    for (int b = 0; b < G; b++) dout[b] = best_d[b];
+}
+
 T512 static void dq_avx512(const float (*x)[G], const double (*w)[G], const int *q0, const float *sc, float off,
-                           const float *dq, uint8_t (*best_c)[G], int *qout) {
+                           const float *dq, uint8_t (*best_c)[G], int *qout, double *ax, double *ae) {
     TABS512
-    DQ_BODY(V512_LEVELS)
+    double best_e[G], e[G];
+    for (int b = 0; b < G; b++) { best_e[b] = INFINITY; qout[b] = q0[b]; }
+    __m128i bc[DQB];
+    for (int i = 0; i < DQB; i++) bc[i] = _mm_setzero_si128();
+    for (int t = 0; t < 5; t++) {
+        float a[G], iv[G];
+        int valid[G], qc[G];
+        for (int b = 0; b < G; b++) {
+            const int qq = q0[b] + NF4DQ_CAND[t];
+            valid[b] = qq >= 0 && qq <= 255;
+            qc[b] = qq < 0 ? 0 : (qq > 255 ? 255 : qq);
+            a[b] = dq[qc[b]] * sc[b] + off;
+            const float inv = 1.0f / a[b];
+            iv[b] = (a[b] != 0.0f && isfinite(inv)) ? inv : 0.0f;
+        }
+        const __m512 av = _mm512_loadu_ps(a), ivv = _mm512_loadu_ps(iv);
+        __m512d el = _mm512_setzero_pd(), eh = _mm512_setzero_pd();
+        __m128i cr[DQB];
+        for (int i = 0; i < DQB; i++) {
+            const __m512 xv = _mm512_loadu_ps(x[i]);
+            __m512i code;
+            const __m512 q = levels512v(_mm512_mul_ps(xv, ivv), &code, &tb);
+            cr[i] = _mm512_cvtepi32_epi8(code);
+            ACC_ERR(el, eh, _mm512_loadu_pd(w[i]), _mm512_loadu_pd(w[i] + 8), lo8(xv), hi8(xv), _mm512_mul_ps(q, av));
+        }
+        _mm512_storeu_pd(e, el);
+        _mm512_storeu_pd(e + 8, eh);
+        int take[G];
+        for (int b = 0; b < G; b++) {
+            take[b] = valid[b] && e[b] < best_e[b];
+            best_e[b] = take[b] ? e[b] : best_e[b];
+            qout[b] = take[b] ? qc[b] : qout[b];
+        }
+        const __mmask16 tk = lanes_mask(take);
+        for (int i = 0; i < DQB; i++) bc[i] = _mm_mask_blend_epi8(tk, bc[i], cr[i]);
+    }
+    float ab[G];
+    for (int b = 0; b < G; b++) ab[b] = dq[qout[b]] * sc[b] + off;
+    const __m512 abv = _mm512_loadu_ps(ab);
+    __m512d xl = _mm512_loadu_pd(ax), xh = _mm512_loadu_pd(ax + 8), el = _mm512_loadu_pd(ae), eh = _mm512_loadu_pd(ae + 8);
+    for (int i = 0; i < DQB; i++) {
+        _mm_storeu_si128((__m128i *)best_c[i], bc[i]);
+        const __m512 xv = _mm512_loadu_ps(x[i]);
+        const __m512 q = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(bc[i]), tb.cb);
+        const __m512 r = _mm512_sub_ps(xv, _mm512_mul_ps(q, abv));
+        const __m512d x64l = lo8(xv), x64h = hi8(xv), rl = lo8(r), rh = hi8(r);
+        xl = _mm512_add_pd(xl, _mm512_mul_pd(x64l, x64l));
+        xh = _mm512_add_pd(xh, _mm512_mul_pd(x64h, x64h));
+        el = _mm512_add_pd(el, _mm512_mul_pd(rl, rl));
+        eh = _mm512_add_pd(eh, _mm512_mul_pd(rh, rh));
+    }
+    _mm512_storeu_pd(ax, xl); _mm512_storeu_pd(ax + 8, xh);
+    _mm512_storeu_pd(ae, el); _mm512_storeu_pd(ae + 8, eh);
 }
 #endif
 
@@ -282,8 +468,7 @@ static int64_t gather_group(const void *x, int dtype, int64_t n, int64_t k, cons
     const int64_t off0 = g0 * blk;
     const int64_t len_all = (n - off0 < (int64_t)nb * blk) ? n - off0 : (int64_t)nb * blk;
     const int64_t nf = ork_widen((const char *)x + off0 * esz, dtype, len_all, xb);
-    for (int64_t i = 0; i < len_all; i++)
-        if ((f2u(xb[i]) & 0x7f800000u) == 0x7f800000u) xb[i] = 0.0f;
+    for (int64_t i = 0; i < len_all; i++) xb[i] = (f2u(xb[i]) & 0x7f800000u) == 0x7f800000u ? 0.0f : xb[i];
     for (int64_t i = len_all; i < (int64_t)G * blk; i++) xb[i] = 0.0f;
     if (col_w) {
         int64_t col = k > 0 ? off0 % k : 0;
@@ -354,8 +539,7 @@ void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const flo
         const double (*wc)[G] = (const double (*)[G])ws;
 #ifdef ORK_NF4OPT_X86
         if (use512) {
-            if (blk == 32) group_avx512_32(xc, wc, tail, cs, dout);
-            else group_avx512_64(xc, wc, tail, cs, dout);
+            group_avx512(xc, wc, tail, blk, cs, dout);
         } else
 #endif
         {
@@ -384,13 +568,9 @@ static void dq_tables(float *dq, float *mid) {
 /* numpy's searchsorted(mid, v, side="left"): the number of mid strictly below v (NaN sorts last: 255) */
 static int dq_nearest(const float *mid, float v) {
     if (v != v) return 255;
-    int lo = 0, hi = 255;
-    while (lo < hi) {
-        const int m = (lo + hi) >> 1;
-        if (mid[m] < v) lo = m + 1;
-        else hi = m;
-    }
-    return lo;
+    int pos = 0; /* branch-free lower bound over the 255 sorted midpoints */
+    for (int step = 128; step; step >>= 1) pos += mid[pos + step - 1] < v ? step : 0;
+    return pos;
 }
 
 void ork_nf4dq_scales(const float *d, int64_t nb, float *scale, float *offset) {
@@ -442,16 +622,17 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
         const float (*xc)[G] = (const float (*)[G])xs;
         const double (*wc)[G] = (const double (*)[G])ws;
 #ifdef ORK_NF4OPT_X86
-        if (use512) dq_avx512(xc, wc, q0, sc, offset, dq, cs, qo);
+        if (use512) dq_avx512(xc, wc, q0, sc, offset, dq, cs, qo, ax, ae);
         else
 #endif
-            dq_generic(xc, wc, q0, sc, offset, dq, cs, qo);
+            dq_generic(xc, wc, q0, sc, offset, dq, cs, qo, ax, ae);
         for (int b = 0; b < nb; b++) {
             const int64_t off = (g0 + b) * DQB;
             absmax_q[g0 + b] = (uint8_t)qo[b];
-            const float a = dq[qo[b]] * sc[b] + offset;
-            block_out(cs, b, DQB, xb + (int64_t)b * DQB, (int)(n - off < DQB ? n - off : DQB), a, codes + off / 2,
-                      ax, ae);
+            const int len = (int)(n - off < DQB ? n - off : DQB);
+            uint8_t packed[DQB / 2];
+            for (int i = 0; i < DQB / 2; i++) packed[i] = (uint8_t)((cs[2 * i][b] << 4) | cs[2 * i + 1][b]);
+            memcpy(codes + off / 2, packed, (size_t)((len + 1) / 2));
         }
     }
     if (st) fold_stats(ax, ae, nf, st);

@@ -75,11 +75,14 @@ def test_c_equals_numpy(shape, weighting):
     cw = np.random.default_rng(1).random(shape[-1]).astype(np.float32) ** 4
     cw[0] = 0.0
     try:
+        sq = {}
         for lvl in LEVELS:
             codecs.set_isa(lvl)
             for w in (None, cw):
-                _same(_enc(x, col_weights=w, weighting=weighting), R.nf4dq_encode(x, w, weighting),
-                      f"{lvl} {shape} {weighting} cw={w is not None}")
+                e = _enc(x, col_weights=w, weighting=weighting)
+                _same(e, R.nf4dq_encode(x, w, weighting), f"{lvl} {shape} {weighting} cw={w is not None}")
+                sq.setdefault(w is None, set()).add(e.sqnr_db)
+        assert all(len(v) == 1 for v in sq.values()), sq  # the same SQNR sums at every level
     finally:
         codecs.set_isa(None)
 
