@@ -337,6 +337,7 @@ T512 static void group_avx512(const float (*x)[G], const double (*w)[G], const i
         }
         if (!any) break;
         const __m512 iv = _mm512_loadu_ps(inv), ddv = _mm512_loadu_ps(dd);
+        const int last = r == ROUNDS - 1;
         __m512d el = _mm512_setzero_pd(), eh = _mm512_setzero_pd(), xl_ = _mm512_setzero_pd(),
                 xh_ = _mm512_setzero_pd(), ql_ = _mm512_setzero_pd(), qh_ = _mm512_setzero_pd();
         __m128i cr[BLKMAX];
@@ -350,6 +351,7 @@ T512 static void group_avx512(const float (*x)[G], const double (*w)[G], const i
             const __m512d wl = _mm512_loadu_pd(w[i]), wh = _mm512_loadu_pd(w[i] + 8);
             const __m512d x64l = lo8(xv), x64h = hi8(xv);
             ACC_ERR(el, eh, wl, wh, x64l, x64h, _mm512_mul_ps(q, ddv));
+            if (last) continue; /* the refit of the last round is never used */
             const __m512d qdl = lo8(q), qdh = hi8(q);
             xl_ = _mm512_add_pd(xl_, _mm512_mul_pd(_mm512_mul_pd(wl, x64l), qdl));
             xh_ = _mm512_add_pd(xh_, _mm512_mul_pd(_mm512_mul_pd(wh, x64h), qdh));
@@ -602,7 +604,7 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
     float xb[G * DQB], cwb[G * DQB];
     float xs[DQB][G];
     double ws[DQB][G];
-    uint8_t cs[DQB][G];
+    uint8_t cs[DQB][G], pk[DQB / 2][G];
     int q0[G], qo[G];
     float sc[G];
     for (int64_t g0 = b0; g0 < b1; g0 += G) {
@@ -626,12 +628,14 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
         else
 #endif
             dq_generic(xc, wc, q0, sc, offset, dq, cs, qo, ax, ae);
+        for (int i = 0; i < DQB / 2; i++)
+            for (int b = 0; b < G; b++) pk[i][b] = (uint8_t)((cs[2 * i][b] << 4) | cs[2 * i + 1][b]);
         for (int b = 0; b < nb; b++) {
             const int64_t off = (g0 + b) * DQB;
             absmax_q[g0 + b] = (uint8_t)qo[b];
             const int len = (int)(n - off < DQB ? n - off : DQB);
             uint8_t packed[DQB / 2];
-            for (int i = 0; i < DQB / 2; i++) packed[i] = (uint8_t)((cs[2 * i][b] << 4) | cs[2 * i + 1][b]);
+            for (int i = 0; i < DQB / 2; i++) packed[i] = pk[i][b];
             memcpy(codes + off / 2, packed, (size_t)((len + 1) / 2));
         }
     }
