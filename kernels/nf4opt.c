@@ -560,10 +560,8 @@ void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const flo
 
 /* ---------------------------------------------------------------- nf4dq */
 
-static const uint32_t DQ_BITS[256] = ORK_DQ_CODE_BITS;
-
 static void dq_tables(float *dq, float *mid) {
-    for (int i = 0; i < 256; i++) dq[i] = u2f(DQ_BITS[i]);
+    for (int i = 0; i < 256; i++) dq[i] = u2f(DQ_CODE_BITS[i]);
     for (int i = 0; i < 255; i++) mid[i] = (dq[i] + dq[i + 1]) / 2.0f;
 }
 

@@ -15,8 +15,6 @@
 #define ORK_NF4W_X2 1
 #define ORK_NF4W_SIGMA 2
 
-#define ORK_NF4DQ_GROUP 256
-
 /* CDEF BEGIN */
 /* Blocks [b0, b1) of `block` (64 or 32) elements of the flat x[n] (dtype ORK_DT_*): codes (ceil(n/2) bytes in
  * all) and absmax[b0..b1) (reference.nf4opt_encode(..., block=block)).

@@ -36,6 +36,7 @@
  * integers, since |v * inv| < 127.5 makes the clamp a no-op.
  */
 #include "runtime.h"
+#include "nf4dq_code.h"
 
 #include <float.h>
 #include <math.h>
@@ -757,5 +758,24 @@ int ork_rt_nf4_decode(const uint8_t *codes, size_t codes_size, const float *absm
     if (e0 < 0 || e1 < e0) return ORK_RT_EARGS;
     if (codes_size < (size_t)((e1 + 1) / 2) || absmax_count < (size_t)((e1 + 63) / 64)) return ORK_RT_EARGS;
     for (int64_t e = e0; e < e1; e++) out[e - e0] = CB[nib(codes, e)] * absmax[e >> 6];
+    return ORK_RT_OK;
+}
+
+/* nf4dq (docs/FORMAT.md 3): absmax[b] = DQ_CODE[absmax_q[b]] * scale[b / 256] + offset, all float32 */
+int ork_rt_nf4dq_decode(const uint8_t *codes, size_t codes_size, const uint8_t *absmax_q, size_t absmax_count,
+                        const float *scale, size_t scale_count, float offset, int64_t e0, int64_t e1, float *out) {
+    if (e0 < 0 || e1 < e0) return ORK_RT_EARGS;
+    int64_t nb = (e1 + ORK_NF4DQ_BLOCK - 1) / ORK_NF4DQ_BLOCK;
+    if (codes_size < (size_t)((e1 + 1) / 2) || absmax_count < (size_t)nb ||
+        scale_count < (size_t)((nb + ORK_NF4DQ_GROUP - 1) / ORK_NF4DQ_GROUP))
+        return ORK_RT_EARGS;
+    for (int64_t e = e0; e < e1; e++) {
+        int64_t b = e / ORK_NF4DQ_BLOCK;
+        float code;
+        memcpy(&code, &DQ_CODE_BITS[absmax_q[b]], sizeof code);
+        float a = code * scale[b / ORK_NF4DQ_GROUP];
+        a = a + offset;
+        out[e - e0] = CB[nib(codes, e)] * a;
+    }
     return ORK_RT_OK;
 }
