@@ -16,7 +16,6 @@
 #define AI static inline __attribute__((always_inline))
 #define BLKMAX 64
 #define G 16
-#define TRIES 2
 #define ROUNDS 2
 static const float STEP = 3.0f / 32.0f;
 static const float TINY = 1e-38f;
@@ -72,7 +71,7 @@ AI void levels_generic(const float *s, float *q, uint8_t *c) {
     for (int b = 0; b < G; b++) { best_e[b] = e[b]; best_s[b] = -1.0; dscan[b] = 0.0; }                 \
     /* 1. the scan */                                                                                    \
     for (int g = 0; g < 2; g++)                                                                          \
-        for (int j = -TRIES; j <= TRIES; j++) {                                                          \
+        for (int j = -tries; j <= tries; j++) {                                                          \
             float inv[G];                                                                                \
             for (int b = 0; b < G; b++) {                                                                \
                 const float safe = amax[b] >= TINY ? amax[b] : 1.0f;                                     \
@@ -140,14 +139,15 @@ AI void levels_generic(const float *s, float *q, uint8_t *c) {
  * with the nearest NF4 codes of x * (1 / a) and its weighted squared error; the first least error is kept
  * (reference.nf4dq_encode). a(q) = DQ[q] * sc + off. best_c starts all 0, best_q at q0, the error at +inf. */
 #define DQB 32
-static const int NF4DQ_CAND[5] = {0, -1, 1, -2, 2};
+static const int NF4DQ_CAND[] = {0, -1, 1}; /* reference.NF4DQ_CANDIDATES */
+#define NCAND ((int)(sizeof NF4DQ_CAND / sizeof NF4DQ_CAND[0]))
 #define DQ_BODY(LEVELS)                                                                                  \
     double best_e[G];                                                                                    \
     float s[G], q[G];                                                                                    \
     for (int b = 0; b < G; b++) { best_e[b] = INFINITY; qout[b] = q0[b]; }                               \
     for (int i = 0; i < DQB; i++)                                                                        \
         for (int b = 0; b < G; b++) best_c[i][b] = 0;                                                    \
-    for (int t = 0; t < 5; t++) {                                                                        \
+    for (int t = 0; t < NCAND; t++) {                                                                        \
         float a[G], iv[G];                                                                               \
         int valid[G], qc[G];                                                                             \
         double e[G];                                                                                     \
@@ -198,11 +198,11 @@ static const int NF4DQ_CAND[5] = {0, -1, 1, -2, 2};
 #else
 #define CLONES
 #endif
-CLONES static void group_generic64(const float (*x)[G], const double (*w)[G], const int *tail, uint8_t (*best_c)[G],
+CLONES static void group_generic64(const float (*x)[G], const double (*w)[G], const int *tail, int tries, uint8_t (*best_c)[G],
                                    float *dout) {
     GROUP_BODY(GEN_LEVELS, 64)
 }
-CLONES static void group_generic32(const float (*x)[G], const double (*w)[G], const int *tail, uint8_t (*best_c)[G],
+CLONES static void group_generic32(const float (*x)[G], const double (*w)[G], const int *tail, int tries, uint8_t (*best_c)[G],
                                    float *dout) {
     GROUP_BODY(GEN_LEVELS, 32)
 }
@@ -257,7 +257,7 @@ AI T512 __mmask16 lanes_mask(const int *f) {
         EH = _mm512_add_pd(EH, _mm512_mul_pd(_mm512_mul_pd(WH, rh_), rh_));                              \
     } while (0)
 
-T512 static void group_avx512(const float (*x)[G], const double (*w)[G], const int *tail, int blk,
+T512 static void group_avx512(const float (*x)[G], const double (*w)[G], const int *tail, int blk, int tries,
                               uint8_t (*best_c)[G], float *dout) {
     TABS512
     float amax[G], dc[G], best_d[G], inv0[G], d[G], fx[G], fq[G];
@@ -298,7 +298,7 @@ T512 static void group_avx512(const float (*x)[G], const double (*w)[G], const i
     for (int b = 0; b < G; b++) { best_e[b] = e[b]; best_s[b] = -1.0; dscan[b] = 0.0; }
     /* 1. the scan (float32 sums) */
     for (int g = 0; g < 2; g++)
-        for (int j = -TRIES; j <= TRIES; j++) {
+        for (int j = -tries; j <= tries; j++) {
             float inv[G];
             for (int b = 0; b < G; b++) {
                 const float safe = amax[b] >= TINY ? amax[b] : 1.0f;
@@ -385,7 +385,7 @@ T512 static void dq_avx512(const float (*x)[G], const double (*w)[G], const int 
     for (int b = 0; b < G; b++) { best_e[b] = INFINITY; qout[b] = q0[b]; }
     __m128i bc[DQB];
     for (int i = 0; i < DQB; i++) bc[i] = _mm_setzero_si128();
-    for (int t = 0; t < 5; t++) {
+    for (int t = 0; t < NCAND; t++) {
         float a[G], iv[G];
         int valid[G], qc[G];
         for (int b = 0; b < G; b++) {
@@ -519,7 +519,7 @@ static void fold_stats(const double *ax, const double *ae, int64_t nf, ork_codec
 }
 
 void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const float *col_w, int weighting, int block,
-                       int64_t b0, int64_t b1, uint8_t *codes, float *absmax, ork_codec_stats *st) {
+                       int tries, int64_t b0, int64_t b1, uint8_t *codes, float *absmax, ork_codec_stats *st) {
     const int use512 = want512();
     (void)use512;
     const int blk = block == 32 ? 32 : 64;
@@ -541,12 +541,12 @@ void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const flo
         const double (*wc)[G] = (const double (*)[G])ws;
 #ifdef ORK_NF4OPT_X86
         if (use512) {
-            group_avx512(xc, wc, tail, blk, cs, dout);
+            group_avx512(xc, wc, tail, blk, tries, cs, dout);
         } else
 #endif
         {
-            if (blk == 32) group_generic32(xc, wc, tail, cs, dout);
-            else group_generic64(xc, wc, tail, cs, dout);
+            if (blk == 32) group_generic32(xc, wc, tail, tries, cs, dout);
+            else group_generic64(xc, wc, tail, tries, cs, dout);
         }
         for (int b = 0; b < nb; b++) {
             const int64_t off = off0 + (int64_t)b * blk;
