@@ -207,8 +207,11 @@ CLONES static void group_generic32(const float (*x)[G], const double (*w)[G], co
     GROUP_BODY(GEN_LEVELS, 32)
 }
 CLONES static void dq_generic(const float (*x)[G], const double (*w)[G], const int *q0, const float *sc, float off,
-                              const float *dq, uint8_t (*best_c)[G], int *qout, double *ax, double *ae) {
+                              const float *dq, uint8_t (*pk)[DQB / 2], int *qout, double *ax, double *ae) {
+    uint8_t best_c[DQB][G];
     DQ_BODY(GEN_LEVELS)
+    for (int b = 0; b < G; b++)
+        for (int i = 0; i < DQB / 2; i++) pk[b][i] = (uint8_t)((best_c[2 * i][b] << 4) | best_c[2 * i + 1][b]);
 }
 
 #ifdef ORK_NF4OPT_X86
@@ -378,8 +381,33 @@ T512 static void group_avx512(const float (*x)[G], const double (*w)[G], const i
     for (int b = 0; b < G; b++) dout[b] = best_d[b];
 }
 
+/* the 16 x 16 byte transpose: four rounds of interleaving row j with row j + 8 */
+AI T512 void transpose16x16_u8(__m128i *r) {
+    for (int s = 0; s < 4; s++) {
+        __m128i t[16];
+        for (int j = 0; j < 8; j++) {
+            t[2 * j] = _mm_unpacklo_epi8(r[j], r[j + 8]);
+            t[2 * j + 1] = _mm_unpackhi_epi8(r[j], r[j + 8]);
+        }
+        for (int j = 0; j < 16; j++) r[j] = t[j];
+    }
+}
+
+/* numpy's searchsorted(mid, v, side="left") of 16 values (dq_nearest, 16 lanes) */
+T512 static void dq_nearest16(const float *mid, const float *v, int *q) {
+    const __m512 vv = _mm512_loadu_ps(v);
+    __m512i pos = _mm512_setzero_si512();
+    for (int step = 128; step; step >>= 1) {
+        const __m512i idx = _mm512_add_epi32(pos, _mm512_set1_epi32(step - 1));
+        const __m512 m = _mm512_i32gather_ps(idx, mid, 4);
+        pos = _mm512_mask_add_epi32(pos, _mm512_cmp_ps_mask(m, vv, _CMP_LT_OQ), pos, _mm512_set1_epi32(step));
+    }
+    pos = _mm512_mask_mov_epi32(pos, _mm512_cmp_ps_mask(vv, vv, _CMP_UNORD_Q), _mm512_set1_epi32(255));
+    _mm512_storeu_si512(q, pos);
+}
+
 T512 static void dq_avx512(const float (*x)[G], const double (*w)[G], const int *q0, const float *sc, float off,
-                           const float *dq, uint8_t (*best_c)[G], int *qout, double *ax, double *ae) {
+                           const float *dq, uint8_t (*pk)[DQB / 2], int *qout, double *ax, double *ae) {
     TABS512
     double best_e[G], e[G];
     for (int b = 0; b < G; b++) { best_e[b] = INFINITY; qout[b] = q0[b]; }
@@ -421,8 +449,11 @@ T512 static void dq_avx512(const float (*x)[G], const double (*w)[G], const int 
     for (int b = 0; b < G; b++) ab[b] = dq[qout[b]] * sc[b] + off;
     const __m512 abv = _mm512_loadu_ps(ab);
     __m512d xl = _mm512_loadu_pd(ax), xh = _mm512_loadu_pd(ax + 8), el = _mm512_loadu_pd(ae), eh = _mm512_loadu_pd(ae + 8);
+    __m128i pr[DQB / 2];
+    for (int i = 0; i < DQB / 2; i++) pr[i] = _mm_or_si128(_mm_slli_epi16(bc[2 * i], 4), bc[2 * i + 1]);
+    transpose16x16_u8(pr);
+    for (int b = 0; b < G; b++) _mm_storeu_si128((__m128i *)pk[b], pr[b]);
     for (int i = 0; i < DQB; i++) {
-        _mm_storeu_si128((__m128i *)best_c[i], bc[i]);
         const __m512 xv = _mm512_loadu_ps(x[i]);
         const __m512 q = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(bc[i]), tb.cb);
         const __m512 r = _mm512_sub_ps(xv, _mm512_mul_ps(q, abv));
@@ -602,39 +633,37 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
     float xb[G * DQB], cwb[G * DQB];
     float xs[DQB][G];
     double ws[DQB][G];
-    uint8_t cs[DQB][G], pk[DQB / 2][G];
+    uint8_t pk[G][DQB / 2];
     int q0[G], qo[G];
     float sc[G];
     for (int64_t g0 = b0; g0 < b1; g0 += G) {
         const int nb = (int)(b1 - g0 < G ? b1 - g0 : G);
         nf += gather_group(x, dtype, n, k, col_w, DQB, g0, nb, xb, cwb);
         load_group(xb, cwb, weighting, nb, DQB, xs, ws);
+        float v[G];
         for (int b = 0; b < G; b++) {
-            if (b < nb) {
-                sc[b] = scale[(g0 + b) / ORK_NF4DQ_GROUP];
-                const float r = d[g0 + b] - offset;
-                q0[b] = dq_nearest(mid, sc[b] > 0.0f ? r / sc[b] : 0.0f);
-            } else {
-                sc[b] = 0.0f;
-                q0[b] = 127;
-            }
+            sc[b] = b < nb ? scale[(g0 + b) / ORK_NF4DQ_GROUP] : 0.0f;
+            const float r = (b < nb ? d[g0 + b] : 0.0f) - offset;
+            v[b] = sc[b] > 0.0f ? r / sc[b] : 0.0f; /* past the end: 0, the code 127 */
         }
+#ifdef ORK_NF4OPT_X86
+        if (use512) dq_nearest16(mid, v, q0);
+        else
+#endif
+            for (int b = 0; b < G; b++) q0[b] = dq_nearest(mid, v[b]);
         const float (*xc)[G] = (const float (*)[G])xs;
         const double (*wc)[G] = (const double (*)[G])ws;
 #ifdef ORK_NF4OPT_X86
-        if (use512) dq_avx512(xc, wc, q0, sc, offset, dq, cs, qo, ax, ae);
+        if (use512) dq_avx512(xc, wc, q0, sc, offset, dq, pk, qo, ax, ae);
         else
 #endif
-            dq_generic(xc, wc, q0, sc, offset, dq, cs, qo, ax, ae);
-        for (int i = 0; i < DQB / 2; i++)
-            for (int b = 0; b < G; b++) pk[i][b] = (uint8_t)((cs[2 * i][b] << 4) | cs[2 * i + 1][b]);
+            dq_generic(xc, wc, q0, sc, offset, dq, pk, qo, ax, ae);
         for (int b = 0; b < nb; b++) {
             const int64_t off = (g0 + b) * DQB;
             absmax_q[g0 + b] = (uint8_t)qo[b];
             const int len = (int)(n - off < DQB ? n - off : DQB);
-            uint8_t packed[DQB / 2];
-            for (int i = 0; i < DQB / 2; i++) packed[i] = pk[i][b];
-            memcpy(codes + off / 2, packed, (size_t)((len + 1) / 2));
+            if (len == DQB) memcpy(codes + off / 2, pk[b], DQB / 2);
+            else memcpy(codes + off / 2, pk[b], (size_t)((len + 1) / 2));
         }
     }
     if (st) fold_stats(ax, ae, nf, st);
