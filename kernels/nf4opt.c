@@ -381,6 +381,65 @@ T512 static void group_avx512(const float (*x)[G], const double (*w)[G], const i
     for (int b = 0; b < G; b++) dout[b] = best_d[b];
 }
 
+/* load_group with AVX-512: the same values (xb and cwb are zero padded to 16 blocks, as load_group reads them),
+ * transposed 16 x 16 at a time by four rounds of interleaving row j with row j + 8. */
+AI T512 void transpose16x16_f32(__m512 *r) {
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    for (int s = 0; s < 4; s++) {
+        __m512 t[16];
+        for (int j = 0; j < 8; j++) {
+            t[2 * j] = _mm512_permutex2var_ps(r[j], lo, r[j + 8]);
+            t[2 * j + 1] = _mm512_permutex2var_ps(r[j], hi, r[j + 8]);
+        }
+        for (int j = 0; j < 16; j++) r[j] = t[j];
+    }
+}
+
+T512 static void load_group512(const float *xb, const float *cwb, int weighting, int blk, float (*x)[G],
+                               double (*w)[G]) {
+    for (int i0 = 0; i0 < blk; i0 += 16) {
+        __m512 rx[16], rw[16];
+        for (int b = 0; b < G; b++) {
+            rx[b] = _mm512_loadu_ps(xb + b * blk + i0);
+            rw[b] = _mm512_loadu_ps(cwb + b * blk + i0);
+        }
+        transpose16x16_f32(rx);
+        transpose16x16_f32(rw);
+        for (int i = 0; i < 16; i++) {
+            _mm512_storeu_ps(x[i0 + i], rx[i]);
+            _mm512_storeu_pd(w[i0 + i], lo8(rw[i]));
+            _mm512_storeu_pd(w[i0 + i] + 8, hi8(rw[i]));
+        }
+    }
+    if (weighting == ORK_NF4W_X2) {
+        for (int i = 0; i < blk; i++) {
+            const __m512 xv = _mm512_loadu_ps(x[i]);
+            const __m512d xl = lo8(xv), xh = hi8(xv);
+            _mm512_storeu_pd(w[i], _mm512_mul_pd(_mm512_loadu_pd(w[i]), _mm512_mul_pd(xl, xl)));
+            _mm512_storeu_pd(w[i] + 8, _mm512_mul_pd(_mm512_loadu_pd(w[i] + 8), _mm512_mul_pd(xh, xh)));
+        }
+    } else if (weighting == ORK_NF4W_SIGMA) {
+        __m512d sl = _mm512_setzero_pd(), sh = _mm512_setzero_pd();
+        for (int i = 0; i < blk; i++) {
+            const __m512 xv = _mm512_loadu_ps(x[i]);
+            const __m512d xl = lo8(xv), xh = hi8(xv);
+            sl = _mm512_add_pd(sl, _mm512_mul_pd(xl, xl));
+            sh = _mm512_add_pd(sh, _mm512_mul_pd(xh, xh));
+        }
+        const __m512d two = _mm512_set1_pd(2.0), bl = _mm512_set1_pd((double)blk);
+        sl = _mm512_div_pd(_mm512_mul_pd(two, sl), bl);
+        sh = _mm512_div_pd(_mm512_mul_pd(two, sh), bl);
+        for (int i = 0; i < blk; i++) {
+            const __m512 xv = _mm512_loadu_ps(x[i]);
+            const __m512d xl = lo8(xv), xh = hi8(xv);
+            _mm512_storeu_pd(w[i], _mm512_mul_pd(_mm512_loadu_pd(w[i]), _mm512_sqrt_pd(_mm512_add_pd(sl, _mm512_mul_pd(xl, xl)))));
+            _mm512_storeu_pd(w[i] + 8, _mm512_mul_pd(_mm512_loadu_pd(w[i] + 8),
+                                                     _mm512_sqrt_pd(_mm512_add_pd(sh, _mm512_mul_pd(xh, xh)))));
+        }
+    }
+}
+
 /* the 16 x 16 byte transpose: four rounds of interleaving row j with row j + 8 */
 AI T512 void transpose16x16_u8(__m128i *r) {
     for (int s = 0; s < 4; s++) {
@@ -567,7 +626,11 @@ void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const flo
         const int64_t off0 = g0 * blk;
         nf += gather_group(x, dtype, n, k, col_w, blk, g0, nb, xb, cwb);
         for (int b = 0; b < G; b++) tail[b] = b < nb && off0 + (int64_t)(b + 1) * blk > n;
-        load_group(xb, cwb, weighting, nb, blk, xs, ws);
+#ifdef ORK_NF4OPT_X86
+        if (use512) load_group512(xb, cwb, weighting, blk, xs, ws);
+        else
+#endif
+            load_group(xb, cwb, weighting, nb, blk, xs, ws);
         const float (*xc)[G] = (const float (*)[G])xs;
         const double (*wc)[G] = (const double (*)[G])ws;
 #ifdef ORK_NF4OPT_X86
@@ -639,7 +702,11 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
     for (int64_t g0 = b0; g0 < b1; g0 += G) {
         const int nb = (int)(b1 - g0 < G ? b1 - g0 : G);
         nf += gather_group(x, dtype, n, k, col_w, DQB, g0, nb, xb, cwb);
-        load_group(xb, cwb, weighting, nb, DQB, xs, ws);
+#ifdef ORK_NF4OPT_X86
+        if (use512) load_group512(xb, cwb, weighting, DQB, xs, ws);
+        else
+#endif
+            load_group(xb, cwb, weighting, nb, DQB, xs, ws);
         float v[G];
         for (int b = 0; b < G; b++) {
             sc[b] = b < nb ? scale[(g0 + b) / ORK_NF4DQ_GROUP] : 0.0f;
