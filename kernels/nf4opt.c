@@ -40,13 +40,15 @@ AI void levels_generic(const float *s, float *q, uint8_t *c) {
     }
 }
 
-/* the body, written once; LEVELS(s, q, c) computes 16 codes / levels; BLK: the block length (a constant) */
-#define GROUP_BODY(LEVELS, BLK)                                                                            \
+/* the body, written once; LEVELS(s, q, c) computes 16 codes / levels; BLK: the block length (a constant);
+ * ACC: the type of the error and refit sums of steps 0 and 2 (double at 64; float at 32, nf4dq's first step) */
+#define GROUP_BODY(LEVELS, BLK, ACC)                                                                       \
     float amax[G], dc[G], best_d[G], inv0[G], d[G], fx[G], fq[G];                                        \
     float wf[BLK][G], wx[BLK][G];                                                                        \
     for (int i = 0; i < BLK; i++)                                                                        \
         for (int b = 0; b < G; b++) { wf[i][b] = (float)w[i][b]; wx[i][b] = wf[i][b] * x[i][b]; }       \
-    double best_e[G], best_s[G], dscan[G], sxq[G], sqq[G], e[G];                                         \
+    ACC best_e[G], sxq[G], sqq[G], e[G];                                                                 \
+    double best_s[G], dscan[G];                                                                          \
     int going[G];                                                                                        \
     float s[G], q[G];                                                                                    \
     for (int b = 0; b < G; b++) {                                                                        \
@@ -64,8 +66,8 @@ AI void levels_generic(const float *s, float *q, uint8_t *c) {
         LEVELS(s, q, best_c[i]);                                                                         \
         for (int b = 0; b < G; b++) {                                                                    \
             const float deq = q[b] * best_d[b];                                                          \
-            const double r = (double)x[i][b] - (double)deq;                                              \
-            e[b] += w[i][b] * r * r;                                                                     \
+            const ACC r = (ACC)x[i][b] - (ACC)deq;                                                       \
+            e[b] += (ACC)w[i][b] * r * r;                                                                \
         }                                                                                                \
     }                                                                                                    \
     for (int b = 0; b < G; b++) { best_e[b] = e[b]; best_s[b] = -1.0; dscan[b] = 0.0; }                 \
@@ -87,12 +89,12 @@ AI void levels_generic(const float *s, float *q, uint8_t *c) {
                 }                                                                                        \
             }                                                                                            \
             for (int b = 0; b < G; b++) {                                                                \
-                sxq[b] = (double)fx[b]; sqq[b] = (double)fq[b];                                          \
-                const double den = sqq[b] > 0.0 ? sqq[b] : 1.0;                                          \
-                const double score = sqq[b] > 0.0 ? sxq[b] * sxq[b] / den : -1.0;                        \
-                const int better = sqq[b] > 0.0 && score > best_s[b];                                    \
+                const double sx = (double)fx[b], sq = (double)fq[b];                                     \
+                const double den = sq > 0.0 ? sq : 1.0;                                                  \
+                const double score = sq > 0.0 ? sx * sx / den : -1.0;                                    \
+                const int better = sq > 0.0 && score > best_s[b];                                        \
                 best_s[b] = better ? score : best_s[b];                                                  \
-                dscan[b] = better ? sxq[b] / den : dscan[b];                                             \
+                dscan[b] = better ? sx / den : dscan[b];                                                 \
             }                                                                                            \
         }                                                                                                \
     /* 2. refinement */                                                                                  \
@@ -115,11 +117,11 @@ AI void levels_generic(const float *s, float *q, uint8_t *c) {
             LEVELS(s, q, cr[i]);                                                                         \
             for (int b = 0; b < G; b++) {                                                                \
                 const float deq = q[b] * dd[b];                                                          \
-                const double rr = (double)x[i][b] - (double)deq;                                         \
-                e[b] += w[i][b] * rr * rr;                                                               \
-                const double qd = (double)q[b];                                                          \
-                sxq[b] += w[i][b] * (double)x[i][b] * qd;                                                \
-                sqq[b] += w[i][b] * qd * qd;                                                             \
+                const ACC rr = (ACC)x[i][b] - (ACC)deq;                                                  \
+                e[b] += (ACC)w[i][b] * rr * rr;                                                          \
+                const ACC qd = (ACC)q[b];                                                                \
+                sxq[b] += (ACC)w[i][b] * (ACC)x[i][b] * qd;                                              \
+                sqq[b] += (ACC)w[i][b] * qd * qd;                                                        \
             }                                                                                            \
         }                                                                                                \
         int take[G];                                                                                     \
@@ -128,7 +130,7 @@ AI void levels_generic(const float *s, float *q, uint8_t *c) {
             best_e[b] = take[b] ? e[b] : best_e[b];                                                      \
             best_d[b] = take[b] ? dd[b] : best_d[b];                                                     \
             going[b] = going[b] && sqq[b] > 0.0;                                                         \
-            d[b] = (float)(sxq[b] / (sqq[b] > 0.0 ? sqq[b] : 1.0));                                      \
+            d[b] = (float)(sxq[b] / (sqq[b] > 0 ? sqq[b] : (ACC)1));                                     \
         }                                                                                                \
         for (int i = 0; i < BLK; i++)                                                                    \
             for (int b = 0; b < G; b++) best_c[i][b] = take[b] ? cr[i][b] : best_c[i][b];               \
@@ -137,12 +139,13 @@ AI void levels_generic(const float *s, float *q, uint8_t *c) {
 
 /* nf4dq step 3 for 16 blocks of 32 (one per lane): the candidates q0 + NF4DQ_CAND[t] (those in 0..255), each
  * with the nearest NF4 codes of x * (1 / a) and its weighted squared error; the first least error is kept
- * (reference.nf4dq_encode). a(q) = DQ[q] * sc + off. best_c starts all 0, best_q at q0, the error at +inf. */
+ * (reference.nf4dq_encode). a(q) = DQ[q] * sc + off. best_c starts all 0, best_q at q0, the error at +inf.
+ * The error sums are float32: (float)w * r * r, r = x - deq, in element order. */
 #define DQB 32
 static const int NF4DQ_CAND[] = {0, -1, 1}; /* reference.NF4DQ_CANDIDATES */
 #define NCAND ((int)(sizeof NF4DQ_CAND / sizeof NF4DQ_CAND[0]))
 #define DQ_BODY(LEVELS)                                                                                  \
-    double best_e[G];                                                                                    \
+    float best_e[G];                                                                                     \
     float s[G], q[G];                                                                                    \
     for (int b = 0; b < G; b++) { best_e[b] = INFINITY; qout[b] = q0[b]; }                               \
     for (int i = 0; i < DQB; i++)                                                                        \
@@ -150,7 +153,7 @@ static const int NF4DQ_CAND[] = {0, -1, 1}; /* reference.NF4DQ_CANDIDATES */
     for (int t = 0; t < NCAND; t++) {                                                                        \
         float a[G], iv[G];                                                                               \
         int valid[G], qc[G];                                                                             \
-        double e[G];                                                                                     \
+        float e[G];                                                                                      \
         uint8_t cr[DQB][G];                                                                              \
         for (int b = 0; b < G; b++) {                                                                    \
             const int qq = q0[b] + NF4DQ_CAND[t];                                                        \
@@ -159,15 +162,15 @@ static const int NF4DQ_CAND[] = {0, -1, 1}; /* reference.NF4DQ_CANDIDATES */
             a[b] = dq[qc[b]] * sc[b] + off;                                                              \
             const float inv = 1.0f / a[b];                                                               \
             iv[b] = (a[b] != 0.0f && isfinite(inv)) ? inv : 0.0f;                                        \
-            e[b] = 0.0;                                                                                  \
+            e[b] = 0.0f;                                                                                 \
         }                                                                                                \
         for (int i = 0; i < DQB; i++) {                                                                  \
             for (int b = 0; b < G; b++) s[b] = x[i][b] * iv[b];                                          \
             LEVELS(s, q, cr[i]);                                                                         \
             for (int b = 0; b < G; b++) {                                                                \
                 const float deq = q[b] * a[b];                                                           \
-                const double r = (double)x[i][b] - (double)deq;                                          \
-                e[b] += w[i][b] * r * r;                                                                 \
+                const float r = x[i][b] - deq;                                                           \
+                e[b] += (float)w[i][b] * r * r;                                                          \
             }                                                                                            \
         }                                                                                                \
         int take[G];                                                                                     \
@@ -200,11 +203,11 @@ static const int NF4DQ_CAND[] = {0, -1, 1}; /* reference.NF4DQ_CANDIDATES */
 #endif
 CLONES static void group_generic64(const float (*x)[G], const double (*w)[G], const int *tail, int tries, uint8_t (*best_c)[G],
                                    float *dout) {
-    GROUP_BODY(GEN_LEVELS, 64)
+    GROUP_BODY(GEN_LEVELS, 64, double)
 }
 CLONES static void group_generic32(const float (*x)[G], const double (*w)[G], const int *tail, int tries, uint8_t (*best_c)[G],
                                    float *dout) {
-    GROUP_BODY(GEN_LEVELS, 32)
+    GROUP_BODY(GEN_LEVELS, 32, float)
 }
 CLONES static void dq_generic(const float (*x)[G], const double (*w)[G], const int *q0, const float *sc, float off,
                               const float *dq, uint8_t (*pk)[DQB / 2], int *qout, double *ax, double *ae) {
@@ -252,6 +255,17 @@ AI T512 __mmask16 lanes_mask(const int *f) {
     for (int b = 0; b < G; b++) m |= (__mmask16)((f[b] ? 1u : 0u) << b);
     return m;
 }
+/* (float)w of 16 double weights */
+AI T512 __m512 f32x16(const double *w) {
+    const __m256 wl = _mm512_cvtpd_ps(_mm512_loadu_pd(w)), wh = _mm512_cvtpd_ps(_mm512_loadu_pd(w + 8));
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(wl)), _mm256_castps_pd(wh), 1));
+}
+/* 16 float32 sums into a double[16] (exactly: the comparisons and the float32-rounded quotients of the
+ * per-lane code then equal those of float32 arithmetic) */
+AI T512 void store16d(double *dst, __m512 v) {
+    _mm512_storeu_pd(dst, lo8(v));
+    _mm512_storeu_pd(dst + 8, hi8(v));
+}
 /* e += (w * r) * r with r = x - (double)deq, both halves */
 #define ACC_ERR(EL, EH, WL, WH, XL, XH, DEQ)                                                             \
     do {                                                                                                 \
@@ -263,14 +277,14 @@ AI T512 __mmask16 lanes_mask(const int *f) {
 T512 static void group_avx512(const float (*x)[G], const double (*w)[G], const int *tail, int blk, int tries,
                               uint8_t (*best_c)[G], float *dout) {
     TABS512
+    const int f32 = blk == 32; /* nf4dq's first step: float32 error and refit sums (GROUP_BODY's ACC) */
     float amax[G], dc[G], best_d[G], inv0[G], d[G], fx[G], fq[G];
     double best_e[G], best_s[G], dscan[G], sxq[G], sqq[G], e[G];
     int going[G];
     __m512 wfv[BLKMAX], wxv[BLKMAX];
     for (int i = 0; i < blk; i++) {
         const __m512 xv = _mm512_loadu_ps(x[i]);
-        const __m256 wl = _mm512_cvtpd_ps(_mm512_loadu_pd(w[i])), wh = _mm512_cvtpd_ps(_mm512_loadu_pd(w[i] + 8));
-        wfv[i] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(wl)), _mm256_castps_pd(wh), 1));
+        wfv[i] = f32x16(w[i]);
         wxv[i] = _mm512_mul_ps(wfv[i], xv);
     }
     const __mmask16 tm = lanes_mask(tail);
@@ -286,6 +300,7 @@ T512 static void group_avx512(const float (*x)[G], const double (*w)[G], const i
     {
         const __m512 iv = _mm512_loadu_ps(inv0), dcv = _mm512_loadu_ps(dc), bd = _mm512_loadu_ps(best_d);
         __m512d el = _mm512_setzero_pd(), eh = _mm512_setzero_pd();
+        __m512 ef = _mm512_setzero_ps();
         for (int i = 0; i < blk; i++) {
             const __m512 xv = _mm512_loadu_ps(x[i]);
             __m512 sv = _mm512_mul_ps(xv, iv);
@@ -293,10 +308,19 @@ T512 static void group_avx512(const float (*x)[G], const double (*w)[G], const i
             __m512i code;
             const __m512 q = levels512v(sv, &code, &tb);
             _mm_storeu_si128((__m128i *)best_c[i], _mm512_cvtepi32_epi8(code));
-            ACC_ERR(el, eh, _mm512_loadu_pd(w[i]), _mm512_loadu_pd(w[i] + 8), lo8(xv), hi8(xv), _mm512_mul_ps(q, bd));
+            if (f32) {
+                const __m512 rv = _mm512_sub_ps(xv, _mm512_mul_ps(q, bd));
+                ef = _mm512_add_ps(ef, _mm512_mul_ps(_mm512_mul_ps(wfv[i], rv), rv));
+            } else {
+                ACC_ERR(el, eh, _mm512_loadu_pd(w[i]), _mm512_loadu_pd(w[i] + 8), lo8(xv), hi8(xv),
+                        _mm512_mul_ps(q, bd));
+            }
         }
-        _mm512_storeu_pd(e, el);
-        _mm512_storeu_pd(e + 8, eh);
+        if (f32) store16d(e, ef);
+        else {
+            _mm512_storeu_pd(e, el);
+            _mm512_storeu_pd(e + 8, eh);
+        }
     }
     for (int b = 0; b < G; b++) { best_e[b] = e[b]; best_s[b] = -1.0; dscan[b] = 0.0; }
     /* 1. the scan (float32 sums) */
@@ -343,6 +367,7 @@ T512 static void group_avx512(const float (*x)[G], const double (*w)[G], const i
         const int last = r == ROUNDS - 1;
         __m512d el = _mm512_setzero_pd(), eh = _mm512_setzero_pd(), xl_ = _mm512_setzero_pd(),
                 xh_ = _mm512_setzero_pd(), ql_ = _mm512_setzero_pd(), qh_ = _mm512_setzero_pd();
+        __m512 ef = _mm512_setzero_ps(), sxf = _mm512_setzero_ps(), sqf = _mm512_setzero_ps();
         __m128i cr[BLKMAX];
         for (int i = 0; i < blk; i++) {
             const __m512 xv = _mm512_loadu_ps(x[i]);
@@ -351,6 +376,14 @@ T512 static void group_avx512(const float (*x)[G], const double (*w)[G], const i
             __m512i code;
             const __m512 q = levels512v(sv, &code, &tb);
             cr[i] = _mm512_cvtepi32_epi8(code);
+            if (f32) {
+                const __m512 rv = _mm512_sub_ps(xv, _mm512_mul_ps(q, ddv));
+                ef = _mm512_add_ps(ef, _mm512_mul_ps(_mm512_mul_ps(wfv[i], rv), rv));
+                if (last) continue;
+                sxf = _mm512_add_ps(sxf, _mm512_mul_ps(wxv[i], q));
+                sqf = _mm512_add_ps(sqf, _mm512_mul_ps(_mm512_mul_ps(wfv[i], q), q));
+                continue;
+            }
             const __m512d wl = _mm512_loadu_pd(w[i]), wh = _mm512_loadu_pd(w[i] + 8);
             const __m512d x64l = lo8(xv), x64h = hi8(xv);
             ACC_ERR(el, eh, wl, wh, x64l, x64h, _mm512_mul_ps(q, ddv));
@@ -361,9 +394,15 @@ T512 static void group_avx512(const float (*x)[G], const double (*w)[G], const i
             ql_ = _mm512_add_pd(ql_, _mm512_mul_pd(_mm512_mul_pd(wl, qdl), qdl));
             qh_ = _mm512_add_pd(qh_, _mm512_mul_pd(_mm512_mul_pd(wh, qdh), qdh));
         }
-        _mm512_storeu_pd(e, el); _mm512_storeu_pd(e + 8, eh);
-        _mm512_storeu_pd(sxq, xl_); _mm512_storeu_pd(sxq + 8, xh_);
-        _mm512_storeu_pd(sqq, ql_); _mm512_storeu_pd(sqq + 8, qh_);
+        if (f32) {
+            store16d(e, ef);
+            store16d(sxq, sxf);
+            store16d(sqq, sqf);
+        } else {
+            _mm512_storeu_pd(e, el); _mm512_storeu_pd(e + 8, eh);
+            _mm512_storeu_pd(sxq, xl_); _mm512_storeu_pd(sxq + 8, xh_);
+            _mm512_storeu_pd(sqq, ql_); _mm512_storeu_pd(sqq + 8, qh_);
+        }
         int take[G];
         for (int b = 0; b < G; b++) {
             take[b] = going[b] && e[b] < best_e[b];
@@ -468,8 +507,10 @@ T512 static void dq_nearest16(const float *mid, const float *v, int *q) {
 T512 static void dq_avx512(const float (*x)[G], const double (*w)[G], const int *q0, const float *sc, float off,
                            const float *dq, uint8_t (*pk)[DQB / 2], int *qout, double *ax, double *ae) {
     TABS512
-    double best_e[G], e[G];
+    float best_e[G], e[G];
     for (int b = 0; b < G; b++) { best_e[b] = INFINITY; qout[b] = q0[b]; }
+    __m512 wfv[DQB];
+    for (int i = 0; i < DQB; i++) wfv[i] = f32x16(w[i]);
     __m128i bc[DQB];
     for (int i = 0; i < DQB; i++) bc[i] = _mm_setzero_si128();
     for (int t = 0; t < NCAND; t++) {
@@ -484,17 +525,17 @@ T512 static void dq_avx512(const float (*x)[G], const double (*w)[G], const int 
             iv[b] = (a[b] != 0.0f && isfinite(inv)) ? inv : 0.0f;
         }
         const __m512 av = _mm512_loadu_ps(a), ivv = _mm512_loadu_ps(iv);
-        __m512d el = _mm512_setzero_pd(), eh = _mm512_setzero_pd();
+        __m512 ef = _mm512_setzero_ps();
         __m128i cr[DQB];
         for (int i = 0; i < DQB; i++) {
             const __m512 xv = _mm512_loadu_ps(x[i]);
             __m512i code;
             const __m512 q = levels512v(_mm512_mul_ps(xv, ivv), &code, &tb);
             cr[i] = _mm512_cvtepi32_epi8(code);
-            ACC_ERR(el, eh, _mm512_loadu_pd(w[i]), _mm512_loadu_pd(w[i] + 8), lo8(xv), hi8(xv), _mm512_mul_ps(q, av));
+            const __m512 rv = _mm512_sub_ps(xv, _mm512_mul_ps(q, av));
+            ef = _mm512_add_ps(ef, _mm512_mul_ps(_mm512_mul_ps(wfv[i], rv), rv));
         }
-        _mm512_storeu_pd(e, el);
-        _mm512_storeu_pd(e + 8, eh);
+        _mm512_storeu_ps(e, ef);
         int take[G];
         for (int b = 0; b < G; b++) {
             take[b] = valid[b] && e[b] < best_e[b];
