@@ -6,7 +6,12 @@
  * horizontal. The code of a scaled value s is bitsandbytes' (the number of float32 midpoints
  * strictly below s); the AVX-512 path finds it by the bin tables of codecs.c's fast encoder
  * (s clamped to +-1.03 first, which changes no code), the generic path by 15 compares: the same
- * codes, so the same bytes at every SIMD level (tests/test_nf4opt.py). */
+ * codes, so the same bytes at every SIMD level (tests/test_nf4opt.py). The AVX-512 bodies are written
+ * with intrinsics, the same operations in the same order per lane.
+ *
+ * Also nf4dq (reference.nf4dq_encode; tests/test_nf4dq.py): its first step is this encoder at block 32
+ * (with float32 error and refit sums), then ork_nf4dq_scales (offset, group scales) and ork_nf4dq_encode
+ * (per block the 8-bit absmax code among 3 candidates and the NF4 codes), and ork_nf4dq_decode. */
 #include "codecs.h"
 #include "nf4opt.h"
 
@@ -150,7 +155,7 @@ static const int NF4DQ_CAND[] = {0, -1, 1}; /* reference.NF4DQ_CANDIDATES */
     for (int b = 0; b < G; b++) { best_e[b] = INFINITY; qout[b] = q0[b]; }                               \
     for (int i = 0; i < DQB; i++)                                                                        \
         for (int b = 0; b < G; b++) best_c[i][b] = 0;                                                    \
-    for (int t = 0; t < NCAND; t++) {                                                                        \
+    for (int t = 0; t < NCAND; t++) {                                                                    \
         float a[G], iv[G];                                                                               \
         int valid[G], qc[G];                                                                             \
         float e[G];                                                                                      \
@@ -201,12 +206,12 @@ static const int NF4DQ_CAND[] = {0, -1, 1}; /* reference.NF4DQ_CANDIDATES */
 #else
 #define CLONES
 #endif
-CLONES static void group_generic64(const float (*x)[G], const double (*w)[G], const int *tail, int tries, uint8_t (*best_c)[G],
-                                   float *dout) {
+CLONES static void group_generic64(const float (*x)[G], const double (*w)[G], const int *tail, int tries,
+                                   uint8_t (*best_c)[G], float *dout) {
     GROUP_BODY(GEN_LEVELS, 64, double)
 }
-CLONES static void group_generic32(const float (*x)[G], const double (*w)[G], const int *tail, int tries, uint8_t (*best_c)[G],
-                                   float *dout) {
+CLONES static void group_generic32(const float (*x)[G], const double (*w)[G], const int *tail, int tries,
+                                   uint8_t (*best_c)[G], float *dout) {
     GROUP_BODY(GEN_LEVELS, 32, float)
 }
 CLONES static void dq_generic(const float (*x)[G], const double (*w)[G], const int *q0, const float *sc, float off,
@@ -249,7 +254,9 @@ AI T512 __m512 levels512v(__m512 v, __m512i *code, const tabs512 *t) {
 }
 
 AI T512 __m512d lo8(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
-AI T512 __m512d hi8(__m512 v) { return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))); }
+AI T512 __m512d hi8(__m512 v) {
+    return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
 AI T512 __mmask16 lanes_mask(const int *f) {
     __mmask16 m = 0;
     for (int b = 0; b < G; b++) m |= (__mmask16)((f[b] ? 1u : 0u) << b);
@@ -472,7 +479,8 @@ T512 static void load_group512(const float *xb, const float *cwb, int weighting,
         for (int i = 0; i < blk; i++) {
             const __m512 xv = _mm512_loadu_ps(x[i]);
             const __m512d xl = lo8(xv), xh = hi8(xv);
-            _mm512_storeu_pd(w[i], _mm512_mul_pd(_mm512_loadu_pd(w[i]), _mm512_sqrt_pd(_mm512_add_pd(sl, _mm512_mul_pd(xl, xl)))));
+            _mm512_storeu_pd(w[i], _mm512_mul_pd(_mm512_loadu_pd(w[i]),
+                                                 _mm512_sqrt_pd(_mm512_add_pd(sl, _mm512_mul_pd(xl, xl)))));
             _mm512_storeu_pd(w[i] + 8, _mm512_mul_pd(_mm512_loadu_pd(w[i] + 8),
                                                      _mm512_sqrt_pd(_mm512_add_pd(sh, _mm512_mul_pd(xh, xh)))));
         }
@@ -548,7 +556,8 @@ T512 static void dq_avx512(const float (*x)[G], const double (*w)[G], const int 
     float ab[G];
     for (int b = 0; b < G; b++) ab[b] = dq[qout[b]] * sc[b] + off;
     const __m512 abv = _mm512_loadu_ps(ab);
-    __m512d xl = _mm512_loadu_pd(ax), xh = _mm512_loadu_pd(ax + 8), el = _mm512_loadu_pd(ae), eh = _mm512_loadu_pd(ae + 8);
+    __m512d xl = _mm512_loadu_pd(ax), xh = _mm512_loadu_pd(ax + 8);
+    __m512d el = _mm512_loadu_pd(ae), eh = _mm512_loadu_pd(ae + 8);
     __m128i pr[DQB / 2];
     for (int i = 0; i < DQB / 2; i++) pr[i] = _mm_or_si128(_mm_slli_epi16(bc[2 * i], 4), bc[2 * i + 1]);
     transpose16x16_u8(pr);

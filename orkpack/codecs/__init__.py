@@ -283,8 +283,9 @@ class NF4DQCodec(Codec):
         src, dp = _ptr(flat, "void *"), _ptr(d, "float *")
         cwp, wcode = (_ptr(cw, "float *") if cw is not None else ffi.NULL), _NF4W_CODE[weighting]
         chunks = [(b, min(nb, b + NF4_CHUNK_BLOCKS)) for b in range(0, nb, NF4_CHUNK_BLOCKS)]
-        _run(lambda b0, b1: lib.ork_nf4opt_encode(src, code, n, k, cwp, wcode, spec.NF4DQ_BLOCK, reference.NF4DQ_TRIES, b0,
-                                                  b1, ffi.NULL, dp, ffi.NULL), chunks, threads)
+        tries = reference.NF4DQ_TRIES
+        _run(lambda b0, b1: lib.ork_nf4opt_encode(src, code, n, k, cwp, wcode, spec.NF4DQ_BLOCK, tries, b0, b1,
+                                                  ffi.NULL, dp, ffi.NULL), chunks, threads)
         op = ffi.new("float *")
         sp = _ptr(scale, "float *")
         lib.ork_nf4dq_scales(dp, nb, sp, op)

@@ -273,7 +273,8 @@ def _nf4opt_weights(xb: np.ndarray, cw: np.ndarray, weighting: str, block: int =
 
 
 def nf4opt_encode(x: np.ndarray, col_weights: np.ndarray | None = None, weighting: str = "plain",
-                  k: int | None = None, block: int = NF4_BLOCK, tries: int = NF4OPT_TRIES) -> tuple[np.ndarray, np.ndarray]:
+                  k: int | None = None, block: int = NF4_BLOCK,
+                  tries: int = NF4OPT_TRIES) -> tuple[np.ndarray, np.ndarray]:
     """Error-minimizing NF4 of the row-major flatten of x (see above): (codes, absmax) as nf4_encode.
 
     ``col_weights``: float32/float64 [K] per input column (the last axis of x, or ``k``), >= 0, or None.
