@@ -554,6 +554,8 @@ def _reference_host_copy(pack: Pack, s: dict) -> str | None:
             return "C nf4 decode differs from the numpy reference"
         del want, got
     if s["encoding"] == spec.ENC_NF4:
+        if hs["encoding"] != spec.ENC_NF4:
+            return f"an NPU slice stored nf4 has a {hs['encoding']} host copy; its copy is the same nf4 bytes"
         for pn in ("codes", "absmax"):
             if not np.array_equal(pack.part(s["parts"][pn]), pack.part(hs["parts"][pn])):
                 return f"part {pn} differs from the NPU copy's (both are the nf4 encoding of one source slice)"
