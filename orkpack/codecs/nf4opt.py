@@ -25,7 +25,7 @@ from ..errors import OrkError, escape_name
 from . import NF4_MODES, NF4_WEIGHTINGS, Encoded, get_codec
 from ..pack import spec
 
-NF4_FORMATS = ("dq32", "b64")  # nf4dq (blocksize 32, double-quantized absmax); nf4 (blocksize 64, float32 absmax)
+NF4_FORMATS = tuple(spec.NF4_FORMATS)  # dq32: nf4dq (blocksize 32, double-quantized absmax); b64: nf4 (blocksize 64)
 
 
 @dataclass
@@ -61,7 +61,7 @@ class NF4Choice:
     @property
     def encoding(self) -> str:
         """The pack encoding of this choice's host NF4 slices and host copies: nf4dq or nf4."""
-        return spec.ENC_NF4DQ if self.mode == "opt" and self.format == "dq32" else spec.ENC_NF4
+        return spec.NF4_FORMATS[self.format] if self.mode == "opt" else spec.ENC_NF4
 
     def encode(self, x: np.ndarray, *, tensor: str, expert: int | None, threads: int, alloc=np.empty,
                b64: bool = False) -> Encoded:

@@ -76,6 +76,8 @@ PARTS = {
 }
 
 NF4_BLOCK = 64
+# a build's NF4 format (--nf4-format, the tier map's board "nf4_format") -> the encoding of its host NF4 slices
+NF4_FORMATS = {"dq32": ENC_NF4DQ, "b64": ENC_NF4}
 NF4DQ_BLOCK = 32  # nf4dq: elements per absmax
 NF4DQ_GROUP = 256  # nf4dq: absmaxes per float32 scale
 

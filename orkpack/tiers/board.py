@@ -16,16 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import OrkError, escape_name
+from ..pack import spec
 from .runtime import DEFAULT_RUNTIME, TOML_KEYS, Runtime, load_runtime, runtime_from_json
 
 BOARD_DIR = Path(__file__).resolve().parent.parent / "data" / "boards"
 BOARD_SCHEMA = "orkpack.board"
 BOARD_VERSION = 3
-# The NF4 format of the build's host NF4 slices and host copies (orkpack build --nf4-format; the same names as
-# orkpack.codecs.nf4opt.NF4_FORMATS, checked by a test): dq32 = the nf4dq encoding, b64 = nf4. A plan counts
+# The NF4 format of the build's host NF4 slices and host copies (orkpack build --nf4-format; pack/spec.py
+# NF4_FORMATS, one list for the build and the planner): dq32 = the nf4dq encoding, b64 = nf4. A plan counts
 # the bytes of one of them (cost.host_nf4_bytes); a tier map records it in its board block, and a map without
 # it was planned at b64 (the only format before there were two).
-NF4_FORMATS = ("dq32", "b64")
+NF4_FORMATS = tuple(spec.NF4_FORMATS)
 DEFAULT_NF4_FORMAT = "dq32"
 LEGACY_NF4_FORMAT = "b64"
 
