@@ -766,7 +766,7 @@ int ork_rt_nf4_decode(const uint8_t *codes, size_t codes_size, const float *absm
 int ork_rt_nf4dq_decode(const uint8_t *codes, size_t codes_size, const uint8_t *absmax_q, size_t absmax_q_count,
                         const float *absmax_scale, size_t absmax_scale_count, float absmax_offset,
                         int64_t e0, int64_t e1, float *out) {
-    if (e0 < 0 || e1 < e0) return ORK_RT_EARGS;
+    if (e0 < 0 || e1 < e0 || e1 > INT64_MAX - 64) return ORK_RT_EARGS;
     uint64_t nb = ((uint64_t)e1 + 31) / 32;
     if (codes_size < (size_t)((e1 + 1) / 2) || absmax_q_count < nb || absmax_scale_count < (nb + 255) / 256)
         return ORK_RT_EARGS;
