@@ -613,6 +613,11 @@ def g_reshape(rng, h, data):
             for pn, sz in sizes.items():
                 if isinstance(s.get("parts"), dict) and isinstance(s["parts"].get(pn), dict):
                     ops.append({"op": "set", "path": base + ["parts", pn, "size"], "value": sz})
+            hc = s.get("host_copy")  # a host copy's parts follow too (nf4: 2 parts, nf4dq: 4)
+            if isinstance(hc, dict) and isinstance(hc.get("parts"), dict) and hc.get("encoding") in spec.HOST_COPY_ENCODINGS:
+                for pn, sz in expected_part_sizes(sshape, hc["encoding"], {"kind": spec.LAYOUT_ROW_MAJOR}).items():
+                    if isinstance(hc["parts"].get(pn), dict):
+                        ops.append({"op": "set", "path": base + ["host_copy", "parts", pn, "size"], "value": sz})
         except Exception:
             pass
     return ops
