@@ -30,8 +30,10 @@ STATS_TEXT = Path("/usr/share/common-licenses/GPL-3")
 HEAD8 = ["--token-embedding-type", "q8_0", "--output-tensor-type", "q8_0"]
 ROWS = [
     ("nf4-bnb", "NF4 body, head int8: bitsandbytes' rounding (--nf4 bnb)", ("orkpack", ["--no-plan", "--nf4-mode", "bnb"]), "decode"),
-    ("nf4", "NF4 body, head int8: error-minimizing (default)", ("orkpack", ["--no-plan"]), "decode"),
-    ("nf4-imat", "NF4 body, head int8: error-minimizing, with statistics", ("orkpack", ["--no-plan", "--imatrix", "@stats"]), "decode"),
+    ("nf4-b64", "NF4 body, head int8: error-minimizing, blocksize 64 (--nf4-format b64, 4.5 bpw)", ("orkpack", ["--no-plan", "--nf4-format", "b64"]), "decode"),
+    ("nf4", "NF4 body, head int8: error-minimizing nf4dq (default, dq32: blocksize 32, 4.25 bpw)", ("orkpack", ["--no-plan"]), "decode"),
+    ("nf4-imat-b64", "NF4 body, head int8: error-minimizing, blocksize 64, with statistics", ("orkpack", ["--no-plan", "--nf4-format", "b64", "--imatrix", "@stats"]), "decode"),
+    ("nf4-imat", "NF4 body, head int8: error-minimizing nf4dq (default), with statistics", ("orkpack", ["--no-plan", "--imatrix", "@stats"]), "decode"),
     ("q4_0", "llama.cpp Q4_0, head Q8_0", ("llama", "Q4_0", HEAD8), "llama.cpp CPU"),
     ("iq4_nl", "llama.cpp IQ4_NL, head Q8_0", ("llama", "IQ4_NL", HEAD8), "llama.cpp CPU"),
     ("q4_k_m", "llama.cpp Q4_K_M, head Q8_0", ("llama", "Q4_K_M", HEAD8), "llama.cpp CPU"),

@@ -1,13 +1,14 @@
-/* nf4dq_code.h: bitsandbytes' 8-bit blockwise code (create_dynamic_map(signed=True)), the DQ_CODE of the
- * nf4dq encoding (docs/FORMAT.md 3, nf4dq): 256 float32 values as their bits, in code order, the same list as
- * orkpack/codecs/reference.py DQ_CODE (tests/test_c_reader.py checks they are equal). Decode, float32:
- *   absmax[b] = DQ_CODE[absmax_q[b]] * absmax_scale[b / NF4DQ_GROUP] + absmax_offset   (multiply, then add)
- * One copy for every C reader of nf4dq. */
+/* nf4dq_code.h: bitsandbytes' 8-bit blockwise code (create_dynamic_map(signed=True)), as float32 bits: the
+ * DQ_CODE of orkpack/codecs/reference.py, which decodes an nf4dq slice's absmax_q (docs/FORMAT.md 3).
+ * tests/test_nf4dq.py checks it against the reference and bitsandbytes. */
 #ifndef ORK_NF4DQ_CODE_H
 #define ORK_NF4DQ_CODE_H
 #include <stdint.h>
 
-static const uint32_t ORK_DQ_CODE_BITS[256] = {
+#define ORK_NF4DQ_BLOCK 32
+#define ORK_NF4DQ_GROUP 256
+
+static const uint32_t DQ_CODE_BITS[256] = {
     0xbf7e3333u, 0xbf7a999au, 0xbf770000u, 0xbf736666u, 0xbf6fcccdu, 0xbf6c3333u, 0xbf68999au, 0xbf650000u,
     0xbf616666u, 0xbf5dcccdu, 0xbf5a3333u, 0xbf56999au, 0xbf530000u, 0xbf4f6666u, 0xbf4bcccdu, 0xbf483333u,
     0xbf44999au, 0xbf410000u, 0xbf3d6666u, 0xbf39cccdu, 0xbf363334u, 0xbf32999au, 0xbf2f0000u, 0xbf2b6666u,

@@ -761,24 +761,21 @@ int ork_rt_nf4_decode(const uint8_t *codes, size_t codes_size, const float *absm
     return ORK_RT_OK;
 }
 
-/* nf4dq (docs/FORMAT.md 3): each block's absmax from its 8-bit code, its group's scale and the offset, then
- * as nf4. float32 throughout, the multiply and the add kept apart (-ffp-contract=off), as numpy computes it. */
-int ork_rt_nf4dq_decode(const uint8_t *codes, size_t codes_size, const uint8_t *absmax_q, size_t absmax_q_count,
-                        const float *absmax_scale, size_t absmax_scale_count, float absmax_offset,
-                        int64_t e0, int64_t e1, float *out) {
-    if (e0 < 0 || e1 < e0 || e1 > INT64_MAX - 64) return ORK_RT_EARGS;
-    uint64_t nb = ((uint64_t)e1 + 31) / 32;
-    if (codes_size < (size_t)((e1 + 1) / 2) || absmax_q_count < nb || absmax_scale_count < (nb + 255) / 256)
+/* nf4dq (docs/FORMAT.md 3): absmax[b] = DQ_CODE[absmax_q[b]] * scale[b / 256] + offset, all float32 */
+int ork_rt_nf4dq_decode(const uint8_t *codes, size_t codes_size, const uint8_t *absmax_q, size_t absmax_count,
+                        const float *scale, size_t scale_count, float offset, int64_t e0, int64_t e1, float *out) {
+    if (e0 < 0 || e1 < e0) return ORK_RT_EARGS;
+    int64_t nb = (e1 + ORK_NF4DQ_BLOCK - 1) / ORK_NF4DQ_BLOCK;
+    if (codes_size < (size_t)((e1 + 1) / 2) || absmax_count < (size_t)nb ||
+        scale_count < (size_t)((nb + ORK_NF4DQ_GROUP - 1) / ORK_NF4DQ_GROUP))
         return ORK_RT_EARGS;
-    int64_t e = e0;
-    while (e < e1) {
-        int64_t b = e >> 5, end = (b + 1) << 5;
-        if (end > e1) end = e1;
-        float dq;
-        memcpy(&dq, &ORK_DQ_CODE_BITS[absmax_q[b]], sizeof dq);
-        float prod = dq * absmax_scale[b >> 8];
-        float a = prod + absmax_offset;
-        for (; e < end; e++) out[e - e0] = CB[nib(codes, e)] * a;
+    for (int64_t e = e0; e < e1; e++) {
+        int64_t b = e / ORK_NF4DQ_BLOCK;
+        float code;
+        memcpy(&code, &DQ_CODE_BITS[absmax_q[b]], sizeof code);
+        float a = code * scale[b / ORK_NF4DQ_GROUP];
+        a = a + offset;
+        out[e - e0] = CB[nib(codes, e)] * a;
     }
     return ORK_RT_OK;
 }

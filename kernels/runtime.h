@@ -52,12 +52,10 @@ int ork_rt_inflate_two_step(const uint8_t *codes, size_t codes_size, const float
 /* Plain NF4 decode of elements [e0, e1) of a flat slice: out[e - e0] = CODEBOOK[code] * absmax[e / 64]. */
 int ork_rt_nf4_decode(const uint8_t *codes, size_t codes_size, const float *absmax, size_t absmax_count,
                       int64_t e0, int64_t e1, float *out);
-/* Plain nf4dq decode (docs/FORMAT.md 3) of elements [e0, e1) of a flat slice, float32, bit for bit
- * orkpack/codecs/reference.py nf4dq_decode: a = DQ_CODE[absmax_q[e / 32]] * absmax_scale[e / 8192] + offset
- * (multiply, then add), out[e - e0] = CODEBOOK[code] * a. The sizes are the stored parts' (checked). */
-int ork_rt_nf4dq_decode(const uint8_t *codes, size_t codes_size, const uint8_t *absmax_q, size_t absmax_q_count,
-                        const float *absmax_scale, size_t absmax_scale_count, float absmax_offset,
-                        int64_t e0, int64_t e1, float *out);
+/* nf4dq decode of elements [e0, e1) (docs/FORMAT.md 3): CODEBOOK[code] * (DQ_CODE[absmax_q[e / 32]] *
+ * scale[e / 8192] + offset), float32. The sizes are the stored parts' (checked). 0 or ORK_RT_EARGS. */
+int ork_rt_nf4dq_decode(const uint8_t *codes, size_t codes_size, const uint8_t *absmax_q, size_t absmax_count,
+                        const float *scale, size_t scale_count, float offset, int64_t e0, int64_t e1, float *out);
 /* SIMD in use by the direct inflate: 0 portable C, 1 x86 (SSSE3 or AVX-512), 2 aarch64 NEON. */
 int ork_rt_simd_level(void);
 /* The exact level in use: 0 portable C, 1 x86 SSSE3, 2 aarch64 NEON, 3 x86 AVX-512 VBMI. */

@@ -78,6 +78,7 @@ class BuildOptions:
     # columns, smooth the NPU's activations and clip int8 rows
     nf4_mode: str = NF4Choice.mode
     nf4_weighting: str = NF4Choice.weighting
+    nf4_format: str | None = None  # dq32 (nf4dq) or b64 (nf4); None: dq32 with opt, b64 with bnb
     imatrix: Path | None = None
     allow_nonfinite: bool = False
     # placement: the tier-map compiler (default) or the rules alone (plan=False)
@@ -135,7 +136,8 @@ class BuildOptions:
             "min_prefill_tok_s": self.min_prefill_tok_s,
             "max_ram": self.max_ram,
             "prompt": self.prompt,
-        } | ({} if self.nf4_mode != "opt" else {"nf4_weighting": self.nf4_weighting}) \
+        } | ({} if self.nf4_mode != "opt" else {"nf4_weighting": self.nf4_weighting,
+                                                "nf4_format": self.nf4_format or "dq32"}) \
             | ({} if self.tiermap is None else {"tiermap": Path(self.tiermap).name}) \
             | ({} if self.imatrix is None else {"imatrix": Path(self.imatrix).name, "smooth": self.smooth,
                                                 "smooth_alpha": self.smooth_alpha, "clip": self.clip}) \
@@ -497,11 +499,11 @@ def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts:
     ``alloc(shape, dtype)`` (the pack writer's reused buffers in a build). NF4 is encoded as ``nf4``
     chooses (default: the options' mode, no statistics) for ``tensor`` / ``expert``."""
     if nf4 is None:
-        nf4 = NF4Choice(opts.nf4_mode, opts.nf4_weighting)
+        nf4 = choose_nf4(opts.nf4_mode, opts.nf4_weighting, None, opts.nf4_format)
     tensor = name if tensor is None else tensor
 
-    def nf4_encode():
-        return nf4.encode(x, tensor=tensor, expert=expert, threads=threads, alloc=alloc)
+    def nf4_encode(b64: bool = False):
+        return nf4.encode(x, tensor=tensor, expert=expert, threads=threads, alloc=alloc, b64=b64)
 
     if dec.encoding == spec.ENC_RAW:
         # the source bytes verbatim, copied out of the source's pages (or the reused read buffer)
@@ -513,8 +515,11 @@ def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts:
         encoding = FLOAT_ENC[x.dtype]
     else:
         npu_tiles = dec.tier == spec.TIER_NPU and dec.encoding == spec.ENC_INT8
-        if dec.encoding == spec.ENC_NF4:
-            enc = nf4_encode()
+        encoding = dec.encoding
+        if dec.encoding == spec.ENC_NF4:  # the NF4 of the build's --nf4-format; an NPU slice inflates nf4 (b64)
+            b64 = dec.tier == spec.TIER_NPU
+            enc = nf4_encode(b64)
+            encoding = spec.ENC_NF4 if b64 else nf4.encoding
         else:
             enc = get_codec(dec.encoding).encode(x, npu=npu_tiles, threads=threads, alloc=alloc)
         if enc.nonfinite:
@@ -524,7 +529,6 @@ def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts:
                     "or pass --allow-nonfinite (they are then encoded as 0)"
                 )
             # the kernels already encoded the non-finite values as 0 (docs/FORMAT.md 3)
-        encoding = dec.encoding
     s = {
         "shape": list(x.shape),
         "encoding": encoding,
@@ -547,11 +551,13 @@ def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts:
     if dec.host_copy is not None and dec.tier == spec.TIER_NPU:
         # dual residency (docs/FORMAT.md 8): the same source slice through the host codec, so the
         # copy is bit-identical to a host slice of that encoding; an NPU slice stored nf4 already is one
-        if dec.host_copy not in spec.HOST_COPY_ENCODINGS:
+        if dec.host_copy not in spec.NF4_ENCODINGS:
             raise OrkError(f"{escape_name(name)}: host copy encoding {escape_name(str(dec.host_copy))!r}; "
                            f"a host copy is {', '.join(spec.HOST_COPY_ENCODINGS)}")
-        hc = enc if encoding == dec.host_copy else nf4_encode()
-        s["host_copy"] = {"encoding": dec.host_copy, "layout": hc.layout, "parts": hc.parts, "sqnr_db": hc.sqnr_db}
+        # the plan says "nf4": the build's NF4 format; an NPU slice stored nf4 is its own copy (byte-identical)
+        hc_enc = spec.ENC_NF4 if encoding == spec.ENC_NF4 else nf4.encoding
+        hc = enc if encoding == hc_enc else nf4_encode()
+        s["host_copy"] = {"encoding": hc_enc, "layout": hc.layout, "parts": hc.parts, "sqnr_db": hc.sqnr_db}
     return s
 
 
@@ -631,7 +637,7 @@ def build(
     if not out_path.parent.is_dir():
         raise OrkError(f"{escape_name(str(out_path.parent))}: output folder does not exist; create it first")
     threads = opts.resolved_threads()
-    nf4 = choose_nf4(opts.nf4_mode, opts.nf4_weighting, opts.imatrix)  # bad --imatrix: one line, nothing written
+    nf4 = choose_nf4(opts.nf4_mode, opts.nf4_weighting, opts.imatrix, opts.nf4_format)  # bad --imatrix: one line, nothing written
     late: list[str] = []  # what the source says while it is read (a quantized GGUF): into the result, not stderr
     src = open_source(Path(src_path), on_warning=late.append)
     try:

@@ -38,6 +38,9 @@ def _out():
 
 NF4_MODE_HELP = ("How NF4 blocks are chosen: opt (default): each block's absmax minimizes the squared error, still "
                  "bitsandbytes NF4 (dequantize_4bit reads it); bnb: byte-identical to bitsandbytes' quantize_4bit.")
+NF4_FORMAT_HELP = ("NF4 format of host tensors: dq32 (default with --nf4-mode opt): bitsandbytes NF4 at blocksize 32 "
+                   "with double-quantized absmax, 4.25 bits a weight; b64: blocksize 64, float32 absmax, 4.5 bits "
+                   "(the only format of --nf4-mode bnb). bitsandbytes' dequantize_4bit reads both.")
 NF4_WEIGHTING_HELP = ("The opt search's error weight per value: plain (default), x2 (the value squared) or sigma "
                       "(sqrt(sigma^2 + x^2), llama.cpp's with an imatrix); times the imatrix column weight if given.")
 IMATRIX_HELP = ("Activation statistics (orkpack imatrix SOURCE -o FILE, or llama.cpp's imatrix .gguf/.dat): weigh each "
@@ -174,6 +177,7 @@ def build(
     npu_storage: str = typer.Option("int8", "--npu-storage", help="How NPU tensors are stored: int8 tiles, or nf4 inflated to int8 at load (w4a8)."),
     nf4_mode: str = typer.Option("opt", "--nf4-mode", help=NF4_MODE_HELP),
     nf4_weighting: str = typer.Option("plain", "--nf4-weighting", help=NF4_WEIGHTING_HELP),
+    nf4_format: Optional[str] = typer.Option(None, "--nf4-format", help=NF4_FORMAT_HELP),
     imatrix: Optional[Path] = typer.Option(None, "--imatrix", metavar="FILE", help=IMATRIX_HELP),
     board: str = typer.Option("rk3588-32g", "--board", help="Board profile the tier map is solved for (name or TOML file)."),
     runtime: Optional[str] = typer.Option(None, "--runtime", help=RUNTIME_HELP),
@@ -215,7 +219,7 @@ def build(
         raise OrkError(f"--npu-storage {npu_storage!r}: choose int8 or nf4")
     opts = BuildOptions(
         threads=threads, int8=int8, nf4=nf4, keep=keep, npu=npu, cpu=cpu, npu_storage=npu_storage, allow_nonfinite=allow_nonfinite,
-        nf4_mode=nf4_mode, nf4_weighting=nf4_weighting, imatrix=imatrix,
+        nf4_mode=nf4_mode, nf4_weighting=nf4_weighting, nf4_format=nf4_format, imatrix=imatrix,
         timestamp=timestamp, plan=not no_plan, board=board, runtime=runtime, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, ignore_unknown=ignore_unknown,
         tiermap=tiermap, goal=goal, min_decode_tok_s=min_decode_tok_s, min_prefill_tok_s=min_prefill_tok_s,
         max_ram=parse_bytes(max_ram, "--max-ram"), max_kld=max_kld, prompt=prompt, given=_given(context),

@@ -200,16 +200,20 @@ def test_build_modes_provenance_inspect_verify(model, tmp_path):
     from orkpack.pack.reader import Pack
 
     packs = {}
-    for mode in ("bnb", "opt"):
-        out = tmp_path / f"{mode}.orkpack"
-        _run("build", model, "-o", out, "--no-plan", "--nf4-mode", mode, "--threads", "2")
-        packs[mode] = out
-    with Pack.open(packs["bnb"]) as pb, Pack.open(packs["opt"]) as po:
+    # bnb: quantize_4bit's bytes (b64); opt at b64; the default: opt at dq32 (nf4dq)
+    runs = {"bnb": ["--nf4-mode", "bnb"], "opt": ["--nf4-mode", "opt", "--nf4-format", "b64"], "dq32": []}
+    for name, args in runs.items():
+        out = tmp_path / f"{name}.orkpack"
+        _run("build", model, "-o", out, "--no-plan", *args, "--threads", "2")
+        packs[name] = out
+    with Pack.open(packs["bnb"]) as pb, Pack.open(packs["opt"]) as po, Pack.open(packs["dq32"]) as pd:
         assert pb.header["provenance"]["nf4"] == {"mode": "bnb"}
-        assert po.header["provenance"]["nf4"]["mode"] == "opt"
+        assert po.header["provenance"]["nf4"]["mode"] == "opt" and po.header["provenance"]["nf4"]["format"] == "b64"
+        assert pd.header["provenance"]["nf4"]["mode"] == "opt" and pd.header["provenance"]["nf4"]["format"] == "dq32"
         assert po.header["provenance"]["options"]["nf4_mode"] == "opt"
         nf4 = [(t, s) for t, s in pb.slices() if s["encoding"] == "nf4"]
         assert nf4
+        assert not [s for _, s in pd.slices() if s["encoding"] == "nf4"]  # dq32: every host NF4 slice is nf4dq
         for t, s in nf4:  # bnb mode: quantize_4bit's bytes of the source tensor
             src = _source_tensor(model, t["name"])
             codes, absmax = R.nf4_encode(src)
@@ -219,22 +223,32 @@ def test_build_modes_provenance_inspect_verify(model, tmp_path):
         codes, absmax = R.nf4opt_encode(_source_tensor(model, t["name"]))
         assert po.part(so["parts"]["codes"]).tobytes() == codes.tobytes()
         assert po.part(so["parts"]["absmax"]).tobytes() == absmax.tobytes()
-    for mode, p in packs.items():
+        sd = {tt["name"]: ss for tt, ss in pd.slices()}[t["name"]]
+        assert sd["encoding"] == "nf4dq"
+        for pn, want in zip(("codes", "absmax_q", "absmax_scale", "absmax_offset"),
+                            R.nf4dq_encode(_source_tensor(model, t["name"]))):
+            assert pd.part(sd["parts"][pn]).tobytes() == want.tobytes(), pn
+    for name, p in packs.items():
         r = _run("verify", p, "--reference")
         assert r.returncode == 0
         info = json.loads(_run("inspect", p, "--json").stdout)
-        assert info["provenance"]["nf4"]["mode"] == mode
+        assert info["provenance"]["nf4"]["mode"] == ("bnb" if name == "bnb" else "opt")
         shown = " ".join(_run("inspect", p).stdout.split())
-        assert ("error-minimizing" if mode == "opt" else "quantize_4bit") in shown
+        assert ("error-minimizing" if name != "bnb" else "quantize_4bit") in shown
+        assert ("nf4dq" in shown) == (name == "dq32")
     # eval reports the mode it scored (the pack alone: its model record's tokenizer, token ids here)
     ids = tmp_path / "ids.txt"
     ids.write_text(" ".join(str(i % 500 + 1) for i in range(16)))
-    r = _run("eval", packs["opt"], "--tokens", ids, "--ctx", "8", "--json")
-    assert json.loads(r.stdout)["nf4"]["mode"] == "opt"
+    r = _run("eval", packs["dq32"], "--tokens", ids, "--ctx", "8", "--json")
+    assert json.loads(r.stdout)["nf4"]["mode"] == "opt" and json.loads(r.stdout)["nf4"]["format"] == "dq32"
     # reproducible: the same options give the same bytes
     again = tmp_path / "again.orkpack"
     _run("build", model, "-o", again, "--no-plan", "--threads", "1")
-    assert again.read_bytes() == packs["opt"].read_bytes()
+    assert again.read_bytes() == packs["dq32"].read_bytes()
+    # bitsandbytes' bytes are blocksize 64: asking for both is one clear line
+    r = _run("build", model, "-o", tmp_path / "x.orkpack", "--no-plan", "--nf4-mode", "bnb", "--nf4-format", "dq32",
+             check=False)
+    assert r.returncode != 0 and "--nf4-format b64" in r.stderr and not (tmp_path / "x.orkpack").exists()
 
 
 def _source_tensor(model, name):
@@ -259,8 +273,9 @@ def test_dual_residency_verifies_in_both_modes(tmp_path):
 
     model = dual.write_hf_model(tmp_path / "model", seed=3, **dual.MODEL)
     tmf = dual.write_tiermap(tmp_path / "map.json", dual.hand_tiermap(model))
-    for mode in ("bnb", "opt"):
-        out = build(model, tmp_path / f"{mode}.orkpack", BuildOptions(threads=1, tiermap=tmf, nf4_mode=mode)).path
+    for mode, fmt in (("bnb", None), ("opt", "b64"), ("dq32", None)):
+        opts = BuildOptions(threads=1, tiermap=tmf, nf4_mode="opt" if mode == "dq32" else mode, nf4_format=fmt)
+        out = build(model, tmp_path / f"{mode}.orkpack", opts).path
         res = verify_pack(out, reference=True)
         assert res.exit_code == 0, res.failures
     # the opt copies do flip some blocks (negative absmax), so the relaxed check is exercised

@@ -126,13 +126,21 @@ def test_nf4dq_host_slices_through_every_reader_path(dq_pack):
     assert verify_pack(harness.scratch("dq.orkpack", raw), reference=True).exit_code == 0
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError,
-                   reason="orkpack/runtime/verify.py _reference_host_copy reads a host copy's 'absmax' part: nf4dq "
-                          "host copies (format 1.5) are not checked by verify --reference yet (KeyError); "
-                          "inflate.nf4dq_decode_c is the C decode to check them with. Remove this mark with that fix.")
 def test_nf4dq_host_copies_through_verify_reference(dq_pack):
+    """nf4dq host copies of NPU int8 and nf4 slices through open, inspect, render and verify --reference (which
+    read a host copy's 'absmax' part before it knew nf4dq: a KeyError). The nf4dq copy of an NPU slice stored nf4
+    (tensor 5) opens in both readers, but --reference wants that copy to be the slice's own nf4 bytes; without
+    it the pack passes --reference."""
     h, data = dq_pack
-    harness.check_pack(harness.wrap_pack(header_bytes(h), len(data) // 4096, data))
+    raw = harness.wrap_pack(header_bytes(h), len(data) // 4096, data)
+    harness.check_pack(raw)
+    from orkpack.runtime.verify import verify_pack
+
+    r = verify_pack(harness.scratch("dq.orkpack", raw), reference=True)
+    assert r.exit_code == 1 and len(r.failures) == 1 and r.failures[0].startswith("blk.0.attn_k.weight: host copy")
+    h = _mut(h, lambda h: h["tensors"].pop(5))
+    r = verify_pack(harness.scratch("dq.orkpack", harness.wrap_pack(header_bytes(h), len(data) // 4096, data)), reference=True)
+    assert r.exit_code == 0, r.failures
 
 
 def test_deep_json_nesting(tmp_path):

@@ -203,9 +203,12 @@ def test_nf4dq_code_table_is_the_reference():
     import re
 
     from orkpack.codecs.reference import DQ_CODE
+    from orkpack.pack import spec
 
     text = (ROOT / "kernels" / "nf4dq_code.h").read_text()
-    body = text[text.index("ORK_DQ_CODE_BITS[256] = {"):]
+    defs = dict(re.findall(r"#define (ORK_NF4DQ_\w+) (\d+)", text))
+    assert defs == {"ORK_NF4DQ_BLOCK": str(spec.NF4DQ_BLOCK), "ORK_NF4DQ_GROUP": str(spec.NF4DQ_GROUP)}
+    body = text[text.index("DQ_CODE_BITS[256] = {"):]
     bits = [int(h, 16) for h in re.findall(r"0x([0-9a-f]{8})u", body)]
     assert bits == DQ_CODE.view(np.uint32).tolist()
 

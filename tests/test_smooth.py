@@ -19,6 +19,7 @@ import xxhash
 from typer.testing import CliRunner
 
 from orkpack import archs, smooth, synth
+from orkpack.pack import spec
 from orkpack.build import BuildOptions, build
 from orkpack.cli import app
 from orkpack.codecs import reference as ref
@@ -196,7 +197,7 @@ def test_records_inspect_eval_and_determinism(tmp_path):
     assert a.read_bytes() == b.read_bytes()
     with Pack.open(a) as p:
         prov = p.header["provenance"]["smoothing"]
-        assert p.header["version"][0] == 1 and p.header["version"][1] >= 4  # smoothing records came with 1.4
+        assert p.header["version"] == [1, spec.VERSION_MINOR]  # smoothing records came with 1.4
     assert prov["method"] == "smoothquant" and prov["alpha"] == "searched"
     assert prov["stats"]["file"] == "st.gguf" and prov["stats"]["xxh3"] == xxhash.xxh3_64_hexdigest(st.read_bytes())
     assert p.header["provenance"]["options"]["imatrix"] == "st.gguf"

@@ -1,7 +1,11 @@
 """How a build chooses its NF4 bytes: the mode, the weighting and the activation statistics.
 
 ``bnb``: bitsandbytes' ``quantize_4bit`` bytes. ``opt`` (the default): the same format, each block's
-absmax chosen to minimize the squared error (``reference.nf4opt_encode``); with ``--imatrix FILE``
+absmax chosen to minimize the squared error (``reference.nf4opt_encode``). The format (``--nf4-format``):
+``dq32`` (the default with ``opt``) writes the nf4dq encoding, bitsandbytes' NF4 at blocksize 32 with its
+double-quantized absmax (4.25 bits a weight; ``reference.nf4dq_encode``); ``b64`` writes nf4, blocks of 64
+with float32 absmax (4.5 bits; the only format of ``bnb``). NPU slices stored 4-bit (``--npu-storage nf4``,
+inflated at load) are always nf4 (b64). With ``--imatrix FILE``
 (llama.cpp's imatrix format, ``orkpack imatrix`` or ``llama-imatrix``) the error of input column k
 weighs the column's mean square activation, as llama-quantize weighs its scale search. A tensor the
 imatrix does not cover is encoded with plain weights (and named in one build warning).
@@ -21,11 +25,14 @@ from ..errors import OrkError, escape_name
 from . import NF4_MODES, NF4_WEIGHTINGS, Encoded, get_codec
 from ..pack import spec
 
+NF4_FORMATS = ("dq32", "b64")  # nf4dq (blocksize 32, double-quantized absmax); nf4 (blocksize 64, float32 absmax)
+
 
 @dataclass
 class NF4Choice:
     mode: str = "opt"
     weighting: str = "plain"
+    format: str = "dq32"
     imatrix: Path | None = None
     stats: object | None = None  # orkpack.eval.imatrix.ActStats
     record: dict | None = None  # the imatrix's provenance record
@@ -51,16 +58,27 @@ class NF4Choice:
                            "statistics; regenerate the imatrix")
         return ms.astype(np.float32)
 
-    def encode(self, x: np.ndarray, *, tensor: str, expert: int | None, threads: int, alloc=np.empty) -> Encoded:
-        """The NF4 encoding of one slice under this choice."""
+    @property
+    def encoding(self) -> str:
+        """The pack encoding of this choice's host NF4 slices and host copies: nf4dq or nf4."""
+        return spec.ENC_NF4DQ if self.mode == "opt" and self.format == "dq32" else spec.ENC_NF4
+
+    def encode(self, x: np.ndarray, *, tensor: str, expert: int | None, threads: int, alloc=np.empty,
+               b64: bool = False) -> Encoded:
+        """The NF4 encoding of one slice under this choice (``b64``: nf4 whatever the format, for NPU slices
+        stored 4-bit); its pack encoding is :attr:`encoding` (nf4 when ``b64``)."""
         k = int(x.shape[-1]) if x.ndim else 1
         cw = self.col_weights(tensor, expert, k) if x.ndim == 2 else None
+        if self.encoding == spec.ENC_NF4DQ and not b64:
+            return get_codec(spec.ENC_NF4DQ).encode(x, threads=threads, alloc=alloc, col_weights=cw,
+                                                    weighting=self.weighting)
         return get_codec(spec.ENC_NF4).encode(x, threads=threads, alloc=alloc, mode=self.mode, col_weights=cw,
                                               weighting=self.weighting)
 
     def recorded(self) -> dict:
         out = {"mode": self.mode}
         if self.mode == "opt":
+            out["format"] = self.format
             out["weighting"] = self.weighting
             out["imatrix"] = self.record
         return out
@@ -74,19 +92,26 @@ class NF4Choice:
                 "encoded with plain weights")
 
 
-def choose(mode: str, weighting: str, imatrix: Path | None) -> NF4Choice:
-    """Check the options and load the imatrix once (bad input: one OrkError line naming the file)."""
+def choose(mode: str, weighting: str, imatrix: Path | None, fmt: str | None = None) -> NF4Choice:
+    """Check the options and load the imatrix once (bad input: one OrkError line naming the file).
+    ``fmt`` None: dq32 with ``opt``, b64 with ``bnb``."""
     if mode not in NF4_MODES:
         raise OrkError(f"--nf4-mode {mode!r}: choose {' or '.join(NF4_MODES)}")
     if weighting not in NF4_WEIGHTINGS:
         raise OrkError(f"--nf4-weighting {weighting!r}: choose {', '.join(NF4_WEIGHTINGS)}")
+    if fmt is not None and fmt not in NF4_FORMATS:
+        raise OrkError(f"--nf4-format {fmt!r}: choose {' or '.join(NF4_FORMATS)}")
+    if mode == "bnb" and fmt == "dq32":
+        raise OrkError("--nf4-mode bnb writes bitsandbytes' quantize_4bit bytes, blocksize 64: use --nf4-format b64, "
+                       "or --nf4-mode opt for dq32")
+    fmt = fmt or ("dq32" if mode == "opt" else "b64")
     if imatrix is None:
-        return NF4Choice(mode, weighting)
+        return NF4Choice(mode, weighting, fmt)
     if not Path(imatrix).is_file():
         raise OrkError(f"--imatrix {escape_name(str(imatrix))}: no such file (write one with "
                        "`orkpack imatrix SOURCE -o FILE`)")
     if mode != "opt":  # bitsandbytes' bytes use no statistics (--imatrix still smooths and clips the int8 items)
-        return NF4Choice(mode, weighting)
+        return NF4Choice(mode, weighting, fmt)
     from ..build import hash_file
     from ..eval import imatrix as im
 
@@ -94,7 +119,7 @@ def choose(mode: str, weighting: str, imatrix: Path | None) -> NF4Choice:
     stats = im.load(p)
     record = {"file": p.name, "xxh3": hash_file(p), "datasets": [str(d) for d in (stats.datasets or [])],
               "chunks": int(stats.chunk_count or 0), "chunk_size": int(stats.chunk_size or 0)}
-    return NF4Choice(mode, weighting, p, stats, record)
+    return NF4Choice(mode, weighting, fmt, p, stats, record)
 
 
 def pack_record(header: dict | None) -> dict | None:
@@ -119,7 +144,8 @@ def describe(rec: dict | None) -> str | None:
     if rec.get("mode") != "opt":
         return f"{rec.get('mode')} (bitsandbytes quantize_4bit bytes)"
     im = rec.get("imatrix")
-    what = f"opt: error-minimizing absmax, {rec.get('weighting', 'plain')} weights"
+    fmt = "nf4dq: blocksize 32, double-quantized absmax" if rec.get("format") == "dq32" else "blocksize 64"
+    what = f"opt ({fmt}): error-minimizing absmax, {rec.get('weighting', 'plain')} weights"
     if isinstance(im, dict):
         ds = ", ".join(str(d) for d in im.get("datasets") or []) or "unnamed text"
         what += (f" x imatrix {im.get('file')} (xxh3 {im.get('xxh3')}; {im.get('chunks')} chunks of "

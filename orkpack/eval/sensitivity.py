@@ -43,8 +43,9 @@ def _versions(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     from ..codecs import get_codec
     from ..codecs.nf4opt import NF4Choice
 
-    nf4 = get_codec("nf4").decode(NF4Choice().encode(np.ascontiguousarray(w, dtype=np.float32), tensor="",
-                                                     expert=None, threads=1).parts, w.shape)
+    ch = NF4Choice()
+    nf4 = get_codec(ch.encoding).decode(ch.encode(np.ascontiguousarray(w, dtype=np.float32), tensor="",
+                                                  expert=None, threads=1).parts, w.shape)
     i8 = ref.int8_decode(*ref.int8_encode(w))
     return nf4, i8
 

@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..codecs import get_codec
+from ..codecs import get_codec, reference as ref
 from ..errors import OrkError, escape_name
 from ..layout import untile_int8
 from ..model.weights import SourceWeights
@@ -76,6 +76,22 @@ def _nf4_rows(codes: np.ndarray, absmax: np.ndarray, n: int, k: int) -> Callable
         b0, b1 = e0 // B, -(-e1 // B)
         m = min(b1 * B, total) - b0 * B
         v = codec.decode({"codes": codes[b0 * B // 2: b0 * B // 2 + (m + 1) // 2], "absmax": absmax[b0:b1]}, (m,))
+        return v[e0 - b0 * B: e1 - b0 * B].reshape(r1 - r0, k)
+
+    return rows
+
+
+def _nf4dq_rows(p: dict, n: int, k: int) -> Callable[[int, int], np.ndarray]:
+    """Rows r0..r1 of an nf4dq [n, k] slice, decoding only the 32-element blocks that hold them."""
+    B, total = spec.NF4DQ_BLOCK, n * k
+    codes, q, sc, off = p["codes"], p["absmax_q"], p["absmax_scale"], p["absmax_offset"]
+
+    def rows(r0: int, r1: int) -> np.ndarray:
+        e0, e1 = r0 * k, r1 * k
+        b0, b1 = e0 // B, -(-e1 // B)
+        m = min(b1 * B, total) - b0 * B
+        a = (ref.DQ_CODE[q[b0:b1]] * sc[np.arange(b0, b1) // spec.NF4DQ_GROUP]) + off[0]  # FORMAT.md 3, nf4dq
+        v = ref.CODEBOOK[ref.nf4_unpack(codes[b0 * B // 2: b0 * B // 2 + (m + 1) // 2], m)] * np.repeat(a, B)[:m]
         return v[e0 - b0 * B: e1 - b0 * B].reshape(r1 - r0, k)
 
     return rows
@@ -191,6 +207,8 @@ class PackWeights:
         if enc == spec.ENC_NF4:
             p = self.pack.typed_parts(s)
             return _Operand(n, k, _nf4_rows(p["codes"], p["absmax"], n, k), quantized=True)
+        if enc == spec.ENC_NF4DQ:
+            return _Operand(n, k, _nf4dq_rows(self.pack.typed_parts(s), n, k), quantized=True)
         if enc in spec.FLOAT_ENCODINGS:
             dt = np.dtype(spec.PART_DTYPES[(enc, "data")])
             return _Operand(n, k, _float_rows(self.pack.part(s["parts"]["data"]).view(dt).reshape(n, k)))

@@ -125,6 +125,21 @@ def fill(dst: np.ndarray, src: np.ndarray, *, clean: bool = True, pool: Executor
     return n
 
 
+def nf4dq_decode_c(codes, absmax_q, scale, offset, n: int) -> np.ndarray:
+    """C nf4dq decode of the first n elements (float32), as reference.nf4dq_decode."""
+    out = np.empty(int(n), dtype=np.float32)
+    codes, absmax_q = np.ascontiguousarray(codes, dtype=np.uint8), np.ascontiguousarray(absmax_q, dtype=np.uint8)
+    scale = np.ascontiguousarray(scale, dtype=np.float32)
+    off = np.asarray(offset, dtype=np.float32).reshape(-1)
+    rc = lib.ork_rt_nf4dq_decode(
+        _ptr("const uint8_t *", codes), codes.nbytes, _ptr("const uint8_t *", absmax_q), absmax_q.size,
+        _ptr("const float *", scale), scale.size, float(off[0]) if off.size else 0.0, 0, int(n), _ptr("float *", out),
+    )
+    if rc != 0 or off.size != 1:
+        raise ValueError("nf4dq parts are too small for the slice shape")
+    return out
+
+
 def nf4_decode_c(codes, absmax_bytes, n: int) -> np.ndarray:
     """C NF4 decode of the first n elements (float32): CODEBOOK[code] * absmax, as nf4_decode."""
     out = np.empty(int(n), dtype=np.float32)
@@ -137,22 +152,3 @@ def nf4_decode_c(codes, absmax_bytes, n: int) -> np.ndarray:
         raise ValueError("nf4 parts are too small for the slice shape")
     return out
 
-
-def nf4dq_decode_c(codes, absmax_q, absmax_scale, absmax_offset, n: int) -> np.ndarray:
-    """C nf4dq decode (kernels/runtime.c ork_rt_nf4dq_decode) of the first n elements (float32), bit for bit
-    reference.nf4dq_decode; the parts as stored (uint8 codes and absmax_q, float32 (or their bytes) scale and
-    offset)."""
-    out = np.empty(int(n), dtype=np.float32)
-    codes = np.ascontiguousarray(codes).view(np.uint8).reshape(-1)
-    q = np.ascontiguousarray(absmax_q).view(np.uint8).reshape(-1)
-    sc = np.ascontiguousarray(absmax_scale).view(np.uint8).reshape(-1)
-    off = np.ascontiguousarray(absmax_offset).view(np.uint8).reshape(-1)
-    if off.size != 4:
-        raise ValueError("nf4dq absmax_offset is one float32")
-    rc = lib.ork_rt_nf4dq_decode(
-        _ptr("const uint8_t *", codes), codes.nbytes, _ptr("const uint8_t *", q), q.nbytes,
-        _ptr("const float *", sc), sc.nbytes // 4, float(off.view(np.float32)[0]), 0, int(n), _ptr("float *", out),
-    )
-    if rc != 0:
-        raise ValueError("nf4dq parts are too small for the slice shape")
-    return out

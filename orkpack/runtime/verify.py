@@ -259,7 +259,7 @@ def _checks(pack: Pack, run: _Run, backend, method: str, pool, reference: bool) 
             else:
                 run.ok("reference")
         for t, s in slices:
-            if s["encoding"] not in (spec.ENC_INT8, spec.ENC_NF4) or id(s) in bad:
+            if s["encoding"] not in (spec.ENC_INT8, spec.ENC_NF4, spec.ENC_NF4DQ) or id(s) in bad:
                 continue
             why = _reference_one(pack, s, backend, method, pool)
             if why:
@@ -437,6 +437,8 @@ def _reference_one(pack: Pack, s: dict, backend, method: str, pool) -> str | Non
             del q
             backend.free(buf)
         return None
+    if enc == spec.ENC_NF4DQ:
+        return _reference_nf4dq(pack, s)
     if enc == spec.ENC_NF4:
         n = int(np.prod(shape, dtype=np.int64))
         codes, ab = pack.part(s["parts"]["codes"]), pack.part(s["parts"]["absmax"])
@@ -482,6 +484,32 @@ def _nf4_edges():
     return _NF4_LO, _NF4_HI
 
 
+def _nf4dq_absmax(pack: Pack, s: dict) -> np.ndarray:
+    """An nf4dq slice's per-block float32 absmax (FORMAT.md 3)."""
+    from orkpack.codecs.reference import nf4dq_absmax
+
+    p = {pn: pack.part(s["parts"][pn]).view(np.dtype(spec.PART_DTYPES[(spec.ENC_NF4DQ, pn)])) for pn in s["parts"]}
+    return nf4dq_absmax(p["absmax_q"], p["absmax_scale"], p["absmax_offset"])
+
+
+def _reference_nf4dq(pack: Pack, s: dict) -> str | None:
+    """An nf4dq slice (or host copy): its scales and offset finite, scales >= 0 (a group's max |absmax - offset|),
+    and the C decode equal to the numpy reference's, bit for bit."""
+    from orkpack.codecs.reference import nf4dq_decode
+
+    p = {pn: pack.part(s["parts"][pn]).view(np.dtype(spec.PART_DTYPES[(spec.ENC_NF4DQ, pn)])) for pn in s["parts"]}
+    sc, off = p["absmax_scale"], p["absmax_offset"]
+    if not np.all(np.isfinite(sc)) or np.any(sc < 0) or not np.all(np.isfinite(off)):
+        return "nf4dq absmax scales are negative or not finite, or its offset is not finite"
+    n = int(np.prod(s["shape"], dtype=np.int64))
+    with np.errstate(invalid="ignore", over="ignore"):
+        want = nf4dq_decode(p["codes"], p["absmax_q"], sc, off, (n,))
+    got = inf.nf4dq_decode_c(p["codes"], p["absmax_q"], sc, off, n)
+    if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
+        return "C nf4dq decode differs from the numpy reference"
+    return None
+
+
 def _reference_host_copy(pack: Pack, s: dict) -> str | None:
     """What ``--reference`` proves of an NPU slice's host copy (there is no source at verify time):
 
@@ -506,19 +534,28 @@ def _reference_host_copy(pack: Pack, s: dict) -> str | None:
     hs = host_copy_slice(s)
     n, k = s["shape"]
     numel = n * k
-    codes, ab = pack.part(hs["parts"]["codes"]), pack.part(hs["parts"]["absmax"])
-    absmax = ab.view(np.float32)
-    # an opt-mode pack (provenance.nf4) chooses each block's scale: it may clip the block's largest values
-    # (codes 0 / 15 then stand for anything beyond) or be negative (the codebook flipped)
-    opt = nf4_pack_mode(pack.header) == "opt"
-    if not np.all(np.isfinite(absmax)) or (not opt and np.any(absmax < 0)):
-        return "nf4 absmax values are negative or not finite"
-    want = nf4_decode(codes, absmax, (numel,))
-    got = inf.nf4_decode_c(codes, ab, numel)
-    if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
-        return "C nf4 decode differs from the numpy reference"
-    del want, got
+    codes = pack.part(hs["parts"]["codes"])
+    if hs["encoding"] == spec.ENC_NF4DQ:  # always the error-minimizing encoder (FORMAT.md 3, nf4dq)
+        why = _reference_nf4dq(pack, hs)
+        if why:
+            return why
+        absmax, block, opt = _nf4dq_absmax(pack, hs), spec.NF4DQ_BLOCK, True
+    else:
+        ab = pack.part(hs["parts"]["absmax"])
+        absmax, block = ab.view(np.float32), spec.NF4_BLOCK
+        # an opt-mode pack (provenance.nf4) chooses each block's scale: it may clip the block's largest values
+        # (codes 0 / 15 then stand for anything beyond) or be negative (the codebook flipped)
+        opt = nf4_pack_mode(pack.header) == "opt"
+        if not np.all(np.isfinite(absmax)) or (not opt and np.any(absmax < 0)):
+            return "nf4 absmax values are negative or not finite"
+        want = nf4_decode(codes, absmax, (numel,))
+        got = inf.nf4_decode_c(codes, ab, numel)
+        if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
+            return "C nf4 decode differs from the numpy reference"
+        del want, got
     if s["encoding"] == spec.ENC_NF4:
+        if hs["encoding"] != spec.ENC_NF4:
+            return f"an NPU slice stored nf4 has a {hs['encoding']} host copy; its copy is the same nf4 bytes"
         for pn in ("codes", "absmax"):
             if not np.array_equal(pack.part(s["parts"][pn]), pack.part(hs["parts"][pn])):
                 return f"part {pn} differs from the NPU copy's (both are the nf4 encoding of one source slice)"
@@ -546,7 +583,7 @@ def _reference_host_copy(pack: Pack, s: dict) -> str | None:
         idx = np.arange(r0 * k, r1 * k, dtype=np.int64)
         byte = codes[idx >> 1]
         c = np.where(idx & 1, byte & 15, byte >> 4)
-        a = absmax[idx // spec.NF4_BLOCK].astype(np.float64)
+        a = absmax[idx // block].astype(np.float64)
         with np.errstate(invalid="ignore"):  # inf x 0 (an all-zero block: not checked)
             n_lo, n_hi = lo_edge[c] * a, hi_edge[c] * a
         n_lo, n_hi = np.minimum(n_lo, n_hi), np.maximum(n_lo, n_hi)  # a negative absmax flips the interval
