@@ -177,7 +177,9 @@ def test_c_bytes_equal_python_bytes(check, good):
         assert parts == want_parts, name
         assert npu == want_npu, name
         assert dec == want_dec, name
-    assert ndq == 7  # the nf4dq pack's 5 host slices and 2 host copies
+        if name == "nf4dq":
+            assert sum(v[0] == "nf4dq" for v in dec.values()) == 7  # its 5 host slices and 2 host copies
+    assert ndq > 7 or "dual_int8" not in good  # and those a build writes (nf4dq by default since format 1.5)
     backend.close()
 
 
