@@ -79,7 +79,10 @@ def main() -> None:
     q, s = R.int8_encode(x32)
     e = i8.encode(x32)
     assert e.parts["q"].tobytes() == q.tobytes() and e.parts["scale"].tobytes() == s.tobytes()
-    enc_nf4, enc_i8 = nf4.encode(x32), i8.encode(x32)
+    dq = codecs.get_codec("nf4dq")
+    d_parts = R.nf4dq_encode(xbf[:64])  # the nf4dq kernels too (a small slice: the reference is slow)
+    assert all(dq.encode(xbf[:64]).parts[k].tobytes() == v.tobytes() for k, v in zip(dq.parts, d_parts))
+    enc_nf4, enc_i8, enc_dq = nf4.encode(x32), i8.encode(x32), dq.encode(x32)
     enc_npu = i8.encode(x32, npu=True)
 
     def with_isa(level, fn):
@@ -105,7 +108,11 @@ def main() -> None:
         (f"int8 encode f32 npu tiles [{best}] 2 threads", nbytes32, lambda: i8.encode(x32, npu=True, threads=2)),
         ("int8 encode f32 [portable]", nbytes32, with_isa("portable", lambda: i8.encode(x32))),
         (f"int8 encode f32 [{best}] 2 threads", nbytes32, lambda: i8.encode(x32, threads=2)),
+        (f"nf4 opt encode bf16 [{best}]", xbf.nbytes, lambda: nf4.encode(xbf, mode="opt")),
+        (f"nf4dq encode bf16 [{best}]", xbf.nbytes, lambda: dq.encode(xbf)),
+        ("nf4dq encode bf16 [portable]", xbf.nbytes, with_isa("portable", lambda: dq.encode(xbf))),
         ("nf4 decode (f32 out bytes)", nbytes32, lambda: nf4.decode(enc_nf4.parts, x32.shape)),
+        ("nf4dq decode (f32 out bytes)", nbytes32, lambda: dq.decode(enc_dq.parts, x32.shape)),
         ("int8 decode row-major (f32 out)", nbytes32, lambda: i8.decode(enc_i8.parts, x32.shape, enc_i8.layout)),
         ("int8 decode npu tiles (f32 out)", nbytes32, lambda: i8.decode(enc_npu.parts, x32.shape, enc_npu.layout)),
     ]

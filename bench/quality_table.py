@@ -52,6 +52,9 @@ ROWS = [
     ("w8-float@w8a8", "every matrix int8 on the NPU, float activations", ("orkpack", ["--no-plan", "--npu", "*"]), "prefill", ["--act", "float"]),
     ("w8a8-imat", "every matrix int8 on the NPU, int8 activations, --imatrix (smoothed, clipped)", ("orkpack", ["--no-plan", "--npu", "*", "--imatrix", "@stats"]), "prefill"),
     ("w8-float-imat@w8a8-imat", "every matrix int8 on the NPU, float activations, --imatrix", ("orkpack", ["--no-plan", "--npu", "*", "--imatrix", "@stats"]), "prefill", ["--act", "float"]),
+    # the same with the tied head kept tied (--no-untie-head): what smoothing the head's untied copy buys
+    ("w8a8-imat-tied", "every matrix int8 on the NPU, int8 activations, --imatrix --no-untie-head", ("orkpack", ["--no-plan", "--npu", "*", "--imatrix", "@stats", "--no-untie-head"]), "prefill"),
+    ("w8-float-imat-tied@w8a8-imat-tied", "every matrix int8 on the NPU, float activations, --imatrix --no-untie-head", ("orkpack", ["--no-plan", "--npu", "*", "--imatrix", "@stats", "--no-untie-head"]), "prefill", ["--act", "float"]),
 ]
 
 

@@ -36,7 +36,7 @@ import mmap
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -78,7 +78,7 @@ class BuildOptions:
     # columns, smooth the NPU's activations and clip int8 rows
     nf4_mode: str = NF4Choice.mode
     nf4_weighting: str = NF4Choice.weighting
-    nf4_format: str | None = None  # dq32 (nf4dq) or b64 (nf4); None: dq32 with opt, b64 with bnb
+    nf4_format: str | None = None  # dq32 (nf4dq) or b64 (nf4); None: dq32 with opt, b64 with bnb, a --tiermap's own
     imatrix: Path | None = None
     allow_nonfinite: bool = False
     # placement: the tier-map compiler (default) or the rules alone (plan=False)
@@ -106,6 +106,8 @@ class BuildOptions:
     smooth: bool = True
     smooth_alpha: float | None = None
     clip: bool = True  # with imatrix: clamp int8 rows to their least-error ratio (orkpack/clip.py)
+    # with smoothing, a tied head placed on the NPU is stored as a smoothed untied copy (orkpack/smooth.py)
+    untie_head: bool = True
     # the options the user gave explicitly (the CLI fills it), so that --tiermap can refuse the planning
     # options it would ignore even when they equal their defaults (:func:`refuse_ignored_plan_options`)
     given: frozenset = frozenset()
@@ -140,7 +142,8 @@ class BuildOptions:
                                                 "nf4_format": self.nf4_format or "dq32"}) \
             | ({} if self.tiermap is None else {"tiermap": Path(self.tiermap).name}) \
             | ({} if self.imatrix is None else {"imatrix": Path(self.imatrix).name, "smooth": self.smooth,
-                                                "smooth_alpha": self.smooth_alpha, "clip": self.clip}) \
+                                                "smooth_alpha": self.smooth_alpha, "clip": self.clip}
+               | ({} if self.untie_head else {"untie_head": False})) \
             | ({} if self.max_kld is None else {"max_kld": self.max_kld})
 
     def pins(self) -> dict[str, list[str]]:
@@ -349,6 +352,28 @@ def refuse_ignored_plan_options(opts: BuildOptions) -> None:
     raise OrkError(f"{head} with {', '.join(flags)}: {why}, so {these} would be ignored; drop {it}, or {alt}")
 
 
+def follow_nf4_format(tm, map_path: Path, opts: BuildOptions, nf4: NF4Choice) -> tuple[BuildOptions, NF4Choice]:
+    """(options, NF4 choice) of a build that follows tier map ``tm``: host NF4 in the map's NF4 format, whose
+    bytes its plan counts (docs/TIERMAP.md section 5; a map without one was planned at b64). An --nf4-format
+    (or --nf4-mode bnb, which writes b64 only) that contradicts the map is refused in one line."""
+    from dataclasses import replace
+
+    from orkpack.tiers.board import check_nf4_format
+
+    label = escape_name(str(map_path))
+    fmt = check_nf4_format(tm.nf4_format, f"tier map {label}")
+    if fmt == nf4.format:
+        return opts, nf4
+    head = f"tier map {label} was planned for NF4 format {fmt} (its bytes and predictions count it), but"
+    if opts.nf4_format is not None:
+        raise OrkError(f"{head} the build was given --nf4-format {nf4.format}: drop --nf4-format to follow the map, "
+                       f"or plan again with orkpack plan --nf4-format {nf4.format}")
+    if nf4.mode != "opt":
+        raise OrkError(f"{head} --nf4-mode {nf4.mode} writes {nf4.format} only: plan again with orkpack plan "
+                       f"--nf4-format {nf4.format}, or build with --nf4-mode opt")
+    return replace(opts, nf4_format=fmt), replace(nf4, format=fmt)
+
+
 def _identity(path: Path) -> tuple[int, int] | None:
     """(device, inode) of the file ``path`` names (symlinks followed), or None when there is none."""
     try:
@@ -471,6 +496,39 @@ def source_provenance(src, opts: BuildOptions, smoothing: dict | None = None) ->
     } | ({} if smoothing is None else {"smoothing": smoothing})
 
 
+def _head_on_npu(placement, infos: list[TensorInfo]) -> bool:
+    """Whether the model's head is tied (no output.weight) and placed on the NPU: the head a build unties to smooth."""
+    from orkpack.smooth import EMBED, HEAD
+
+    by = {i.name: i for i in infos}
+    return HEAD not in by and EMBED in by and placement.decide(by[EMBED], None).tier == spec.TIER_NPU
+
+
+def _with_copies(infos: list[TensorInfo], untied: dict[str, str]) -> list[TensorInfo]:
+    """The source's tensors with each untied copy inserted right after its original (same shape and source)."""
+    out = []
+    for i in infos:
+        out.append(i)
+        out += [replace(i, name=c) for c, o in untied.items() if o == i.name]
+    return out
+
+
+class UntiedHead:
+    """A placement with untied copies (the smoothed head): a copy takes the decision its original had (the head's:
+    the NPU), the original host int8 (encoded and clipped as when it was tied: the rows its lookups read before)."""
+
+    def __init__(self, inner, untied: dict[str, str]):
+        self.inner, self.untied = inner, untied
+        self.originals = set(untied.values())
+
+    def decide(self, info: TensorInfo, expert: int | None) -> Decision:
+        if info.name in self.untied:
+            return self.inner.decide(replace(info, name=self.untied[info.name]), expert)
+        if info.name in self.originals:
+            return Decision(spec.ENC_INT8, spec.TIER_HOST)
+        return self.inner.decide(info, expert)
+
+
 def _clipped(x: np.ndarray, name: str, expert: int | None, stats, smoothing, counts: dict) -> np.ndarray:
     """An int8 slice clamped row by row (orkpack/clip.py) with the statistics of its input columns (divided by the
     smoothing scales its columns took: the input it meets is x / s); unchanged without statistics for it."""
@@ -478,7 +536,11 @@ def _clipped(x: np.ndarray, name: str, expert: int | None, stats, smoothing, cou
     from orkpack.sources.base import as_float32
 
     k = x.shape[1]
-    m = stats.mean_sq(name, expert, k=k) if name in stats else None
+    if name not in stats and smoothing is not None and name in smoothing.untied:
+        name_st = smoothing.untied[name]  # the head's statistics, gathered from the tied model
+    else:
+        name_st = name
+    m = stats.mean_sq(name_st, expert, k=k) if name_st in stats else None
     if m is None:
         return x
     m = np.asarray(m, np.float64)
@@ -561,8 +623,8 @@ def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts:
     return s
 
 
-def _read_ahead(src, infos: list[TensorInfo], io: ThreadPoolExecutor):
-    """Yield (info, array) in order.
+def _read_ahead(src, infos: list[TensorInfo], io: ThreadPoolExecutor, alias: dict[str, str] | None = None):
+    """Yield (info, array) in order; a name in ``alias`` (an untied copy) is read as the source tensor it names.
 
     Float and raw tensors stored in one piece are handed out as the source
     file's own pages (``src.mapped``: no copy, no buffer, nothing for the
@@ -588,14 +650,14 @@ def _read_ahead(src, infos: list[TensorInfo], io: ThreadPoolExecutor):
     mapped = getattr(src, "mapped", None)
 
     def fetch(i: int) -> np.ndarray:
-        info = infos[i]
-        arr = mapped(info.name) if mapped is not None else None
+        name = (alias or {}).get(infos[i].name, infos[i].name)
+        arr = mapped(name) if mapped is not None else None
         if arr is not None:
             return arr
         k = i % 2 if ahead else 0
         if bufs[k] is None:
             bufs[k] = np.empty(biggest, np.uint8)
-        return src.read(info.name, out=bufs[k])
+        return src.read(name, out=bufs[k])
 
     if not ahead:
         for i, info in enumerate(infos):
@@ -658,6 +720,7 @@ def build(
             placement, tiermap, warnings = TierMapPlacement(placement_map, opts), placement_map.to_json(), []
         elif opts.tiermap is not None:
             tm, warnings = load_tiermap(Path(opts.tiermap), infos)
+            opts, nf4 = follow_nf4_format(tm, Path(opts.tiermap), opts, nf4)
             placement = TierMapPlacement(tm, opts)
             tiermap = tm.to_json()
             if tm.prediction is not None and src.kind in ("safetensors", "gguf"):
@@ -679,7 +742,7 @@ def build(
                 Path(src_path), board=opts.board, profile=opts.profile, ctx=opts.ctx, kv_type=opts.kv_type,
                 prefill_m=opts.prefill_m, pins=opts.pins(), ignore_unknown=opts.ignore_unknown,
                 goal=Goal(opts.goal, opts.min_decode_tok_s, opts.min_prefill_tok_s, opts.max_ram, max_kld=opts.max_kld),
-                prompt=opts.prompt, runtime=opts.runtime,
+                prompt=opts.prompt, runtime=opts.runtime, nf4_format=nf4.format,
             )
             placement = TierMapPlacement(tm, opts)
             tiermap = tm.to_json()
@@ -697,11 +760,15 @@ def build(
             stats = nf4.stats if nf4.stats is not None else smooth.load_stats(Path(opts.imatrix))  # read once
             if opts.smooth:
                 smoothing, said = smooth.plan(src, infos, Path(opts.imatrix), stats, alpha=opts.smooth_alpha,
-                                              stats_hash=hash_file(Path(opts.imatrix)))
+                                              stats_hash=hash_file(Path(opts.imatrix)),
+                                              untie_head=opts.untie_head and _head_on_npu(placement, infos))
                 warnings += said
         total = sum(i.nbytes for i in infos)
+        if smoothing is not None and smoothing.untied:  # the smoothed head copy, written right after its original
+            placement = UntiedHead(placement, smoothing.untied)
+            infos = _with_copies(infos, smoothing.untied)
         if on_start:
-            on_start(total)
+            on_start(sum(i.nbytes for i in infos))
         # the source files are hashed on a side thread while the tensors are
         # encoded (both release the GIL); the header is written last anyway
         hasher = ThreadPoolExecutor(max_workers=1)
@@ -715,7 +782,7 @@ def build(
         model = src.model_metadata(warnings.append)
         with PackWriter(out_path, provenance=None, config=src.config, tiermap=tiermap, write_behind=write_behind,
                         pool_bytes=2 * write_behind + (64 << 20), model=model) as w:
-            for info, arr in _read_ahead(src, infos, io):
+            for info, arr in _read_ahead(src, infos, io, smoothing.untied if smoothing is not None else None):
                 if tuple(arr.shape) != tuple(info.shape):
                     raise SourceError(f"{escape_name(info.name)}: read shape {arr.shape} != header shape {info.shape}")
                 if smoothing is not None:  # the norm gains and matrices as smoothed (float32), the rest as read
@@ -726,6 +793,7 @@ def build(
                 for e, sub in subs:
                     dec = placement.decide(info, e)
                     if stats is not None and opts.clip and dec.encoding == spec.ENC_INT8 and sub.ndim == 2:
+                        # (an untied original is clipped as it was when tied: the lookups read the same int8 rows)
                         sub = _clipped(sub, info.name, e, stats, smoothing, clipped)
                     s = encode_slice(sub, dec, name=info.name if e is None else f"{info.name}[{e}]", threads=threads,
                                      opts=opts, alloc=w.alloc, nf4=nf4, tensor=info.name, expert=e)
@@ -760,6 +828,10 @@ def build(
                 al = f"{min(sp['alphas'])}..{max(sp['alphas'])}" if sp["alphas"] else "-"
                 info_lines.append(f"smoothed {sp['smoothed']} of {sp['groups']} groups (alpha {al}; the statistics' "
                                   f"w8a8 error {sp['error_ratio']} of unsmoothed)")
+                if sp.get("head"):
+                    info_lines.append(f"untied the head to smooth it: output.weight, a copy of {sp['head']['untied_from']} "
+                                      f"with its columns x s (alpha {sp['head']['alpha']}; the statistics' w8a8 error "
+                                      f"{sp['head']['error_ratio']} of unsmoothed); --no-untie-head keeps it tied")
             if "clipping" in prov:
                 info_lines.append(f"clipped {prov['clipping']['rows']} int8 rows of {prov['clipping']['slices']} slices")
             path = w.finish()

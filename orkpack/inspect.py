@@ -121,6 +121,8 @@ def smoothing_label(r) -> str | None:
     if not isinstance(r, dict) or not r:
         return None
     bits = []
+    if isinstance(r.get("untied"), dict):
+        bits.append(f"untied copy of {escape_name(str(r['untied'].get('from')), 80)}")
     for role, what in (("gain", "gain / s"), ("rows", "rows / s"), ("bias", "bias / s")):
         if isinstance(r.get(role), dict):
             rr = r[role]
@@ -130,7 +132,7 @@ def smoothing_label(r) -> str | None:
             bits.append(what + span)
     if isinstance(r.get("columns"), dict):
         bits.append(f"columns x s from {escape_name(str(r['columns'].get('from')), 80)}")
-    return "; ".join(bits) or "malformed"
+    return (", " if "untied" in r else "; ").join(bits) or "malformed"
 
 
 def _smoothing(prov: dict | None) -> dict | None:
@@ -139,6 +141,9 @@ def _smoothing(prov: dict | None) -> dict | None:
     if not isinstance(sm, dict):
         return None
     st = sm.get("stats") if isinstance(sm.get("stats"), dict) else {}
+    hd = sm.get("head") if isinstance(sm.get("head"), dict) else {}
+    head = {"untied_from": hd["untied_from"], "alpha": hd.get("alpha") if isinstance(hd.get("alpha"), (int, float)) else None} \
+        if isinstance(hd.get("untied_from"), str) else None
     return {
         "method": sm.get("method") if isinstance(sm.get("method"), str) else None,
         "alpha": sm.get("alpha") if isinstance(sm.get("alpha"), (str, int, float)) else None,
@@ -148,6 +153,7 @@ def _smoothing(prov: dict | None) -> dict | None:
         "stats_file": st.get("file") if isinstance(st.get("file"), str) else None,
         "stats_xxh3": st.get("xxh3") if isinstance(st.get("xxh3"), str) else None,
         "datasets": [d for d in st.get("datasets", []) if isinstance(d, str)] if isinstance(st.get("datasets"), list) else [],
+        "head": head,  # the tied head, untied and smoothed (orkpack/smooth.py), or None
     }
 
 
@@ -168,7 +174,10 @@ def smoothing_line(sm: dict | None) -> str | None:
     if al == "searched" and sm.get("alphas"):
         al = f"searched per group ({min(sm['alphas'])}..{max(sm['alphas'])})"
     ds = f", text {', '.join(escape_name(d, 60) for d in sm['datasets'])}" if sm.get("datasets") else ""
-    return (f"{escape_name(str(sm.get('method')), 20)}: {sm.get('smoothed')} of {sm.get('groups')} groups, alpha {al}; "
+    hd = sm.get("head")
+    hd = (f"; head untied from {escape_name(hd['untied_from'], 40)} and smoothed (alpha {hd['alpha']})"
+          if isinstance(hd, dict) else "")
+    return (f"{escape_name(str(sm.get('method')), 20)}: {sm.get('smoothed')} of {sm.get('groups')} groups, alpha {al}{hd}; "
             f"statistics {escape_name(str(sm.get('stats_file')), 80)} (xxh3 {escape_name(str(sm.get('stats_xxh3')), 20)}{ds})")
 
 

@@ -10,6 +10,13 @@ it feeds takes ``W[:, k] * s[k]``, so ``(x / s) @ (W * s).T == x @ W.T``. The ru
 the pack holds the smoothed weights, and every path (NPU tiles, host copies, host items) encodes
 the same smoothed weights. Records: docs/FORMAT.md section 10.
 
+A tied output head (``token_embd.weight`` doubles as the head) is fed by the final norm, but its matrix is also
+the embedding, whose row lookups must stay unsmoothed. When the head runs int8 on the NPU (``plan(...,
+untie_head=True)``), the build stores a smoothed copy ``output.weight`` (token_embd's columns times ``s``) beside
+the unsmoothed embedding and divides ``output_norm.weight`` by ``s``: the pack then holds an untied model, which
+every runtime runs as such (llama.cpp uses ``output.weight`` when a model has one). Its weights' error is counted
+once (:data:`HEAD_WEIGHT_FACTOR`), not 3x: docs/EVAL.md.
+
 Every ``s[k]`` is a power of two, so the smoothing is exact in float32 as well (a product of a
 float and a power of two is exact, barring underflow): a row's int8 codes under row scaling are
 unchanged, and the smoothed float model gives the source's logits. Gemma's HF gains (stored without
@@ -51,6 +58,7 @@ class Group:
     bias: str | None  # the carrier's bias (a LayerNorm's, a projection's), when it has one
     matrices: list[str]
     offset: int = 0  # rows: the first row that carries (a fused gate_up: its up half)
+    untied: str | None = None  # the head: its one matrix (output.weight) is a copy of this tensor (token_embd.weight)
 
 
 @dataclass
@@ -60,6 +68,7 @@ class Plan:
     records: dict[str, dict] = field(default_factory=dict)  # tensor name -> its header record
     provenance: dict | None = None
     norm_offset: float = 0.0
+    untied: dict[str, str] = field(default_factory=dict)  # a new tensor -> the source tensor it copies (output.weight)
 
     def apply(self, name: str, arr: np.ndarray) -> np.ndarray:
         """The tensor ``name`` (as read from the source, any float dtype) as the pack stores it: smoothed, float32;
@@ -122,6 +131,21 @@ def groups(names_shapes: dict[str, tuple], fwd, n_layers: int) -> list[Group]:
     return out
 
 
+HEAD = "output.weight"
+EMBED = "token_embd.weight"
+HEAD_NORM = "output_norm.weight"
+
+
+def head_group(names_shapes: dict[str, tuple]) -> Group | None:
+    """The tied head's group, or None: a model with no output.weight whose token_embd.weight [V, K] is fed, as
+    the head, by a 1-D output_norm.weight of K (every family's forward pass: the final norm, then the head)."""
+    e, g = names_shapes.get(EMBED), names_shapes.get(HEAD_NORM)
+    if HEAD in names_shapes or e is None or g is None or len(e) != 2 or tuple(g) != (e[1],):
+        return None
+    bias = "output_norm.bias"
+    return Group(-1, HEAD_NORM, "gain", bias if bias in names_shapes else None, [HEAD], untied=EMBED)
+
+
 def _int8_sq_err_cols(w: np.ndarray) -> np.ndarray:
     """Per input column, the summed squared error of ``w``'s int8 per-channel encoding (as the pack stores it)."""
     q, scale = ref.int8_encode(w)
@@ -130,6 +154,8 @@ def _int8_sq_err_cols(w: np.ndarray) -> np.ndarray:
 
 
 WEIGHT_FACTOR = 3.0  # the weights' error counts 3x: it reaches decode too (NF4 host copies), and is systematic (chosen from 1, 3, 10 on SmolLM2: docs/EVAL.md)
+HEAD_WEIGHT_FACTOR = 1.0  # the head's weights' error counts once: counted 3x, the search picks an alpha that raises
+# the head's true w8a8 KLD (SmolLM2: docs/EVAL.md, bench/head_w8a8.py)
 RANGE = "rms"  # how a token's largest |x| is estimated: rms (from the mean squares) | absmax (the columns' max)
 
 
@@ -142,7 +168,8 @@ def token_range_sq(ms: np.ndarray, a: np.ndarray) -> float:
     return max(float(ms.max()), 2.0 * math.log(max(ms.size, 2)) * float(ms.mean()))
 
 
-def w8a8_error(mats: list[np.ndarray], m: np.ndarray, a: np.ndarray, s: np.ndarray) -> float:
+def w8a8_error(mats: list[np.ndarray], m: np.ndarray, a: np.ndarray, s: np.ndarray,
+               weight_factor: float = WEIGHT_FACTOR) -> float:
     """Expected squared output error per token of the group's matrices in w8a8 under smoothing ``s``
     (see the module docstring): the int8 weights' part plus the int8-per-token activations' part."""
     s64 = s.astype(np.float64)
@@ -151,7 +178,7 @@ def w8a8_error(mats: list[np.ndarray], m: np.ndarray, a: np.ndarray, s: np.ndarr
     e = 0.0
     for w in mats:
         ws = w * s[None, :]
-        e += WEIGHT_FACTOR * float(_int8_sq_err_cols(ws) @ ms)
+        e += weight_factor * float(_int8_sq_err_cols(ws) @ ms)
         e += step * step / 12.0 * float((ws.astype(np.float64) ** 2).sum())
     return e
 
@@ -168,15 +195,16 @@ def pow2_scales(a: np.ndarray, wmax: np.ndarray, alpha: float) -> np.ndarray:
     return np.ldexp(np.float32(1), e.astype(np.int32)).astype(np.float32)
 
 
-def choose(mats: list[np.ndarray], m: np.ndarray, a: np.ndarray, alpha: float | None = None
-           ) -> tuple[np.ndarray, float | None, float, float]:
+def choose(mats: list[np.ndarray], m: np.ndarray, a: np.ndarray, alpha: float | None = None,
+           weight_factor: float = WEIGHT_FACTOR) -> tuple[np.ndarray, float | None, float, float]:
     """(s, alpha chosen (None: no smoothing), its error, the error without smoothing) for one group."""
+    w8a8 = lambda s: w8a8_error(mats, m, a, s, weight_factor)  # noqa: E731
     wmax = np.max([np.abs(w).max(axis=0) for w in mats], axis=0).astype(np.float64)
     one = np.ones(m.shape, np.float32)
-    base = w8a8_error(mats, m, a, one)
+    base = w8a8(one)
     if alpha is not None:
         s = pow2_scales(a, wmax, alpha)
-        return s, alpha, w8a8_error(mats, m, a, s), base
+        return s, alpha, w8a8(s), base
     best = (one, None, base)
     tried: dict = {}
 
@@ -185,7 +213,7 @@ def choose(mats: list[np.ndarray], m: np.ndarray, a: np.ndarray, alpha: float | 
         if al in tried or al not in ALPHAS:
             return
         s = pow2_scales(a, wmax, al)
-        e = tried[al] = w8a8_error(mats, m, a, s)
+        e = tried[al] = w8a8(s)
         if e < best[2]:
             best = (s, al, e)
 
@@ -212,8 +240,9 @@ class _NoMaxima(Exception):
 
 def _stats_for(stats, g: Group, k: int, where: str) -> tuple[np.ndarray, np.ndarray]:
     """(mean square, max |x|) of the group's input columns: the statistics of its first matrix (every matrix of
-    a group reads the same input)."""
-    have = [n for n in g.matrices if n in stats]
+    a group reads the same input); the head's under output.weight (llama.cpp's name) or, gathered from the tied
+    model, token_embd.weight."""
+    have = [n for n in g.matrices + ([g.untied] if g.untied else []) if n in stats]
     if not have:
         raise OrkError(f"{where}: has no statistics for {escape_name(g.matrices[0])}: gathered from another model? "
                        "Gather them from this source: orkpack imatrix SOURCE -o FILE")
@@ -236,8 +265,9 @@ def _stats_for(stats, g: Group, k: int, where: str) -> tuple[np.ndarray, np.ndar
 
 
 def plan(src, infos, stats_path: Path, stats=None, *, alpha: float | None = None,
-         stats_hash: str | None = None) -> tuple[Plan, list[str]]:
-    """The smoothing of every group the source allows, chosen from the statistics at ``stats_path``.
+         stats_hash: str | None = None, untie_head: bool = False) -> tuple[Plan, list[str]]:
+    """The smoothing of every group the source allows, chosen from the statistics at ``stats_path``; with
+    ``untie_head`` also the tied head's, as an untied smoothed copy (module docstring) when its search smooths.
     Returns (plan, warning lines). OrkError (one line) for a model the forward pass cannot describe or
     statistics that do not fit it."""
     from .model import forward
@@ -252,23 +282,32 @@ def plan(src, infos, stats_path: Path, stats=None, *, alpha: float | None = None
     stats = stats if stats is not None else load_stats(stats_path)
     names_shapes = {i.name: tuple(i.shape) for i in infos}
     gs = groups(names_shapes, hp.fwd, hp.n_layers)
+    hg = head_group(names_shapes) if untie_head else None
     warnings = []
-    if not gs:
+    if not gs and hg is None:
         warnings.append("--imatrix: this model has no norm-fed matrices to smooth; nothing smoothed")
     p = Plan(norm_offset=float(hp.norm_offset))
     chosen: list[float | None] = []
     gain = []
-    for g in gs:
-        k = names_shapes[g.matrices[0]][1]
+    head = None
+    for g in gs + ([hg] if hg is not None else []):
+        k = names_shapes[g.untied or g.matrices[0]][1]
         try:
             m, a = _stats_for(stats, g, k, where)
         except _NoMaxima as e:  # a llama.cpp imatrix: usable for clipping, not for smoothing
             return Plan(), warnings + [str(e)]
-        mats = [np.ascontiguousarray(as_float32(src.read(n)), dtype=np.float32) for n in g.matrices]
-        s, al, err, base = choose(mats, m, a, alpha)
+        mats = [np.ascontiguousarray(as_float32(src.read(g.untied or n)), dtype=np.float32) for n in g.matrices]
+        s, al, err, base = choose(mats, m, a, alpha, HEAD_WEIGHT_FACTOR if g.untied else WEIGHT_FACTOR)
         del mats
-        chosen.append(al)
-        gain.append((base, err))
+        if g.untied:
+            if al is None:  # nothing to gain: the head stays tied, and nothing is recorded
+                continue
+            head = {"untied_from": g.untied, "alpha": al, "error_ratio": round(err / base, 4) if base > 0 else None}
+            p.untied[g.matrices[0]] = g.untied
+            p.records.setdefault(g.matrices[0], {})["untied"] = {"from": g.untied}
+        else:
+            chosen.append(al)
+            gain.append((base, err))
         if al is None:
             continue
         for n in g.matrices:
@@ -299,7 +338,7 @@ def plan(src, infos, stats_path: Path, stats=None, *, alpha: float | None = None
         "smoothed": n_s,
         "score": "expected w8a8 output error from the statistics (orkpack/smooth.py)",
         "error_ratio": round(tot / tot_base, 4) if tot_base > 0 else None,
-    }
+    } | ({} if head is None else {"head": head})
     return p, warnings
 
 
@@ -333,15 +372,31 @@ def ops_of(pack) -> dict[str, list[tuple]]:
     return out
 
 
+def untied_of(pack) -> dict[str, str]:
+    """Per tensor a pack holds as a smoothed copy of another (the untied head), the tensor it copies; {} without."""
+    return {t["name"]: t["smoothing"]["untied"]["from"] for t in pack.tensors
+            if isinstance(t.get("smoothing"), dict) and isinstance(t["smoothing"].get("untied"), dict)}
+
+
 def check_pack(pack) -> str | None:
     """Why a pack's smoothing records do not hold together, or None: each carrier's scales are integers in range,
-    one per input column of each matrix it names; each of those matrices names it back; a bias names a carrier."""
+    one per input column of each matrix it names; each of those matrices names it back; a bias names a carrier; an
+    untied copy (the head) is a smoothed matrix of its original's shape, and the original is not smoothed."""
     recs = {t["name"]: t for t in pack.tensors if t.get("smoothing") is not None}
+    shapes = {t["name"]: t["shape"] for t in pack.tensors}
     for name, t in recs.items():
         r, label = t["smoothing"], escape_name(name)
-        if not isinstance(r, dict) or not r or set(r) - {"columns", "gain", "rows", "bias"} \
+        if not isinstance(r, dict) or not r or set(r) - {"columns", "gain", "rows", "bias", "untied"} \
                 or not all(isinstance(v, dict) for v in r.values()):
             return f"{label}: malformed smoothing record"
+        if "untied" in r:
+            src = r["untied"].get("from")
+            if "columns" not in r or not isinstance(src, str) or src == name:
+                return f"{label}: an untied copy must name its original and take smoothed columns"
+            if src not in shapes or shapes[src] != t["shape"]:
+                return f"{label}: untied from {escape_name(str(src))}, which the pack does not hold in its shape"
+            if src in recs:
+                return f"{label}: its original {escape_name(src)} is smoothed too; it must hold the source's values"
         for role in ("gain", "rows"):
             if role not in r:
                 continue
@@ -375,22 +430,56 @@ def check_pack(pack) -> str | None:
     return None
 
 
+def check_untied_values(pack) -> str | None:
+    """Why an untied copy's values are not its original's columns times the recorded scales, or None. Both are
+    decoded as the CPU reads them; per column k the least-squares factor r_k of copy on original must round to
+    the recorded power of two (|log2 r_k - e_k| < 1/2): int8 or NF4 rounding moves it by far less, and int8
+    clipping (each row to at least 0.8 of its max, orkpack/clip.py) by at most log2(1/0.8) = 0.32, so a forged
+    scale or a copy of another tensor is caught."""
+    from .eval.weights import PackWeights
+
+    ops = ops_of(pack)
+    w = PackWeights(pack, "decode")
+    for name, src in untied_of(pack).items():
+        col = next((op[1] for op in ops.get(name, []) if op[0] == "columns"), None)
+        if col is None:
+            return f"{escape_name(name)}: untied copy without smoothing scales"
+        a, b = w._cpu_operand(w._slice(name, None)), w._cpu_operand(w._slice(src, None))
+        num = np.zeros(a.k, np.float64)
+        den = np.zeros(a.k, np.float64)
+        for r in range(0, a.n, 4096):
+            x, y = a.rows(r, min(a.n, r + 4096)).astype(np.float64), b.rows(r, min(a.n, r + 4096)).astype(np.float64)
+            num += (x * y).sum(axis=0)
+            den += (y * y).sum(axis=0)
+        ok = den > 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r_k = np.where(ok, num / np.where(ok, den, 1.0), 1.0)
+        bad = ok & ~(np.abs(np.log2(np.maximum(r_k, 1e-30)) - np.log2(col.astype(np.float64))) < 0.5)
+        if bad.any():
+            k = int(np.nonzero(bad)[0][0])
+            return (f"{escape_name(name)}: column {k} is {r_k[k]:.4g} x {escape_name(src)}'s, not the recorded "
+                    f"2^{int(np.log2(col[k]))} ({int(bad.sum())} columns differ)")
+    return None
+
+
 class Smoothed:
     """A weight provider over the source's float weights, smoothed as a pack was (``ops``: :func:`ops_of`): the
     float model the pack's weights quantize, for comparisons item by item (eval --per-tensor, --sensitivity)."""
 
-    def __init__(self, inner, ops: dict[str, list[tuple]], norm_offset: float = 0.0):
+    def __init__(self, inner, ops: dict[str, list[tuple]], norm_offset: float = 0.0, untied: dict | None = None):
         self.inner, self.ops, self.off = inner, ops, norm_offset
+        self.untied = untied or {}  # a pack's untied copy (output.weight) -> the source tensor it copies
 
     def has(self, name):
-        return self.inner.has(name)
+        return name in self.untied or self.inner.has(name)
 
     def tensor(self, name):
-        v = self.inner.tensor(name)
+        v = self.inner.tensor(self.untied.get(name, name))
         return transform(v, self.ops[name], self.off) if name in self.ops else v
 
     def matmul(self, name, x, expert=None):
         ops = self.ops.get(name)
+        name = self.untied.get(name, name)
         if not ops:
             return self.inner.matmul(name, x, expert)
         for op in ops:

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from orkpack.build import BuildOptions, build
 from orkpack.cli import app
 from orkpack.codecs import get_codec
+from orkpack.pack import spec
 from orkpack.pack.reader import Pack
 from orkpack.sources import open_source
 from orkpack.sources.base import as_float32
@@ -39,6 +40,13 @@ def _tensor_bytes(path: Path) -> dict:
             key = (t["name"], s["expert"])
             out[key] = (t["shape"], s["encoding"], s["tier"], s["layout"], {k: p.part(v).tobytes() for k, v in s["parts"].items()})
     return out
+
+
+def _stored_encoding(tm, encoding: str) -> str:
+    """The pack encoding of a tier map's host ``encoding``: its "nf4" is host NF4 in the map's NF4 format."""
+    from orkpack.codecs.nf4opt import NF4Choice
+
+    return NF4Choice(format=tm.nf4_format).encoding if encoding == "nf4" else encoding
 
 
 def test_build_hf_folder_decodes_close_to_source(hf_model, tmp_path):
@@ -68,9 +76,13 @@ def test_build_hf_folder_decodes_close_to_source(hf_model, tmp_path):
         from orkpack.tiers.tiermap import TierMap
 
         tm = TierMap.from_json(p.header["tiermap"])
+        assert tm.nf4_format == "dq32"  # the default: a host "nf4" of the map is written nf4dq
+        nf4 = 0
         for t, s in p.slices():
-            if s["encoding"] in ("int8", "nf4") and s["tier"] == "host":
-                assert tm.get(t["name"], s.get("expert")).encoding == s["encoding"], t["name"]
+            if s["encoding"] in ("int8", *spec.NF4_ENCODINGS) and s["tier"] == "host":
+                assert _stored_encoding(tm, tm.get(t["name"], s.get("expert")).encoding) == s["encoding"], t["name"]
+                nf4 += s["encoding"] == spec.ENC_NF4DQ
+        assert nf4
     src.close()
 
 
@@ -140,6 +152,7 @@ def test_build_follows_the_tier_map_and_embeds_it(tmp_path):
             if len(t["shape"]) < 2:
                 continue
             enc, tier, min_m = tm.decision(t["name"], s["expert"])
+            enc = _stored_encoding(tm, enc) if tier == "host" else enc  # an NPU slice stored 4-bit: nf4
             assert (s["encoding"], s["tier"]) == (enc, tier), (t["name"], s["expert"])
             if tier == "npu":
                 assert s["min_m"] == min_m >= 2
@@ -149,7 +162,55 @@ def test_build_follows_the_tier_map_and_embeds_it(tmp_path):
         up1 = [t for t in stacked if t["name"] == "blk.1.ffn_up_exps.weight"][0]
         assert up1["slices"][2]["tier"] == "host"
         down0 = [t for t in stacked if t["name"] == "blk.0.ffn_down_exps.weight"][0]
-        assert down0["slices"][1]["encoding"] == "nf4"
+        pinned = tm.get("blk.0.ffn_down_exps.weight", 1)  # --nf4: host NF4 (the map's format), or NPU stored nf4
+        assert pinned.encoding == "nf4"
+        assert down0["slices"][1]["encoding"] == (_stored_encoding(tm, "nf4") if pinned.tier == "host" else "nf4")
+
+
+@pytest.mark.parametrize("fmt", ["dq32", "b64"])
+def test_stored_bytes_are_the_plans_bytes_at_both_nf4_formats(hf_model, tmp_path, fmt):
+    """Every slice of a built pack stores what its tier map counts for its decision, at either NF4 format: a host
+    slice its parts (host nf4 written in the format's encoding), an NPU slice its parts each rounded up to the
+    board's allocation granularity, a host copy its parts. The same whether the build plans (--nf4-format) or
+    follows `orkpack plan --nf4-format` (build --tiermap, no format given: the map's)."""
+    from orkpack.codecs.nf4opt import NF4Choice
+    from orkpack.tiers.tiermap import TierMap
+
+    pins = ["--npu", "blk.*.ffn_*", "--goal", "decode"]  # NPU slices, host copies (decode first) and host NF4
+    planned = build(hf_model, tmp_path / "a.orkpack", BuildOptions(threads=1, nf4_format=fmt, npu=["blk.*.ffn_*"],
+                                                                  goal="decode")).path
+    r = cli("plan", hf_model, "--nf4-format", fmt, *pins, "-o", tmp_path / "map.json")
+    assert r.exit_code == 0, r.output
+    followed = cli("build", hf_model, "-o", tmp_path / "b.orkpack", "--tiermap", tmp_path / "map.json", "--threads", 1)
+    assert followed.exit_code == 0, followed.output
+    nf4_enc = NF4Choice(format=fmt).encoding
+    assert nf4_enc == {"dq32": spec.ENC_NF4DQ, "b64": spec.ENC_NF4}[fmt]
+    parts = []
+    for path in (planned, tmp_path / "b.orkpack"):
+        seen = {"host nf4": 0, "npu": 0, "host copy": 0}
+        with Pack.open(path) as p:
+            tm = TierMap.from_json(p.header["tiermap"])
+            assert tm.nf4_format == fmt and p.header["provenance"]["nf4"]["format"] == fmt
+            g = tm.board["alloc_granularity"]
+            for t, s in p.slices():
+                d = tm.get(t["name"], s["expert"])
+                size = {k: v["size"] for k, v in s["parts"].items()}
+                if d.tier == "npu":
+                    assert s["encoding"] == "int8" and sum(-(-v // g) * g for v in size.values()) == d.bytes, d.name
+                    seen["npu"] += 1
+                else:
+                    assert s["encoding"] == _stored_encoding(tm, d.encoding) and sum(size.values()) == d.bytes, d.name
+                    seen["host nf4"] += s["encoding"] == nf4_enc
+                if d.host_copy is not None:
+                    hc = s["host_copy"]
+                    assert hc["encoding"] == nf4_enc and sum(v["size"] for v in hc["parts"].values()) == d.host_copy_bytes
+                    seen["host copy"] += 1
+                else:
+                    assert "host_copy" not in s
+            assert all(seen.values()), seen
+            parts.append([(t["name"], s["expert"], s["encoding"], {k: v["xxh3"] for k, v in s["parts"].items()})
+                          for t, s in p.slices()])
+    assert parts[0] == parts[1]  # one plan, one set of bytes
 
 
 def test_npu_storage_nf4_records_the_inflated_image(hf_model, tmp_path):

@@ -84,6 +84,27 @@ def _rewrite(src: Path, dst: Path, mutate=None, raw_header: bytes | None = None,
     return dst
 
 
+def _untied_head_pack(d: Path) -> Path:
+    """A smoothed pack whose tied head became a smoothed copy output.weight (orkpack/smooth.py): one tensor more,
+    the same source_name twice, smoothing records with an ``untied`` role."""
+    import numpy as np
+
+    from orkpack.build import BuildOptions, build
+    from orkpack.eval import imatrix
+    from orkpack.synth import TINY, write_hf_model
+
+    model = write_hf_model(d / "tied", config=json.loads(json.dumps(TINY["qwen2"])), shards=1, seed=4)
+    ids = d / "ids.txt"
+    ids.write_text(" ".join(str(int(i)) for i in np.random.default_rng(1).integers(0, 128, 96)))
+    st = d / "st.gguf"
+    imatrix.save(imatrix.collect(model, tokens=ids, ctx=48), st)
+    out = build(model, d / "untied_head.orkpack", BuildOptions(threads=1, plan=False, npu=["*"], imatrix=st,
+                                                               smooth_alpha=0.5)).path
+    with Pack.open(out) as p:
+        assert "output.weight" in {t["name"] for t in p.tensors}
+    return out
+
+
 @pytest.fixture(scope="module")
 def good(tmp_path_factory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("good")
@@ -97,6 +118,7 @@ def good(tmp_path_factory) -> dict[str, Path]:
     packs["raw"] = d / "raw.orkpack"
     write_nf4dq(d / "nf4dq.orkpack")  # format 1.5: nf4dq host slices and host copies
     packs["nf4dq"] = d / "nf4dq.orkpack"
+    packs["untied_head"] = _untied_head_pack(d)
     try:
         import test_dual_residency as tdr
 

@@ -22,7 +22,7 @@ from orkpack.tiers.solver import evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "tests" / "fixtures" / "configs"
-BASE = load_board("rk3588-32g")
+BASE = load_board("rk3588-32g", nf4_format=cal.MEASURED_NF4_FORMAT)  # what calibrate's rows weigh
 runner = CliRunner()
 
 # constants the synthetic timings are generated with: far from the base runtime path's
@@ -151,7 +151,7 @@ def test_cli_writes_a_runtime_path_that_loads_and_round_trips(tmp_path):
 def test_calibrate_a_runtime_path_without_the_npu(tmp_path):
     """Base llama.cpp-cpu: CPU rows fit its CPU constants; the written file has no [npu] section; NPU rows
     are refused in one line."""
-    cpu = load_board("rk3588-32g", "llama.cpp-cpu")
+    cpu = load_board("rk3588-32g", "llama.cpp-cpu", cal.MEASURED_NF4_FORMAT)
     true = replace(cpu, cpu_int8_ops_per_s=0.9e11, cpu_nf4_ops_per_s=1.9e11, cpu_float_ops_per_s=0.7e11,
                    decode_fraction=0.7, decode_token_s=0.012)
     rows = [f"matmul,cpu,{enc},256,2048,2048,,,,,X," for enc in ("int8", "nf4", "f16")]

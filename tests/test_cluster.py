@@ -111,7 +111,7 @@ def test_joint_split_is_exact_against_brute_force(seed):
     base = load_board("rk3588-32g")
     B = 2 if seed < 3 else 3
     kept, _ = solver.match_pins(man, {"keep": KEEP + (["blk.1.ffn_gate.weight"] if seed >= 4 else [])})
-    least = sum(it.float_bytes if i in kept else solver.cost.host_nf4_bytes(it.n, it.k) for i, it in enumerate(man.items)) \
+    least = sum(it.float_bytes if i in kept else solver.cost.host_nf4_bytes(it.n, it.k, base.nf4_format) for i, it in enumerate(man.items)) \
         + sum(t.float_bytes for t in man.floats) + man.kv_bytes(256)
     npu_item = solver.cost.npu_bytes(1024, 512, base)
     boards = []
@@ -280,9 +280,10 @@ def test_inspect_shows_the_node(built):
     from orkpack.inspect import pack_facts
 
     d, model, plan, results, cj = built
+    second = [n for n in cj["nodes"] if n["used"]][1]  # the second pack's node (a node may hold no layer)
     f = pack_facts(results[1].path)
     cl = f["tiermap"]["options"]["cluster"]
-    assert cl["node"] == 1 and cl["layers"] == cj["nodes"][1]["layers"]
+    assert cl["node"] == second["node"] and cl["layers"] == second["layers"]
     out = subprocess.run([sys.executable, "-m", "orkpack", "inspect", str(d / "out" / "cluster.json")],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
@@ -501,3 +502,59 @@ def test_the_runtime_path_reaches_every_board():
     b = cluster.solve_cluster(man, cluster.parse_cluster("rk3588-16g,rk3588-16g", runtime="rkllm"), ctx=2048)
     assert a.prediction["decode_s_per_token"] != b.prediction["decode_s_per_token"]
     assert cluster.to_json(b)["nodes"][0]["runtime"] == "rkllm"
+
+
+def test_the_nf4_format_reaches_every_board():
+    """--nf4-format: every board counts host NF4 at the build's format, each node's tier map and cluster.json
+    record it; the default is dq32, whose host NF4 takes fewer bytes than b64."""
+    from orkpack.tiers import cost
+
+    assert [b.nf4_format for b in cluster.parse_cluster("rk3588-32g,rk3588-16g", nf4_format="b64").boards] == ["b64"] * 2
+    assert [b.nf4_format for b in cluster.parse_cluster("rk3588-32g,rk3588-16g").boards] == ["dq32"] * 2
+    man = manifest_from_path(CFG / "qwen2.json")
+    host_nf4 = {}
+    for fmt in ("b64", "dq32"):
+        plan = cluster.solve_cluster(man, cluster.parse_cluster("rk3588-16g,rk3588-16g", nf4_format=fmt), ctx=2048)
+        assert {n["nf4_format"] for n in cluster.to_json(plan)["nodes"]} == {fmt}
+        host_nf4[fmt] = 0
+        for j, n in enumerate(plan.nodes):
+            if not n["used"]:
+                continue
+            tm = cluster.node_tiermap(plan, j)
+            assert tm.board["nf4_format"] == fmt
+            for d in tm.decisions:
+                if d.tier == "host" and d.encoding == "nf4":
+                    assert d.bytes == cost.host_nf4_bytes(*d.shape, fmt)
+                    host_nf4[fmt] += 1
+                assert d.host_copy is None or d.host_copy_bytes == cost.host_nf4_bytes(*d.shape, fmt)
+    assert host_nf4["b64"] and host_nf4["dq32"]
+    # build --boards plans at the format it writes: --nf4-format, else dq32 with --nf4-mode opt, b64 with bnb
+    from orkpack.build import BuildOptions
+    from orkpack.errors import OrkError
+
+    assert [cluster_build.build_nf4_format(BuildOptions(**kw)) for kw in
+            ({}, {"nf4_format": "b64"}, {"nf4_mode": "bnb"})] == ["dq32", "b64", "b64"]
+    with pytest.raises(OrkError, match="--nf4-mode bnb"):
+        cluster_build.build_nf4_format(BuildOptions(nf4_mode="bnb", nf4_format="dq32"))
+
+
+def test_cluster_packs_store_the_node_maps_bytes(built):
+    """The default cluster build plans at dq32 and writes it: every host NF4 slice is nf4dq, of the bytes its
+    node's tier map counts."""
+    from orkpack.pack import spec
+    from orkpack.pack.reader import Pack
+    from orkpack.tiers.tiermap import TierMap
+
+    d, model, plan, results, cj = built
+    nf4 = 0
+    for r in results:
+        with Pack.open(r.path) as p:
+            tm = TierMap.from_json(p.header["tiermap"])
+            assert tm.nf4_format == "dq32"
+            for t, s in p.slices():
+                dec = tm.get(t["name"], s["expert"])
+                if dec.tier == "host" and dec.encoding == "nf4":
+                    assert s["encoding"] == spec.ENC_NF4DQ
+                    assert sum(v["size"] for v in s["parts"].values()) == dec.bytes
+                    nf4 += 1
+    assert nf4

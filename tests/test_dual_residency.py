@@ -53,11 +53,17 @@ PLACE = {
 DUAL = sorted(k for k, v in PLACE.items() if v == "dual")
 
 
-def _nf4_bytes(n: int) -> int:
-    return (n + 1) // 2 + 4 * -(-n // 64)
+def _nf4_bytes(n: int, fmt: str = "b64") -> int:
+    """docs/FORMAT.md 3: nf4 (b64) and nf4dq (dq32) bytes of n values."""
+    if fmt == "b64":
+        return (n + 1) // 2 + 4 * -(-n // 64)
+    nb = -(-n // 32)
+    return (n + 1) // 2 + nb + 4 * -(-nb // 256) + 4
 
 
-def hand_tiermap(model: Path, place: dict[str, str] = PLACE) -> TierMap:
+def hand_tiermap(model: Path, place: dict[str, str] = PLACE, fmt: str = "b64") -> TierMap:
+    """A tier map placing ``model`` by ``place``, its host nf4 bytes counted at NF4 format ``fmt`` (b64: the
+    board block without "nf4_format", as maps were before there were two formats)."""
     src = open_source(model)
     try:
         infos = src.tensors()
@@ -77,17 +83,18 @@ def hand_tiermap(model: Path, place: dict[str, str] = PLACE) -> TierMap:
             if kind in ("npu", "dual"):
                 enc, tier, min_m, nbytes = "int8", "npu", 16, npu_tiled_size(*shape) + 4 * shape[0]
                 if kind == "dual":
-                    host_copy, hc_bytes = "nf4", _nf4_bytes(n)
+                    host_copy, hc_bytes = "nf4", _nf4_bytes(n, fmt)
             elif kind == "host int8":
                 enc, tier, min_m, nbytes = "int8", "host", 1 << 30, n + 4 * shape[0]
             elif kind == "host nf4":
-                enc, tier, min_m, nbytes = "nf4", "host", 1 << 30, _nf4_bytes(n)
+                enc, tier, min_m, nbytes = "nf4", "host", 1 << 30, _nf4_bytes(n, fmt)
             else:
                 enc, tier, min_m, nbytes = "bf16", "host", 1 << 30, 2 * n
             decs.append(Decision(info.name, e, shape, enc, tier, min_m, nbytes, 10.0 if tier == "npu" else 0.0, None,
                                  host_copy, hc_bytes))
     return TierMap(decs, model={"source": "hand", "arch": "qwen3_moe", "n_layers": MODEL["layers"]},
-                   board={"name": "hand-made", "iova_usable_bytes": 1 << 30}, options={}, objective={},
+                   board={"name": "hand-made", "iova_usable_bytes": 1 << 30} | ({} if fmt == "b64" else {"nf4_format": fmt}),
+                   options={}, objective={},
                    budget={}, prediction={})
 
 
@@ -106,8 +113,8 @@ def w(tmp_path_factory):
         # bitsandbytes' NF4 bytes: each block's absmax is its max |w|, so a row's int8 scale is its absmax / 127
         "int8_bnb": build(model, d / "dual_int8_bnb.orkpack", BuildOptions(threads=1, tiermap=tmf, nf4_mode="bnb")).path,
         "nf4": build(model, d / "dual_nf4.orkpack", BuildOptions(threads=1, tiermap=tmf, npu_storage="nf4")).path,
-        # every matrix NF4 on the host: what a host NF4 slice of each weight holds
-        "host": build(model, d / "host_nf4.orkpack", BuildOptions(threads=1, plan=False, nf4=["*"])).path,
+        # every matrix NF4 on the host: what a host NF4 slice of each weight holds (at the map's format, b64)
+        "host": build(model, d / "host_nf4.orkpack", BuildOptions(threads=1, plan=False, nf4=["*"], nf4_format="b64")).path,
     }
     return {"dir": d, "model": model, "tiermap": tmf, **packs}
 
@@ -534,3 +541,73 @@ def test_host_copy_records_with_random_values_never_crash(w):
         harness.check_pack(harness.wrap_pack(json.dumps(h).encode("ascii"), (hoff - 4096) // 4096, raw[4096:hoff]))
 
     run()
+
+
+# ---------------------------------------------------------------- the map's NF4 format
+
+def _stored(parts: dict) -> int:
+    return sum(p["size"] for p in parts.values())
+
+
+def test_a_dq32_map_builds_nf4dq_of_the_bytes_it_counts(w, tmp_path):
+    """A map planned at dq32: its host nf4 slices and host copies are written nf4dq, each taking exactly the
+    bytes the map counts (host nf4: ``bytes``; a copy: ``host_copy_bytes``); the copies are byte-identical to
+    a dq32 host build's slices; verify --reference proves them. With --npu-storage nf4 an NPU slice is nf4 (b64)
+    and its own copy, the host slices still nf4dq."""
+    tm = hand_tiermap(w["model"], fmt="dq32")
+    f = write_tiermap(tmp_path / "dq32.json", tm)
+    dual = build(w["model"], tmp_path / "dq32.orkpack", BuildOptions(threads=1, tiermap=f)).path
+    host = build(w["model"], tmp_path / "host.orkpack", BuildOptions(threads=1, plan=False, nf4=["*"])).path
+    with Pack.open(dual) as pack, Pack.open(host) as hp:
+        items, h = _items(pack), _items(hp)
+        assert pack.header["tiermap"]["board"]["nf4_format"] == "dq32"
+        seen = 0
+        for d in tm.decisions:
+            t, s = items[d.name]
+            if d.tier == "host" and d.encoding == "nf4":
+                assert s["encoding"] == spec.ENC_NF4DQ and _stored(s["parts"]) == d.bytes, d.name
+                seen += 1
+            if d.host_copy is not None:
+                hc = s["host_copy"]
+                assert hc["encoding"] == spec.ENC_NF4DQ and _stored(hc["parts"]) == d.host_copy_bytes, d.name
+                hs = h[d.name][1]
+                assert hs["encoding"] == spec.ENC_NF4DQ and set(hc["parts"]) == set(hs["parts"])
+                for pn in hc["parts"]:
+                    assert pack.part(hc["parts"][pn]).tobytes() == hp.part(hs["parts"][pn]).tobytes(), (d.name, pn)
+                seen += 1
+        assert seen > len(DUAL)
+    r = verify_pack(dual, reference=True)
+    assert r.exit_code == 0 and r.stats["dual_slices"] == len(DUAL), r.failures
+    stored4 = build(w["model"], tmp_path / "dq32_nf4.orkpack", BuildOptions(threads=1, tiermap=f, npu_storage="nf4")).path
+    with Pack.open(stored4) as pack:
+        items = _items(pack)
+        assert all(items[k][1]["encoding"] == items[k][1]["host_copy"]["encoding"] == spec.ENC_NF4 for k in DUAL)
+        assert items["blk.1.attn_v.weight"][1]["encoding"] == spec.ENC_NF4DQ
+
+
+@pytest.mark.parametrize("fmt,opts,why", [
+    ("dq32", dict(nf4_format="b64"), "planned for NF4 format dq32 .* given --nf4-format b64: drop --nf4-format"),
+    ("dq32", dict(nf4_mode="bnb"), "planned for NF4 format dq32 .* --nf4-mode bnb writes b64 only"),
+    ("b64", dict(nf4_format="dq32"), "planned for NF4 format b64 .* given --nf4-format dq32"),
+])
+def test_a_build_format_that_contradicts_the_map_is_refused(w, tmp_path, fmt, opts, why):
+    f = write_tiermap(tmp_path / "m.json", hand_tiermap(w["model"], fmt=fmt))
+    with pytest.raises(OrkError, match=why):
+        build(w["model"], tmp_path / "x.orkpack", BuildOptions(threads=1, tiermap=f, **opts))
+    args = ["build", str(w["model"]), "-o", str(tmp_path / "x.orkpack"), "--tiermap", str(f)]
+    args += [f"--{k.replace('_', '-')}={v}" for k, v in opts.items()]
+    r = CliRunner().invoke(cli.app, args)
+    assert r.exit_code == 2 and len([ln for ln in r.output.splitlines() if ln.startswith("error:")]) == 1, r.output
+    assert not (tmp_path / "x.orkpack").exists()
+
+
+def test_a_map_of_an_unknown_nf4_format_is_refused(w, tmp_path):
+    d = hand_tiermap(w["model"]).to_json()
+    d["board"]["nf4_format"] = "b128"
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps(d))
+    with pytest.raises(OrkError, match="nf4_format 'b128' is not dq32 or b64; plan again"):
+        build(w["model"], tmp_path / "x.orkpack", BuildOptions(threads=1, tiermap=f))
+    # the same format given explicitly is no contradiction
+    ok = build(w["model"], tmp_path / "y.orkpack", BuildOptions(threads=1, tiermap=w["tiermap"], nf4_format="b64")).path
+    assert ok.read_bytes() == w["int8"].read_bytes()

@@ -198,21 +198,6 @@ def test_nf4dq_decode_c_matches_numpy():
         nf4dq_decode_c(codes, q, scale[:0], offset, 1)
 
 
-def test_nf4dq_code_table_is_the_reference():
-    """kernels/nf4dq_code.h holds reference.DQ_CODE (bitsandbytes' create_dynamic_map(signed=True)), bit for bit."""
-    import re
-
-    from orkpack.codecs.reference import DQ_CODE
-    from orkpack.pack import spec
-
-    text = (ROOT / "kernels" / "nf4dq_code.h").read_text()
-    defs = dict(re.findall(r"#define (ORK_NF4DQ_\w+) (\d+)", text))
-    assert defs == {"ORK_NF4DQ_BLOCK": str(spec.NF4DQ_BLOCK), "ORK_NF4DQ_GROUP": str(spec.NF4DQ_GROUP)}
-    body = text[text.index("DQ_CODE_BITS[256] = {"):]
-    bits = [int(h, 16) for h in re.findall(r"0x([0-9a-f]{8})u", body)]
-    assert bits == DQ_CODE.view(np.uint32).tolist()
-
-
 def test_simd_level_and_fallback_switch():
     level = lib.ork_rt_simd_level()
     assert level in (0, 1, 2)

@@ -159,8 +159,13 @@ def test_npu_decode_reads_tiles_at_the_npu_stream():
     tiles = cost.npu_tile_bytes(n, k, r)
     assert cost.decode_s(n, k, "npu", r) == tiles / (2.971e10 * r.decode_fraction)
     assert cost.decode_s(n, k, "npu+nf4", r) == tiles / r.npu_decode_bandwidth  # the NPU reads its own tiles
-    assert cost.decode_s(n, k, "nf4", r) == cost.host_nf4_bytes(n, k) / r.decode_bandwidth  # host items: the CPU
-    assert cost.decode_s(n, k, "npu+nf4", g) == cost.host_nf4_bytes(n, k) / g.decode_bandwidth  # ggml-ork: M = 1 on the CPU
+    assert cost.decode_s(n, k, "nf4", r) == cost.host_nf4_bytes(n, k, "dq32") / r.decode_bandwidth  # host items: the CPU
+    assert cost.decode_s(n, k, "npu+nf4", g) == cost.host_nf4_bytes(n, k, "dq32") / g.decode_bandwidth  # ggml-ork: M = 1 on the CPU
+    # the CPU reads host NF4 in the build's format: dq32 (the default) 4.25 bits a weight and a little, b64 4.5
+    g64 = load_board("rk3588-32g", "ggml-ork", "b64")
+    assert g.nf4_format == "dq32" and g64.nf4_format == "b64"
+    assert cost.decode_s(n, k, "nf4", g) == (n * k // 2 + n * k // 32 + 4 * (n * k // 32 // 256) + 4) / g.decode_bandwidth
+    assert cost.decode_s(n, k, "npu+nf4", g64) == (n * k // 2 + 4 * (n * k // 64)) / g64.decode_bandwidth
 
 
 def test_request_cost_is_charged_once_in_the_ttft():

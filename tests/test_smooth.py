@@ -370,3 +370,222 @@ def test_per_tensor_compares_with_the_smoothed_float_weights(tmp_path):
     assert rows["blk.0.attn_q.weight"]["rel_error"] < 1e-3 and rows["blk.1.ffn_down.weight"]["rel_error"] < 1e-3
     with pytest.raises(EvalError, match="smoothed"):
         evaluate(model, out, Options(tokens=ids, ctx=32, sensitivity=True, per_tensor_tokens=16))
+
+
+# ------------------------------------------------------------------ the tied head, untied and smoothed (issue 16)
+
+def _untied_pack(tmp_path, family="qwen2", **kw):
+    model = _model(tmp_path, family)
+    st = _stats(model, tmp_path)
+    out = tmp_path / "u.orkpack"
+    build(model, out, BuildOptions(threads=1, plan=False, npu=["*"], imatrix=st, **({"smooth_alpha": 0.5} | kw)))
+    return model, st, out
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma"])  # gemma: a gain stored without its 1 +
+def test_untied_head_float_model_is_the_model(tmp_path, family):
+    """A tied head on the NPU is stored as output.weight = token_embd's columns x s, with output_norm's gain / s
+    and token_embd.weight unsmoothed: the float model the pack holds gives the source's logits."""
+    model, _, out = _untied_pack(tmp_path, family)
+    src = open_source(model)
+    try:
+        assert "output.weight" not in {i.name for i in src.tensors()}  # a tied source
+        hp = forward.model_hparams(src)
+        emb = as_float32(src.read("token_embd.weight"))
+        gain = as_float32(src.read("output_norm.weight"))
+    finally:
+        src.close()
+    with Pack.open(out) as p:
+        ops, untied = smooth.ops_of(p), smooth.untied_of(p)
+        assert untied == {"output.weight": "token_embd.weight"}
+        s = next(op[1] for op in ops["output.weight"] if op[0] == "columns")
+        assert np.any(s != 1)  # else the test proves nothing
+        w = PackWeights(p, "decode")
+        # the pack's f32 gain is the source's divided by s, bit for bit (barring Gemma's offset: one rounding)
+        want = smooth.transform(gain, ops["output_norm.weight"], hp.norm_offset)
+        assert np.array_equal(w.tensor("output_norm.weight"), want)
+        if not hp.norm_offset:
+            assert np.array_equal(want, gain / s)
+        # the embedding's rows are the source's (int8, unsmoothed); the head copy's the columns times s (int8)
+        e = w._cpu_operand(w._slice("token_embd.weight", None)).rows(0, emb.shape[0])
+        h = w._cpu_operand(w._slice("output.weight", None)).rows(0, emb.shape[0])
+        q, sc = ref.int8_encode(emb)  # (rows may be clipped, as the tied head's were: each to >= 0.8 of its max)
+        assert np.all(np.abs(e - emb) <= 0.21 * 127 * sc[:, None] + 1e-6)
+        assert np.mean(e == ref.int8_decode(q, sc)) > 0.95
+        scale = np.abs(emb * s).max(axis=1, keepdims=True) / 127
+        assert np.all(np.abs(h - emb * s) <= 0.21 * 127 * scale + 1e-6)  # int8 step, or clipped to >= 0.8 of the max
+        assert np.mean(np.abs(h - emb * s) <= 0.5 * scale + 1e-6) > 0.95
+    ids = np.random.default_rng(7).integers(0, 100, 40)
+    want = forward.logits(model, ids)
+    src = open_source(model)
+    try:
+        from orkpack.model.weights import SourceWeights
+
+        got = forward.run(src, ids, weights=smooth.Smoothed(SourceWeights(src), ops, hp.norm_offset, untied), hp=hp)
+    finally:
+        src.close()
+    assert np.max(np.abs(got - want)) <= (0 if not hp.norm_offset else 1e-4) * np.max(np.abs(want))
+
+
+def test_untied_head_records_placement_inspect_eval(tmp_path):
+    model, st, out = _untied_pack(tmp_path)
+    with Pack.open(out) as p:
+        prov = p.header["provenance"]["smoothing"]
+        t = {x["name"]: x for x in p.tensors}
+        names = [x["name"] for x in p.tensors]
+    head = prov["head"]
+    assert head["untied_from"] == "token_embd.weight" and head["alpha"] == 0.5 and head["error_ratio"] > 0
+    assert t["output.weight"]["smoothing"] == {"untied": {"from": "token_embd.weight"},
+                                               "columns": {"from": "output_norm.weight", "alpha": head["alpha"]}}
+    assert t["output_norm.weight"]["smoothing"]["gain"]["matrices"] == ["output.weight"]
+    assert "smoothing" not in t["token_embd.weight"]
+    assert t["output.weight"]["source_name"] == t["token_embd.weight"]["source_name"]
+    assert names.index("output.weight") == names.index("token_embd.weight") + 1
+    # the copy takes the head's place (NPU int8 tiles); the embedding the host int8 of its row lookups
+    assert [(s["encoding"], s["tier"]) for s in t["output.weight"]["slices"]] == [("int8", "npu")]
+    assert [(s["encoding"], s["tier"]) for s in t["token_embd.weight"]["slices"]] == [("int8", "host")]
+    r = verify_pack(out, reference=True)
+    assert r.ok, r.failures
+    res = CliRunner().invoke(app, ["inspect", str(out), "--json", "--all"])
+    f = json.loads(res.stdout)
+    rows = {x["name"]: x["smoothed"] for x in f["tensors"]}
+    assert rows["output.weight"].startswith("untied copy of token_embd.weight, columns x s from output_norm.weight")
+    assert f["smoothing"]["head"] == {"untied_from": "token_embd.weight", "alpha": head["alpha"]}
+    res = CliRunner().invoke(app, ["inspect", str(out)])
+    assert res.exit_code == 0 and "head untied from token_embd.weight" in res.stdout
+    # eval runs the copy as the head on both paths, against the tied source
+    from orkpack.eval.run import Options, evaluate
+
+    seen = []
+    orig = PackWeights.matmul
+
+    def spy(self, name, x, expert=None):
+        seen.append(name)
+        return orig(self, name, x, expert)
+
+    PackWeights.matmul = spy
+    try:
+        res = evaluate(model, out, Options(tokens=_ids(tmp_path, 128, 64, seed=3), ctx=32))
+    finally:
+        PackWeights.matmul = orig
+    assert "output.weight" in seen and "token_embd.weight" not in seen
+    assert res["smoothing"]["head"]["untied_from"] == "token_embd.weight"
+    assert all(x["kld"]["mean"] < 0.1 for x in res["paths"] if "kld" in x)
+    # --per-tensor compares the copy with the source's embedding smoothed as recorded: an int8-sized error
+    res = evaluate(model, out, Options(tokens=_ids(tmp_path, 128, 64, seed=4), ctx=32, per_tensor=True,
+                                       per_tensor_tokens=16))
+    rows = {x["item"]: x for x in res["per_tensor"]["decode"]}
+    assert rows["output.weight"]["rel_error"] < 1e-3
+    # against the same build kept tied: only the head's copy and the final norm differ; the embedding's int8 rows
+    # (what the lookups read) are the tied head's, untiled
+    tied = tmp_path / "tied.orkpack"
+    build(model, tied, BuildOptions(threads=1, plan=False, npu=["*"], imatrix=st, smooth_alpha=0.5, untie_head=False))
+    with Pack.open(out) as pu, Pack.open(tied) as pt:
+        tu = {x["name"]: x for x in pu.tensors}
+        tt = {x["name"]: x for x in pt.tensors}
+        assert set(tu) - set(tt) == {"output.weight"} and set(tt) <= set(tu)
+        for n in tt:
+            same = [s["parts"] == r["parts"] for s, r in zip(tu[n]["slices"], tt[n]["slices"])] == [True] * len(tt[n]["slices"])
+            ok = {k: v for k, v in tu[n].items() if k != "slices"} == {k: v for k, v in tt[n].items() if k != "slices"}
+            assert (same and ok) == (n not in ("output_norm.weight", "token_embd.weight")), n
+        wu, wt = PackWeights(pu, "decode"), PackWeights(pt, "decode")
+        e = tu["token_embd.weight"]["shape"][0]
+        assert np.array_equal(wu._cpu_operand(wu._slice("token_embd.weight", None)).rows(0, e),
+                              wt._cpu_operand(wt._slice("token_embd.weight", None)).rows(0, e))
+    # reproducible
+    again = tmp_path / "again.orkpack"
+    build(model, again, BuildOptions(threads=2, plan=False, npu=["*"], imatrix=st, smooth_alpha=0.5))
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_head_stays_tied_unless_smoothed_on_the_npu(tmp_path):
+    """No copy: with --no-untie-head, --no-smooth, a head kept on the host (the rules' int8), or an untied source."""
+    model = _model(tmp_path, "qwen2")
+    st = _stats(model, tmp_path)
+    cases = {"no_untie": dict(npu=["*"], untie_head=False), "no_smooth": dict(npu=["*"], smooth=False),
+             "host_head": dict(npu=["blk.*"])}
+    for tag, kw in cases.items():
+        out = tmp_path / f"{tag}.orkpack"
+        build(model, out, BuildOptions(threads=1, plan=False, imatrix=st, **kw))
+        with Pack.open(out) as p:
+            assert "output.weight" not in {x["name"] for x in p.tensors}, tag
+            assert not smooth.untied_of(p), tag
+            assert "head" not in (p.header["provenance"].get("smoothing") or {}), tag
+    with Pack.open(tmp_path / "no_untie.orkpack") as p:
+        assert p.header["provenance"]["options"]["untie_head"] is False
+    # a model with its own output.weight: smoothed as any model, nothing copied
+    untied = _model(tmp_path, "llama")
+    out = tmp_path / "llama.orkpack"
+    build(untied, out, BuildOptions(threads=1, plan=False, npu=["*"], imatrix=_stats(untied, tmp_path, "l.gguf")))
+    with Pack.open(out) as p:
+        assert not smooth.untied_of(p) and "head" not in p.header["provenance"]["smoothing"]
+    # the CLI flag; without it the build says it untied the head
+    r = _cli_build(model, tmp_path / "cli.orkpack", st, "--no-untie-head", "--smooth-alpha", "0.5")
+    assert r.exit_code == 0, r.output
+    assert "untied the head" not in r.output
+    r = _cli_build(model, tmp_path / "cli2.orkpack", st, "--smooth-alpha", "0.5")
+    assert r.exit_code == 0 and "untied the head to smooth it: output.weight" in r.output, r.output
+    with Pack.open(tmp_path / "cli.orkpack") as p:
+        assert not smooth.untied_of(p)
+
+
+def _bump_head_scale(h):
+    sc = _tensor(h, "output_norm.weight")["smoothing"]["gain"]["log2_scale"]
+    sc[0] += 1
+
+
+@pytest.mark.parametrize("mutate,why", [
+    (_bump_head_scale, "column 0 is"),  # the records agree with each other; the values do not
+    (lambda h: _tensor(h, "output.weight")["smoothing"]["untied"].update({"from": "blk.0.attn_q.weight"}),
+     "does not hold in its shape"),
+    (lambda h: _tensor(h, "output.weight")["smoothing"].pop("columns"), "output.weight"),
+    (lambda h: _tensor(h, "token_embd.weight").update(
+        {"smoothing": {"columns": {"from": "output_norm.weight", "alpha": 0.5}}}), "carrier"),
+])
+def test_verify_reference_fails_on_a_forged_head_record(tmp_path, mutate, why):
+    _, _, out = _untied_pack(tmp_path)
+    assert verify_pack(out, reference=True).ok
+    _rewrite_header(out, mutate)
+    r = verify_pack(out, reference=True)
+    assert not r.ok and r.exit_code == 1
+    assert any(f.startswith("smoothing: ") and why in f for f in r.failures), r.failures
+
+
+def test_head_statistics_missing_one_line(tmp_path):
+    """Statistics without the head's input (neither output.weight nor token_embd.weight): one line, nothing written;
+    llama.cpp's name for the head's input (output.weight) is read as the tied head's."""
+    model = _model(tmp_path, "qwen2")
+    good = _stats(model, tmp_path)
+    st = imatrix.load(good)
+    st.entries["output.weight"] = st.entries.pop("token_embd.weight")
+    renamed = tmp_path / "renamed.gguf"
+    imatrix.save(st, renamed)
+    del st.entries["output.weight"]
+    missing = tmp_path / "missing.gguf"
+    imatrix.save(st, missing)
+    out = tmp_path / "x.orkpack"
+    r = _cli_build(model, out, missing, "--smooth-alpha", "0.5")
+    lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and "has no statistics for output.weight" in lines[0], r.output
+    assert "Traceback" not in r.output and not out.exists()
+    a, b = tmp_path / "a.orkpack", tmp_path / "b.orkpack"
+    assert _cli_build(model, a, good, "--smooth-alpha", "0.5").exit_code == 0
+    assert _cli_build(model, b, renamed, "--smooth-alpha", "0.5").exit_code == 0
+    with Pack.open(a) as pa, Pack.open(b) as pb:
+        ta = {t["name"]: t for t in pa.tensors}
+        tb = {t["name"]: t for t in pb.tensors}
+        assert ta["output_norm.weight"]["smoothing"] == tb["output_norm.weight"]["smoothing"]
+        assert ta["output.weight"]["slices"][0]["parts"]["q"]["xxh3"] == \
+            tb["output.weight"]["slices"][0]["parts"]["q"]["xxh3"]
+
+
+def test_planned_build_keeps_the_tied_head_tied(tmp_path):
+    """The planner never puts the embedding (a tied head's role) on the NPU: a planned build copies nothing, so the
+    planner's byte counts stay those of the pack."""
+    model = _model(tmp_path, "qwen2")
+    plain = tmp_path / "plain.orkpack"
+    build(model, plain, BuildOptions(threads=1, imatrix=_stats(model, tmp_path), smooth_alpha=0.5))
+    with Pack.open(plain) as p:
+        t = {x["name"]: x for x in p.tensors}
+        assert "output.weight" not in t and t["token_embd.weight"]["slices"][0]["tier"] == "host"
+        assert p.header["provenance"]["smoothing"]["smoothed"] > 0

@@ -120,9 +120,14 @@ class DocModel:
     def int8(n, k):
         return n * k + 4 * n
 
-    @staticmethod
-    def nf4(n, k):
-        return math.ceil(n * k / 2) + 4 * math.ceil(n * k / 64)
+    def nf4(self, n, k):
+        """Section 2, "Bytes": host nf4 in the map's NF4 format (board "nf4_format"; b64 when absent)."""
+        fmt = self.b.get("nf4_format", "b64")
+        if fmt == "b64":
+            return math.ceil(n * k / 2) + 4 * math.ceil(n * k / 64)
+        assert fmt == "dq32", fmt
+        nb = math.ceil(n * k / 32)
+        return math.ceil(n * k / 2) + nb + 4 * math.ceil(nb / 256) + 4
 
     @staticmethod
     def itemsize(enc):
@@ -464,6 +469,11 @@ CASES = [  # (model, options): dense, MoE, sliding window, MLA, tied/untied, f32
     (f"{FIX}/olmoe.json", dict(ctx=4096, goal=Goal("prefill"), runtime="rkllm",
                                pins={"npu": ["blk.0.attn_q.weight"], "nf4": ["blk.0.attn_q.weight"]})),
     (f"{FIX}/olmoe.json", dict(ctx=4096, goal=Goal("quality"), runtime="llama.cpp-cpu")),
+    # both NF4 formats the build writes (the default above: dq32)
+    ("tiermaps/configs/qwen2.5-7b/config.json", dict(ctx=8192, nf4_format="b64")),
+    ("tiermaps/configs/qwen2.5-7b/config.json", dict(ctx=8192, nf4_format="dq32", goal=Goal("decode"))),
+    (f"{FIX}/olmoe.json", dict(ctx=4096, nf4_format="b64", pins={"npu": ["blk.0.attn_*"], "nf4": ["blk.1.*"]})),
+    (f"{FIX}/llama.json", dict(ctx=4096, nf4_format="b64", goal=Goal("quality"), prefill_m=16, prompt=40)),
 ]
 
 
@@ -535,3 +545,38 @@ def test_padding_segments_and_tile_read_factor(tmp_path):
                   ctx=2048, goal=Goal(goal), prefill_m=m)
         assert tm["board"]["runtime"]["tile_read_factor"] == 1.3 and tm["board"]["runtime"]["name"] == "slow-tiles"
         assert tm["board"]["cpu_stream_bytes_per_s"] == 1.5e10
+
+
+def test_both_nf4_formats_are_counted_and_recorded():
+    """The map records the NF4 format its bytes count; a host NF4 slice of one shape takes fewer bytes at dq32
+    (4.25 bits a weight and a little) than at b64 (4.5), so the two maps differ where NF4 is."""
+    model = f"{FIX}/llama.json"
+    maps = {f: _run(model, ctx=4096, goal=Goal("decode"), nf4_format=f) for f in ("b64", "dq32")}
+    assert _run(model, ctx=4096, goal=Goal("decode"))["board"]["nf4_format"] == "dq32"  # the default
+    nf4 = {f: {(t["name"], s["expert"]): s["bytes"] for t in tm["tensors"] for s in t["slices"] if s["encoding"] == "nf4"
+               and s["tier"] == "host"} for f, tm in maps.items()}
+    assert maps["b64"]["board"]["nf4_format"] == "b64" and maps["dq32"]["board"]["nf4_format"] == "dq32"
+    both = nf4["b64"].keys() & nf4["dq32"].keys()
+    assert both and all(nf4["dq32"][key] < nf4["b64"][key] for key in both)
+
+
+def test_a_map_planned_before_nf4_formats_reads_as_b64_and_predicts_the_same():
+    """tests/fixtures/tiermaps/qwen2.5-7b.before-nf4-format.json: the committed qwen2.5-7b map as it was before
+    tier maps recorded an NF4 format (no "nf4_format": b64). The doc's model reproduces it at b64, and
+    the build's prediction of the placement it makes (build --tiermap) is the one it records."""
+    from pathlib import Path
+
+    from orkpack.tiers.command import predict_followed
+    from orkpack.tiers.tiermap import TierMap
+
+    path = Path("tests/fixtures/tiermaps/qwen2.5-7b.before-nf4-format.json")
+    old = json.loads(path.read_text())
+    assert "nf4_format" not in old["board"]
+    check(old, None)
+    tm = TierMap.from_json(old)
+    assert tm.nf4_format == "b64"
+    pred, said = predict_followed(tm, Path("tiermaps/configs/qwen2.5-7b/config.json"), path)
+    assert not said and pred == old["prediction"]
+    old["board"]["nf4_format"] = "dq32"  # the same choices counted at dq32 read fewer bytes at decode
+    pred32, said = predict_followed(TierMap.from_json(old), Path("tiermaps/configs/qwen2.5-7b/config.json"), path)
+    assert said and pred32["decode_tok_s"] > pred["decode_tok_s"]

@@ -62,7 +62,30 @@ def test_npu_bytes_padding_segments_alignment():
     assert cost.npu_bytes(100, 9000, b) == -(-128 * (8192 + 832) // 4096) * 4096 + 4096
     assert cost.npu_bytes(32, 32, b) == 4096 + 4096
     assert cost.host_int8_bytes(3, 5) == 15 + 12
-    assert cost.host_nf4_bytes(3, 65) == 98 + 4 * 4
+    # 3 x 65 = 195 values: 98 code bytes; b64: 4 float32 absmax; dq32: 7 absmax codes, 1 scale, the offset
+    assert cost.host_nf4_bytes(3, 65, "b64") == 98 + 4 * 4
+    assert cost.host_nf4_bytes(3, 65, "dq32") == 98 + 7 + 4 + 4
+    # 64 x 257 = 16448 values: 514 absmax codes, 3 scales
+    assert cost.host_nf4_bytes(64, 257, "dq32") == 8224 + 514 + 3 * 4 + 4
+    with pytest.raises(ValueError):
+        cost.host_nf4_bytes(3, 65, "nf4")
+
+
+def test_host_nf4_bytes_are_the_pack_parts_of_the_format():
+    """The planner's bytes of each NF4 format are the parts a pack stores for its encoding (the reader's
+    sizes, docs/FORMAT.md 3); the format names and their encodings are the build's (codecs.nf4opt)."""
+    from orkpack.codecs.nf4opt import NF4_FORMATS, NF4Choice
+    from orkpack.pack.reader import expected_part_sizes
+    from orkpack.tiers.board import NF4_FORMATS as PLANNED
+
+    assert PLANNED == NF4_FORMATS
+    rng = np.random.default_rng(5)
+    shapes = [(1, 1), (1, 31), (1, 33), (32, 256), (33, 257), (4096, 4096)] + \
+        [(int(rng.integers(1, 3000)), int(rng.integers(1, 3000))) for _ in range(50)]
+    for fmt in NF4_FORMATS:
+        enc = NF4Choice(format=fmt).encoding
+        for n, k in shapes:
+            assert cost.host_nf4_bytes(n, k, fmt) == sum(expected_part_sizes([n, k], enc, {"kind": "row_major"}).values()), (fmt, n, k)
 
 
 @pytest.mark.parametrize("n,k", [(32, 32), (512, 3584), (3584, 3584), (768, 2048), (5120, 27648), (7, 70000)])
@@ -145,7 +168,7 @@ def test_solver_matches_brute_force_with_alignment_and_pins(goal):
         shapes.append(("blk.0.norm.weight", (64,)))
         man = small_manifest(shapes)
         npu_sizes = [cost.npu_bytes(it.n, it.k, BOARD) for it in man.items]
-        host = sum(cost.host_nf4_bytes(it.n, it.k) for it in man.items)
+        host = sum(cost.host_nf4_bytes(it.n, it.k, BOARD.nf4_format) for it in man.items)
         board = replace(BOARD, iova_usable_bytes=int(rng.integers(0, sum(npu_sizes) + 1)) // 4096 * 4096,
                         reserve_bytes=1000,
                         total_bytes=1000 + 128 + 128 + host + int(rng.integers(0, 2 * sum(npu_sizes) + 1)))
@@ -204,7 +227,7 @@ def test_dual_residency_keeps_decode_and_gains_prefill():
     assert p["prefill_tok_s"] > 1.5 * nf4["prefill_tok_s"]
     assert p["decode_tok_s"] > 1.5 * p["baselines"]["cpu_int8"]["decode_tok_s"]
     dual = [d for d in tm.decisions if d.host_copy == "nf4"]
-    assert dual and all(d.tier == "npu" and d.host_copy_bytes == cost.host_nf4_bytes(*d.shape) for d in dual)
+    assert dual and all(d.tier == "npu" and d.host_copy_bytes == cost.host_nf4_bytes(*d.shape, BOARD.nf4_format) for d in dual)
     # decode-first gives exactly the all-NF4 decode; quality-first trades it away
     from orkpack.tiers.solver import Goal
 

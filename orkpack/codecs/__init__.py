@@ -216,7 +216,8 @@ class NF4Codec(Codec):
 
             def one(b0, b1):
                 st = ffi.new("ork_codec_stats *")
-                lib.ork_nf4opt_encode(src, code, n, k, cwp, wcode, b0, b1, cp, ap, st)
+                lib.ork_nf4opt_encode(src, code, n, k, cwp, wcode, spec.NF4_BLOCK, reference.NF4OPT_TRIES, b0, b1, cp,
+                                      ap, st)
                 return st
         else:
             def one(b0, b1):
@@ -246,7 +247,11 @@ class NF4Codec(Codec):
 class NF4DQCodec(Codec):
     """bitsandbytes NF4 at blocksize 32 with double-quantized absmax (docs/FORMAT.md 3, nf4dq; parts: codes,
     absmax_q, absmax_scale, absmax_offset). The encoder is the error-minimizing one (``reference.nf4dq_encode``),
-    weighted like NF4Codec's ``opt`` mode; bitsandbytes' ``dequantize_4bit`` of a nested QuantState decodes it."""
+    weighted like NF4Codec's ``opt`` mode; bitsandbytes' ``dequantize_4bit`` of a nested QuantState decodes it.
+
+    The C kernels (kernels/nf4opt.c) give the reference's bytes in three steps: each block's error-minimizing
+    absmax (chunks on the thread pool), the offset and group scales (one pass over the absmaxes), then each
+    block's 8-bit absmax code and NF4 codes (chunks again)."""
 
     encoding = spec.ENC_NF4DQ
 
@@ -263,16 +268,37 @@ class NF4DQCodec(Codec):
             if cw.size != k or not np.all(np.isfinite(cw)) or np.any(cw < 0):
                 raise ValueError(f"nf4 column weights: {cw.size} finite values >= 0 needed, one per column of {k}")
         flat = x.reshape(-1)
-        x32, nf = reference.sanitize(reference.widen(flat))
-        c, q, sc, off = reference.nf4dq_encode(flat, cw, weighting, k)
-        parts = {}
-        for name, v in zip(spec.PARTS[self.encoding], (c, q, sc, off)):
-            parts[name] = _copy_into(alloc, v)
-        d = reference.nf4dq_decode(c, q, sc, off, (flat.size,)).astype(np.float64)
-        x64 = x32.astype(np.float64)
-        e = x64 - d
-        return Encoded(parts, {"kind": spec.LAYOUT_ROW_MAJOR}, reference.sqnr_from_sums(float(x64 @ x64), float(e @ e)),
-                       int(nf))
+        n = flat.size
+        nb = -(-n // spec.NF4DQ_BLOCK)
+        ng = -(-nb // spec.NF4DQ_GROUP)
+        codes = alloc(((n + 1) // 2,), np.uint8)
+        q = alloc((nb,), np.uint8)
+        scale = alloc((ng,), np.float32)
+        offset = alloc((1,), np.float32)
+        parts = dict(zip(spec.PARTS[self.encoding], (codes, q, scale, offset)))
+        if n == 0:
+            offset[0] = 0.0
+            return Encoded(parts, {"kind": spec.LAYOUT_ROW_MAJOR}, SQNR_CAP, 0)
+        d = np.empty(nb, dtype=np.float32)
+        src, dp = _ptr(flat, "void *"), _ptr(d, "float *")
+        cwp, wcode = (_ptr(cw, "float *") if cw is not None else ffi.NULL), _NF4W_CODE[weighting]
+        chunks = [(b, min(nb, b + NF4_CHUNK_BLOCKS)) for b in range(0, nb, NF4_CHUNK_BLOCKS)]
+        tries = reference.NF4DQ_TRIES
+        _run(lambda b0, b1: lib.ork_nf4opt_encode(src, code, n, k, cwp, wcode, spec.NF4DQ_BLOCK, tries, b0, b1,
+                                                  ffi.NULL, dp, ffi.NULL), chunks, threads)
+        op = ffi.new("float *")
+        sp = _ptr(scale, "float *")
+        lib.ork_nf4dq_scales(dp, nb, sp, op)
+        offset[0] = op[0]
+        cp, qp = _ptr(codes, "uint8_t *"), _ptr(q, "uint8_t *")
+
+        def one(b0, b1):
+            st = ffi.new("ork_codec_stats *")
+            lib.ork_nf4dq_encode(src, code, n, k, cwp, wcode, dp, sp, op[0], b0, b1, cp, qp, st)
+            return st
+
+        sq, nf = _sqnr(_run(one, chunks, threads))
+        return Encoded(parts, {"kind": spec.LAYOUT_ROW_MAJOR}, sq, nf)
 
     def decode(self, enc_parts, shape, layout=None, threads: int = 1):
         shape = tuple(int(d) for d in shape)
@@ -284,7 +310,13 @@ class NF4DQCodec(Codec):
         off = np.ascontiguousarray(enc_parts["absmax_offset"], dtype=np.float32).reshape(-1)
         if codes.size != (n + 1) // 2 or q.size != nb or sc.size != -(-nb // spec.NF4DQ_GROUP) or off.size != 1:
             raise ValueError(f"nf4dq parts do not fit shape {shape}")
-        return reference.nf4dq_decode(codes, q, sc, off, (n,)).reshape(shape)
+        out = np.empty(n, dtype=np.float32)
+        cp, qp, sp, op = (_ptr(codes, "uint8_t *"), _ptr(q, "uint8_t *"), _ptr(sc, "float *"),
+                          _ptr(out, "float *"))
+        offv = float(off[0])
+        chunks = [(b, min(nb, b + NF4_CHUNK_BLOCKS)) for b in range(0, nb, NF4_CHUNK_BLOCKS)]
+        _run(lambda b0, b1: lib.ork_nf4dq_decode(cp, qp, sp, offv, n, b0, b1, op), chunks, threads)
+        return out.reshape(shape)
 
 
 class Int8Codec(Codec):

@@ -32,6 +32,7 @@ from ..pack import spec
 from ..pack.model import check_model, value
 from ..pack.reader import Pack
 from ..sources import open_source
+from ..smooth import untied_of
 from ..sources.gguf import GGUFSource
 from . import sensitivity
 from .imatrix import Collector
@@ -116,10 +117,13 @@ def _source_record(src) -> dict | None:
     return from_hf(root if root.is_dir() else root.parent, src.config)
 
 
-def _check_same_model(src, names_shapes: dict, hp_src: Hparams, hp: Hparams, what: str) -> None:
+def _check_same_model(src, names_shapes: dict, hp_src: Hparams, hp: Hparams, what: str,
+                      untied: dict | None = None) -> None:
+    """``untied``: a pack's untied copies (the smoothed head, orkpack/smooth.py), checked as the tensor they copy."""
     s = {t.name: tuple(t.shape) for t in src.tensors()}
     where = escape_name(str(src.root))
     for name, shape in names_shapes.items():
+        name = (untied or {}).get(name, name) if name not in s else name
         if name not in s:
             raise EvalError(f"{where}: has no tensor {escape_name(name)} that {what} holds; give the source the pack "
                             "was built from")
@@ -356,7 +360,8 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
             hp = hp_src
             for t in targets:
                 t.hp = hp
-        _check_same_model(src, names_shapes, hp_src, hp, escape_name(str(pack_path)))
+        _check_same_model(src, names_shapes, hp_src, hp, escape_name(str(pack_path)),
+                          untied_of(pack) if kind == "pack" else None)
         ref_target = _Target("reference", hp_src, lambda: SourceWeights(src), "the source's weights in float32")
         if record is None:
             record = _source_record(src)
@@ -485,8 +490,8 @@ def _float_of(pack, src, hp):
     that each matmul compares like with like; the plain source when the pack is not smoothed."""
     from ..smooth import Smoothed, ops_of
 
-    ops = ops_of(pack)
-    return (lambda: Smoothed(SourceWeights(src), ops, hp.norm_offset)) if ops else (lambda: SourceWeights(src))
+    ops, untied = ops_of(pack), untied_of(pack)
+    return (lambda: Smoothed(SourceWeights(src), ops, hp.norm_offset, untied)) if ops else (lambda: SourceWeights(src))
 
 
 def _sample_scorer(src, hp, stub, ids):

@@ -151,4 +151,3 @@ def nf4_decode_c(codes, absmax_bytes, n: int) -> np.ndarray:
     if rc != 0:
         raise ValueError("nf4 parts are too small for the slice shape")
     return out
-

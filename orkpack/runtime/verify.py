@@ -16,7 +16,8 @@ Checks, in this order (stopping at the first failure unless ``keep_going``):
                   inflate) into a backend buffer, cleaned, equals its recorded image checksums
 7. ``min_m``      every NPU slice has min_m >= 2 (M = 1 never goes to the NPU)
 8. ``reference``  (``reference=True``) the activation-smoothing records hold together (each carrier's
-                  scales fit the tensors it names, each matrix names its carrier back); each
+                  scales fit the tensors it names, each matrix names its carrier back; an untied head's
+                  columns are its embedding's times the recorded powers of two); each
                   quantized slice decoded by the numpy reference and
                   by the C path, compared byte for byte; each host copy likewise, and checked against
                   its NPU copy (:func:`_reference_host_copy`): byte-identical to an NPU copy stored
@@ -250,10 +251,11 @@ def _checks(pack: Pack, run: _Run, backend, method: str, pool, reference: bool) 
     # 8. reference
     if reference:
         run.start("reference")
-        from orkpack.smooth import check_pack
+        from orkpack.smooth import check_pack, check_untied_values
 
         if any(t.get("smoothing") is not None for t in pack.tensors):  # activation smoothing (format 1.4)
-            why = check_pack(pack)  # its records must hold together
+            # its records must hold together, and an untied copy (the smoothed head) be its original times the scales
+            why = check_pack(pack) or check_untied_values(pack)
             if why:
                 run.fail("reference", f"smoothing: {why}")
             else:

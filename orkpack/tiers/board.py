@@ -21,6 +21,13 @@ from .runtime import DEFAULT_RUNTIME, TOML_KEYS, Runtime, load_runtime, runtime_
 BOARD_DIR = Path(__file__).resolve().parent.parent / "data" / "boards"
 BOARD_SCHEMA = "orkpack.board"
 BOARD_VERSION = 3
+# The NF4 format of the build's host NF4 slices and host copies (orkpack build --nf4-format; the same names as
+# orkpack.codecs.nf4opt.NF4_FORMATS, checked by a test): dq32 = the nf4dq encoding, b64 = nf4. A plan counts
+# the bytes of one of them (cost.host_nf4_bytes); a tier map records it in its board block, and a map without
+# it was planned at b64 (the only format before there were two).
+NF4_FORMATS = ("dq32", "b64")
+DEFAULT_NF4_FORMAT = "dq32"
+LEGACY_NF4_FORMAT = "b64"
 
 
 @dataclass(frozen=True)
@@ -60,6 +67,8 @@ class Board:
     runtime: str = DEFAULT_RUNTIME
     board_engines: tuple[str, ...] = ()  # the board file's engines (the hardware)
     runtime_engines: tuple[str, ...] = ()  # the runtime's engines
+    # ---- the build: the NF4 format its host NF4 slices and host copies are written in (NF4_FORMATS)
+    nf4_format: str = DEFAULT_NF4_FORMAT
     source: str = field(default="", compare=False)
 
     @property
@@ -101,7 +110,7 @@ class Board:
             "k_segment": self.k_segment, "npu_cores": self.npu_cores,
             "npu_ops_per_s_per_core": self.npu_ops_per_s_per_core, "npu_k_ref": self.npu_k_ref,
             "cpu_stream_bytes_per_s": self.cpu_stream_bytes_per_s, "npu_stream_bytes_per_s": self.npu_stream_bytes_per_s,
-            "runtime": self.path().to_json(),
+            "runtime": self.path().to_json(), "nf4_format": self.nf4_format,
         }
 
 
@@ -114,8 +123,16 @@ _LEGACY_FLOATS = ("npu_efficiency", "npu_k_falloff", "submit_overhead_s", "cpu_i
 LEGACY_RUNTIME = "board-v2"
 
 
-def combine(hw: dict, rt: Runtime, where: str) -> Board:
-    """The cost model of hardware ``hw`` (the checked board values) running runtime path ``rt``."""
+def check_nf4_format(fmt: object, where: str) -> str:
+    """``fmt`` when it names an NF4 format (NF4_FORMATS), else OrkError naming ``where``."""
+    if fmt not in NF4_FORMATS:
+        raise OrkError(f"{where}: nf4_format {escape_name(str(fmt), 40)!r} is not {' or '.join(NF4_FORMATS)}; plan again")
+    return fmt
+
+
+def combine(hw: dict, rt: Runtime, where: str, nf4_format: str = DEFAULT_NF4_FORMAT) -> Board:
+    """The cost model of hardware ``hw`` (the checked board values) running runtime path ``rt``, for a build
+    that writes host NF4 in ``nf4_format``."""
     board_engines = tuple(hw.pop("engines"))
     engines = tuple(e for e in board_engines if e in rt.engines)
     if "cpu" not in engines:
@@ -126,7 +143,7 @@ def combine(hw: dict, rt: Runtime, where: str) -> Board:
     if "npu" not in engines:
         hw["iova_usable_bytes"] = 0
     b = Board(engines=engines, board_engines=board_engines, runtime_engines=rt.engines, runtime=rt.name,
-              source=where, **hw, **{f: getattr(rt, f) for f in TOML_KEYS})
+              nf4_format=check_nf4_format(nf4_format, where), source=where, **hw, **{f: getattr(rt, f) for f in TOML_KEYS})
     if b.iova_usable_bytes > b.iova_cap_bytes:
         raise OrkError(f"{where}: iova_usable_bytes exceeds iova_cap_bytes; fix the board file")
     if b.reserve_bytes >= b.total_bytes:
@@ -140,16 +157,18 @@ def board_from_json(d: object, where: str) -> Board:
     """The board a tier map records (``Board.to_json``'s block), checked as a board file is.
 
     A block without "runtime" is a version-2 one (its software constants in the board): it is read as
-    runtime path "board-v2" with those constants, the decode at its bandwidth (fraction 1)."""
+    runtime path "board-v2" with those constants, the decode at its bandwidth (fraction 1). A block without
+    "nf4_format" was planned at b64 (LEGACY_NF4_FORMAT)."""
     if not isinstance(d, dict) or not isinstance(d.get("name"), str) or not isinstance(d.get("engines"), list) \
             or not all(isinstance(e, str) for e in d["engines"]):
         raise OrkError(f"{where}: its board block is not a board (name, engines, ...); plan again")
     hw = {k: _num(d, k, where, int, positive=k not in ("reserve_bytes", "iova_cap_bytes", "iova_usable_bytes"))
           for k in _INT_FIELDS}
     hw["name"], hw["engines"] = d["name"], list(d["engines"])
+    fmt = d.get("nf4_format", LEGACY_NF4_FORMAT)
     if "runtime" in d:
         hw |= {k: _num(d, k, where, float) for k in _HW_FLOATS}
-        return combine(hw, runtime_from_json(d["runtime"], f"{where} (runtime)"), where)
+        return combine(hw, runtime_from_json(d["runtime"], f"{where} (runtime)"), where, fmt)
     old = {k: _num(d, k, where, float, positive=k not in ("npu_k_falloff", "submit_overhead_s", "decode_token_s"))
            for k in _LEGACY_FLOATS}
     hw["npu_ops_per_s_per_core"] = _num(d, "npu_ops_per_s_per_core", where, float)
@@ -158,7 +177,7 @@ def board_from_json(d: object, where: str) -> Board:
     engines = tuple(e for e in ("npu", "cpu", "gpu") if e in d["engines"]) or ("cpu",)
     rt = Runtime(name=LEGACY_RUNTIME, engines=engines, decode_engine="cpu", decode_fraction=1.0, request_s=0.0,
                  source=where, **old)
-    return combine(hw, rt, where)
+    return combine(hw, rt, where, fmt)
 
 
 def board_names() -> list[str]:
@@ -220,9 +239,10 @@ def parse_board_hw(data: dict, where: str) -> dict:
     )
 
 
-def parse_board(data: dict, where: str, runtime: Runtime | None = None) -> Board:
-    """A parsed board TOML running ``runtime`` (default: the default runtime path), checked."""
-    return combine(parse_board_hw(data, where), runtime or load_runtime(None), where)
+def parse_board(data: dict, where: str, runtime: Runtime | None = None, nf4_format: str | None = None) -> Board:
+    """A parsed board TOML running ``runtime`` (default: the default runtime path), checked; host NF4 in
+    ``nf4_format`` (default dq32)."""
+    return combine(parse_board_hw(data, where), runtime or load_runtime(None), where, nf4_format or DEFAULT_NF4_FORMAT)
 
 
 def read_board_toml(name_or_path: str | Path) -> tuple[dict, str]:
@@ -232,9 +252,13 @@ def read_board_toml(name_or_path: str | Path) -> tuple[dict, str]:
     return read_shipped(name_or_path, "board", BOARD_DIR, board_names, "tiermaps/boards/")
 
 
-def load_board(name_or_path: str | Path, runtime: str | Path | Runtime | None = None) -> Board:
+def load_board(name_or_path: str | Path, runtime: str | Path | Runtime | None = None,
+               nf4_format: str | None = None) -> Board:
     """A shipped board by name (rk3588-32g, rk3588-16g, rk3588-8g) or a TOML file path, running a runtime
-    path (a name, a TOML file path or a Runtime; default ggml-ork)."""
+    path (a name, a TOML file path or a Runtime; default ggml-ork), for a build that writes host NF4 in
+    ``nf4_format`` (NF4_FORMATS; default dq32)."""
+    if nf4_format is not None and nf4_format not in NF4_FORMATS:
+        raise OrkError(f"--nf4-format {escape_name(str(nf4_format), 40)!r}: choose {' or '.join(NF4_FORMATS)}")
     data, where = read_board_toml(name_or_path)
     rt = runtime if isinstance(runtime, Runtime) else load_runtime(runtime)
-    return parse_board(data, where, rt)
+    return parse_board(data, where, rt, nf4_format)

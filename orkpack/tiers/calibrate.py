@@ -50,6 +50,9 @@ from .profile import load_profile
 
 KINDS = ("matmul", "prefill", "ttft", "decode")
 CHOICES = ("all-nf4", "all-int8", "all-float", "npu")
+# what a timing row's nf4 weighs: 4.5 bits a weight, the b64 NF4 format (llama.cpp's Q4_0 ran the published
+# all-nf4 rows); the fitted rates and fractions then price any format by its bytes (cost.host_nf4_bytes)
+MEASURED_NF4_FORMAT = "b64"
 SETS = ("fit", "holdout")
 NEEDS = {
     "matmul": ("engine", "encoding", "m", "n", "k", "seconds"),
@@ -477,7 +480,7 @@ def calibrate(times: str | Path, output: str | Path, *, board: str = "rk3588-32g
     name = output.stem
     if not name or any(c in name for c in "\"\\\n\r\t"):
         raise OrkError(f"{_where(output)}: choose a plain file name (it becomes the runtime path's name)")
-    base = load_board(board, runtime)
+    base = load_board(board, runtime, MEASURED_NF4_FORMAT)
     points = read_times(times)
     named = sorted({p.runtime for p in points if p.runtime})
     if len(named) > 1:
@@ -567,7 +570,7 @@ def measurements() -> dict[str, dict]:
 
 def published_boards(board: str = "rk3588-32g") -> dict[str, Board]:
     """Every shipped runtime path of the published rows on ``board``."""
-    return {rt: load_board(board, rt) for rt in RUNTIME_FITS}
+    return {rt: load_board(board, rt, MEASURED_NF4_FORMAT) for rt in RUNTIME_FITS}
 
 
 def predict_published(points: list[Point], boards: dict[str, Board]) -> np.ndarray:

@@ -70,11 +70,13 @@ class ClusterSpec:
     network: Network
 
 
-def parse_cluster(boards: str, network: str | None = None, runtime: str | None = None) -> ClusterSpec:
+def parse_cluster(boards: str, network: str | None = None, runtime: str | None = None,
+                  nf4_format: str | None = None) -> ClusterSpec:
     """``--boards``: a comma-separated list of board names or TOML files, or a cluster TOML file
     (``boards = [...]``, optional ``hosts = [...]``, optional ``[network]``). ``--network`` wins over a
     file's [network]; a board file's own [network] (the client's) is used when neither is given. ``runtime``:
-    the runtime path every board runs (--runtime; default ggml-ork)."""
+    the runtime path every board runs (--runtime; default ggml-ork); ``nf4_format``: the NF4 format the build writes
+    every node's host NF4 in (--nf4-format; default dq32)."""
     text = (boards or "").strip()
     hosts: list[str] | None = None
     net = None
@@ -96,7 +98,7 @@ def parse_cluster(boards: str, network: str | None = None, runtime: str | None =
         if not text or any(not x for x in names):
             raise OrkError("--boards: give a comma-separated list of boards (e.g. rk3588-32g,rk3588-32g) or a "
                            "cluster .toml file; an empty name is not a board")
-    bs = [load_board(n, runtime) for n in names]
+    bs = [load_board(n, runtime, nf4_format) for n in names]
     if network is not None:
         net = load_network(network)
     elif net is None:
@@ -513,7 +515,8 @@ def solve_cluster(man: Manifest, spec: ClusterSpec, *, profile: Path | None = No
 
 
 def _no_fit(man: Manifest, spec: ClusterSpec, ctx: int, kv_type: str, kv: int) -> OrkError:
-    need = sum(min(cost.host_nf4_bytes(it.n, it.k), it.float_bytes) for it in man.items) \
+    fmt = spec.boards[0].nf4_format  # one build writes every node's pack: one NF4 format
+    need = sum(min(cost.host_nf4_bytes(it.n, it.k, fmt), it.float_bytes) for it in man.items) \
         + sum(t.float_bytes for t in man.floats) + kv
     room = sum(b.total_bytes - b.reserve_bytes for b in spec.boards)
     names = ",".join(b.name for b in spec.boards)
@@ -631,7 +634,8 @@ def cluster_block(plan: ClusterPlan) -> dict:
 def to_json(plan: ClusterPlan, baseline: ClusterPlan | None = None, packs: list[str | None] | None = None) -> dict:
     nodes = []
     for j, n in enumerate(plan.nodes):
-        d = {"node": j, "board": n["board"], "runtime": getattr(plan.boards[j], "runtime", None), "host": n["host"],
+        d = {"node": j, "board": n["board"], "runtime": getattr(plan.boards[j], "runtime", None),
+             "nf4_format": plan.boards[j].nf4_format, "host": n["host"],
              "layers": n["layers"], "used": n["used"],
              "n_layers": n["layers"][1] - n["layers"][0], "client": j == 0}
         if n["used"]:
@@ -660,11 +664,11 @@ def to_json(plan: ClusterPlan, baseline: ClusterPlan | None = None, packs: list[
 def plan_cluster(model: Path, boards: str, *, network: str | None = None, profile: Path | None = None, ctx: int = 8192,
                  kv_type: str = "f16", prefill_m: int = 512, pins: dict | None = None, ignore_unknown: bool = False,
                  goal: solver.Goal | None = None, prompt: int = 512, baseline: bool = True,
-                 runtime: str | None = None):
+                 runtime: str | None = None, nf4_format: str | None = None):
     """(plan, the memory-proportional plan of the same boards or None, manifest)."""
     from .manifest import manifest_from_path
 
-    spec = parse_cluster(boards, network, runtime)
+    spec = parse_cluster(boards, network, runtime, nf4_format)
     man = manifest_from_path(model)
     kw = dict(profile=profile, prefill_m=prefill_m, ctx=ctx, kv_type=kv_type, pins=pins, goal=goal, prompt=prompt,
               ignore_unknown=ignore_unknown)

@@ -13,6 +13,13 @@ def node_pack_name(plan: ClusterPlan, j: int) -> str:
     return f"node{j}-{plan.boards[j].name}.orkpack"
 
 
+def build_nf4_format(opts) -> str:
+    """The NF4 format the build writes (--nf4-format; unset: dq32 with --nf4-mode opt, b64 with bnb), checked."""
+    from ..codecs.nf4opt import choose
+
+    return choose(opts.nf4_mode, opts.nf4_weighting, None, opts.nf4_format).format
+
+
 def prepare_cluster_build(source: Path, out_dir: Path, opts, boards: str, network: str | None = None):
     """Every check and the plan, before anything is written: (plan, the memory-proportional plan or None)."""
     if opts.tiermap is not None or not opts.plan:
@@ -27,7 +34,7 @@ def prepare_cluster_build(source: Path, out_dir: Path, opts, boards: str, networ
     plan, base, _ = plan_cluster(Path(source), boards, network=network, profile=opts.profile, ctx=opts.ctx,
                                  kv_type=opts.kv_type, prefill_m=opts.prefill_m, pins=opts.pins(),
                                  ignore_unknown=opts.ignore_unknown, goal=goal, prompt=opts.prompt,
-                                 runtime=getattr(opts, "runtime", None))
+                                 runtime=getattr(opts, "runtime", None), nf4_format=build_nf4_format(opts))
     return plan, base
 
 

@@ -45,10 +45,11 @@ def write_atomic(path: Path, text: str) -> None:
 def plan(model: Path, *, board: str = "rk3588-32g", profile: Path | None = None, ctx: int = 8192,
          kv_type: str = "f16", prefill_m: int = 512, pins: dict[str, list[str]] | None = None,
          ignore_unknown: bool = False, goal: Goal | None = None, prompt: int = 512,
-         runtime: str | None = None) -> tuple[TierMap, float, list]:
+         runtime: str | None = None, nf4_format: str | None = None) -> tuple[TierMap, float, list]:
     """(tier map, solve seconds, [manifest, board, profile]) for the build and for ``plan_command``;
-    ``runtime``: the runtime path the plan is for (default ggml-ork)."""
-    b = load_board(board, runtime)
+    ``runtime``: the runtime path the plan is for (default ggml-ork); ``nf4_format``: the NF4 format the
+    build writes host NF4 in, whose bytes the plan counts (dq32 or b64; default dq32)."""
+    b = load_board(board, runtime, nf4_format)
     man = manifest_from_path(model)
     prof = load_profile(profile, man, b, prefill_m, ignore_unknown=ignore_unknown)
     t0 = time.perf_counter()
@@ -171,7 +172,7 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
     m = d["model"]
     console.print(f"[bold]{escape_name(m['source'])}[/]: {m['arch']}, {m['n_layers']} layers, "
                   f"{m['items']} items; board [bold]{d['board']['name']}[/], runtime [bold]{_runtime_name(d['board'])}[/], "
-                  f"ctx {d['options']['ctx']} "
+                  f"host NF4 {escape_name(str(d['board'].get('nf4_format', 'b64')))}, ctx {d['options']['ctx']} "
                   f"({d['options']['kv_type']} KV), profile {escape_name(str(d['options']['profile']))}, "
                   f"goal {ob['goal']['goal']}")
     rt = d["board"].get("runtime")
@@ -258,7 +259,7 @@ def plan_command(model: Path, *, board: str = "rk3588-32g", profile: Path | None
                  kv_type: str = "f16", prefill_m: int = 512, pins: dict[str, list[str]] | None = None,
                  ignore_unknown: bool = False, json_out: bool = False, output: Path | None = None, console=None,
                  goal: Goal | None = None, prompt: int = 512, frontier_out: bool = False,
-                 runtime: str | None = None) -> int:
+                 runtime: str | None = None, nf4_format: str | None = None) -> int:
     """The whole ``orkpack plan``: returns the exit code; raises OrkError for bad input."""
     if console is None and not json_out:  # --json prints no table: rich is not even imported
         from rich.console import Console
@@ -269,7 +270,7 @@ def plan_command(model: Path, *, board: str = "rk3588-32g", profile: Path | None
         if output is not None and not Path(output).is_dir():
             raise OrkError(f"{escape_name(str(output))}: with --frontier, -o names a folder (one tier map per point); "
                            "create it first")
-        b = load_board(board, runtime)
+        b = load_board(board, runtime, nf4_format)
         man = manifest_from_path(model)
         prof = load_profile(profile, man, b, prefill_m, ignore_unknown=ignore_unknown)
         t0 = time.perf_counter()
@@ -294,7 +295,7 @@ def plan_command(model: Path, *, board: str = "rk3588-32g", profile: Path | None
         raise OrkError(f"{escape_name(str(output))}: folder {escape_name(str(Path(output).parent))} does not exist; create it first")
     tm, solve_s, (man, b, prof) = plan(Path(model), board=board, profile=profile, ctx=ctx, kv_type=kv_type,
                                        prefill_m=prefill_m, pins=pins, ignore_unknown=ignore_unknown, goal=goal,
-                                       prompt=prompt, runtime=runtime)
+                                       prompt=prompt, runtime=runtime, nf4_format=nf4_format)
     text = dumps(tm)
     if output is not None:
         write_atomic(Path(output), text)

@@ -4,7 +4,9 @@ Byte sizes (docs/FORMAT.md):
   NPU int8   align(Np * sum(kp over K segments)) + align(4 * N)   (Np, kp: N and each
              K segment padded to the board's alignment; align: the allocation granularity)
   host int8  N*K + 4*N
-  host nf4   ceil(N*K/2) + 4*ceil(N*K/64)
+  host nf4   the build's NF4 format (board.nf4_format, --nf4-format), n = N*K:
+             b64   ceil(n/2) + 4*ceil(n/64)                        (the nf4 encoding)
+             dq32  ceil(n/2) + nb + 4*ceil(nb/256) + 4, nb = ceil(n/32)   (the nf4dq encoding)
   float      the source bytes
 
 Prefill, one item at M rows of activations:
@@ -24,6 +26,7 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
+from ..pack import spec
 from .board import Board
 
 MIN_M_FLOOR = 2  # M = 1 (decode) never goes to the NPU, whatever is resident
@@ -58,9 +61,17 @@ def host_int8_bytes(n: int, k: int) -> int:
     return n * k + 4 * n
 
 
-def host_nf4_bytes(n: int, k: int) -> int:
+def host_nf4_bytes(n: int, k: int, fmt: str) -> int:
+    """Stored bytes of an N x K slice as host NF4 in format ``fmt`` (board.NF4_FORMATS; docs/FORMAT.md 3):
+    b64 = nf4 (4-bit codes, a float32 absmax per 64), dq32 = nf4dq (4-bit codes, a uint8 absmax code per 32,
+    a float32 scale per 256 of them, one float32 offset)."""
     nk = n * k
-    return -(-nk // 2) + 4 * (-(-nk // 64))
+    if fmt == "b64":
+        return -(-nk // 2) + 4 * (-(-nk // spec.NF4_BLOCK))
+    if fmt == "dq32":
+        nb = -(-nk // spec.NF4DQ_BLOCK)
+        return -(-nk // 2) + nb + 4 * (-(-nb // spec.NF4DQ_GROUP)) + 4
+    raise ValueError(f"NF4 format {fmt!r}")
 
 
 # An item's placements (docs/TIERMAP.md "Choices"): host NF4, host int8, NPU int8 tiles (the CPU
@@ -74,12 +85,13 @@ def npu_ops(kp: int, board: Board) -> float:
     return board.npu_ops_per_s * f
 
 
-def host_bytes(n: int, k: int, encoding: str) -> int:
-    """Stored bytes of an N x K weight on the host in ``encoding`` (a float encoding: 2 bytes an element)."""
+def host_bytes(n: int, k: int, encoding: str, nf4_format: str) -> int:
+    """Stored bytes of an N x K weight on the host in ``encoding`` (nf4: in ``nf4_format``; a float encoding:
+    2 bytes an element, 4 for f32)."""
     if encoding == "int8":
         return host_int8_bytes(n, k)
     if encoding == "nf4":
-        return host_nf4_bytes(n, k)
+        return host_nf4_bytes(n, k, nf4_format)
     return 4 * n * k if encoding == "f32" else 2 * n * k
 
 
@@ -93,7 +105,7 @@ def path_bytes(n: int, k: int, path: str, board: Board) -> float:
     bytes, or ``"tiles"`` (an NPU-only item's int8 tiles: their unaligned bytes x tile_read_factor)."""
     if path == "tiles":
         return npu_tile_bytes(n, k, board) * board.tile_read_factor
-    return float(host_bytes(n, k, path))
+    return float(host_bytes(n, k, path, board.nf4_format))
 
 
 def t_cpu(n: int, k: int, m: float, board: Board, encoding: str = "nf4") -> float:
@@ -146,7 +158,7 @@ def npu_tile_bytes(n: int, k: int, board: Board) -> int:
 def decode_bytes(n: int, k: int, choice: str, board: Board) -> float:
     """Bytes the CPU reads for one token of this item under ``choice`` (CHOICES)."""
     if choice in ("nf4", "npu+nf4"):
-        return float(host_nf4_bytes(n, k))
+        return float(host_nf4_bytes(n, k, board.nf4_format))
     if choice == "int8":
         return float(host_int8_bytes(n, k))
     if choice == "npu":

@@ -115,7 +115,7 @@ def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]]) -> list[_
         if forced_tier == "npu" and not has_npu:
             raise OrkError(f"{escape_name(it.name)}: pinned --npu but board {board.name} has no NPU")
         r = memo[key] = _Row(cost.npu_bytes(it.n, it.k, board), cost.host_int8_bytes(it.n, it.k),
-                             cost.host_nf4_bytes(it.n, it.k), it.float_bytes, eligible, forced_tier, forced_enc, pin)
+                             cost.host_nf4_bytes(it.n, it.k, board.nf4_format), it.float_bytes, eligible, forced_tier, forced_enc, pin)
         rows.append(r)
     return rows
 

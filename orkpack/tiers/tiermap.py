@@ -16,6 +16,7 @@ from typing import Any
 
 from ..errors import OrkError, escape_name
 from ..sources import names as _names
+from .board import LEGACY_NF4_FORMAT
 from .cost import MIN_M_FLOOR
 
 TIERMAP_SCHEMA = "orkpack.tiermap"
@@ -80,6 +81,12 @@ class TierMap:
         self.model, self.board, self.options = model, board, options
         self.objective, self.budget, self.prediction = objective, budget, prediction
         self._index = {(d.tensor, d.expert): d for d in self.decisions}
+
+    @property
+    def nf4_format(self) -> object:
+        """The NF4 format the map's host nf4 bytes count (its board block's "nf4_format", unchecked): the format
+        a build that follows the map writes. A map without it was planned at b64 (before there were two)."""
+        return self.board.get("nf4_format", LEGACY_NF4_FORMAT)
 
     # ------------------------------------------------------------------ lookup
     def get(self, tensor_name: str, expert: int | None = None) -> Decision:
