@@ -59,7 +59,7 @@ from orkpack.pack import spec  # noqa: E402
 
 CORPUS = ROOT / "fuzz" / "structure_corpus"
 REGRESSIONS = ROOT / "fuzz" / "regressions"
-SEEDS_VERSION = "3"  # bump when the seed set changes (names the cache folder)
+SEEDS_VERSION = "4"  # bump when the seed set changes (names the cache folder)
 ALIGN = spec.ALIGN
 
 
@@ -123,7 +123,8 @@ TINY = dict(layers=1, hidden=64, intermediate=96, heads=2, kv_heads=1, vocab=64)
 def _writer_pack(path: Path) -> Path:
     """PackWriter: raw tensors (i64 2-D, bool 3-D, f64 0-D, c64 1-D), an int8 NPU slice cut in 3 K
     segments (k_segment 32, N not a multiple of 32), an nf4 NPU slice inflated with k_segment 64 and a
-    host copy, stacked host int8 experts, f16/bf16/f32 host slices."""
+    host copy, an nf4dq host slice (format 1.5: two absmax groups, a block tail), stacked host int8
+    experts, f16/bf16/f32 host slices."""
     import numpy as np
     import xxhash
 
@@ -157,6 +158,12 @@ def _writer_pack(path: Path) -> Path:
             inflate={"layout": lay, "q_xxh3": xxhash.xxh3_64_hexdigest(iq), "q_size": int(iq.size),
                      "scale_xxh3": xxhash.xxh3_64_hexdigest(isc)},
             host_copy={"encoding": "nf4", "parts": {"codes": codes, "absmax": absmax}, "sqnr_db": 20.0})])
+        from orkpack.codecs import get_codec
+
+        z = r.standard_t(3, size=(9, 1001)).astype(np.float32)
+        w.add_tensor("blk.0.ffn_down.weight", "down", [9, 1001], "F32", [dict(
+            expert=None, shape=[9, 1001], encoding="nf4dq", tier="host", layout={"kind": "row_major"},
+            parts=dict(get_codec("nf4dq").encode(z).parts), sqnr_db=19.0)])
         e = r.integers(-127, 128, size=(3, 40), dtype=np.int8)
         w.add_tensor("blk.0.ffn_down_exps.weight", "d", [2, 3, 40], "F16", [dict(
             expert=i, shape=[3, 40], encoding="int8", tier="host", layout={"kind": "row_major"},
@@ -606,6 +613,11 @@ def g_reshape(rng, h, data):
             for pn, sz in sizes.items():
                 if isinstance(s.get("parts"), dict) and isinstance(s["parts"].get(pn), dict):
                     ops.append({"op": "set", "path": base + ["parts", pn, "size"], "value": sz})
+            hc = s.get("host_copy")  # a host copy's parts follow too (nf4: 2 parts, nf4dq: 4)
+            if isinstance(hc, dict) and isinstance(hc.get("parts"), dict) and hc.get("encoding") in spec.HOST_COPY_ENCODINGS:
+                for pn, sz in expected_part_sizes(sshape, hc["encoding"], {"kind": spec.LAYOUT_ROW_MAJOR}).items():
+                    if isinstance(hc["parts"].get(pn), dict):
+                        ops.append({"op": "set", "path": base + ["host_copy", "parts", pn, "size"], "value": sz})
         except Exception:
             pass
     return ops

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import xxhash
 
@@ -35,7 +36,7 @@ from orkpack.runtime.verify import _load, verify_pack  # noqa: E402
 
 import test_pack  # noqa: E402
 import test_reliability_hostile  # noqa: E402
-from test_pack import write_raw, write_small  # noqa: E402
+from test_pack import write_nf4dq, write_raw, write_small  # noqa: E402
 from test_verify import build as build_verify  # noqa: E402
 
 def c_codes(check: Path, paths: list[Path]) -> list[int]:
@@ -115,6 +116,8 @@ def good(tmp_path_factory) -> dict[str, Path]:
     packs["small"] = d / "small.orkpack"
     write_raw(d / "raw.orkpack")
     packs["raw"] = d / "raw.orkpack"
+    write_nf4dq(d / "nf4dq.orkpack")  # format 1.5: nf4dq host slices and host copies
+    packs["nf4dq"] = d / "nf4dq.orkpack"
     packs["untied_head"] = _untied_head_pack(d)
     try:
         import test_dual_residency as tdr
@@ -142,20 +145,39 @@ def test_good_packs_pass_in_both(check, good):
         pytest.skip("dual-residency packs not built (needs Decision.host_copy in orkpack/tiers/tiermap.py)")
 
 
+def _reference_decode(pack: Pack, rec: dict) -> np.ndarray:
+    """The numpy reference decode (orkpack/codecs/reference.py) of a host nf4 or nf4dq slice record."""
+    from orkpack.codecs.reference import nf4_decode, nf4dq_decode
+
+    parts = pack.typed_parts(rec)
+    n = int(np.prod(rec["shape"], dtype=np.int64))
+    with np.errstate(over="ignore", invalid="ignore"):
+        if rec["encoding"] == spec.ENC_NF4:
+            return nf4_decode(parts["codes"], parts["absmax"], (n,))
+        return nf4dq_decode(*(parts[k] for k in spec.PARTS[spec.ENC_NF4DQ]), (n,))
+
+
 def test_c_bytes_equal_python_bytes(check, good):
-    """Every part's bytes and every NPU image loaded by the C paths hash as the Python reader's do."""
+    """Every part's bytes and every NPU image loaded by the C paths hash as the Python reader's do, and the
+    C decode (orkpack_decode_nf4) of every host nf4 / nf4dq slice and host copy is the numpy reference's,
+    bit for bit."""
+    from orkpack.pack.reader import host_copy_slice
+
     backend = HostBackend()
+    ndq = 0
     for name, p in good.items():
         res = subprocess.run([str(check), "--dump", str(p)], capture_output=True, text=True)
         assert res.returncode == 0, res.stdout
-        parts, npu = {}, {}
+        parts, npu, dec = {}, {}, {}
         for ln in res.stdout.splitlines():
             f = ln.split("\t")
             if f[0] in ("part", "host"):
                 parts[(f[0], int(f[1]), int(f[2]), f[3])] = (int(f[4]), int(f[5]), f[6])
             elif f[0] == "npu":
                 npu[(int(f[1]), int(f[2]))] = (int(f[3]), f[4], f[5])
-        want_parts, want_npu = {}, {}
+            elif f[0] == "dec":
+                dec[(f[3], int(f[1]), int(f[2]))] = (f[4], int(f[5]), f[6])
+        want_parts, want_npu, want_dec = {}, {}, {}
         with Pack.open(p) as pack:
             for ti, t in enumerate(pack.tensors):
                 for si, s in enumerate(t["slices"]):
@@ -163,6 +185,11 @@ def test_c_bytes_equal_python_bytes(check, good):
                         want_parts[("part", ti, si, pn)] = (pr["offset"], pr["size"], xxhash.xxh3_64_hexdigest(pack.part(pr)))
                     for pn, pr in (s.get("host_copy") or {}).get("parts", {}).items():
                         want_parts[("host", ti, si, pn)] = (pr["offset"], pr["size"], xxhash.xxh3_64_hexdigest(pack.part(pr)))
+                    for where, rec in (("part", s), ("host", host_copy_slice(s))):
+                        if rec is not None and rec["tier"] == "host" and rec["encoding"] in spec.NF4_ENCODINGS:
+                            d = _reference_decode(pack, rec)
+                            want_dec[(where, ti, si)] = (rec["encoding"], d.size, xxhash.xxh3_64_hexdigest(d))
+                            ndq += rec["encoding"] == spec.ENC_NF4DQ
                     if s["tier"] == "npu":
                         buf, q, scale = _load(pack, s, backend, "direct", None, {"fill_seconds": 0.0, "bytes_filled": 0,
                                                                                  "inflate_seconds": 0.0, "bytes_inflated": 0})
@@ -171,6 +198,10 @@ def test_c_bytes_equal_python_bytes(check, good):
                         backend.free(buf)
         assert parts == want_parts, name
         assert npu == want_npu, name
+        assert dec == want_dec, name
+        if name == "nf4dq":
+            assert sum(v[0] == "nf4dq" for v in dec.values()) == 7  # its 5 host slices and 2 host copies
+    assert ndq > 7 or "dual_int8" not in good  # and those a build writes (nf4dq by default since format 1.5)
     backend.close()
 
 
@@ -178,7 +209,7 @@ def test_bit_flips_agree(check, good, tmp_path):
     """A sample of single bit flips (every preamble field bit, header and data bytes): both exit 1."""
     rnd = random.Random(11)
     paths = []
-    for name in ("both", "experts", "raw", "small") + (("dual_nf4",) if "dual_nf4" in good else ()):
+    for name in ("both", "experts", "raw", "small", "nf4dq") + (("dual_nf4",) if "dual_nf4" in good else ()):
         data = good[name].read_bytes()
         hoff = int.from_bytes(data[40:48], "little")
         spots = [(i, b) for i in range(0, 128) for b in range(8) if rnd.random() < 0.15]
@@ -286,6 +317,30 @@ HOSTILE_BOTH = [
     _set(("tensors",), {}),
 ]
 
+DQ0 = ("tensors", 0, "slices", 0)  # the nf4dq pack (test_pack.write_nf4dq): a host nf4dq [33, 70]
+DQ4 = ("tensors", 4, "slices", 0)  # NPU int8 [40, 96] with an nf4dq host copy
+
+NF4DQ_MORE = [
+    _set(DQ0 + ("parts", "absmax_q", "size"), 2 ** 64),
+    _set(DQ0 + ("parts", "absmax_scale", "size"), -4),
+    _set(DQ0 + ("parts", "absmax_offset", "size"), 4.0),       # a float size
+    _set(DQ0 + ("parts", "absmax_offset", "offset"), 2 ** 70),
+    _set(DQ0 + ("parts", "absmax_q", "xxh3"), "0" * 16),        # a damaged part: the parts check
+    _set(DQ4 + ("host_copy", "parts", "absmax_scale", "xxh3"), "0" * 16),
+    _set(DQ0 + ("parts",), {}),
+    _set(DQ0 + ("parts",), None),
+    _set(DQ0 + ("tier",), "npu"),                                # NPU nf4dq, no min_m
+    _set(DQ0 + ("inflate",), {"q_size": 1}),                     # a host nf4dq with a stray inflate: valid, as nf4
+    _set(DQ0 + ("min_m",), 7),                                   # a host slice's min_m: valid
+    _set(DQ4 + ("host_copy", "sqnr_db"), "x"),
+    _set(DQ4 + ("host_copy", "parts", "absmax_q"), None),
+    _set(DQ4 + ("host_copy", "parts", "absmax_scale", "size"), 2 ** 63),
+    _set(DQ4 + ("encoding",), "nf4dq"),                          # NPU nf4dq with tiles as parts
+    _set(("tensors", 0, "shape"), [2 ** 47, 2 ** 47]),
+    _set(("tensors", 0, "shape"), [33 * 70]),
+    _set(("tensors", 0, "shape"), [0, 70]),
+]
+
 RAW_HEADERS = [
     b"[" * 100000 + b"]" * 100000,                            # deep JSON
     b"[" * 50 + b"]" * 50,
@@ -334,19 +389,36 @@ def test_hostile_headers_agree(check, good, tmp_path):
         add(small, mutate=fn)
     for fn in _marked(test_pack.test_inconsistent_raw_refused):
         add(raw, mutate=fn)
+    for fn in _marked(test_pack.test_inconsistent_nf4dq_refused):
+        add(good["nf4dq"], mutate=fn)
+    for fn in NF4DQ_MORE:
+        add(good["nf4dq"], mutate=fn)
     for fn in _marked(test_reliability_hostile.test_crafted_header_is_damage_not_a_crash):
         add(small, mutate=fn)
     for hb in RAW_HEADERS:
         add(both, raw_header=hb)
     # duplicate keys inside a slice: Python keeps the last value at the first key's place
     hb = (good["both"].read_bytes()[int.from_bytes(good["both"].read_bytes()[40:48], "little"):])
-    add(both, raw_header=hb.replace(b'"min_m": 32', b'"min_m": 1, "min_m": 32', 1))
-    add(both, raw_header=hb.replace(b'"min_m": 32', b'"min_m": 32, "min_m": 1', 1))
-    add(both, raw_header=hb.replace(b'"parts": {"q": ', b'"parts": {"scale": 0, "q": ', 1))
+    assert b'"min_m":32' in hb and b'"parts":{"q":' in hb  # (the writer's compact JSON: the edits below bite)
+    add(both, raw_header=hb.replace(b'"min_m":32', b'"min_m": 1, "min_m": 32', 1))
+    add(both, raw_header=hb.replace(b'"min_m":32', b'"min_m": 32, "min_m": 1', 1))
+    add(both, raw_header=hb.replace(b'"parts":{"q":', b'"parts": {"scale": 0, "q": ', 1))
     # an unknown encoding (slice, raw dtype, host copy) from a newer minor version: unusable (2), not damage
     add(both, mutate=_set(S + ("encoding",), "q3_z"), minor=spec.VERSION_MINOR + 1)
     add(raw, mutate=_set(("tensors", 0, "slices", 0, "dtype"), "i128"), minor=spec.VERSION_MINOR + 1)
     add(both, mutate=_set(N + ("host_copy",), {"encoding": "nf5"}), minor=spec.VERSION_MINOR + 1)
+    dq = good["nf4dq"]
+    add(dq, mutate=_set(DQ4 + ("host_copy", "encoding"), "nf4dq2"), minor=spec.VERSION_MINOR + 1)
+    add(dq, mutate=_set(DQ0 + ("encoding",), "nf4dq2"), minor=spec.VERSION_MINOR + 1)
+    add(dq, mutate=_set(DQ0 + ("encoding",), "nf4dq2"), minor=spec.VERSION_MINOR)   # same minor: damaged
+    # nf4dq parts with repeated keys: Python keeps the last value at the first key's place
+    hdq = dq.read_bytes()[int.from_bytes(dq.read_bytes()[40:48], "little"):]
+    first = hdq.index(b'"absmax_offset":{')
+    rec = hdq[first:hdq.index(b"}", first) + 1]
+    add(dq, raw_header=hdq.replace(rec, rec + b', "codes": ' + rec[len(b'"absmax_offset":'):], 1))  # codes -> offset's record: size
+    add(dq, raw_header=hdq.replace(rec, rec + b', "absmax_offset": ' + rec[len(b'"absmax_offset":'):], 1))  # the same: valid
+    assert hdq.startswith(b"{") and b'"parts":{"codes":' in hdq  # (compact JSON: the edits bite)
+    add(dq, raw_header=hdq.replace(b'"parts":{"codes":', b'"parts":{"absmax_q":0,"codes":', 1))  # out of order
     # ... unless the header is damaged before that slice
     add(both, mutate=lambda h: (h["tensors"][0].update(shape=[-1, 1]), h["tensors"][1]["slices"][0].update(encoding="q3_z")),
         minor=spec.VERSION_MINOR + 1)
@@ -419,3 +491,23 @@ def test_readme_example_loads_a_tensor(check, good, tmp_path):
     for name in ("blk.0.attn_q.weight", "blk.0.ffn_up.weight"):  # int8 tiles (fill), nf4 (inflate)
         run = subprocess.run([str(tmp_path / "example"), str(good["both"]), name], capture_output=True, text=True)
         assert run.returncode == 0 and f"{name} [32, " in run.stdout, run.stdout + run.stderr
+
+
+def test_nf4dq_on_the_npu_refused_by_both_with_one_meaning(check, good, tmp_path):
+    """An nf4dq slice on the NPU tier (with or without min_m, a stacked expert, an nf4 NPU slice recoded): both
+    readers refuse it at open as a damaged pack (exit 1) and say why in the same words; nf4dq host slices and
+    nf4dq host copies of NPU int8 / nf4 slices pass both."""
+    dq = good["nf4dq"]
+    cases = [_set(DQ0 + ("tier",), "npu"), lambda h: h["tensors"][0]["slices"][0].update(tier="npu", min_m=32),
+             lambda h: h["tensors"][3]["slices"][1].update(tier="npu", min_m=2)]
+    paths = [_rewrite(dq, tmp_path / f"npu{i}.orkpack", mutate=fn) for i, fn in enumerate(cases)]
+    for p in paths:
+        py = verify_pack(p)
+        c = subprocess.run([str(check), str(p)], capture_output=True, text=True)
+        assert py.exit_code == c.returncode == 1, (py.failures, c.stdout)
+        want = "nf4dq slices live on the host (an NPU slice is int8, or nf4 to inflate)"
+        assert want in py.failures[0] and want in c.stdout, (py.failures, c.stdout)
+    assert c_codes(check, [dq]) == [0] and verify_pack(dq).exit_code == 0
+    out = subprocess.run([str(check), "--dump", str(dq)], capture_output=True, text=True).stdout
+    host = sorted(ln.split("\t")[3] for ln in out.splitlines() if ln.startswith("host\t4\t"))
+    assert host == sorted(spec.PARTS[spec.ENC_NF4DQ])  # the int8 NPU slice's host copy: the 4 nf4dq parts

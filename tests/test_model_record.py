@@ -63,7 +63,7 @@ def test_gguf_pairs_are_carried_as_they_are(tmp_path):
     build(src, out, BuildOptions(threads=1))
     with Pack.open(out) as p:
         model = p.header["model"]
-        assert p.preamble.version_minor == spec.VERSION_MINOR == 4
+        assert p.preamble.version_minor == spec.VERSION_MINOR >= 3  # the model record came with 1.3
     assert M.check_model(model) is None and model["source"] == "gguf"
     fields = {k: f for k, f in GGUFReader(src).fields.items() if not k.startswith("GGUF.")}
     assert [e[0] for e in model["kv"]] == list(fields)  # every pair, in file order

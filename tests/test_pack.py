@@ -85,6 +85,13 @@ def test_c_header_matches_spec():
     assert defs["ORKPACK_ALIGN"] == str(spec.ALIGN)
     assert defs["ORKPACK_PREAMBLE_XXH3_OFFSET"] == str(spec.PREAMBLE_XXH3_OFFSET)
     assert defs["ORKPACK_NPU_K_SEGMENT"] == str(spec.NPU_K_SEGMENT)
+    assert defs["ORKPACK_NF4_BLOCK"] == str(spec.NF4_BLOCK)
+    assert defs["ORKPACK_NF4DQ_BLOCK"].split()[0] == str(spec.NF4DQ_BLOCK)
+    assert defs["ORKPACK_NF4DQ_GROUP"].split()[0] == str(spec.NF4DQ_GROUP)
+    assert defs["ORKPACK_NPU_TILE_N"] == str(spec.NPU_TILE_N) and defs["ORKPACK_NPU_TILE_K"] == str(spec.NPU_TILE_K)
+    # the kernels' own copy (kernels/nf4dq_code.h, the C nf4dq encoder and decoders)
+    kdefs = dict(re.findall(r"#define (ORK_NF4DQ_\w+) (\d+)", (ROOT / "kernels" / "nf4dq_code.h").read_text()))
+    assert kdefs == {"ORK_NF4DQ_BLOCK": str(spec.NF4DQ_BLOCK), "ORK_NF4DQ_GROUP": str(spec.NF4DQ_GROUP)}
     from orkpack._kernels import ffi
 
     assert ffi.sizeof("orkpack_preamble_t") == spec.PREAMBLE_SIZE
@@ -313,3 +320,182 @@ def test_raw_pack_under_a_reader_without_raw(tmp_path, monkeypatch):
     with pytest.raises(PackError) as e:
         Pack.open(p)
     assert e.value.exit_code == 2 and f"newer orkpack (format 1.{written}" in str(e.value) and "unknown encoding 'raw'" in str(e.value)
+
+
+# ---------------------------------------------------------------- nf4dq (format 1.5)
+
+def _nf4dq_parts(x: np.ndarray) -> dict:
+    from orkpack.codecs import get_codec
+
+    return dict(get_codec("nf4dq").encode(x).parts)
+
+
+def write_nf4dq(path: Path, seed: int = 0) -> dict:
+    """A pack with nf4dq (docs/FORMAT.md 3) where it may be: host slices (2-D with one absmax group, 2-D
+    with two groups and block tails, 1-D of odd length, stacked experts), and host copies of an NPU int8
+    slice and of an NPU nf4 slice; beside them an NPU nf4 slice with an nf4 host copy. Real encodings
+    (the nf4dq codec), so that a decode means something. Returns {tensor name: {part: array}} of the
+    nf4dq slices and copies."""
+    import xxhash as _x
+
+    from orkpack.codecs.reference import int8_encode, nf4_encode
+    from orkpack.layout import npu_layout, tile_int8
+    from orkpack.runtime.inflate import inflate_reference
+
+    r = _rng(seed)
+    want = {}
+    with PackWriter(path, provenance={"source_format": "test", "sources": [], "arch": None, "options": {},
+                                      "nf4": {"format": "dq32"}}, config=None, tiermap=None) as w:
+        def host(name, shape, expert=None):
+            x = r.standard_t(3, size=shape).astype(np.float32)
+            p = _nf4dq_parts(x)
+            want[name if expert is None else f"{name}[{expert}]"] = p
+            return dict(expert=expert, shape=list(shape), encoding="nf4dq", tier="host", layout={"kind": "row_major"},
+                        parts=p, sqnr_db=19.5)
+
+        w.add_tensor("blk.0.ffn_up.weight", "up", [33, 70], "F32", [host("blk.0.ffn_up.weight", (33, 70))])
+        w.add_tensor("blk.0.ffn_down.weight", "down", [9, 1001], "F32", [host("blk.0.ffn_down.weight", (9, 1001))])
+        w.add_tensor("blk.0.attn_norm.bias", "b", [67], "F32", [host("blk.0.attn_norm.bias", (67,))])
+        w.add_tensor("blk.0.ffn_gate_exps.weight", "g", [2, 3, 40], "F32",
+                     [host("blk.0.ffn_gate_exps.weight", (3, 40), e) for e in range(2)])
+        x = r.standard_t(3, size=(40, 96)).astype(np.float32)
+        q, s = int8_encode(x)
+        hc = _nf4dq_parts(x)
+        want["blk.0.attn_q.weight"] = hc
+        w.add_tensor("blk.0.attn_q.weight", "q", [40, 96], "F32", [dict(
+            expert=None, shape=[40, 96], encoding="int8", tier="npu", layout=npu_layout(40, 96),
+            parts={"q": tile_int8(q), "scale": s}, sqnr_db=40.0, min_m=8,
+            host_copy={"encoding": "nf4dq", "parts": hc, "sqnr_db": 19.0})])
+        for name, hce in (("blk.0.attn_k.weight", "nf4dq"), ("blk.0.attn_v.weight", "nf4")):
+            y = r.standard_t(3, size=(33, 64)).astype(np.float32)
+            codes, absmax = nf4_encode(y)
+            iq, isc, lay = inflate_reference(codes, absmax, (33, 64))
+            hp = _nf4dq_parts(y) if hce == "nf4dq" else {"codes": codes, "absmax": absmax}
+            if hce == "nf4dq":
+                want[name] = hp
+            w.add_tensor(name, name, [33, 64], "F32", [dict(
+                expert=None, shape=[33, 64], encoding="nf4", tier="npu", layout={"kind": "row_major"},
+                parts={"codes": codes, "absmax": absmax}, sqnr_db=20.0, min_m=4,
+                inflate={"layout": lay, "q_xxh3": _x.xxh3_64_hexdigest(iq), "q_size": int(iq.size),
+                         "scale_xxh3": _x.xxh3_64_hexdigest(isc)},
+                host_copy={"encoding": hce, "parts": hp, "sqnr_db": 20.0})])
+        w.finish()
+    return want
+
+
+def test_nf4dq_roundtrip(tmp_path):
+    """nf4dq slices and host copies are written, opened and read back as the codec made them; the decode of
+    what the reader returns is the codec's decode."""
+    from orkpack.codecs.reference import nf4dq_decode
+    from orkpack.pack.reader import host_copy_slice
+
+    p = tmp_path / "dq.orkpack"
+    want = write_nf4dq(p)
+    seen = 0
+    with Pack.open(p) as pack:
+        assert pack.preamble.version_minor == spec.VERSION_MINOR == 5
+        for t, s in pack.slices():
+            for rec in (s, host_copy_slice(s)):
+                if rec is None or rec["encoding"] != spec.ENC_NF4DQ:
+                    continue
+                key = t["name"] if rec["expert"] is None else f"{t['name']}[{rec['expert']}]"
+                parts = pack.typed_parts(rec)
+                assert list(parts) == list(spec.PARTS[spec.ENC_NF4DQ]) and rec["tier"] == spec.TIER_HOST
+                for pn, a in parts.items():
+                    assert a.dtype == np.dtype(spec.PART_DTYPES[(spec.ENC_NF4DQ, pn)])
+                    assert a.tobytes() == np.ascontiguousarray(want[key][pn]).tobytes(), (key, pn)
+                n = int(np.prod(rec["shape"]))
+                assert parts["absmax_scale"].size == -(-(-(-n // spec.NF4DQ_BLOCK)) // spec.NF4DQ_GROUP)
+                got = nf4dq_decode(*(parts[k] for k in spec.PARTS[spec.ENC_NF4DQ]), rec["shape"])
+                assert got.shape == tuple(rec["shape"]) and np.all(np.isfinite(got))
+                seen += 1
+    assert seen == len(want) == 7
+    write_nf4dq(tmp_path / "dq2.orkpack")
+    assert (tmp_path / "dq2.orkpack").read_bytes() == p.read_bytes()
+
+
+def test_nf4dq_part_sizes():
+    from orkpack.pack.reader import expected_part_sizes
+
+    for shape, want in (([1], (1, 1, 4)), ([32], (16, 1, 4)), ([33], (17, 2, 4)), ([256 * 32], (4096, 256, 4)),
+                        ([256 * 32 + 1], (4097, 257, 8)), ([3, 5, 7], (53, 4, 4)), ([0, 5], (0, 0, 0))):
+        sz = expected_part_sizes(shape, spec.ENC_NF4DQ, {"kind": "row_major"})
+        assert list(sz) == list(spec.PARTS[spec.ENC_NF4DQ])
+        assert (sz["codes"], sz["absmax_q"], sz["absmax_scale"], sz["absmax_offset"]) == want + (4,)
+
+
+def _dq(i, s=0):
+    """tensor i, slice s of the write_nf4dq pack: 0 up [33, 70] host nf4dq, 1 down [9, 1001] (two groups),
+    2 a 1-D [67], 3 stacked experts, 4 attn_q NPU int8 + nf4dq host copy, 5 attn_k NPU nf4 + nf4dq host
+    copy, 6 attn_v NPU nf4 + nf4 host copy."""
+    return lambda h: h["tensors"][i]["slices"][s]
+
+
+def _reorder(d: dict, order) -> dict:
+    return {k: d[k] for k in order}
+
+
+NF4DQ_BAD = [
+    # the slice's own parts: sizes, order, count, names
+    (lambda h: _dq(0)(h)["parts"]["absmax_q"].update(size=_dq(0)(h)["parts"]["absmax_q"]["size"] + 1), "absmax_q is 74 bytes"),
+    (lambda h: _dq(1)(h)["parts"]["absmax_scale"].update(size=4), "absmax_scale is 4 bytes, its shape and encoding say 8"),
+    (lambda h: _dq(0)(h)["parts"]["absmax_offset"].update(size=8), "absmax_offset is 8 bytes"),
+    (lambda h: _dq(0)(h)["parts"]["codes"].update(size=1156), "codes is 1156 bytes"),
+    (lambda h: _dq(0)(h).update(parts=_reorder(_dq(0)(h)["parts"], ["codes", "absmax_scale", "absmax_q", "absmax_offset"])), "parts are not"),
+    (lambda h: _dq(0)(h).update(parts=_reorder(_dq(0)(h)["parts"], ["absmax_offset", "codes", "absmax_q", "absmax_scale"])), "parts are not"),
+    (lambda h: _dq(0)(h)["parts"].pop("absmax_offset"), "parts are not"),
+    (lambda h: _dq(0)(h).update(parts=_reorder(_dq(0)(h)["parts"], ["codes", "absmax_q"])), "parts are not"),
+    (lambda h: _dq(0)(h)["parts"].update(absmax=_dq(0)(h)["parts"]["absmax_q"]), "parts are not"),
+    (lambda h: _dq(0)(h).update(encoding="nf4"), "parts are not"),                  # nf4dq parts under nf4
+    (lambda h: _dq(6)(h).update(tier="host", encoding="nf4dq"), "parts are not"),   # nf4 parts under nf4dq
+    (lambda h: _dq(0)(h)["parts"]["absmax_offset"].update(offset=_dq(0)(h)["parts"]["absmax_q"]["offset"]), "overlap"),
+    (lambda h: _dq(0)(h)["parts"]["absmax_scale"].update(offset=_dq(0)(h)["parts"]["absmax_scale"]["offset"] + 4), "unaligned"),
+    (lambda h: h["tensors"][0].update(shape=[33, 71]), "shape"),
+    # the tier rule: nf4dq lives on the host (an NPU slice is int8, or nf4 to inflate)
+    (lambda h: _dq(0)(h).update(tier="npu", min_m=32), "nf4dq slices live on the host"),
+    (lambda h: _dq(0)(h).update(tier="npu"), "nf4dq slices live on the host"),
+    (lambda h: _dq(3, 1)(h).update(tier="npu", min_m=2), "nf4dq slices live on the host"),
+    (lambda h: _dq(5)(h).update(encoding="nf4dq", parts=_dq(5)(h)["host_copy"]["parts"]), "nf4dq slices live on the host"),
+    (lambda h: _dq(0)(h).update(layout={"kind": "npu_int8", "tile_n": 32, "tile_k": 32, "n_pad": 64, "k_segment": 8192,
+                                        "segments": [[0, 70, 96]]}), "npu_int8 layout is only for int8"),
+    # host copies in nf4dq: parts, sizes, order, where a host copy may be
+    (lambda h: _dq(4)(h)["host_copy"]["parts"]["absmax_q"].update(size=121), "host copy part absmax_q is 121 bytes"),
+    (lambda h: _dq(4)(h)["host_copy"]["parts"]["absmax_offset"].update(size=0), "host copy part absmax_offset is 0 bytes"),
+    (lambda h: _dq(4)(h)["host_copy"].update(parts=_reorder(_dq(4)(h)["host_copy"]["parts"],
+                                                            ["codes", "absmax_q", "absmax_offset", "absmax_scale"])), "host copy parts are not"),
+    (lambda h: _dq(4)(h)["host_copy"]["parts"].pop("absmax_scale"), "host copy parts are not"),
+    (lambda h: _dq(4)(h)["host_copy"].update(encoding="nf4"), "host copy parts are not"),       # nf4dq parts under nf4
+    (lambda h: _dq(6)(h)["host_copy"].update(encoding="nf4dq"), "host copy parts are not"),     # nf4 parts under nf4dq
+    (lambda h: _dq(4)(h)["host_copy"].update(layout={"kind": "npu_int8"}), "host copy layout"),
+    (lambda h: _dq(4)(h)["host_copy"]["parts"]["codes"].update(offset=_dq(4)(h)["parts"]["q"]["offset"]), "overlap"),
+    (lambda h: _dq(0)(h).update(host_copy=_dq(4)(h)["host_copy"]), "a host slice has a host copy"),
+    (lambda h: _dq(4)(h)["host_copy"].update(encoding="nf4dq "), "unknown host copy encoding"),
+    (lambda h: _dq(4)(h)["host_copy"].update(encoding="NF4DQ"), "unknown host copy encoding"),
+]
+
+
+@pytest.mark.parametrize("mutate,why", NF4DQ_BAD)
+def test_inconsistent_nf4dq_refused(tmp_path, mutate, why):
+    p = tmp_path / "dq.orkpack"
+    write_nf4dq(p)
+    _rewrite_header(p, mutate)
+    with pytest.raises(PackDamaged, match=re.escape(why)):
+        Pack.open(p)
+
+
+def test_nf4dq_unknown_to_an_older_reader_is_newer_not_damage(tmp_path, monkeypatch):
+    """A 1.4 reader (no nf4dq) refuses a 1.5 pack's nf4dq slice, and a 1.5 pack's nf4dq host copy, as
+    "made by a newer orkpack" (exit 2), naming the encoding (simulated as test_raw_pack_under_a_reader_without_raw)."""
+    p, copies = tmp_path / "dq.orkpack", tmp_path / "copies.orkpack"
+    write_nf4dq(p)
+    write_nf4dq(copies)
+    _rewrite_header(copies, lambda h: h.update(tensors=h["tensors"][4:]))  # only the NPU slices with host copies
+    monkeypatch.setattr(spec, "ENCODINGS", tuple(e for e in spec.ENCODINGS if e != "nf4dq"))
+    monkeypatch.setattr(spec, "HOST_COPY_ENCODINGS", ("nf4",))
+    monkeypatch.setattr(spec, "VERSION_MINOR", 4)
+    with pytest.raises(PackError) as e:
+        Pack.open(p)
+    assert e.value.exit_code == 2 and "newer orkpack (format 1.5" in str(e.value) and "unknown encoding 'nf4dq'" in str(e.value)
+    with pytest.raises(PackError) as e:
+        Pack.open(copies)
+    assert e.value.exit_code == 2 and "unknown host copy encoding 'nf4dq'" in str(e.value)

@@ -23,7 +23,7 @@ from orkpack.sources import open_source  # noqa: E402
 from orkpack.sources.gguf import GGUFSource  # noqa: E402
 from orkpack.sources.safetensors import SafetensorsSource  # noqa: E402
 
-from test_pack import write_small  # noqa: E402
+from test_pack import write_nf4dq, write_small  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +74,73 @@ def test_crafted_header_is_damage_not_a_crash(tmp_path, header, fn, why):
     with pytest.raises(PackDamaged, match=why):
         Pack.open(p)
     harness.check_pack(p.read_bytes())  # inspect, render, verify: OrkError only
+
+
+@pytest.fixture(scope="module")
+def dq_pack(tmp_path_factory):
+    """test_pack.write_nf4dq: nf4dq host slices (0-3), NPU int8 (4) and nf4 (5) slices with nf4dq host copies."""
+    p = tmp_path_factory.mktemp("dq") / "dq.orkpack"
+    write_nf4dq(p)
+    raw = p.read_bytes()
+    hoff = struct.unpack_from("<Q", raw, 40)[0]
+    return json.loads(raw[hoff:]), raw[4096:hoff]
+
+
+def _dq_slice(h, i=0, s=0):
+    return h["tensors"][i]["slices"][s]
+
+
+@pytest.mark.parametrize(
+    "fn,why",
+    [
+        # nf4dq (format 1.5) sizes the reader must not trust: each refused before anything is sized from it
+        (lambda h: _dq_slice(h)["parts"]["absmax_q"].update(size=2**62), "absmax_q is"),
+        (lambda h: _dq_slice(h)["parts"]["absmax_scale"].update(size=-4), "absmax_scale is"),
+        (lambda h: _dq_slice(h)["parts"]["absmax_offset"].update(size=True), "malformed part absmax_offset"),
+        (lambda h: _dq_slice(h)["parts"].pop("absmax_scale"), "parts are not"),
+        (lambda h: _dq_slice(h)["parts"].update(absmax_offset=None), "malformed part absmax_offset"),
+        (lambda h: (h["tensors"][0].update(shape=[2**47, 2**47]), _dq_slice(h).update(shape=[2**47, 2**47])), "data section"),
+        (lambda h: _dq_slice(h).update(tier="npu", min_m=32), "nf4dq slices live on the host"),
+        (lambda h: _dq_slice(h, 4)["host_copy"]["parts"]["absmax_q"].update(size=2**64), "host copy part absmax_q"),
+        (lambda h: _dq_slice(h, 4)["host_copy"]["parts"].pop("absmax_offset"), "host copy parts are not"),
+        (lambda h: _dq_slice(h, 4)["host_copy"].update(encoding=["nf4dq"]), "unknown host copy encoding"),
+    ],
+)
+def test_crafted_nf4dq_header_is_damage_not_a_crash(tmp_path, dq_pack, fn, why):
+    h, data = dq_pack
+    p = tmp_path / "x.orkpack"
+    p.write_bytes(harness.wrap_pack(header_bytes(_mut(h, fn)), len(data) // 4096, data))
+    with pytest.raises(PackDamaged, match=why):
+        Pack.open(p)
+    harness.check_pack(p.read_bytes())  # inspect, render, verify: OrkError only
+
+
+def test_nf4dq_host_slices_through_every_reader_path(dq_pack):
+    """A valid pack of nf4dq host slices (no host copies): open, inspect, render and verify --reference."""
+    h, data = dq_pack
+    h = _mut(h, lambda h: h.update(tensors=h["tensors"][:4]))
+    raw = harness.wrap_pack(header_bytes(h), len(data) // 4096, data)
+    harness.check_pack(raw)
+    from orkpack.runtime.verify import verify_pack
+
+    assert verify_pack(harness.scratch("dq.orkpack", raw), reference=True).exit_code == 0
+
+
+def test_nf4dq_host_copies_through_verify_reference(dq_pack):
+    """nf4dq host copies of NPU int8 and nf4 slices through open, inspect, render and verify --reference (which
+    read a host copy's 'absmax' part before it knew nf4dq: a KeyError). The nf4dq copy of an NPU slice stored nf4
+    (tensor 5) opens in both readers, but --reference wants that copy to be the slice's own nf4 bytes; without
+    it the pack passes --reference."""
+    h, data = dq_pack
+    raw = harness.wrap_pack(header_bytes(h), len(data) // 4096, data)
+    harness.check_pack(raw)
+    from orkpack.runtime.verify import verify_pack
+
+    r = verify_pack(harness.scratch("dq.orkpack", raw), reference=True)
+    assert r.exit_code == 1 and len(r.failures) == 1 and r.failures[0].startswith("blk.0.attn_k.weight: host copy")
+    h = _mut(h, lambda h: h["tensors"].pop(5))
+    r = verify_pack(harness.scratch("dq.orkpack", harness.wrap_pack(header_bytes(h), len(data) // 4096, data)), reference=True)
+    assert r.exit_code == 0, r.failures
 
 
 def test_deep_json_nesting(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 from orkpack._kernels import lib
 from orkpack.codecs.reference import int8_encode, nf4_decode, nf4_encode
 from orkpack.layout import npu_layout, npu_tiled_size, tile_int8
-from orkpack.runtime.inflate import fill, inflate, inflate_into, inflate_reference, nf4_decode_c, tiled_size
+from orkpack.runtime.inflate import fill, inflate, inflate_into, inflate_reference, nf4_decode_c, nf4dq_decode_c, tiled_size
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -153,6 +153,49 @@ def test_nf4_decode_c_matches_numpy():
         absmax = rng.standard_normal(-(-nel // 64)).astype(np.float32)
         want = nf4_decode(codes, absmax, (nel,))
         assert _same(nf4_decode_c(codes, absmax.view(np.uint8), nel), want)
+
+
+def test_nf4dq_decode_c_matches_numpy():
+    """kernels/runtime.c ork_rt_nf4dq_decode is reference.nf4dq_decode bit for bit: encoded slices (block and
+    group tails), arbitrary bytes (every 8-bit code, negative, zero and huge scales and offsets), sub-ranges."""
+    from orkpack.codecs import get_codec
+    from orkpack.codecs.reference import nf4dq_decode
+
+    rng = np.random.default_rng(5)
+    for nel in (1, 31, 32, 33, 8191, 8192, 8193, 20001):
+        x = rng.standard_t(3, size=nel).astype(np.float32)
+        p = get_codec("nf4dq").encode(x).parts
+        args = (p["codes"], p["absmax_q"], p["absmax_scale"], p["absmax_offset"])
+        assert _same(nf4dq_decode_c(*args, nel), nf4dq_decode(*args, (nel,)))
+    for nel in (1, 65, 8192 * 3 + 7):
+        nb = -(-nel // 32)
+        codes = rng.integers(0, 256, size=(nel + 1) // 2, dtype=np.uint8)
+        q = rng.integers(0, 256, size=nb, dtype=np.uint8)
+        q[: min(nb, 256)] = np.arange(min(nb, 256))  # every code of DQ_CODE
+        scale = (rng.standard_normal(-(-nb // 256)) * np.float32(2.0) ** rng.integers(-60, 60, -(-nb // 256))).astype(np.float32)
+        scale[0] = 0
+        for off in (np.float32(0), np.float32(-0.37), np.float32(3e38)):
+            offset = np.array([off], np.float32)
+            with np.errstate(over="ignore", invalid="ignore"):
+                want = nf4dq_decode(codes, q, scale, offset, (nel,))
+            got = nf4dq_decode_c(codes, q, scale, offset, nel)
+            assert _same(got, want), (nel, off)
+    # a sub-range [e0, e1) starts mid-block, as the decode of a chunk does
+    out = np.empty(100, np.float32)
+    codes, q, scale, offset = (np.arange(2000, dtype=np.uint8), np.arange(125, dtype=np.uint8),
+                               np.array([0.5], np.float32), np.array([0.25], np.float32))
+    from orkpack.runtime.inflate import _ptr
+
+    assert lib.ork_rt_nf4dq_decode(_ptr("const uint8_t *", codes), codes.size, _ptr("const uint8_t *", q), q.size,
+                                   _ptr("const float *", scale), 1, 0.25, 1000, 1100, _ptr("float *", out)) == 0
+    assert _same(out, nf4dq_decode(codes, q, scale, offset, (4000,))[1000:1100])
+    # parts too short for the range are refused (no read past them)
+    with pytest.raises(ValueError, match="too small"):
+        nf4dq_decode_c(codes[:10], q, scale, offset, 21)
+    with pytest.raises(ValueError, match="too small"):
+        nf4dq_decode_c(codes, q[:1], scale, offset, 33)
+    with pytest.raises(ValueError, match="too small"):
+        nf4dq_decode_c(codes, q, scale[:0], offset, 1)
 
 
 def test_simd_level_and_fallback_switch():

@@ -13,7 +13,9 @@
  *
  * --dump also prints, for a pack that opens, one line per part and per loaded NPU image (tab-separated:
  * "part"|"host", tensor index, slice index, part name, offset, size, xxh3 of the bytes the reader
- * returns; "npu", tensor index, slice index, image size, q xxh3, scale xxh3), for tests/test_c_reader.py.
+ * returns; "npu", tensor index, slice index, image size, q xxh3, scale xxh3; "dec", tensor index, slice
+ * index, "part" (a host slice) or "host" (an NPU slice's host copy), "nf4" or "nf4dq", elements, xxh3 of the
+ * float32 decode by orkpack_decode_nf4, for every 4-bit NormalFloat slice on the host), for tests/test_c_reader.py.
  *
  * --model prints, for a pack that opens, its model record (format 1.3, docs/FORMAT.md 9) as read through
  * orkpack_model_kv / orkpack_kv_*: one line per entry, tab-separated: "kv", key, type, element count, and
@@ -55,11 +57,33 @@ static void dump_parts(const orkpack_t *pk) {
             const orkpack_slice_t *s = &t->slices[si];
             for (int h = 0; h < 2; h++) {
                 const orkpack_part_t *parts = h ? s->host_parts : s->parts;
-                int np = h ? (s->has_host_copy ? 2 : 0) : s->nparts;
+                int np = h ? s->host_nparts : s->nparts;
                 for (int k = 0; k < np; k++)
                     printf("%s\t%zu\t%zu\t%s\t%llu\t%llu\t%016llx\n", h ? "host" : "part", ti, si, parts[k].name,
                            (unsigned long long)parts[k].offset, (unsigned long long)parts[k].size,
                            (unsigned long long)orkpack_xxh3(parts[k].ptr, (size_t)parts[k].size));
+            }
+        }
+    }
+}
+
+/* the float32 decode of every host nf4 / nf4dq slice and host copy (orkpack_decode_nf4) */
+static void dump_decoded(const orkpack_t *pk) {
+    for (size_t ti = 0; ti < orkpack_tensor_count(pk); ti++) {
+        const orkpack_tensor_t *t = orkpack_tensor(pk, ti);
+        for (size_t si = 0; si < t->nslices; si++) {
+            const orkpack_slice_t *s = &t->slices[si];
+            for (int h = 0; h < 2; h++) {
+                int enc = h ? (s->has_host_copy ? s->host_encoding : -1) : (s->tier == ORKPACK_TIER_HOST ? s->encoding : -1);
+                if (enc != ORKPACK_ENC_NF4 && enc != ORKPACK_ENC_NF4DQ) continue;
+                float *out = (float *)malloc(s->numel ? (size_t)s->numel * sizeof(float) : 1);
+                orkpack_err_t err;
+                printf("dec\t%zu\t%zu\t%s\t%s\t%llu\t", ti, si, h ? "host" : "part", enc == ORKPACK_ENC_NF4 ? "nf4" : "nf4dq",
+                       (unsigned long long)s->numel);
+                if (!out) printf("bad out of memory\n");
+                else if (orkpack_decode_nf4(s, h, 0, s->numel, out, &err)) printf("bad %s\n", err.msg);
+                else printf("%016llx\n", (unsigned long long)orkpack_xxh3(out, (size_t)s->numel * sizeof(float)));
+                free(out);
             }
         }
     }
@@ -138,7 +162,10 @@ static int check_one(const char *path, int dump, int model) {
         printf("unusable %s\n", err.msg);
         return 2;
     }
-    if (dump) dump_parts(pk);
+    if (dump) {
+        dump_parts(pk);
+        dump_decoded(pk);
+    }
     if (model) dump_model(pk);
     int code = 0;
     size_t nparts = 0, nslices = 0, nnpu = 0;

@@ -32,13 +32,15 @@ extern "C" {
 #define ORKPACK_E_ARGS 4     /* [2] a wrong argument (NULL pointer, buffer too small, not an NPU slice) */
 
 #define ORKPACK_MAX_JSON_DEPTH 512 /* header JSON nesting the reader accepts */
+#define ORKPACK_MAX_PARTS 4        /* parts of one encoding (nf4dq: codes, absmax_q, absmax_scale, absmax_offset) */
 
 typedef struct {
     int code;       /* ORKPACK_OK or ORKPACK_E* */
     char msg[512];  /* one line, names the pack and the tensor; "" when code is ORKPACK_OK */
 } orkpack_err_t;
 
-enum { ORKPACK_ENC_F32, ORKPACK_ENC_F16, ORKPACK_ENC_BF16, ORKPACK_ENC_INT8, ORKPACK_ENC_NF4, ORKPACK_ENC_RAW };
+enum { ORKPACK_ENC_F32, ORKPACK_ENC_F16, ORKPACK_ENC_BF16, ORKPACK_ENC_INT8, ORKPACK_ENC_NF4, ORKPACK_ENC_RAW,
+       ORKPACK_ENC_NF4DQ /* 1.5: host only, and a host copy's encoding */ };
 enum { ORKPACK_TIER_NPU, ORKPACK_TIER_HOST };
 enum { ORKPACK_LAYOUT_ROW_MAJOR, ORKPACK_LAYOUT_NPU_INT8 };
 /* element types of a raw slice (its "dtype") */
@@ -48,7 +50,7 @@ enum {
 };
 
 typedef struct {
-    const char *name;    /* "data", "q", "scale", "codes", "absmax" */
+    const char *name;    /* "data", "q", "scale", "codes", "absmax", "absmax_q", "absmax_scale", "absmax_offset" */
     uint64_t offset;     /* absolute file offset, a multiple of 4096 */
     uint64_t size;       /* bytes */
     uint64_t xxh3;       /* recorded XXH3_64bits */
@@ -65,8 +67,9 @@ typedef struct {
     int tier;             /* ORKPACK_TIER_* */
     int layout;           /* ORKPACK_LAYOUT_* of the stored parts */
     int64_t k_segment;    /* npu_int8 layout: its k_segment (0 otherwise) */
-    int nparts;           /* 1 or 2, in file order */
-    orkpack_part_t parts[2];
+    int nparts;           /* 1 to 4, in file order (docs/FORMAT.md 3: data | q, scale | codes, absmax |
+                             codes, absmax_q, absmax_scale, absmax_offset) */
+    orkpack_part_t parts[ORKPACK_MAX_PARTS];
     int has_sqnr_db;      /* sqnr_db is a number (not null) */
     double sqnr_db;
     int has_min_m;        /* min_m is present and not null */
@@ -78,7 +81,9 @@ typedef struct {
     uint64_t inflate_q_xxh3, inflate_scale_xxh3;
     /* dual residency (1.2, docs/FORMAT.md 8): the host NF4 copy of an NPU slice */
     int has_host_copy;
-    orkpack_part_t host_parts[2]; /* codes, absmax */
+    int host_encoding;    /* ORKPACK_ENC_NF4 or ORKPACK_ENC_NF4DQ (1.5) when has_host_copy */
+    int host_nparts;      /* 2 (nf4) or 4 (nf4dq); 0 without a host copy */
+    orkpack_part_t host_parts[ORKPACK_MAX_PARTS]; /* the parts of host_encoding, in file order */
     int has_host_sqnr_db;
     double host_sqnr_db;
 } orkpack_slice_t;
@@ -136,6 +141,14 @@ uint64_t orkpack_npu_cap(const orkpack_t *pack, const char **source);
  * scale shape[0] floats. Does not check checksums (orkpack_check_part / compare the image yourself). */
 int orkpack_load_npu(const orkpack_t *pack, const orkpack_slice_t *s, void *q, size_t q_size, float *scale,
                      size_t scale_count, int clean, orkpack_err_t *err);
+
+/* Decode elements [e0, e1) of a 4-bit NormalFloat slice to float32 (docs/FORMAT.md 3): a host nf4 or nf4dq
+ * slice (host_copy == 0), or an NPU slice's host copy (host_copy != 0). Bit for bit the reference decode
+ * (orkpack/codecs/reference.py nf4_decode, nf4dq_decode): CODEBOOK[code] * absmax, with nf4dq's absmax
+ * DQ_CODE[absmax_q] * absmax_scale + absmax_offset, float32. out holds e1 - e0 floats. ORKPACK_E_ARGS for
+ * another encoding, no host copy or a range beyond the slice. Does not check checksums. */
+int orkpack_decode_nf4(const orkpack_slice_t *s, int host_copy, uint64_t e0, uint64_t e1, float *out,
+                       orkpack_err_t *err);
 
 /* The model record (format 1.3, docs/FORMAT.md 9): the GGUF key-value pairs a runtime builds the model
  * from (hyperparameters, RoPE, norms, tokenizer, chat template). Types are GGUF's, spelled "uint32",

@@ -165,32 +165,49 @@ static int is_hex16(const J *j, const cJSON *n, uint64_t *out) {
     if (out) *out = v;
     return 1;
 }
-/* list(obj) == names: the distinct keys, in order of first appearance */
+/* list(obj) == names: the distinct keys, in order of first appearance (a repeated key keeps its first place) */
 static int keys_are(const J *j, const cJSON *obj, const char *const *names, int count) {
-    if (!cJSON_IsObject(obj) || !obj->child) return 0;
+    if (!cJSON_IsObject(obj)) return 0;
+    int seen = 0; /* names[0 .. seen) have appeared, in that order */
     for (const cJSON *c = obj->child; c; c = c->next) {
-        int ok = 0;
-        for (int i = 0; i < count; i++) ok |= key_is(j, c, names[i]);
-        if (!ok) return 0;
+        int again = 0;
+        for (int i = 0; i < seen && !again; i++) again = key_is(j, c, names[i]);
+        if (again) continue;
+        if (seen == count || !key_is(j, c, names[seen])) return 0;
+        seen++;
     }
-    if (!key_is(j, obj->child, names[0])) return 0;
-    for (int i = 1; i < count; i++)
-        if (!has(j, obj, names[i])) return 0;
-    return 1;
+    return seen == count;
 }
 
 /* ------------------------------------------------------------------ format tables */
 
-static const char *const ENC_NAMES[] = {"f32", "f16", "bf16", "int8", "nf4", "raw"};
+/* spec.ENCODINGS, in the order of the ORKPACK_ENC_* enum */
+static const char *const ENC_NAMES[] = {"f32", "f16", "bf16", "int8", "nf4", "raw", "nf4dq"};
+#define N_ENCODINGS 7
 static const char *const RAW_NAMES[] = {"bool", "u8", "u16", "u32", "u64", "i8", "i16", "i32", "i64", "f64", "c64"};
 static const unsigned RAW_SIZE[] = {1, 1, 2, 4, 8, 1, 2, 4, 8, 8, 8};
 static const char *const PARTS_DATA[] = {"data"};
 static const char *const PARTS_INT8[] = {"q", "scale"};
 static const char *const PARTS_NF4[] = {"codes", "absmax"};
+static const char *const PARTS_NF4DQ[] = {"codes", "absmax_q", "absmax_scale", "absmax_offset"};
 
+/* spec.PARTS[encoding] */
 static const char *const *enc_parts(int enc, int *count) {
-    *count = (enc == ORKPACK_ENC_INT8 || enc == ORKPACK_ENC_NF4) ? 2 : 1;
-    return enc == ORKPACK_ENC_INT8 ? PARTS_INT8 : enc == ORKPACK_ENC_NF4 ? PARTS_NF4 : PARTS_DATA;
+    switch (enc) {
+    case ORKPACK_ENC_INT8: *count = 2; return PARTS_INT8;
+    case ORKPACK_ENC_NF4: *count = 2; return PARTS_NF4;
+    case ORKPACK_ENC_NF4DQ: *count = 4; return PARTS_NF4DQ;
+    default: *count = 1; return PARTS_DATA;
+    }
+}
+/* "['codes', 'absmax']": the parts list as the Python reader prints it */
+static const char *parts_repr(int enc) {
+    switch (enc) {
+    case ORKPACK_ENC_INT8: return "['q', 'scale']";
+    case ORKPACK_ENC_NF4: return "['codes', 'absmax']";
+    case ORKPACK_ENC_NF4DQ: return "['codes', 'absmax_q', 'absmax_scale', 'absmax_offset']";
+    default: return "['data']";
+    }
 }
 
 static int lookup(const J *j, const cJSON *n, const char *const *names, int count) {
@@ -299,9 +316,9 @@ static int check_layout(V *v, const char *name, int ndim, const int64_t *dims, c
     return 0;
 }
 
-/* expected part sizes of a slice (saturating) */
+/* expected part sizes of a slice (saturating): expected_part_sizes */
 static void part_sizes(int enc, int dtype, int ndim, const int64_t *dims, uint64_t numel, int npu_layout, int64_t ks,
-                       uint64_t out[2]) {
+                       uint64_t out[ORKPACK_MAX_PARTS]) {
     switch (enc) {
     case ORKPACK_ENC_F32: out[0] = sat_mul(numel, 4); break;
     case ORKPACK_ENC_F16:
@@ -309,8 +326,16 @@ static void part_sizes(int enc, int dtype, int ndim, const int64_t *dims, uint64
     case ORKPACK_ENC_RAW: out[0] = sat_mul(numel, RAW_SIZE[dtype]); break;
     case ORKPACK_ENC_NF4:
         out[0] = numel / 2 + (numel & 1);
-        out[1] = sat_mul(4, numel / 64 + (numel % 64 != 0));
+        out[1] = sat_mul(4, numel / ORKPACK_NF4_BLOCK + (numel % ORKPACK_NF4_BLOCK != 0));
         break;
+    case ORKPACK_ENC_NF4DQ: {
+        uint64_t nb = numel / ORKPACK_NF4DQ_BLOCK + (numel % ORKPACK_NF4DQ_BLOCK != 0);
+        out[0] = numel / 2 + (numel & 1);
+        out[1] = nb;
+        out[2] = sat_mul(4, nb / ORKPACK_NF4DQ_GROUP + (nb % ORKPACK_NF4DQ_GROUP != 0));
+        out[3] = 4;
+        break;
+    }
     default: { /* int8 */
         uint64_t rows = ndim == 2 ? (uint64_t)dims[0] : 1;
         out[0] = npu_layout ? tiled_bytes(dims[0], dims[1], ks) : numel;
@@ -353,8 +378,10 @@ static int check_host_copy(V *v, const char *name, const cJSON *s, orkpack_slice
     const J *j = v->j;
     const cJSON *hc = get(j, s, "host_copy");
     if (!cJSON_IsObject(hc)) return prob(v, 0, "%s: host_copy is not an object", name);
-    const cJSON *enc = get(j, hc, "encoding");
-    if (!str_eq(j, enc, "nf4")) return prob(v, 1, "%s: unknown host copy encoding", name);
+    /* spec.HOST_COPY_ENCODINGS: nf4, nf4dq (1.5) */
+    int henc = str_eq(j, get(j, hc, "encoding"), "nf4") ? ORKPACK_ENC_NF4
+               : str_eq(j, get(j, hc, "encoding"), "nf4dq") ? ORKPACK_ENC_NF4DQ : -1;
+    if (henc < 0) return prob(v, 1, "%s: unknown host copy encoding", name);
     if (sl->tier != ORKPACK_TIER_NPU) return prob(v, 0, "%s: a host slice has a host copy (only NPU slices have one)", name);
     if ((sl->encoding != ORKPACK_ENC_INT8 && sl->encoding != ORKPACK_ENC_NF4) || sl->ndim != 2)
         return prob(v, 0, "%s: a host copy belongs to a 2-D int8 or nf4 NPU slice", name);
@@ -365,13 +392,17 @@ static int check_host_copy(V *v, const char *name, const cJSON *s, orkpack_slice
     const cJSON *sq = get(j, hc, "sqnr_db");
     if (!is_none(sq) && !is_num(sq)) return prob(v, 0, "%s: host copy sqnr_db is not a number", name);
     const cJSON *parts = get(j, hc, "parts");
-    if (!keys_are(j, parts, PARTS_NF4, 2)) return prob(v, 0, "%s: host copy parts are not ['codes', 'absmax']", name);
-    uint64_t sizes[2];
-    part_sizes(ORKPACK_ENC_NF4, -1, sl->ndim, sl->shape, sl->numel, 0, 0, sizes);
-    for (int i = 0; i < 2; i++)
-        if (check_part(v, name, "host copy ", PARTS_NF4[i], get(j, parts, PARTS_NF4[i]), sizes[i], &sl->host_parts[i]))
+    int np;
+    const char *const *pnames = enc_parts(henc, &np);
+    if (!keys_are(j, parts, pnames, np)) return prob(v, 0, "%s: host copy parts are not %s", name, parts_repr(henc));
+    uint64_t sizes[ORKPACK_MAX_PARTS];
+    part_sizes(henc, -1, sl->ndim, sl->shape, sl->numel, 0, 0, sizes);
+    for (int i = 0; i < np; i++)
+        if (check_part(v, name, "host copy ", pnames[i], get(j, parts, pnames[i]), sizes[i], &sl->host_parts[i]))
             return 1;
     sl->has_host_copy = 1;
+    sl->host_encoding = henc;
+    sl->host_nparts = np;
     sl->has_host_sqnr_db = is_num(sq);
     sl->host_sqnr_db = is_num(sq) ? sq->valuedouble : 0.0;
     if (is_num(sq)) sl->host_sqnr_db = valtok(j, sq)->d;
@@ -386,7 +417,7 @@ static int check_slice(V *v, const char *name, const cJSON *t, int i, int raw, i
     (void)t;
     if (!cJSON_IsObject(s)) return prob(v, 0, "%s: malformed slice", name);
     const cJSON *encn = get(j, s, "encoding"), *sshape = get(j, s, "shape");
-    int enc = lookup(j, encn, ENC_NAMES, 6);
+    int enc = lookup(j, encn, ENC_NAMES, N_ENCODINGS);
     if (enc < 0) return prob(v, 1, "%s: unknown encoding", name);
     const cJSON *tier = get(j, s, "tier");
     int tr = str_eq(j, tier, "npu") ? ORKPACK_TIER_NPU : str_eq(j, tier, "host") ? ORKPACK_TIER_HOST : -1;
@@ -439,6 +470,8 @@ static int check_slice(V *v, const char *name, const cJSON *t, int i, int raw, i
     sl->k_segment = ks;
     if (npu_lay && (enc != ORKPACK_ENC_INT8 || tr != ORKPACK_TIER_NPU))
         return prob(v, 0, "%s: npu_int8 layout is only for int8 slices on the NPU", name);
+    if (enc == ORKPACK_ENC_NF4DQ && tr != ORKPACK_TIER_HOST)
+        return prob(v, 0, "%s: nf4dq slices live on the host (an NPU slice is int8, or nf4 to inflate)", name);
     const cJSON *mm = get(j, s, "min_m");
     if (tr == ORKPACK_TIER_NPU) {
         int64_t m;
@@ -467,13 +500,13 @@ static int check_slice(V *v, const char *name, const cJSON *t, int i, int raw, i
         sl->has_min_m = 1;
         sl->min_m = o > 0 ? INT64_MAX : m;
     }
-    uint64_t sizes[2];
+    uint64_t sizes[ORKPACK_MAX_PARTS];
     part_sizes(enc, sl->dtype, ndim, dims, numel, npu_lay, ks, sizes);
     int np;
     const char *const *pnames = enc_parts(enc, &np);
     const cJSON *parts = get(j, s, "parts");
     if (!keys_are(j, parts, pnames, np))
-        return prob(v, 0, "%s: parts are not the parts of %s", name, ENC_NAMES[enc]);
+        return prob(v, 0, "%s: parts are not %s", name, parts_repr(enc));
     sl->nparts = np;
     for (int p = 0; p < np; p++)
         if (check_part(v, name, "", pnames[p], get(j, parts, pnames[p]), sizes[p], &sl->parts[p])) return 1;
@@ -508,7 +541,7 @@ static int validate(V *v, const cJSON *h) {
             for (const cJSON *s = sl->child; s; s = s->next) ns++;
     }
     if (nt > MAX_TENSORS) return prob(v, 0, "too many tensors");
-    maxparts = 4 * ns;
+    maxparts = 2 * ORKPACK_MAX_PARTS * ns; /* a slice's own parts and its host copy's */
     pk->tensors = (orkpack_tensor_t *)calloc(nt ? nt : 1, sizeof *pk->tensors);
     pk->slices = (orkpack_slice_t *)calloc(ns ? ns : 1, sizeof *pk->slices);
     pk->slice_nodes = (const cJSON **)calloc(ns ? ns : 1, sizeof *pk->slice_nodes);
@@ -774,7 +807,7 @@ int orkpack_check_data(const orkpack_t *pk, orkpack_err_t *err) {
         const orkpack_slice_t *s = &pk->slices[i];
         for (int h = 0; h < 2; h++) {
             const orkpack_part_t *parts = h ? s->host_parts : s->parts;
-            int np = h ? (s->has_host_copy ? 2 : 0) : s->nparts;
+            int np = h ? s->host_nparts : s->nparts;
             for (int k = 0; k < np; k++)
                 if (XXH3_64bits(parts[k].ptr, (size_t)parts[k].size) != parts[k].xxh3) {
                     const orkpack_tensor_t *t = NULL;
@@ -806,7 +839,7 @@ int orkpack_check_parts(const orkpack_t *pk, size_t *nchecked, orkpack_err_t *er
             const orkpack_slice_t *s = &t->slices[si];
             for (int h = 0; h < 2; h++) {
                 const orkpack_part_t *parts = h ? s->host_parts : s->parts;
-                int np = h ? (s->has_host_copy ? 2 : 0) : s->nparts;
+                int np = h ? s->host_nparts : s->nparts;
                 for (int k = 0; k < np; k++) {
                     n++;
                     if (orkpack_check_part(pk, &parts[k], NULL)) {
@@ -1061,4 +1094,32 @@ int orkpack_load_npu(const orkpack_t *pk, const orkpack_slice_t *s, void *q, siz
         return ORKPACK_OK;
     }
     return seterr(err, ORKPACK_E_ARGS, "orkpack_load_npu: the slice has no NPU load path");
+}
+
+/* ------------------------------------------------------------------ host NF4 decode */
+
+int orkpack_decode_nf4(const orkpack_slice_t *s, int host_copy, uint64_t e0, uint64_t e1, float *out, orkpack_err_t *err) {
+    if (!s || (!out && e1 > e0)) return seterr(err, ORKPACK_E_ARGS, "orkpack_decode_nf4: NULL argument");
+    if (host_copy && !s->has_host_copy) return seterr(err, ORKPACK_E_ARGS, "orkpack_decode_nf4: the slice has no host copy");
+    int enc = host_copy ? s->host_encoding : s->encoding;
+    const orkpack_part_t *p = host_copy ? s->host_parts : s->parts;
+    if (enc != ORKPACK_ENC_NF4 && enc != ORKPACK_ENC_NF4DQ)
+        return seterr(err, ORKPACK_E_ARGS, "orkpack_decode_nf4: the slice is %s, not nf4 or nf4dq", ENC_NAMES[enc]);
+    if (e0 > e1 || e1 > s->numel || e1 > (uint64_t)INT64_MAX)
+        return seterr(err, ORKPACK_E_ARGS, "orkpack_decode_nf4: elements [%llu, %llu) are not in the slice's %llu",
+                      (unsigned long long)e0, (unsigned long long)e1, (unsigned long long)s->numel);
+    int rc;
+    if (enc == ORKPACK_ENC_NF4) {
+        rc = ork_rt_nf4_decode(p[0].ptr, (size_t)p[0].size, (const float *)(const void *)p[1].ptr, (size_t)p[1].size / 4,
+                               (int64_t)e0, (int64_t)e1, out);
+    } else {
+        float offset;
+        memcpy(&offset, p[3].ptr, sizeof offset);
+        rc = ork_rt_nf4dq_decode(p[0].ptr, (size_t)p[0].size, p[1].ptr, (size_t)p[1].size,
+                                 (const float *)(const void *)p[2].ptr, (size_t)p[2].size / 4, offset, (int64_t)e0,
+                                 (int64_t)e1, out);
+    }
+    /* the part sizes were checked at open against the shape: a refusal here is a reader bug, not the file */
+    if (rc) return seterr(err, ORKPACK_E_ARGS, "orkpack_decode_nf4: the parts are too small for the range");
+    return ORKPACK_OK;
 }
