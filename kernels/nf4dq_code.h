@@ -5,8 +5,10 @@
 #define ORK_NF4DQ_CODE_H
 #include <stdint.h>
 
-#define ORK_NF4DQ_BLOCK 32
-#define ORK_NF4DQ_GROUP 256
+#include "orkpack.h"
+
+#define ORK_NF4DQ_BLOCK ORKPACK_NF4DQ_BLOCK
+#define ORK_NF4DQ_GROUP ORKPACK_NF4DQ_GROUP
 
 static const uint32_t DQ_CODE_BITS[256] = {
     0xbf7e3333u, 0xbf7a999au, 0xbf770000u, 0xbf736666u, 0xbf6fcccdu, 0xbf6c3333u, 0xbf68999au, 0xbf650000u,

@@ -11,7 +11,7 @@
  *
  * Also nf4dq (reference.nf4dq_encode; tests/test_nf4dq.py): its first step is this encoder at block 32
  * (with float32 error and refit sums), then ork_nf4dq_scales (offset, group scales) and ork_nf4dq_encode
- * (per block the 8-bit absmax code among 3 candidates and the NF4 codes), and ork_nf4dq_decode. */
+ * (per block the 8-bit absmax code among 3 candidates and the NF4 codes), (the decode is runtime.c ork_rt_nf4dq_decode). */
 #include "codecs.h"
 #include "nf4opt.h"
 
@@ -786,23 +786,3 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
     if (st) fold_stats(ax, ae, nf, st);
 }
 
-void ork_nf4dq_decode(const uint8_t *codes, const uint8_t *absmax_q, const float *scale, float offset, int64_t n,
-                      int64_t b0, int64_t b1, float *out) {
-    float dq[256], mid[255];
-    dq_tables(dq, mid);
-    for (int64_t b = b0; b < b1; b++) {
-        const float a = dq[absmax_q[b]] * scale[b / ORK_NF4DQ_GROUP] + offset;
-        const int64_t e0 = b * DQB;
-        const int len = (int)(n - e0 < DQB ? n - e0 : DQB);
-        const uint8_t *c = codes + e0 / 2;
-        float *o = out + e0;
-        if (len == DQB) {
-            for (int i = 0; i < DQB / 2; i++) {
-                o[2 * i] = CB[c[i] >> 4] * a;
-                o[2 * i + 1] = CB[c[i] & 15] * a;
-            }
-        } else {
-            for (int i = 0; i < len; i++) o[i] = CB[(i & 1) ? (c[i >> 1] & 15) : (c[i >> 1] >> 4)] * a;
-        }
-    }
-}

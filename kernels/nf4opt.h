@@ -32,9 +32,6 @@ void ork_nf4dq_scales(const float *d, int64_t nb, float *scale, float *offset);
 void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const float *col_w, int weighting,
                       const float *d, const float *scale, float offset, int64_t b0, int64_t b1, uint8_t *codes,
                       uint8_t *absmax_q, ork_codec_stats *stats);
-/* out[32*b0 .. min(32*b1, n)) = CODEBOOK[code] * (DQ_CODE[absmax_q[b]] * scale[b / 256] + offset) */
-void ork_nf4dq_decode(const uint8_t *codes, const uint8_t *absmax_q, const float *scale, float offset, int64_t n,
-                      int64_t b0, int64_t b1, float *out);
 /* CDEF END */
 
 #endif

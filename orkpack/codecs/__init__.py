@@ -311,11 +311,19 @@ class NF4DQCodec(Codec):
         if codes.size != (n + 1) // 2 or q.size != nb or sc.size != -(-nb // spec.NF4DQ_GROUP) or off.size != 1:
             raise ValueError(f"nf4dq parts do not fit shape {shape}")
         out = np.empty(n, dtype=np.float32)
-        cp, qp, sp, op = (_ptr(codes, "uint8_t *"), _ptr(q, "uint8_t *"), _ptr(sc, "float *"),
-                          _ptr(out, "float *"))
+        cp, qp, sp = _ptr(codes, "uint8_t *"), _ptr(q, "uint8_t *"), _ptr(sc, "float *")
         offv = float(off[0])
+        B = spec.NF4DQ_BLOCK
+
+        def one(b0, b1):  # the runtime's decoder (kernels/runtime.c), elements [32 b0, 32 b1)
+            e0, e1 = b0 * B, min(n, b1 * B)
+            rc = lib.ork_rt_nf4dq_decode(cp, codes.size, qp, q.size, sp, sc.size, offv, e0, e1,
+                                         ffi.cast("float *", ffi.from_buffer(out[e0:e1])))
+            if rc != 0:
+                raise ValueError(f"nf4dq parts do not fit shape {shape}")
+
         chunks = [(b, min(nb, b + NF4_CHUNK_BLOCKS)) for b in range(0, nb, NF4_CHUNK_BLOCKS)]
-        _run(lambda b0, b1: lib.ork_nf4dq_decode(cp, qp, sp, offv, n, b0, b1, op), chunks, threads)
+        _run(one, chunks, threads)
         return out.reshape(shape)
 
 
