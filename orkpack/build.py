@@ -543,10 +543,9 @@ def _clipped(x: np.ndarray, name: str, expert: int | None, stats, smoothing, cou
     m = stats.mean_sq(name_st, expert, k=k) if name_st in stats else None
     if m is None:
         return x
-    m = np.asarray(m, np.float64)
-    for op in (smoothing.ops.get(name, []) if smoothing is not None else []):
-        if op[0] == "columns":
-            m = m / (op[1].astype(np.float64) ** 2)
+    from orkpack.smooth import smoothed_mean_sq
+
+    m = smoothed_mean_sq(m, smoothing.ops.get(name, []) if smoothing is not None else [])
     out, rows = clamp(as_float32(x), m)
     if rows:
         counts["slices"] += 1
@@ -764,6 +763,7 @@ def build(
                                               untie_head=opts.untie_head and _head_on_npu(placement, infos))
                 warnings += said
         total = sum(i.nbytes for i in infos)
+        nf4.smoothing = smoothing  # the NF4 search weighs the smoothed matrices' columns by the smoothed statistics
         if smoothing is not None and smoothing.untied:  # the smoothed head copy, written right after its original
             placement = UntiedHead(placement, smoothing.untied)
             infos = _with_copies(infos, smoothing.untied)

@@ -81,6 +81,16 @@ class Plan:
         return transform(as_float32(arr), ops, self.norm_offset)
 
 
+def smoothed_mean_sq(m: np.ndarray, ops: list[tuple]) -> np.ndarray:
+    """The mean squares of a matrix's input columns once smoothed: its columns took ``W[:, k] * s[k]`` (its
+    ``("columns", s)`` operations), so the input it meets is ``x / s``: ``m / s^2`` (float64)."""
+    m = np.asarray(m, np.float64)
+    for op in ops:
+        if op[0] == "columns":
+            m = m / (op[1].astype(np.float64) ** 2)
+    return m
+
+
 def transform(v: np.ndarray, ops: list[tuple], norm_offset: float = 0.0) -> np.ndarray:
     """A tensor's values (float32) under its smoothing operations:
     ``("columns", s)``: W[:, k] * s[k]; ``("gain", s)``: a norm gain g / s (Gemma's HF gain, stored without its

@@ -303,6 +303,43 @@ def test_imatrix_build_records_and_changes_bytes(model, tmp_path):
     assert "imatrix.gguf" in _run("inspect", weighted).stdout
 
 
+def test_smoothed_matrices_weigh_their_columns_by_the_smoothed_statistics(model, tmp_path):
+    """With --imatrix, a smoothed matrix holds W[:, k] * s[k] and meets x / s: its NF4 search weighs column k by
+    m[k] / s[k]^2, not by the statistics of the unsmoothed input (the bug this fixes: 0.0807 -> 0.0774 KLD on
+    SmolLM2, docs/EVAL.md)."""
+    from orkpack import smooth
+    from orkpack.eval import imatrix as imx
+    from orkpack.pack.reader import Pack
+
+    stats = imx.load(_imatrix(model, tmp_path / "plain.gguf"))
+    rng = np.random.default_rng(9)
+    for e in stats.entries.values():  # per-column maxima (orkpack imatrix's), with outlier channels to smooth
+        k = e.sum2.shape[-1]
+        e.absmax = (np.sqrt(e.sum2 / e.counts[:, None]) * (3 + 40 * (rng.random((1, k)) < 0.05))).astype(np.float32)
+    im = tmp_path / "imatrix.gguf"
+    imx.save(stats, im)
+    out = tmp_path / "im.orkpack"
+    _run("build", model, "-o", out, "--no-plan", "--imatrix", im)
+    with Pack.open(out) as p:
+        ops = smooth.ops_of(p)
+        checked = 0
+        for t, s in p.slices():
+            cols = [op for op in ops.get(t["name"], []) if op[0] == "columns"]
+            if s["encoding"] != "nf4dq" or not cols or t["name"] not in stats:
+                continue
+            sc = cols[0][1]
+            if np.all(sc == 1):
+                continue
+            w = smooth.transform(_source_tensor(model, t["name"]), ops[t["name"]])
+            m = np.asarray(stats.mean_sq(t["name"], None), np.float64)
+            right = R.nf4dq_encode(w, (m / sc.astype(np.float64) ** 2).astype(np.float32))
+            wrong = R.nf4dq_encode(w, m.astype(np.float32))
+            got = [p.part(s["parts"][pn]).tobytes() for pn in ("codes", "absmax_q", "absmax_scale", "absmax_offset")]
+            assert got == [a.tobytes() for a in right], t["name"]
+            checked += int(got != [a.tobytes() for a in wrong])
+        assert checked, "no smoothed NF4 matrix whose bytes tell the two weightings apart"
+
+
 @pytest.mark.parametrize("what", ["missing", "garbage"])
 def test_bad_imatrix_is_one_line(model, tmp_path, what):
     bad = tmp_path / "bad.gguf"

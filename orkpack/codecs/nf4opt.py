@@ -37,6 +37,7 @@ class NF4Choice:
     stats: object | None = None  # orkpack.eval.imatrix.ActStats
     record: dict | None = None  # the imatrix's provenance record
     missing: list = field(default_factory=list)  # tensors encoded without statistics
+    smoothing: object | None = None  # orkpack.smooth.Plan: a smoothed matrix meets x / s, so its weights are m / s^2
 
     def col_weights(self, tensor: str, expert: int | None, k: int) -> np.ndarray | None:
         """The imatrix mean squares of ``tensor``'s input columns (None: no statistics for it)."""
@@ -50,6 +51,10 @@ class NF4Choice:
             self.missing.append(tensor if expert is None else f"{tensor}[{expert}]")
             return None
         ms = np.asarray(ms, dtype=np.float64).reshape(-1)
+        if self.smoothing is not None and ms.size == k:
+            from ..smooth import smoothed_mean_sq
+
+            ms = smoothed_mean_sq(ms, self.smoothing.ops.get(tensor, []))
         if ms.size != k:
             raise OrkError(f"{escape_name(str(self.imatrix))}: {escape_name(tensor)} has {ms.size} columns of "
                            f"statistics, the tensor {k}; give the imatrix of this model")
