@@ -36,16 +36,9 @@ SHAPES = [(32,), (1, 1), (3,), (31,), (33,), (7, 1000), (9, 130), (257 * 32 + 5,
 
 
 def _heavy(shape, seed):
-    rng = np.random.default_rng(seed)
-    x = (rng.standard_t(2, size=shape) * 0.02).astype(np.float32)
-    flat = x.reshape(-1)
-    if flat.size > 200:
-        flat[:32] = 0.0                        # an all-zero block
-        flat[32:64] = np.float32(0.37)         # one value
-        flat[64:96] = rng.standard_normal(32).astype(np.float32) * 1e-3
-        flat[70] = 50.0                        # one huge outlier
-        flat[96:128] = -np.abs(flat[96:128])   # one sign only
-    return x
+    from test_nf4opt import _heavy as heavy
+
+    return heavy(shape, seed, block=32)
 
 
 def _enc(x, **kw):

@@ -26,16 +26,19 @@ codecs.set_isa(None)
 SHAPES = [(64,), (1, 1), (3,), (63,), (65,), (127,), (31, 33), (33, 65), (7, 1000), (2, 576)]
 
 
-def _heavy(shape, seed):
+def _heavy(shape, seed, block=64):
+    """Heavy-tailed weights whose first four blocks (of ``block``) are degenerate: all zero, one value, tiny with one
+    huge outlier, one sign only (tests/test_nf4dq.py uses it at block 32)."""
     rng = np.random.default_rng(seed)
     x = (rng.standard_t(2, size=shape) * 0.02).astype(np.float32)
     flat = x.reshape(-1)
     if flat.size > 200:
-        flat[:64] = 0.0                       # an all-zero block
-        flat[64:128] = np.float32(0.37)       # one value
-        flat[128:192] = rng.standard_normal(64).astype(np.float32) * 1e-3
-        flat[150] = 50.0                      # one huge outlier
-        flat[192:256] = -np.abs(flat[192:256])  # one sign only
+        b = block
+        flat[:b] = 0.0                                  # an all-zero block
+        flat[b:2 * b] = np.float32(0.37)                # one value
+        flat[2 * b:3 * b] = rng.standard_normal(b).astype(np.float32) * 1e-3
+        flat[2 * b + b // 2 - 10] = 50.0                # one huge outlier
+        flat[3 * b:4 * b] = -np.abs(flat[3 * b:4 * b])  # one sign only
     return x
 
 

@@ -272,6 +272,24 @@ def _nf4opt_weights(xb: np.ndarray, cw: np.ndarray, weighting: str, block: int =
     return cw * f
 
 
+def _blocks(x: np.ndarray, col_weights, k: int | None, block: int) -> tuple[int, int, np.ndarray, np.ndarray]:
+    """(n, blocks, x as float32 [blocks, block] zero-padded, each element's column weight as float64 [blocks * block],
+    0 on the padding) of the row-major flatten of x; column k of an element is its index mod ``k`` (x's last axis)."""
+    x32, _ = sanitize(widen(x).ravel())
+    n = x32.size
+    nb = -(-n // block)
+    kk = int(k if k is not None else (np.asarray(x).shape[-1] if np.asarray(x).ndim else 1))
+    xb = np.zeros(nb * block, dtype=np.float32)
+    xb[:n] = x32
+    xb = xb.reshape(nb, block)
+    if col_weights is None:
+        cw = np.ones(nb * block, dtype=np.float64)
+    else:
+        cw = np.asarray(col_weights, dtype=np.float64).ravel()[np.arange(nb * block, dtype=np.int64) % kk]
+    cw[n:] = 0.0  # the padding of a tail block weighs nothing
+    return n, nb, xb, cw
+
+
 def nf4opt_encode(x: np.ndarray, col_weights: np.ndarray | None = None, weighting: str = "plain",
                   k: int | None = None, block: int = NF4_BLOCK,
                   tries: int = NF4OPT_TRIES) -> tuple[np.ndarray, np.ndarray]:
@@ -281,19 +299,7 @@ def nf4opt_encode(x: np.ndarray, col_weights: np.ndarray | None = None, weightin
     ``block``: the block length (64: the nf4 encoding; 32: the first step of nf4dq, :func:`nf4dq_encode`).
     ``tries``: the scan's j runs over -tries .. tries (NF4OPT_TRIES for nf4, NF4DQ_TRIES for nf4dq)."""
     NF4_BLOCK = block  # noqa: N806 (the same algorithm at either block length)
-    x32, _ = sanitize(widen(x).ravel())
-    n = x32.size
-    nb = -(-n // NF4_BLOCK)
-    kk = int(k if k is not None else (np.asarray(x).shape[-1] if np.asarray(x).ndim else 1))
-    xb = np.zeros(nb * NF4_BLOCK, dtype=np.float32)
-    xb[:n] = x32
-    xb = xb.reshape(nb, NF4_BLOCK)
-    idx = np.arange(nb * NF4_BLOCK, dtype=np.int64)
-    if col_weights is None:
-        cw = np.ones(nb * NF4_BLOCK, dtype=np.float64)
-    else:
-        cw = np.asarray(col_weights, dtype=np.float64).ravel()[idx % kk]
-    cw[n:] = 0.0  # the padding of a tail block weighs nothing
+    n, nb, xb, cw = _blocks(x, col_weights, k, NF4_BLOCK)
     w = _nf4opt_weights(xb, cw.reshape(nb, NF4_BLOCK), weighting, NF4_BLOCK)
     tail = np.zeros(nb, dtype=bool)
     if n % NF4_BLOCK:
@@ -473,17 +479,8 @@ def nf4dq_encode(x: np.ndarray, col_weights: np.ndarray | None = None, weighting
     """nf4dq of the row-major flatten of x (the definition above): (codes, absmax_q, absmax_scale, absmax_offset)."""
     B = NF4DQ_BLOCK
     _, d = nf4opt_encode(x, col_weights, weighting, k, block=B, tries=NF4DQ_TRIES)
-    x32, _ = sanitize(widen(x).ravel())
-    n = x32.size
-    nb = -(-n // B)
+    n, nb, xb, cw = _blocks(x, col_weights, k, B)
     ng = -(-nb // NF4DQ_GROUP)
-    kk = int(k if k is not None else (np.asarray(x).shape[-1] if np.asarray(x).ndim else 1))
-    xb = np.zeros(nb * B, dtype=np.float32)
-    xb[:n] = x32
-    xb = xb.reshape(nb, B)
-    idx = np.arange(nb * B, dtype=np.int64)
-    cw = np.ones(nb * B) if col_weights is None else np.asarray(col_weights, dtype=np.float64).ravel()[idx % kk]
-    cw[n:] = 0.0
     w = _nf4opt_weights(xb, cw.reshape(nb, B), weighting, B)
 
     offset = np.float32(np.cumsum(d.astype(np.float64))[-1] / nb)
