@@ -115,9 +115,9 @@ def test_c_equals_numpy_edge_cases(case):
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_c_equals_numpy_16bit_and_nonfinite(dtype):
-    x = _heavy((5, 200), 3)
-    x[1, 7], x[2, 9], x[3, 11] = np.nan, np.inf, -np.inf
-    src = x.astype(np.float16) if dtype == "f16" else (x.view(np.uint32) >> 16).astype(np.uint16)
+    from test_nf4opt import _nonfinite_16bit
+
+    src = _nonfinite_16bit(dtype, block=32)
     e = _enc(src, weighting="sigma")
     assert e.nonfinite == 3
     _same(e, R.nf4dq_encode(src, None, "sigma"), dtype)

@@ -65,11 +65,16 @@ def test_c_equals_numpy(shape, weighting):
         codecs.set_isa(None)
 
 
+def _nonfinite_16bit(dtype: str, block: int = 64) -> np.ndarray:
+    """A heavy-tailed [5, 200] matrix with a NaN, an inf and a -inf, as f16 or bf16 bits (uint16)."""
+    x = _heavy((5, 200), 3, block)
+    x[1, 7], x[2, 9], x[3, 11] = np.nan, np.inf, -np.inf
+    return x.astype(np.float16) if dtype == "f16" else (x.view(np.uint32) >> 16).astype(np.uint16)
+
+
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_c_equals_numpy_16bit_and_nonfinite(dtype):
-    x = _heavy((5, 200), 3)
-    x[1, 7], x[2, 9], x[3, 11] = np.nan, np.inf, -np.inf
-    src = x.astype(np.float16) if dtype == "f16" else (x.view(np.uint32) >> 16).astype(np.uint16)
+    src = _nonfinite_16bit(dtype)
     want_c, want_a = R.nf4opt_encode(src)
     e = codecs.get_codec("nf4").encode(src, mode="opt")
     assert e.nonfinite == 3

@@ -26,13 +26,18 @@ from orkpack.sources.safetensors import SafetensorsSource  # noqa: E402
 from test_pack import write_nf4dq, write_small  # noqa: E402
 
 
+def _header_and_data(raw: bytes) -> tuple[dict, bytes]:
+    """A pack's header JSON (from the preamble's header offset) and its data section's bytes."""
+    hoff = struct.unpack_from("<Q", raw, 40)[0]
+    return json.loads(raw[hoff:]), raw[4096:hoff]
+
+
 @pytest.fixture(scope="module")
 def header(tmp_path_factory):
     p = tmp_path_factory.mktemp("h") / "a.orkpack"
     write_small(p)
-    raw = p.read_bytes()
-    hoff = struct.unpack_from("<Q", raw, 40)[0]
-    return json.loads(raw[hoff:]), (hoff - 4096) // 4096
+    head, data = _header_and_data(p.read_bytes())
+    return head, len(data) // 4096
 
 
 def _wrapped(tmp_path, h, pages, raw_header: bytes | None = None) -> Path:
@@ -81,9 +86,7 @@ def dq_pack(tmp_path_factory):
     """test_pack.write_nf4dq: nf4dq host slices (0-3), NPU int8 (4) and nf4 (5) slices with nf4dq host copies."""
     p = tmp_path_factory.mktemp("dq") / "dq.orkpack"
     write_nf4dq(p)
-    raw = p.read_bytes()
-    hoff = struct.unpack_from("<Q", raw, 40)[0]
-    return json.loads(raw[hoff:]), raw[4096:hoff]
+    return _header_and_data(p.read_bytes())
 
 
 def _dq_slice(h, i=0, s=0):
