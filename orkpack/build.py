@@ -139,7 +139,7 @@ class BuildOptions:
             "max_ram": self.max_ram,
             "prompt": self.prompt,
         } | ({} if self.nf4_mode != "opt" else {"nf4_weighting": self.nf4_weighting,
-                                                "nf4_format": self.nf4_format or "dq32"}) \
+                                                "nf4_format": self.nf4_format or NF4Choice.format}) \
             | ({} if self.tiermap is None else {"tiermap": Path(self.tiermap).name}) \
             | ({} if self.imatrix is None else {"imatrix": Path(self.imatrix).name, "smooth": self.smooth,
                                                 "smooth_alpha": self.smooth_alpha, "clip": self.clip}
@@ -356,8 +356,6 @@ def follow_nf4_format(tm, map_path: Path, opts: BuildOptions, nf4: NF4Choice) ->
     """(options, NF4 choice) of a build that follows tier map ``tm``: host NF4 in the map's NF4 format, whose
     bytes its plan counts (docs/TIERMAP.md section 5; a map without one was planned at b64). An --nf4-format
     (or --nf4-mode bnb, which writes b64 only) that contradicts the map is refused in one line."""
-    from dataclasses import replace
-
     from orkpack.tiers.board import check_nf4_format
 
     label = escape_name(str(map_path))

@@ -178,6 +178,23 @@ NF4_WEIGHTINGS = reference.NF4OPT_WEIGHTINGS
 _NF4W_CODE = {w: i for i, w in enumerate(NF4_WEIGHTINGS)}  # ORK_NF4W_* of kernels/nf4opt.h
 
 
+def _nf4_weights(col_weights, weighting: str, k: int) -> np.ndarray | None:
+    """The opt search's checked inputs: ``weighting`` known, ``col_weights`` None or k finite values >= 0 (float32)."""
+    if weighting not in _NF4W_CODE:
+        raise ValueError(f"unknown nf4 weighting {weighting!r}; known: {', '.join(NF4_WEIGHTINGS)}")
+    if col_weights is None:
+        return None
+    cw = np.ascontiguousarray(col_weights, dtype=np.float32).reshape(-1)
+    if cw.size != k or not np.all(np.isfinite(cw)) or np.any(cw < 0):
+        raise ValueError(f"nf4 column weights: {cw.size} finite values >= 0 needed, one per column of {k}")
+    return cw
+
+
+def _block_chunks(nblocks: int) -> list[tuple[int, int]]:
+    """Block ranges [b0, b1) of NF4_CHUNK_BLOCKS each: the units the NF4 kernels run on the thread pool."""
+    return [(b, min(nblocks, b + NF4_CHUNK_BLOCKS)) for b in range(0, nblocks, NF4_CHUNK_BLOCKS)]
+
+
 class NF4Codec(Codec):
     """bitsandbytes NF4, blocks of 64 over the row-major flatten (parts: codes, absmax).
 
@@ -194,10 +211,9 @@ class NF4Codec(Codec):
             raise ValueError("nf4 slices are inflated to int8 tiles at load; encode int8 with npu=True for the image")
         if mode not in NF4_MODES:
             raise ValueError(f"unknown nf4 mode {mode!r}; known: {', '.join(NF4_MODES)}")
-        if weighting not in _NF4W_CODE:
-            raise ValueError(f"unknown nf4 weighting {weighting!r}; known: {', '.join(NF4_WEIGHTINGS)}")
         x, code = _source(x)
         k = int(x.shape[-1]) if x.ndim else 1
+        cw = _nf4_weights(col_weights if mode == "opt" else None, weighting, k)  # bnb's bytes take no weights
         flat = x.reshape(-1)
         n = flat.size
         nblocks = -(-n // spec.NF4_BLOCK)
@@ -206,12 +222,6 @@ class NF4Codec(Codec):
         src = _ptr(flat, "void *")
         cp, ap = _ptr(codes, "uint8_t *"), _ptr(absmax, "float *")
         if mode == "opt":
-            cw = None
-            if col_weights is not None:
-                cw = np.ascontiguousarray(col_weights, dtype=np.float32).reshape(-1)
-                if cw.size != k or not np.all(np.isfinite(cw)) or np.any(cw < 0):
-                    raise ValueError(f"nf4 column weights: {cw.size} finite values >= 0 needed, one per column "
-                                     f"of {k}")
             cwp, wcode = (_ptr(cw, "float *") if cw is not None else ffi.NULL), _NF4W_CODE[weighting]
 
             def one(b0, b1):
@@ -225,7 +235,7 @@ class NF4Codec(Codec):
                 lib.ork_nf4_encode(src, code, n, b0, b1, cp, ap, st)
                 return st
 
-        chunks = [(b, min(nblocks, b + NF4_CHUNK_BLOCKS)) for b in range(0, nblocks, NF4_CHUNK_BLOCKS)]
+        chunks = _block_chunks(nblocks)
         sq, nf = _sqnr(_run(one, chunks, threads))
         return Encoded({"codes": codes, "absmax": absmax}, {"kind": spec.LAYOUT_ROW_MAJOR}, sq, nf)
 
@@ -239,7 +249,7 @@ class NF4Codec(Codec):
             raise ValueError(f"nf4 parts do not fit shape {shape}: {codes.size} code bytes, {absmax.size} absmax")
         out = np.empty(n, dtype=np.float32)
         cp, ap, op = _ptr(codes, "uint8_t *"), _ptr(absmax, "float *"), _ptr(out, "float *")
-        chunks = [(b, min(nblocks, b + NF4_CHUNK_BLOCKS)) for b in range(0, nblocks, NF4_CHUNK_BLOCKS)]
+        chunks = _block_chunks(nblocks)
         _run(lambda b0, b1: lib.ork_nf4_decode(cp, ap, n, b0, b1, op), chunks, threads)
         return out.reshape(shape)
 
@@ -258,15 +268,9 @@ class NF4DQCodec(Codec):
     def encode(self, x, *, npu=False, threads=1, alloc=_empty, col_weights=None, weighting: str = "plain"):
         if npu:
             raise ValueError("nf4dq slices live on the host; encode int8 with npu=True for the NPU")
-        if weighting not in _NF4W_CODE:
-            raise ValueError(f"unknown nf4 weighting {weighting!r}; known: {', '.join(NF4_WEIGHTINGS)}")
         x, code = _source(x)
         k = int(x.shape[-1]) if x.ndim else 1
-        cw = None
-        if col_weights is not None:
-            cw = np.ascontiguousarray(col_weights, dtype=np.float32).reshape(-1)
-            if cw.size != k or not np.all(np.isfinite(cw)) or np.any(cw < 0):
-                raise ValueError(f"nf4 column weights: {cw.size} finite values >= 0 needed, one per column of {k}")
+        cw = _nf4_weights(col_weights, weighting, k)
         flat = x.reshape(-1)
         n = flat.size
         nb = -(-n // spec.NF4DQ_BLOCK)
@@ -282,7 +286,7 @@ class NF4DQCodec(Codec):
         d = np.empty(nb, dtype=np.float32)
         src, dp = _ptr(flat, "void *"), _ptr(d, "float *")
         cwp, wcode = (_ptr(cw, "float *") if cw is not None else ffi.NULL), _NF4W_CODE[weighting]
-        chunks = [(b, min(nb, b + NF4_CHUNK_BLOCKS)) for b in range(0, nb, NF4_CHUNK_BLOCKS)]
+        chunks = _block_chunks(nb)
         tries = reference.NF4DQ_TRIES
         _run(lambda b0, b1: lib.ork_nf4opt_encode(src, code, n, k, cwp, wcode, spec.NF4DQ_BLOCK, tries, b0, b1,
                                                   ffi.NULL, dp, ffi.NULL), chunks, threads)
@@ -322,7 +326,7 @@ class NF4DQCodec(Codec):
             if rc != 0:
                 raise ValueError(f"nf4dq parts do not fit shape {shape}")
 
-        chunks = [(b, min(nb, b + NF4_CHUNK_BLOCKS)) for b in range(0, nb, NF4_CHUNK_BLOCKS)]
+        chunks = _block_chunks(nb)
         _run(one, chunks, threads)
         return out.reshape(shape)
 

@@ -32,7 +32,7 @@ NF4_FORMATS = tuple(spec.NF4_FORMATS)  # dq32: nf4dq (blocksize 32, double-quant
 class NF4Choice:
     mode: str = "opt"
     weighting: str = "plain"
-    format: str = "dq32"
+    format: str = spec.NF4_DEFAULT_FORMAT
     imatrix: Path | None = None
     stats: object | None = None  # orkpack.eval.imatrix.ActStats
     record: dict | None = None  # the imatrix's provenance record
@@ -106,10 +106,10 @@ def choose(mode: str, weighting: str, imatrix: Path | None, fmt: str | None = No
         raise OrkError(f"--nf4-weighting {weighting!r}: choose {', '.join(NF4_WEIGHTINGS)}")
     if fmt is not None and fmt not in NF4_FORMATS:
         raise OrkError(f"--nf4-format {fmt!r}: choose {' or '.join(NF4_FORMATS)}")
-    if mode == "bnb" and fmt == "dq32":
+    if mode == "bnb" and fmt is not None and fmt != spec.NF4_B64:
         raise OrkError("--nf4-mode bnb writes bitsandbytes' quantize_4bit bytes, blocksize 64: use --nf4-format b64, "
                        "or --nf4-mode opt for dq32")
-    fmt = fmt or ("dq32" if mode == "opt" else "b64")
+    fmt = fmt or (spec.NF4_DEFAULT_FORMAT if mode == "opt" else spec.NF4_B64)
     if imatrix is None:
         return NF4Choice(mode, weighting, fmt)
     if not Path(imatrix).is_file():
@@ -149,7 +149,7 @@ def describe(rec: dict | None) -> str | None:
     if rec.get("mode") != "opt":
         return f"{rec.get('mode')} (bitsandbytes quantize_4bit bytes)"
     im = rec.get("imatrix")
-    fmt = "nf4dq: blocksize 32, double-quantized absmax" if rec.get("format") == "dq32" else "blocksize 64"
+    fmt = "nf4dq: blocksize 32, double-quantized absmax" if rec.get("format") == spec.NF4_DEFAULT_FORMAT else "blocksize 64"
     what = f"opt ({fmt}): error-minimizing absmax, {rec.get('weighting', 'plain')} weights"
     if isinstance(im, dict):
         ds = ", ".join(str(d) for d in im.get("datasets") or []) or "unnamed text"

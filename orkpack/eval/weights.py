@@ -84,14 +84,15 @@ def _nf4_rows(codes: np.ndarray, absmax: np.ndarray, n: int, k: int) -> Callable
 def _nf4dq_rows(p: dict, n: int, k: int) -> Callable[[int, int], np.ndarray]:
     """Rows r0..r1 of an nf4dq [n, k] slice, decoding only the 32-element blocks that hold them."""
     B, total = spec.NF4DQ_BLOCK, n * k
-    codes, q, sc, off = p["codes"], p["absmax_q"], p["absmax_scale"], p["absmax_offset"]
+    codes = p["codes"]
+    absmax = ref.nf4dq_absmax(p["absmax_q"], p["absmax_scale"], p["absmax_offset"])  # one float a block, once
 
     def rows(r0: int, r1: int) -> np.ndarray:
         e0, e1 = r0 * k, r1 * k
         b0, b1 = e0 // B, -(-e1 // B)
         m = min(b1 * B, total) - b0 * B
-        a = (ref.DQ_CODE[q[b0:b1]] * sc[np.arange(b0, b1) // spec.NF4DQ_GROUP]) + off[0]  # FORMAT.md 3, nf4dq
-        v = ref.CODEBOOK[ref.nf4_unpack(codes[b0 * B // 2: b0 * B // 2 + (m + 1) // 2], m)] * np.repeat(a, B)[:m]
+        v = ref.CODEBOOK[ref.nf4_unpack(codes[b0 * B // 2: b0 * B // 2 + (m + 1) // 2], m)] * \
+            np.repeat(absmax[b0:b1], B)[:m]
         return v[e0 - b0 * B: e1 - b0 * B].reshape(r1 - r0, k)
 
     return rows

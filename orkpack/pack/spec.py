@@ -78,6 +78,8 @@ PARTS = {
 NF4_BLOCK = 64
 # a build's NF4 format (--nf4-format, the tier map's board "nf4_format") -> the encoding of its host NF4 slices
 NF4_FORMATS = {"dq32": ENC_NF4DQ, "b64": ENC_NF4}
+NF4_DEFAULT_FORMAT = "dq32"  # with --nf4-mode opt
+NF4_B64 = "b64"  # the nf4 encoding's: bitsandbytes' quantize_4bit bytes (--nf4-mode bnb), and tier maps before formats
 NF4DQ_BLOCK = 32  # nf4dq: elements per absmax
 NF4DQ_GROUP = 256  # nf4dq: absmaxes per float32 scale
 

@@ -490,7 +490,7 @@ def _nf4dq_absmax(pack: Pack, s: dict) -> np.ndarray:
     """An nf4dq slice's per-block float32 absmax (FORMAT.md 3)."""
     from orkpack.codecs.reference import nf4dq_absmax
 
-    p = {pn: pack.part(s["parts"][pn]).view(np.dtype(spec.PART_DTYPES[(spec.ENC_NF4DQ, pn)])) for pn in s["parts"]}
+    p = pack.typed_parts(s)
     return nf4dq_absmax(p["absmax_q"], p["absmax_scale"], p["absmax_offset"])
 
 
@@ -499,7 +499,7 @@ def _reference_nf4dq(pack: Pack, s: dict) -> str | None:
     and the C decode equal to the numpy reference's, bit for bit."""
     from orkpack.codecs.reference import nf4dq_decode
 
-    p = {pn: pack.part(s["parts"][pn]).view(np.dtype(spec.PART_DTYPES[(spec.ENC_NF4DQ, pn)])) for pn in s["parts"]}
+    p = pack.typed_parts(s)
     sc, off = p["absmax_scale"], p["absmax_offset"]
     if not np.all(np.isfinite(sc)) or np.any(sc < 0) or not np.all(np.isfinite(off)):
         return "nf4dq absmax scales are negative or not finite, or its offset is not finite"

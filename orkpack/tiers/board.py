@@ -27,8 +27,8 @@ BOARD_VERSION = 3
 # the bytes of one of them (cost.host_nf4_bytes); a tier map records it in its board block, and a map without
 # it was planned at b64 (the only format before there were two).
 NF4_FORMATS = tuple(spec.NF4_FORMATS)
-DEFAULT_NF4_FORMAT = "dq32"
-LEGACY_NF4_FORMAT = "b64"
+DEFAULT_NF4_FORMAT = spec.NF4_DEFAULT_FORMAT
+LEGACY_NF4_FORMAT = spec.NF4_B64
 
 
 @dataclass(frozen=True)

@@ -66,9 +66,10 @@ def host_nf4_bytes(n: int, k: int, fmt: str) -> int:
     b64 = nf4 (4-bit codes, a float32 absmax per 64), dq32 = nf4dq (4-bit codes, a uint8 absmax code per 32,
     a float32 scale per 256 of them, one float32 offset)."""
     nk = n * k
-    if fmt == "b64":
+    enc = spec.NF4_FORMATS.get(fmt)
+    if enc == spec.ENC_NF4:
         return -(-nk // 2) + 4 * (-(-nk // spec.NF4_BLOCK))
-    if fmt == "dq32":
+    if enc == spec.ENC_NF4DQ:
         nb = -(-nk // spec.NF4DQ_BLOCK)
         return -(-nk // 2) + nb + 4 * (-(-nb // spec.NF4DQ_GROUP)) + 4
     raise ValueError(f"NF4 format {fmt!r}")
