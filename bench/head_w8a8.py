@@ -1,5 +1,5 @@
 """The tied head alone in w8a8: its KLD against its float logits for a range of smoothing alphas, and what the
-statistics' score (orkpack/smooth.py) says of each, to check the score's choice for the head (docs/EVAL.md,
+statistics' score (orkpack/transforms/smooth.py) says of each, to check the score's choice for the head (docs/EVAL.md,
 "The tied head, untied and smoothed").
 
     python bench/head_w8a8.py SOURCE STATS.gguf [--text FILE] [--start 6000] [--tokens 512]
@@ -21,11 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
-from orkpack import smooth
+from orkpack import stats as act_stats
+from orkpack.transforms import smooth
 from orkpack.codecs import reference as ref
-from orkpack.eval import imatrix, numerics
-from orkpack.eval.run import _source_record
-from orkpack.eval.tokenizer import from_model
+from orkpack.eval import numerics
+from orkpack.eval.text import source_record
+from orkpack.model.tokenizer import from_model
 from orkpack.model import forward
 from orkpack.model.weights import SourceWeights, Wrapped
 from orkpack.sources import open_source
@@ -62,7 +63,7 @@ def main() -> None:
         names = {i.name for i in src.tensors()}
         if smooth.HEAD in names:
             raise SystemExit(f"{a.source}: has its own output.weight; this measures a tied head")
-        tok = from_model(_source_record(src), str(a.source))
+        tok = from_model(source_record(src), str(a.source))
         ids = np.asarray(tok.encode(a.text.read_text()), np.int64)[a.start: a.start + a.tokens]
         w = _Capture(SourceWeights(src))
         forward.run(src, ids, weights=w)
@@ -70,7 +71,7 @@ def main() -> None:
         emb = np.ascontiguousarray(as_float32(src.read(smooth.EMBED)), np.float32)
     finally:
         src.close()
-    st = imatrix.load(a.stats)
+    st = act_stats.load(a.stats)
     k = emb.shape[1]
     m = np.asarray(st.mean_sq(smooth.EMBED, k=k), np.float64)
     amax = np.asarray(st.absmax(smooth.EMBED, k=k), np.float64)

@@ -120,7 +120,7 @@ def t(name: str, *shape, when: str = "", experts: bool = False, kind: str | None
 
 @dataclass(frozen=True)
 class Smooth:
-    """One place where activation smoothing (SmoothQuant, arXiv 2211.10438; ``build --imatrix``, orkpack/smooth.py)
+    """One place where activation smoothing (SmoothQuant, arXiv 2211.10438; ``build --imatrix``, orkpack/transforms/smooth.py)
     may fold a per-input-channel scale s into a layer's weights, leaving the model unchanged in exact arithmetic:
     the ``matrices`` (GGUF names inside a layer) take s on their input columns, and their input's producer, the
     carrier, is divided by it: a norm's gain (and bias), ``norm``; or a matrix's output rows (and bias), ``rows``,

@@ -228,7 +228,7 @@ def build(
         smooth=not no_smooth, smooth_alpha=smooth_alpha, clip=not no_clip, untie_head=not no_untie_head,
     )
     if boards is not None or network is not None:
-        from orkpack.tiers.cluster_build import build_cluster_command
+        from orkpack.build.cluster import build_cluster_command
 
         _cluster_only(boards, board_given="board" in opts.given)
         raise typer.Exit(build_cluster_command(source, output, opts, boards, network, json_out=json_out,
@@ -282,7 +282,7 @@ def inspect(
     from orkpack.inspect import pack_facts, untrusted_line
 
     if pack.is_dir() or pack.suffix == ".json":
-        from orkpack.tiers.cluster_build import inspect_cluster
+        from orkpack.build.cluster import inspect_cluster
 
         raise typer.Exit(inspect_cluster(pack, json_out=json_out, console=_out()))
     from orkpack.render import pack_facts as render

@@ -41,6 +41,7 @@ from orkpack.errors import PackError, escape_name
 from orkpack.pack import spec
 from orkpack.pack.model import summary as model_summary
 from orkpack.pack.reader import Pack, PackDamaged, Preamble, parse_header_json, validate_header
+from orkpack.transforms.smoothed import shown as smoothing_shown
 
 UNTRUSTED = "UNTRUSTED"
 
@@ -135,30 +136,8 @@ def smoothing_label(r) -> str | None:
     return (", " if "untied" in r else "; ").join(bits) or "malformed"
 
 
-def _smoothing(prov: dict | None) -> dict | None:
-    """provenance.smoothing (format 1.4) as shown: well-typed fields only; None when the build did not smooth."""
-    sm = (prov or {}).get("smoothing")
-    if not isinstance(sm, dict):
-        return None
-    st = sm.get("stats") if isinstance(sm.get("stats"), dict) else {}
-    hd = sm.get("head") if isinstance(sm.get("head"), dict) else {}
-    head = {"untied_from": hd["untied_from"], "alpha": hd.get("alpha") if isinstance(hd.get("alpha"), (int, float)) else None} \
-        if isinstance(hd.get("untied_from"), str) else None
-    return {
-        "method": sm.get("method") if isinstance(sm.get("method"), str) else None,
-        "alpha": sm.get("alpha") if isinstance(sm.get("alpha"), (str, int, float)) else None,
-        "alphas": [a for a in sm.get("alphas", []) if isinstance(a, (int, float))] if isinstance(sm.get("alphas"), list) else [],
-        "groups": sm.get("groups") if isinstance(sm.get("groups"), int) else None,
-        "smoothed": sm.get("smoothed") if isinstance(sm.get("smoothed"), int) else None,
-        "stats_file": st.get("file") if isinstance(st.get("file"), str) else None,
-        "stats_xxh3": st.get("xxh3") if isinstance(st.get("xxh3"), str) else None,
-        "datasets": [d for d in st.get("datasets", []) if isinstance(d, str)] if isinstance(st.get("datasets"), list) else [],
-        "head": head,  # the tied head, untied and smoothed (orkpack/smooth.py), or None
-    }
-
-
 def _clipping(prov: dict | None) -> dict | None:
-    """provenance.clipping (orkpack/clip.py) as shown; None when the build did not clip."""
+    """provenance.clipping (orkpack/transforms/clip.py) as shown; None when the build did not clip."""
     c = (prov or {}).get("clipping")
     if not isinstance(c, dict):
         return None
@@ -282,7 +261,7 @@ def _facts(path: Path, p: Preamble, h: dict | None, tensor_glob, checks: dict, u
         "encodings": encodings,
         "tensors": rows,
         "skipped": _skipped(prov),
-        "smoothing": _smoothing(prov),
+        "smoothing": smoothing_shown(prov),
         "clipping": _clipping(prov),
         "untrusted": untrusted,
         "exit_code": code,

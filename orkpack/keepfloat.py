@@ -1,13 +1,13 @@
 """The one rule for what always stays float: the tensors no placement quantizes or sends to the NPU.
 
 Used by every path that places tensors: the planner never makes them items (orkpack/tiers/manifest.py),
-``--no-plan`` keeps them float (orkpack/build.py ``RulePlacement``), and a ``--tiermap`` that quantizes
+``--no-plan`` keeps them float (orkpack/build/placement.py ``RulePlacement``), and a ``--tiermap`` that quantizes
 one is overruled with a warning (``TierMapPlacement``). They are written in their source float type on
 the host. Pins do not change them (``--int8``/``--nf4``/``--npu`` on them alone is a warning), the way
 llama.cpp's quantizer keeps these tensors whatever its per-tensor type overrides say.
 
 Non-float tensors (integers, bool, f64, c64) are a different matter: they are carried raw
-(``orkpack.build.raw_decision``), before this rule is asked.
+(``orkpack.build.placement.raw_decision``), before this rule is asked.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from rich.console import Console
 from rich.markup import escape as markup_escape
 from rich.table import Table
 
-from orkpack.codecs.nf4opt import describe as nf4_describe
+from orkpack.transforms.nf4 import describe as nf4_describe
 from orkpack.errors import escape_name
 
 

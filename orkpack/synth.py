@@ -649,7 +649,7 @@ def write_tokenizer(folder: Path, n_merges: int = 40) -> dict:
     """A byte-level BPE tokenizer.json (GPT-2 style, specials first as SmolLM's) + tokenizer_config.json in
     ``folder``: 3 + 256 + ``n_merges`` tokens, merges of random letter pairs (seeded); returns the tokenizer.json."""
     vocab = {t: i for i, t in enumerate(TOKENIZER_SPECIAL)}
-    from .eval.tokenizer import bytes_to_unicode
+    from .model.tokenizer import bytes_to_unicode
 
     for ch in bytes_to_unicode().values():
         vocab[ch] = len(vocab)

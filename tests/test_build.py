@@ -44,7 +44,7 @@ def _tensor_bytes(path: Path) -> dict:
 
 def _stored_encoding(tm, encoding: str) -> str:
     """The pack encoding of a tier map's host ``encoding``: its "nf4" is host NF4 in the map's NF4 format."""
-    from orkpack.codecs.nf4opt import NF4Choice
+    from orkpack.transforms.nf4 import NF4Choice
 
     return NF4Choice(format=tm.nf4_format).encoding if encoding == "nf4" else encoding
 
@@ -173,7 +173,7 @@ def test_stored_bytes_are_the_plans_bytes_at_both_nf4_formats(hf_model, tmp_path
     slice its parts (host nf4 written in the format's encoding), an NPU slice its parts each rounded up to the
     board's allocation granularity, a host copy its parts. The same whether the build plans (--nf4-format) or
     follows `orkpack plan --nf4-format` (build --tiermap, no format given: the map's)."""
-    from orkpack.codecs.nf4opt import NF4Choice
+    from orkpack.transforms.nf4 import NF4Choice
     from orkpack.tiers.tiermap import TierMap
 
     pins = ["--npu", "blk.*.ffn_*", "--goal", "decode"]  # NPU slices, host copies (decode first) and host NF4

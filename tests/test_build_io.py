@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import xxhash
 
-from orkpack.build import BuildOptions, build, hash_file
+from orkpack.build import BuildOptions, build
+from orkpack.files import hash_file
 from orkpack.pack import spec
 from orkpack.pack.reader import Pack
 from orkpack.pack.writer import BufferPool, PackWriter

@@ -85,11 +85,12 @@ def _rewrite(src: Path, dst: Path, mutate=None, raw_header: bytes | None = None,
 
 
 def _untied_head_pack(d: Path) -> Path:
-    """A smoothed pack whose tied head became a smoothed copy output.weight (orkpack/smooth.py): one tensor more,
+    """A smoothed pack whose tied head became a smoothed copy output.weight (orkpack/transforms/smooth.py): one tensor more,
     the same source_name twice, smoothing records with an ``untied`` role."""
     import numpy as np
 
     from orkpack.build import BuildOptions, build
+    from orkpack import stats as act_stats
     from orkpack.eval import imatrix
     from orkpack.synth import TINY, write_hf_model
 
@@ -97,7 +98,7 @@ def _untied_head_pack(d: Path) -> Path:
     ids = d / "ids.txt"
     ids.write_text(" ".join(str(int(i)) for i in np.random.default_rng(1).integers(0, 128, 96)))
     st = d / "st.gguf"
-    imatrix.save(imatrix.collect(model, tokens=ids, ctx=48), st)
+    act_stats.save(imatrix.collect(model, tokens=ids, ctx=48), st)
     out = build(model, d / "untied_head.orkpack", BuildOptions(threads=1, plan=False, npu=["*"], imatrix=st,
                                                                smooth_alpha=0.5)).path
     with Pack.open(out) as p:

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orkpack.tiers import cluster, cluster_build, llamacpp, network, solver
+from orkpack.build import cluster as cluster_build
+from orkpack.tiers import cluster, llamacpp, network, solver
 from orkpack.tiers.board import load_board
 from orkpack.tiers.manifest import manifest_from_config, manifest_from_path
 from orkpack.tiers.profile import load_profile
@@ -464,7 +465,7 @@ def test_the_joint_split_is_never_behind_llama_cpp_s():
 
 
 def test_a_failed_cluster_build_leaves_nothing(built, tmp_path, monkeypatch):
-    import orkpack.build as ob
+    import orkpack.build.pipeline as ob
     from orkpack.build import BuildOptions
     from orkpack.errors import OrkError
 

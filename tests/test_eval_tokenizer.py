@@ -14,7 +14,7 @@ import pytest
 from gguf import GGUFValueType as VT
 
 from orkpack import synth
-from orkpack.eval.tokenizer import TokenizerError, from_model
+from orkpack.model.tokenizer import TokenizerError, from_model
 from orkpack.sources import modelkv
 from orkpack.sources.gguf import GGUFSource
 

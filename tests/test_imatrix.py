@@ -15,8 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from orkpack.cli import app
-from orkpack.eval.imatrix import ActStats, Entry, collect, load, save
-from orkpack.eval.weights import EvalError
+from orkpack.eval.imatrix import collect
+from orkpack.stats import ActStats, Entry, StatsError, load, save
 
 runner = CliRunner()
 
@@ -192,7 +192,7 @@ def test_legacy_dat_loads_as_llama_quantize_reads_it(tmp_path):
 def test_damaged_files_are_one_line(tmp_path, data, what):
     p = tmp_path / "bad.dat"
     p.write_bytes(data)
-    with pytest.raises(EvalError, match=what) as e:
+    with pytest.raises(StatsError, match=what) as e:
         load(p)
     assert "\n" not in str(e.value) and "bad.dat" in str(e.value)
 
@@ -207,7 +207,7 @@ def test_gguf_without_imatrix_tensors_is_refused(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(EvalError, match="without imatrix tensors"):
+    with pytest.raises(StatsError, match="without imatrix tensors"):
         load(p)
 
 

@@ -184,8 +184,8 @@ def model(tmp_path_factory):
 
 
 def _imatrix(model, path: Path):
-    """An imatrix of the model's matrices (the lead's orkpack.eval.imatrix format), random but fixed."""
-    from orkpack.eval import imatrix as im
+    """An imatrix of the model's matrices (orkpack/stats/'s format), random but fixed."""
+    from orkpack import stats as im
     from orkpack.sources import open_source
 
     src = open_source(model)
@@ -299,7 +299,7 @@ def test_imatrix_build_records_and_changes_bytes(model, tmp_path):
     plain, weighted = tmp_path / "plain.orkpack", tmp_path / "im.orkpack"
     _run("build", model, "-o", plain, "--no-plan")
     _run("build", model, "-o", weighted, "--no-plan", "--imatrix", im)
-    from orkpack.build import hash_file
+    from orkpack.files import hash_file
     from orkpack.pack.reader import Pack
 
     with Pack.open(weighted) as p:
@@ -315,8 +315,8 @@ def test_smoothed_matrices_weigh_their_columns_by_the_smoothed_statistics(model,
     """With --imatrix, a smoothed matrix holds W[:, k] * s[k] and meets x / s: its NF4 search weighs column k by
     m[k] / s[k]^2, not by the statistics of the unsmoothed input (the bug this fixes: 0.0807 -> 0.0774 KLD on
     SmolLM2, docs/EVAL.md)."""
-    from orkpack import smooth
-    from orkpack.eval import imatrix as imx
+    from orkpack import stats as imx
+    from orkpack.transforms import smooth, smoothed
     from orkpack.pack.reader import Pack
 
     stats = imx.load(_imatrix(model, tmp_path / "plain.gguf"))
@@ -329,7 +329,7 @@ def test_smoothed_matrices_weigh_their_columns_by_the_smoothed_statistics(model,
     out = tmp_path / "im.orkpack"
     _run("build", model, "-o", out, "--no-plan", "--imatrix", im)
     with Pack.open(out) as p:
-        ops = smooth.ops_of(p)
+        ops = smoothed.ops_of(p)
         checked = 0
         for t, s in p.slices():
             cols = [op for op in ops.get(t["name"], []) if op[0] == "columns"]

@@ -75,6 +75,20 @@ def test_deterministic_bytes(tmp_path):
     assert (tmp_path / "a.orkpack").read_bytes() == (tmp_path / "b.orkpack").read_bytes()
 
 
+def test_format_page_names_the_version_the_writer_writes():
+    """docs/FORMAT.md names the format's version in its title, the preamble table, the header example, the version
+    table's last row and what orkpack writes today: each must be the writer's (spec.VERSION_MINOR)."""
+    page = (ROOT / "docs" / "FORMAT.md").read_text()
+    want = f"{spec.VERSION_MAJOR}.{spec.VERSION_MINOR}"
+    title = re.match(r"# The \.orkpack v(\d+) format \((\d+\.\d+)\)", page)
+    assert title and title.group(1) == str(spec.VERSION_MAJOR) and title.group(2) == want
+    assert re.search(r"\| 10 \| u16 \| version_minor \| (\d+)\.", page).group(1) == str(spec.VERSION_MINOR)
+    assert re.search(r'"version": \[(\d+), (\d+)\]', page).groups() == (str(spec.VERSION_MAJOR), str(spec.VERSION_MINOR))
+    rows = re.findall(r"^\| (\d+\.\d+) \| ", page, re.M)
+    assert rows and rows[-1] == want and rows == [f"1.{i}" for i in range(spec.VERSION_MINOR + 1)]
+    assert re.search(r"orkpack today writes (\d+\.\d+)", page).group(1) == want
+
+
 def test_c_header_matches_spec():
     h = (ROOT / "kernels" / "orkpack.h").read_text()
     defs = dict(re.findall(r"#define (ORKPACK_\w+) (.+)", h))

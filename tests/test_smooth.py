@@ -1,4 +1,4 @@
-"""Activation smoothing (SmoothQuant folded into the weights, orkpack/smooth.py; build --imatrix).
+"""Activation smoothing (SmoothQuant folded into the weights, orkpack/transforms/smooth.py; build --imatrix).
 
 * the smoothed float model is the model: a pack of every tensor kept float, smoothed, gives the source's logits
   (several families: plain, tied with q/k/v biases, Gemma's gain offset, fused qkv and gate_up, LayerNorm with
@@ -18,12 +18,13 @@ import pytest
 import xxhash
 from typer.testing import CliRunner
 
-from orkpack import archs, smooth, synth
+from orkpack import archs, stats as act_stats, synth
 from orkpack.pack import spec
 from orkpack.build import BuildOptions, build
 from orkpack.cli import app
 from orkpack.codecs import reference as ref
 from orkpack.eval import imatrix
+from orkpack.transforms import smooth, smoothed
 from orkpack.eval.weights import PackWeights
 from orkpack.layout import untile_int8
 from orkpack.model import forward
@@ -55,7 +56,7 @@ def _stats(model: Path, tmp: Path, name: str = "st.gguf") -> Path:
         src.close()
     st = imatrix.collect(model, tokens=_ids(tmp, vocab), ctx=48)
     out = tmp / name
-    imatrix.save(st, out)
+    act_stats.save(st, out)
     return out
 
 
@@ -81,8 +82,8 @@ def test_smoothed_float_model_is_the_model(tmp_path, family):
     assert np.max(np.abs(got - want)) <= 1e-4 * np.max(np.abs(want)), family
     with Pack.open(out) as p:
         recs = {t["name"]: t.get("smoothing") for t in p.tensors}
-        scales = smooth.ops_of(p)
-        assert smooth.check_pack(p) is None
+        scales = smoothed.ops_of(p)
+        assert smoothed.check_pack(p) is None
     carriers = [n for n, r in recs.items() if r and ("gain" in r or "rows" in r)]
     assert carriers, family
     # the scales are not all 1 (else the test proves nothing)
@@ -157,10 +158,10 @@ def test_npu_and_host_encode_the_same_smoothed_weights(tmp_path):
         build(model, packs[name], BuildOptions(threads=1, plan=False, imatrix=st, clip=False, nf4_mode="bnb", **kw))
     src = open_source(model)
     with Pack.open(packs["npu"]) as a, Pack.open(packs["int8"]) as b, Pack.open(packs["nf4"]) as c:
-        ops = smooth.ops_of(a)
+        ops = smoothed.ops_of(a)
         same = lambda x, y: set(x) == set(y) and all(  # noqa: E731
             [(o[0], o[1].tolist(), o[2:]) for o in x[k]] == [(o[0], o[1].tolist(), o[2:]) for o in y[k]] for k in x)
-        assert ops and same(ops, smooth.ops_of(b)) and same(ops, smooth.ops_of(c))  # one choice, whatever the placement
+        assert ops and same(ops, smoothed.ops_of(b)) and same(ops, smoothed.ops_of(c))  # one choice, whatever the placement
         sa, sb, sc = ({(t["name"]): s for t, s in p.slices()} for p in (a, b, c))
         for name in ("blk.0.attn_q.weight", "blk.1.ffn_up.weight", "blk.0.ffn_down.weight"):
             n, k = sa[name]["shape"]
@@ -221,7 +222,7 @@ def test_records_inspect_eval_and_determinism(tmp_path):
     c = tmp_path / "c.orkpack"
     build(model, c, BuildOptions(threads=1, plan=False, npu=["*"], imatrix=st, smooth=False))
     with Pack.open(c) as p:
-        assert "smoothing" not in p.header["provenance"] and not smooth.ops_of(p)
+        assert "smoothing" not in p.header["provenance"] and not smoothed.ops_of(p)
 
 
 def _rewrite_header(p: Path, mutate) -> None:
@@ -281,17 +282,17 @@ def test_bad_statistics_one_line(tmp_path):
     wrong = _stats(other, tmp_path, "other.gguf")
     good = _stats(model, tmp_path)
     # statistics that lack the tensors of a layer
-    st = imatrix.load(good)
+    st = act_stats.load(good)
     for n in [n for n in st.entries if n.startswith("blk.1.")]:
         del st.entries[n]
     missing = tmp_path / "missing.gguf"
-    imatrix.save(st, missing)
+    act_stats.save(st, missing)
     # statistics without max |x| (what llama.cpp's imatrix holds)
-    st = imatrix.load(good)
+    st = act_stats.load(good)
     for e in st.entries.values():
         e.absmax = None
     noabs = tmp_path / "noabs.gguf"
-    imatrix.save(st, noabs)
+    act_stats.save(st, noabs)
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"not statistics")
     for path, words in ((wrong, "columns"), (missing, "has no statistics for blk.1."),
@@ -318,10 +319,10 @@ def test_bad_statistics_one_line(tmp_path):
 
 
 def test_clipping_is_the_weighted_least_error_and_consistent(tmp_path):
-    """With statistics, int8 rows are clamped to the ratio with the least statistics-weighted error (orkpack/clip.py):
+    """With statistics, int8 rows are clamped to the ratio with the least statistics-weighted error (orkpack/transforms/clip.py):
     the NPU tiles and host int8 hold the same codes, which are the int8 codes of the clamped smoothed rows; the
     weighted error is never above the unclipped one; provenance counts it; --no-clip turns it off."""
-    from orkpack import clip
+    from orkpack.transforms import clip
 
     model = _model(tmp_path, "llama")
     st = _stats(model, tmp_path)
@@ -329,12 +330,12 @@ def test_clipping_is_the_weighted_least_error_and_consistent(tmp_path):
     build(model, a, BuildOptions(threads=1, plan=False, npu=["*"], imatrix=st))
     build(model, b, BuildOptions(threads=1, plan=False, int8=["*"], imatrix=st))
     build(model, c, BuildOptions(threads=1, plan=False, int8=["*"], imatrix=st, clip=False))
-    stats = imatrix.load(st)
+    stats = act_stats.load(st)
     src = open_source(model)
     with Pack.open(a) as pa, Pack.open(b) as pb, Pack.open(c) as pc:
         prov = pb.header["provenance"]["clipping"]
         assert prov["stats"] == "st.gguf" and prov["rows"] > 0 and "clipping" not in pc.header["provenance"]
-        ops = smooth.ops_of(pb)
+        ops = smoothed.ops_of(pb)
         sa, sb, sc = ({t["name"]: s for t, s in p.slices()} for p in (pa, pb, pc))
         for name in ("blk.0.attn_q.weight", "blk.1.ffn_down.weight", "blk.1.attn_output.weight"):
             n, k = sb[name]["shape"]
@@ -396,7 +397,7 @@ def test_untied_head_float_model_is_the_model(tmp_path, family):
     finally:
         src.close()
     with Pack.open(out) as p:
-        ops, untied = smooth.ops_of(p), smooth.untied_of(p)
+        ops, untied = smoothed.ops_of(p), smoothed.untied_of(p)
         assert untied == {"output.weight": "token_embd.weight"}
         s = next(op[1] for op in ops["output.weight"] if op[0] == "columns")
         assert np.any(s != 1)  # else the test proves nothing
@@ -421,7 +422,7 @@ def test_untied_head_float_model_is_the_model(tmp_path, family):
     try:
         from orkpack.model.weights import SourceWeights
 
-        got = forward.run(src, ids, weights=smooth.Smoothed(SourceWeights(src), ops, hp.norm_offset, untied), hp=hp)
+        got = forward.run(src, ids, weights=smoothed.Smoothed(SourceWeights(src), ops, hp.norm_offset, untied), hp=hp)
     finally:
         src.close()
     assert np.max(np.abs(got - want)) <= (0 if not hp.norm_offset else 1e-4) * np.max(np.abs(want))
@@ -509,7 +510,7 @@ def test_head_stays_tied_unless_smoothed_on_the_npu(tmp_path):
         build(model, out, BuildOptions(threads=1, plan=False, imatrix=st, **kw))
         with Pack.open(out) as p:
             assert "output.weight" not in {x["name"] for x in p.tensors}, tag
-            assert not smooth.untied_of(p), tag
+            assert not smoothed.untied_of(p), tag
             assert "head" not in (p.header["provenance"].get("smoothing") or {}), tag
     with Pack.open(tmp_path / "no_untie.orkpack") as p:
         assert p.header["provenance"]["options"]["untie_head"] is False
@@ -518,7 +519,7 @@ def test_head_stays_tied_unless_smoothed_on_the_npu(tmp_path):
     out = tmp_path / "llama.orkpack"
     build(untied, out, BuildOptions(threads=1, plan=False, npu=["*"], imatrix=_stats(untied, tmp_path, "l.gguf")))
     with Pack.open(out) as p:
-        assert not smooth.untied_of(p) and "head" not in p.header["provenance"]["smoothing"]
+        assert not smoothed.untied_of(p) and "head" not in p.header["provenance"]["smoothing"]
     # the CLI flag; without it the build says it untied the head
     r = _cli_build(model, tmp_path / "cli.orkpack", st, "--no-untie-head", "--smooth-alpha", "0.5")
     assert r.exit_code == 0, r.output
@@ -526,7 +527,7 @@ def test_head_stays_tied_unless_smoothed_on_the_npu(tmp_path):
     r = _cli_build(model, tmp_path / "cli2.orkpack", st, "--smooth-alpha", "0.5")
     assert r.exit_code == 0 and "untied the head to smooth it: output.weight" in r.output, r.output
     with Pack.open(tmp_path / "cli.orkpack") as p:
-        assert not smooth.untied_of(p)
+        assert not smoothed.untied_of(p)
 
 
 def _bump_head_scale(h):
@@ -556,13 +557,13 @@ def test_head_statistics_missing_one_line(tmp_path):
     llama.cpp's name for the head's input (output.weight) is read as the tied head's."""
     model = _model(tmp_path, "qwen2")
     good = _stats(model, tmp_path)
-    st = imatrix.load(good)
+    st = act_stats.load(good)
     st.entries["output.weight"] = st.entries.pop("token_embd.weight")
     renamed = tmp_path / "renamed.gguf"
-    imatrix.save(st, renamed)
+    act_stats.save(st, renamed)
     del st.entries["output.weight"]
     missing = tmp_path / "missing.gguf"
-    imatrix.save(st, missing)
+    act_stats.save(st, missing)
     out = tmp_path / "x.orkpack"
     r = _cli_build(model, out, missing, "--smooth-alpha", "0.5")
     lines = [ln for ln in r.stderr.strip().splitlines() if ln.strip()]

@@ -74,7 +74,7 @@ def test_npu_bytes_padding_segments_alignment():
 def test_host_nf4_bytes_are_the_pack_parts_of_the_format():
     """The planner's bytes of each NF4 format are the parts a pack stores for its encoding (the reader's
     sizes, docs/FORMAT.md 3); the format names and their encodings are the build's (codecs.nf4opt)."""
-    from orkpack.codecs.nf4opt import NF4_FORMATS, NF4Choice
+    from orkpack.transforms.nf4 import NF4_FORMATS, NF4Choice
     from orkpack.pack.reader import expected_part_sizes
     from orkpack.tiers.board import NF4_FORMATS as PLANNED
 

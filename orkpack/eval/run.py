@@ -23,7 +23,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..codecs.nf4opt import pack_record as nf4_pack_record
+from ..transforms.nf4 import pack_record as nf4_pack_record
 from ..errors import escape_name
 from ..model import forward
 from ..model.hparams import Hparams, from_config, from_gguf
@@ -32,14 +32,13 @@ from ..pack import spec
 from ..pack.model import check_model, value
 from ..pack.reader import Pack
 from ..sources import open_source
-from ..smooth import untied_of
+from ..transforms.smoothed import Smoothed, ops_of, shown as smoothing_shown, untied_of
 from ..sources.gguf import GGUFSource
 from . import sensitivity
-from .imatrix import Collector
-from .tokenizer import from_model
+from .collect import Collector
+from .text import PROSE, source_record, token_ids
 from .weights import ACT_SCHEMES, CPU_ACTS, EvalError, GGUFWeights, PackWeights
 
-PROSE = Path(__file__).resolve().parents[1] / "data" / "eval" / "prose.txt"
 _LOGIT_BLOCK = 128  # tokens per output-head call
 _KLD_ROWS = 32  # tokens per float64 log-softmax
 
@@ -108,18 +107,9 @@ def pack_hparams(pack: Pack) -> Hparams:
     return from_config(cfg, where)
 
 
-def _source_record(src) -> dict | None:
-    if src.kind == "gguf":
-        return src.model_metadata()
-    from ..sources.modelkv import from_hf
-
-    root = Path(src.root)
-    return from_hf(root if root.is_dir() else root.parent, src.config)
-
-
 def _check_same_model(src, names_shapes: dict, hp_src: Hparams, hp: Hparams, what: str,
                       untied: dict | None = None) -> None:
-    """``untied``: a pack's untied copies (the smoothed head, orkpack/smooth.py), checked as the tensor they copy."""
+    """``untied``: a pack's untied copies (the smoothed head, orkpack/transforms/smooth.py), checked as the tensor they copy."""
     s = {t.name: tuple(t.shape) for t in src.tensors()}
     where = escape_name(str(src.root))
     for name, shape in names_shapes.items():
@@ -152,38 +142,6 @@ def _score(base_lp: np.ndarray | None, lg: np.ndarray, nxt: np.ndarray, st: _Sta
             b = base_lp[r: r + _KLD_ROWS].astype(np.float64)
             st.kld.extend(np.maximum(0.0, (np.exp(b) * (b - lp)).sum(-1)).tolist())
             st.top1.extend((b.argmax(-1) == lp.argmax(-1)).tolist())
-
-
-def _read_ids(path: Path, vocab: int) -> np.ndarray:
-    """Token ids from a file: whitespace- or comma-separated integers, or a JSON list."""
-    where = escape_name(str(path))
-    try:
-        raw = Path(path).read_text(encoding="utf-8")
-        ids = np.asarray([int(t) for t in raw.replace("[", " ").replace("]", " ").replace(",", " ").split()],
-                         dtype=np.int64)
-    except (OSError, UnicodeDecodeError, ValueError, OverflowError) as e:
-        raise EvalError(f"{where}: not a list of token ids ({e.__class__.__name__}); give integers separated by "
-                        "spaces") from None
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
-        raise EvalError(f"{where}: token id {int(ids.max() if ids.max() >= vocab else ids.min())} is outside the "
-                        f"vocabulary (0..{vocab - 1})")
-    return ids
-
-
-def token_ids(text: Path | None, tokens: Path | None, record: dict | None, vocab: int,
-              model_where: str) -> tuple[np.ndarray, int | None, str]:
-    """(the token ids to score, the BOS id each chunk starts with or None, the text's name for messages):
-    ``tokens`` as given, else ``text`` (default: the built-in prose) through the model's tokenizer."""
-    if tokens is not None:
-        return _read_ids(tokens, vocab), None, escape_name(str(tokens))
-    tok = from_model(record, model_where)
-    text_path = text or PROSE
-    try:
-        s = Path(text_path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise EvalError(f"{escape_name(str(text_path))}: cannot read the text ({e.__class__.__name__}); give a "
-                        "UTF-8 text file") from None
-    return np.asarray(tok.encode(s), dtype=np.int64), tok._bos, escape_name(str(text_path))
 
 
 def _summary(st: _Stats) -> dict:
@@ -364,7 +322,7 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
                           untied_of(pack) if kind == "pack" else None)
         ref_target = _Target("reference", hp_src, lambda: SourceWeights(src), "the source's weights in float32")
         if record is None:
-            record = _source_record(src)
+            record = source_record(src)
     if opts.per_tensor or opts.sensitivity:
         what = "--per-tensor" if opts.per_tensor else "--sensitivity"
         if kind != "pack":
@@ -480,16 +438,12 @@ def _smoothing(pack) -> dict | None:
     """The pack's activation smoothing (its provenance, docs/EVAL.md), as inspect shows it; None without."""
     if pack is None:
         return None
-    from ..inspect import _smoothing as shown
-
-    return shown(pack.header.get("provenance"))
+    return smoothing_shown(pack.header.get("provenance"))
 
 
 def _float_of(pack, src, hp):
-    """The source's float weights as the pack's weights hold them: smoothed as the pack was (orkpack/smooth.py), so
+    """The source's float weights as the pack's weights hold them: smoothed as the pack was (orkpack/transforms/smooth.py), so
     that each matmul compares like with like; the plain source when the pack is not smoothed."""
-    from ..smooth import Smoothed, ops_of
-
     ops, untied = ops_of(pack), untied_of(pack)
     return (lambda: Smoothed(SourceWeights(src), ops, hp.norm_offset, untied)) if ops else (lambda: SourceWeights(src))
 

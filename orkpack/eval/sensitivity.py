@@ -39,9 +39,9 @@ def kind(name: str) -> str:
 
 def _versions(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(NF4, int8 per channel) dequantized images of one [N, K] matrix, as the pack's codecs store them
-    (NF4 in the build's default mode, without statistics: orkpack/codecs/nf4opt.py)."""
+    (NF4 in the build's default mode, without statistics: orkpack/transforms/nf4.py)."""
     from ..codecs import get_codec
-    from ..codecs.nf4opt import NF4Choice
+    from ..transforms.nf4 import NF4Choice
 
     ch = NF4Choice()
     nf4 = get_codec(ch.encoding).decode(ch.encode(np.ascontiguousarray(w, dtype=np.float32), tensor="",

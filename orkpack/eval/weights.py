@@ -27,13 +27,11 @@ from typing import Callable
 
 import numpy as np
 
-from ..codecs import get_codec, reference as ref
+from ..codecs import get_codec, rows
 from ..errors import OrkError, escape_name
-from ..layout import untile_int8
 from ..model.weights import SourceWeights
 from ..pack import spec
-from ..pack.reader import Pack, host_copy_slice
-from ..sources.base import as_float32
+from ..pack.reader import Pack
 from . import numerics
 
 _BLOCK = 1 << 22  # weight elements dequantized to float32 at a time
@@ -61,45 +59,6 @@ class _Operand:
         for r in range(0, self.n, step):
             out[:, r: r + step] = x @ self.rows(r, min(self.n, r + step)).T
         return out
-
-
-def _int8_rows(q: np.ndarray, scale: np.ndarray) -> Callable[[int, int], np.ndarray]:
-    return lambda r0, r1: q[r0:r1].astype(np.float32) * scale[r0:r1, None]
-
-
-def _nf4_rows(codes: np.ndarray, absmax: np.ndarray, n: int, k: int) -> Callable[[int, int], np.ndarray]:
-    """Rows r0..r1 of an nf4 [n, k] slice, decoding only the 64-element blocks that hold them."""
-    codec, B, total = get_codec(spec.ENC_NF4), spec.NF4_BLOCK, n * k
-
-    def rows(r0: int, r1: int) -> np.ndarray:
-        e0, e1 = r0 * k, r1 * k
-        b0, b1 = e0 // B, -(-e1 // B)
-        m = min(b1 * B, total) - b0 * B
-        v = codec.decode({"codes": codes[b0 * B // 2: b0 * B // 2 + (m + 1) // 2], "absmax": absmax[b0:b1]}, (m,))
-        return v[e0 - b0 * B: e1 - b0 * B].reshape(r1 - r0, k)
-
-    return rows
-
-
-def _nf4dq_rows(p: dict, n: int, k: int) -> Callable[[int, int], np.ndarray]:
-    """Rows r0..r1 of an nf4dq [n, k] slice, decoding only the 32-element blocks that hold them."""
-    B, total = spec.NF4DQ_BLOCK, n * k
-    codes = p["codes"]
-    absmax = ref.nf4dq_absmax(p["absmax_q"], p["absmax_scale"], p["absmax_offset"])  # one float a block, once
-
-    def rows(r0: int, r1: int) -> np.ndarray:
-        e0, e1 = r0 * k, r1 * k
-        b0, b1 = e0 // B, -(-e1 // B)
-        m = min(b1 * B, total) - b0 * B
-        v = ref.CODEBOOK[ref.nf4_unpack(codes[b0 * B // 2: b0 * B // 2 + (m + 1) // 2], m)] * \
-            np.repeat(absmax[b0:b1], B)[:m]
-        return v[e0 - b0 * B: e1 - b0 * B].reshape(r1 - r0, k)
-
-    return rows
-
-
-def _float_rows(data: np.ndarray) -> Callable[[int, int], np.ndarray]:
-    return lambda r0, r1: as_float32(data[r0:r1])
 
 
 class PackWeights:
@@ -176,44 +135,20 @@ class PackWeights:
             raise EvalError(f"{escape_name(name)}: a {len(s['shape'])}-D slice where the forward pass needs a matrix")
         if self.engine(name, expert) == "npu":
             q, scale = self._int8_image(s)
-            return _Operand(q.shape[0], q.shape[1], _int8_rows(q, scale), int8=(q, scale), engine="npu")
+            return _Operand(q.shape[0], q.shape[1], rows.int8_rows(q, scale), int8=(q, scale), engine="npu")
         return self._cpu_operand(s)
 
     def _int8_image(self, s: dict) -> tuple[np.ndarray, np.ndarray]:
         """(q int8 [N, K] row-major, scale float32[N]) of an NPU slice: its tiles de-tiled, or its nf4 inflated."""
-        n, k = s["shape"]
-        if s["encoding"] == spec.ENC_INT8:
-            q = self.pack.typed_part(s, "q")
-            if s["layout"]["kind"] == spec.LAYOUT_NPU_INT8:
-                q = untile_int8(q, n, k, s["layout"])
-            return np.asarray(q).reshape(n, k), self.pack.typed_part(s, "scale")
-        # nf4 stored for the NPU: the image it inflates to (FORMAT.md 5) is int8 of its decoded values
-        v = get_codec(spec.ENC_NF4).decode(self.pack.typed_parts(s), (n, k))
-        enc = get_codec(spec.ENC_INT8).encode(v)
-        return enc.parts["q"].reshape(n, k), enc.parts["scale"]
+        return rows.int8_image(self.pack, s)
 
     def _cpu_operand(self, s: dict) -> _Operand:
         n, k = s["shape"]
-        hc = host_copy_slice(s)
-        if hc is not None:
-            s = hc  # dual residency: the CPU reads the host copy
-        enc = s["encoding"]
-        if s["tier"] == spec.TIER_NPU and enc == spec.ENC_NF4:  # no copy: the CPU reads the inflated tiles
-            q, scale = self._int8_image(s)
-            return _Operand(n, k, _int8_rows(q, scale), quantized=True)
-        if enc == spec.ENC_INT8:
-            q, scale = self._int8_image(s) if s["layout"]["kind"] == spec.LAYOUT_NPU_INT8 else \
-                (self.pack.typed_part(s, "q").reshape(n, k), self.pack.typed_part(s, "scale"))
-            return _Operand(n, k, _int8_rows(q, scale), quantized=True)
-        if enc == spec.ENC_NF4:
-            p = self.pack.typed_parts(s)
-            return _Operand(n, k, _nf4_rows(p["codes"], p["absmax"], n, k), quantized=True)
-        if enc == spec.ENC_NF4DQ:
-            return _Operand(n, k, _nf4dq_rows(self.pack.typed_parts(s), n, k), quantized=True)
-        if enc in spec.FLOAT_ENCODINGS:
-            dt = np.dtype(spec.PART_DTYPES[(enc, "data")])
-            return _Operand(n, k, _float_rows(self.pack.part(s["parts"]["data"]).view(dt).reshape(n, k)))
-        raise EvalError(f"{escape_name(str(self.pack.path))}: a {enc} slice where the forward pass needs a matrix")
+        fn, quantized = rows.cpu_rows(self.pack, s)
+        if fn is None:
+            raise EvalError(f"{escape_name(str(self.pack.path))}: a {s['encoding']} slice where the forward pass needs "
+                            "a matrix")
+        return _Operand(n, k, fn, quantized=quantized)
 
 
 class GGUFWeights(SourceWeights):

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from orkpack.codecs.nf4opt import pack_mode as nf4_pack_mode
+from orkpack.transforms.nf4 import pack_mode as nf4_pack_mode
 from orkpack.errors import PackError, escape_name
 from orkpack.layout import npu_layout, untile_int8, tile_int8
 from orkpack.pack import spec
@@ -251,7 +251,7 @@ def _checks(pack: Pack, run: _Run, backend, method: str, pool, reference: bool) 
     # 8. reference
     if reference:
         run.start("reference")
-        from orkpack.smooth import check_pack, check_untied_values
+        from orkpack.transforms.smoothed import check_pack, check_untied_values
 
         if any(t.get("smoothing") is not None for t in pack.tensors):  # activation smoothing (format 1.4)
             # its records must hold together, and an untied copy (the smoothed head) be its original times the scales

@@ -21,9 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
+from ..codecs import NF4_MODES, NF4_WEIGHTINGS, Encoded, get_codec
 from ..errors import OrkError, escape_name
-from . import NF4_MODES, NF4_WEIGHTINGS, Encoded, get_codec
+from ..files import hash_file
 from ..pack import spec
+from .. import stats as act_stats
+from .smooth import smoothed_mean_sq
 
 NF4_FORMATS = tuple(spec.NF4_FORMATS)  # dq32: nf4dq (blocksize 32, double-quantized absmax); b64: nf4 (blocksize 64)
 
@@ -34,10 +37,10 @@ class NF4Choice:
     weighting: str = "plain"
     format: str = spec.NF4_DEFAULT_FORMAT
     imatrix: Path | None = None
-    stats: object | None = None  # orkpack.eval.imatrix.ActStats
+    stats: act_stats.ActStats | None = None
     record: dict | None = None  # the imatrix's provenance record
     missing: list = field(default_factory=list)  # tensors encoded without statistics
-    smoothing: object | None = None  # orkpack.smooth.Plan: a smoothed matrix meets x / s, so its weights are m / s^2
+    smoothing: object | None = None  # orkpack.transforms.smooth.Plan: a smoothed matrix meets x / s, so its weights are m / s^2
 
     def col_weights(self, tensor: str, expert: int | None, k: int) -> np.ndarray | None:
         """The imatrix mean squares of ``tensor``'s input columns (None: no statistics for it)."""
@@ -52,8 +55,6 @@ class NF4Choice:
             return None
         ms = np.asarray(ms, dtype=np.float64).reshape(-1)
         if self.smoothing is not None and ms.size == k:
-            from ..smooth import smoothed_mean_sq
-
             ms = smoothed_mean_sq(ms, self.smoothing.ops.get(tensor, []))
         if ms.size != k:
             raise OrkError(f"{escape_name(str(self.imatrix))}: {escape_name(tensor)} has {ms.size} columns of "
@@ -117,11 +118,8 @@ def choose(mode: str, weighting: str, imatrix: Path | None, fmt: str | None = No
                        "`orkpack imatrix SOURCE -o FILE`)")
     if mode != "opt":  # bitsandbytes' bytes use no statistics (--imatrix still smooths and clips the int8 items)
         return NF4Choice(mode, weighting, fmt)
-    from ..build import hash_file
-    from ..eval import imatrix as im
-
     p = Path(imatrix)
-    stats = im.load(p)
+    stats = act_stats.load(p)
     record = {"file": p.name, "xxh3": hash_file(p), "datasets": [str(d) for d in (stats.datasets or [])],
               "chunks": int(stats.chunk_count or 0), "chunk_size": int(stats.chunk_size or 0)}
     return NF4Choice(mode, weighting, fmt, p, stats, record)

