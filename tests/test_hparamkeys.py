@@ -4,27 +4,35 @@
   in orkpack.synth, every reference config in tests/fixtures/configs, and variants: RoPE scalings, transformers 5
   ``rope_parameters``, nested text configs, hostile values, unknown families), what the code produced at commit
   4877203, before the table: ``modelkv.from_hf``'s hyperparameter record and warnings, ``hparams.to_gguf`` of
-  ``from_config``, and ``from_gguf`` reading both of them back. The table must reproduce it exactly (types
-  included: the comparison is of the JSON text). Regenerate only for an intended change:
-  ``PYTHONPATH=. python tests/test_hparamkeys.py``.
-* The two paths agree: what ``from_hf`` writes and what ``to_gguf`` writes, under the same key, is the same
-  value, and ``from_gguf`` reads either back as the numbers ``from_config`` gives.
-* The table is the single source: no GGUF hyperparameter key string sits in modelkv.py or hparams.py, and every
-  key the table marks as llama.cpp's is one of gguf-py's ``Keys``.
+  ``from_config``, and ``from_gguf`` reading to_gguf's keys, from_hf's record, no keys at all and further GGUF
+  metadata (Hparams as sha256 digests). The table must reproduce it exactly (types and key order included: the
+  comparison is of the JSON text). It was written by this file's ``__main__`` with that commit's orkpack:
+  ``git archive 4877203 orkpack | tar -x -C /tmp/orig`` (plus the built ``_kernels.abi3.so``), then
+  ``PYTHONPATH=/tmp/orig python tests/test_hparamkeys.py``; regenerate only for an intended change.
+* The two paths agree: under every key both write, from_hf's record and to_gguf hold the same value (the known
+  exceptions listed, with why), and what to_gguf writes from_gguf reads back under the same names.
+* The table is the single source: no GGUF hyperparameter key is spelled in modelkv.py or hparams.py, every entry
+  is used, every key the table marks as llama.cpp's is one of gguf-py's ``Keys`` with the type gguf-py's
+  ``GGUFWriter`` writes it with, and orkpack's own keys are not gguf-py's.
 """
 from __future__ import annotations
 
+import ast
 import copy
 import hashlib
 import json
 import math
-import sys
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from orkpack import archs, synth
+try:
+    from orkpack import ggufkeys as G
+except ImportError:  # writing the golden with commit 4877203's orkpack, before the table (see above)
+    G = None
 from orkpack.model import hparams
 from orkpack.sources import modelkv
 
@@ -58,6 +66,7 @@ def _cases() -> dict[str, dict]:
     llama = synth.TINY["llama"]
     scalings = {
         "linear": {"type": "linear", "factor": 2.0},
+        "linear_stray": {"type": "linear", "factor": 2.0, "beta_fast": 32.0, "low_freq_factor": 1.0},
         "dynamic": {"type": "dynamic", "factor": 2.0},
         "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024, "beta_fast": 32.0,
                  "beta_slow": 1.0},
@@ -188,6 +197,9 @@ _GGUF_EXTRA = (
      "attn_logit_softcapping": 20.0, "final_logit_softcapping": 10.0, "attention.sliding_window": 16,
      "rope.freq_base_swa": 5000.0, "no_rope_layers": [0, 1, 1]},
     {"attention.layer_norm_epsilon": 1e-3, "context_length": 100},
+    {"expert_group_count": 4},
+    {"attention.layer_norm_rms_epsilon": 1e-5, "attention.layer_norm_epsilon": 1e-3, "rope.freq_base": 5e5,
+     "rope.scaling.type": "yarn"},
 )
 
 
@@ -250,10 +262,211 @@ def test_same_records_as_before_the_table(name, tmp_path):
 
 # ------------------------------------------------------------------------------------------ the two paths agree
 
+def _evaluable(cfg: dict):
+    try:
+        return hparams.from_config(cfg), archs.facts_from_config(cfg)
+    except Exception:  # noqa: BLE001 - not evaluable (the golden holds the error)
+        return None, None
+
+
+# keys from_hf and to_gguf both write with different values (behaviour before the table, kept): why
+_DISAGREE = {
+    # from_hf writes the head dim when config.json has no partial_rotary_factor; from_config takes the family's
+    # default (archs: 0.5), as llama.cpp's ChatGLM / GLM-4 converters do
+    ("tiny/chatglm", "rope.dimension_count"): "family default partial_rotary_factor",
+    ("fixture/chatglm", "rope.dimension_count"): "family default partial_rotary_factor",
+    ("tiny/glm4", "rope.dimension_count"): "family default partial_rotary_factor",
+    # from_config's one epsilon takes rms_norm_eps first (synth's tiny starcoder2 carries both)
+    ("tiny/starcoder2", "attention.layer_norm_epsilon"): "rms_norm_eps first",
+    ("starcoder2/bad_layer_norm_eps", "attention.layer_norm_epsilon"): "rms_norm_eps first",
+    ("starcoder2/layer_norm_epsilon", "attention.layer_norm_epsilon"): "rms_norm_eps first",
+    # config.json with both: from_hf keeps rope_scaling, from_config rope_parameters
+    ("llama/rope_parameters/yarn+scaling", "rope.scaling.type"): "rope_scaling vs rope_parameters",
+    ("llama/rope_parameters/yarn+scaling", "rope.scaling.factor"): "rope_scaling vs rope_parameters",
+    # a factor above 1: from_hf leaves it out (the head dim), from_config applies it
+    ("llama/partial_rotary_bad", "rope.dimension_count"): "partial_rotary_factor > 1",
+    # from_hf reads llama.cpp's spellings (rotary_emb_base), from_config rope_theta only
+    ("llama/aliases", "rope.freq_base"): "rotary_emb_base",
+}
+
+
+def test_from_hf_and_to_gguf_agree_key_by_key(tmp_path):
+    """Under every key both write, the HF-folder record and to_gguf hold the same value (but for _DISAGREE)."""
+    seen, compared = set(), 0
+    for name, cfg in _cases().items():
+        hp, facts = _evaluable(cfg)
+        if hp is None:
+            continue
+        garch = archs.gguf_arch_name(facts["arch"])
+        rec = {k: (t, v) for k, t, v in modelkv.from_hf(tmp_path, cfg)["kv"]}
+        for key, v in hparams.to_gguf(hp).items():
+            if f"{garch}.{key}" not in rec:
+                continue
+            typ, hv = rec[f"{garch}.{key}"]
+            assert typ == G.BY_NAME[key].type
+            compared += 1
+            same = hv == v if not isinstance(v, float) else math.isclose(hv, v, rel_tol=1e-6)  # float32 in the record
+            if not same:
+                seen.add((name, key))
+                assert (name, key) in _DISAGREE, f"{name}: {key}: from_hf {hv!r}, to_gguf {v!r}"
+    assert seen == set(_DISAGREE), "a known disagreement is gone: drop it from _DISAGREE"
+    assert compared > 300
+
+
+def test_to_gguf_reads_back_through_from_gguf():
+    """Every key to_gguf writes, from_gguf reads under the same name: written again, it is the same value
+    (or left out where it is the table's default, which is what a reader then takes)."""
+    for name, cfg in _cases().items():
+        hp, facts = _evaluable(cfg)
+        if hp is None:
+            continue
+        out = hparams.to_gguf(hp)
+        garch = archs.gguf_arch_name(facts["arch"])
+        kv = {"general.architecture": garch, **{f"{garch}.{k}": v for k, v in out.items()}}
+        for layout in ("llama.cpp", "hf"):
+            back = hparams.to_gguf(hparams.from_gguf(kv, facts, None, "m.gguf", layout))
+            assert set(back) <= set(out), name
+            for key, v in out.items():
+                want = _text(v)
+                assert _text(back.get(key, G.BY_NAME[key].default)) == want, f"{name} ({layout}): {key}"
+
+
+# ------------------------------------------------------------------------------------------ one table
+
+_SOURCES = {"orkpack/sources/modelkv.py": ("_hparams", "_rope_scaling"),
+            "orkpack/model/hparams.py": ("from_gguf", "to_gguf")}
+
+
+def _literals(tree: ast.AST):
+    """(line, string, the function it is in or "") of every string constant but docstrings and the settings
+    an attribute is compared with (``f.rope_layers == "no_rope_layers"``: a Forward setting, not a key)."""
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    docs |= {id(c) for n in ast.walk(tree) if isinstance(n, ast.Compare) and isinstance(n.left, ast.Attribute)
+             for c in n.comparators if isinstance(c, ast.Constant)}
+    out = []
+
+    def walk(node: ast.AST, fn: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                walk(child, fn or child.name)
+            elif isinstance(child, ast.Constant) and isinstance(child.value, str) and id(child) not in docs:
+                out.append((child.lineno, child.value, fn))
+            else:
+                walk(child, fn)
+    walk(tree, "")
+    return out
+
+
+def _spelled_keys(source: str, gguf_fns: tuple[str, ...]) -> list[str]:
+    """The GGUF hyperparameter keys a module's source spells: a dotted one (``attention.head_count``) or an
+    f-string piece (``".rope.scaling"``, ``".vocab_size"``) anywhere, even in a message; an undotted one
+    (``block_count``) at module level or in the functions ``gguf_fns`` that read or write GGUF keys."""
+    names = [k.name for k in G.KEYS]
+    dotted = [n for n in names if "." in n]
+    bad = []
+    for line, s, fn in _literals(ast.parse(source)):
+        t = s.strip(".")
+        if any(re.search(r"(?<![\w.])" + re.escape(n) + r"(?!\w)", s) for n in dotted) \
+                or ("." in t and any(n.startswith(t + ".") or t.endswith("." + n) for n in names)) \
+                or (s.startswith(".") and t in names):
+            bad.append(f"{line}: {s!r}")
+        elif t in names and (fn == "" or fn in gguf_fns):
+            bad.append(f"{line}: {s!r} (in {fn or 'module level'})")
+    return bad
+
+
+def test_no_gguf_key_is_spelled_outside_the_table():
+    """modelkv.py and hparams.py name every GGUF hyperparameter key through orkpack.ggufkeys (hparams'
+    from_config reads config.json, whose keys some GGUF keys share, ``attn_logit_softcapping``: not checked
+    for undotted ones)."""
+    bad = [f"{path}:{b}" for path, fns in _SOURCES.items() for b in _spelled_keys((ROOT / path).read_text(), fns)]
+    assert not bad, "GGUF keys belong in orkpack/ggufkeys.py:\n" + "\n".join(bad)
+
+
+def test_the_literal_check_finds_keys():
+    """The check above is not vacuous: spellings as commit 4877203 had them fail it, settings compared do not."""
+    src = ('X = {"embed": "embedding_scale", "n": "ours (attention.clamp_kqv)"}\n'
+           'def to_gguf(hp):\n    if hp.fwd.rope_layers == "no_rope_layers":\n'
+           '        return {f"{a}.rope.scaling": 1, "block_count": 2, "attention.head_count": 3}\n'
+           'def from_config(cfg):\n    return cfg.get("attn_logit_softcapping"), f"{a}.vocab_size"\n')
+    assert [b.split(": ", 1)[1] for b in _spelled_keys(src, ("to_gguf",))] == [
+        "'embedding_scale' (in module level)", "'ours (attention.clamp_kqv)'", "'.rope.scaling'",
+        "'block_count' (in to_gguf)", "'attention.head_count'", "'.vocab_size'"]
+
+
+def test_every_table_entry_is_used():
+    used = set()
+    for path in _SOURCES:
+        for n in ast.walk(ast.parse((ROOT / path).read_text())):
+            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "G":
+                used.add(n.attr)
+    names = {k.name for k in (*G.FROM_CONFIG, *G.ROPE_SCALING)}
+    names |= {getattr(G, a).name for a in used if isinstance(getattr(G, a, None), G.Key)}
+    assert names == set(G.BY_NAME), f"unused: {sorted(set(G.BY_NAME) - names)}"
+
+
+def test_table_shape():
+    assert len({k.name for k in G.KEYS}) == len(G.KEYS)
+    for k in G.KEYS:
+        assert k.type in ("uint32", "float32", "bool", "string", "array[int32]"), k
+        assert set(k.family) <= set(archs.FAMILIES), k  # family names are orkpack.archs' families
+        assert all(isinstance(v, tuple) and v for v in k.family.values()), k
+        assert not k.rope_scaling or (k.name.startswith("rope.scaling.") and set(k.kinds) <= set(
+            G.ROPE_SCALING_TYPE.kinds)), k
+        if k.default is not None:
+            assert modelkv._valid(k.type, k.default), k
+    # from_hf writes from the table's order: every family's keys, then the family's own
+    assert [k.name for k in G.KEYS[:3]] == ["context_length", "embedding_length", "feed_forward_length"]
+
+
+def test_every_key_spells_a_gguf_key():
+    """Each llama.cpp key of the table is one of gguf-py's (Keys.LLM, Keys.Attention, Keys.Rope); orkpack's own
+    (``llama_cpp=False``) are not (if gguf-py gains one, mark it llama.cpp's)."""
+    from gguf.constants import Keys
+
+    known = {v for cls in (Keys.LLM, Keys.Attention, Keys.Rope) for n, v in vars(cls).items()
+             if n.isupper() and isinstance(v, str)}
+    for k in G.KEYS:
+        assert ("{arch}." + k.name in known) == k.llama_cpp, k.name
+    assert sum(k.llama_cpp for k in G.KEYS) >= 40
+
+
+def test_the_table_types_are_gguf_writers_types(tmp_path):
+    """The type of each llama.cpp key is the one gguf-py's GGUFWriter writes it with (its one-value add_* methods,
+    e.g. add_context_length: uint32)."""
+    import inspect
+
+    import gguf
+
+    w = gguf.GGUFWriter(tmp_path / "t.gguf", "llama")
+    written: dict[str, str] = {}
+    for m in sorted(dir(w)):
+        fn = getattr(w, m)
+        if not m.startswith("add_") or m in ("add_key_value", "add_architecture") or not callable(fn):
+            continue
+        if len([p for p in inspect.signature(fn).parameters.values() if p.default is p.empty]) != 1:
+            continue
+        for sample in (1, gguf.RopeScalingType.LINEAR, "x"):
+            before = set(w.kv_data[0])
+            try:
+                fn(sample)
+            except Exception:  # noqa: BLE001 - not this sample's type
+                continue
+            finally:
+                new = set(w.kv_data[0]) - before
+                got = {k: w.kv_data[0].pop(k).type.name.lower() for k in new}
+            written.update(got)
+            if got:
+                break
+    mine = {k.at("llama"): k.type for k in G.KEYS if k.llama_cpp}
+    assert {k: written.get(k) for k in mine} == mine
+
+
 if __name__ == "__main__":
     import tempfile
 
-    sys.path.insert(0, str(ROOT))
-    with tempfile.TemporaryDirectory() as d:
+    with tempfile.TemporaryDirectory() as d:  # the orkpack on PYTHONPATH (the commit the golden is of)
         _write_golden(Path(d))
-    print(f"wrote {GOLDEN} ({len(_GOLD) or len(_cases())} cases)")
+    print(f"wrote {GOLDEN} ({len(_cases())} cases)")
