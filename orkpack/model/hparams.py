@@ -11,7 +11,8 @@ of the source into the forward pass's terms:
   attention scores: the permutation is the same for q and k); gemma's norm gains are stored as
   ``1 + w`` (``Forward.norm_offset`` is then 0).
 
-GGUF keys are llama.cpp's (``{arch}.rope.freq_base``, ``.attention.layer_norm_rms_epsilon``, ...);
+GGUF keys are llama.cpp's (``{arch}.rope.freq_base``, ``.attention.layer_norm_rms_epsilon``, ...),
+named (with their types and the defaults a reader takes) in the table :mod:`orkpack.ggufkeys`;
 the scalar multipliers are stored as the value the graph applies: ``embedding_scale`` multiplies
 the embeddings, ``residual_scale`` each block's output, ``attention.scale`` is the score scale,
 ``logit_scale`` divides the logits.
@@ -27,6 +28,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .. import archs
+from .. import ggufkeys as G
 from ..errors import SourceError, escape_name
 
 
@@ -34,11 +36,12 @@ class NotEvaluable(SourceError):
     """The reference forward pass does not implement something this model needs (one line naming it)."""
 
 
-# (config keys, GGUF key) of each scalar an HF config or GGUF metadata may carry
+# the config keys of the norm epsilon (one value, whichever norm the family has)
 _EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "layer_norm_epsilon", "layernorm_epsilon")
 # Forward.embed_scale / residual_scale / attn_scale / logit_scale -> the llama.cpp key holding the applied value
-_GGUF_SCALE = {"embed": "embedding_scale", "residual": "residual_scale", "attn": "attention.scale",
-               "logit": "logit_scale"}
+_GGUF_SCALE = {"embed": G.EMBEDDING_SCALE, "residual": G.RESIDUAL_SCALE, "attn": G.ATTENTION_SCALE,
+               "logit": G.LOGIT_SCALE}
+_TABLE = object()  # from_gguf's get: the table's default
 
 
 @dataclass
@@ -302,36 +305,38 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
     f = fam.forward
     garch = kv.get("general.architecture")
 
-    def get(key: str, default: Any = None) -> Any:
-        v = kv.get(f"{garch}.{key}")
-        return default if v is None else v
+    def get(key: G.Key, default: Any = _TABLE) -> Any:  # the GGUF's value, else the default (the table's)
+        v = kv.get(key.at(garch))
+        if v is None:
+            return key.default if default is _TABLE else default
+        return v
 
     L, H, nh = facts["n_layers"], facts["hidden"], facts["heads"]
     mla = facts["attention"] == "mla"
-    if get("attention.clamp_kqv"):
-        raise NotEvaluable(f"{where}: clamped q/k/v (attention.clamp_kqv) is not evaluable yet")
-    if mla and get("attention.key_length_mla") is not None:
+    if get(G.CLAMP_KQV):
+        raise NotEvaluable(f"{where}: clamped q/k/v ({G.CLAMP_KQV.name}) is not evaluable yet")
+    if mla and get(G.KEY_LENGTH_MLA) is not None:
         raise NotEvaluable(f"{where}: MLA with split attn_k_b / attn_v_b (llama.cpp's absorbed layout) is not "
                            "evaluable yet")
     hd = facts["head_dim"]
-    eps = get("attention.layer_norm_rms_epsilon", get("attention.layer_norm_epsilon", 1e-6))
+    eps = get(G.RMS_EPS, get(G.LAYER_NORM_EPS))
     style = "interleaved" if f.gguf_permuted_qk and layout == "llama.cpp" else f.rope
-    rot = int(get("rope.dimension_count", hd))
-    max_pos = int(get("context_length", 4096))
-    params: dict[str, Any] = {"rope_theta": get("rope.freq_base", 10000.0)}
-    kind = get("rope.scaling.type", "none")
+    rot = int(get(G.ROPE_DIMENSION_COUNT, hd))
+    max_pos = int(get(G.CONTEXT_LENGTH))
+    params: dict[str, Any] = {"rope_theta": get(G.ROPE_FREQ_BASE)}
+    kind = get(G.ROPE_SCALING_TYPE)
     if kind == "linear":
-        params.update(rope_type="linear", factor=get("rope.scaling.factor", 1.0))
+        params.update(rope_type="linear", factor=get(G.ROPE_SCALING_FACTOR))
     elif kind == "yarn":
-        if get("rope.scaling.yarn_log_multiplier") is not None:
+        if get(G.ROPE_SCALING_YARN_LOG_MUL) is not None:
             raise NotEvaluable(f"{where}: YaRN with yarn_log_multiplier (llama.cpp's DeepSeek form) is not evaluable "
                                "yet")
-        params.update(rope_type="yarn", factor=get("rope.scaling.factor", 1.0),
-                      original_max_position_embeddings=get("rope.scaling.original_context_length", max_pos))
-        if get("rope.scaling.attn_factor") is not None:
-            params["attention_factor"] = float(get("rope.scaling.attn_factor"))
-        if get("rope.scaling.yarn_truncate") is not None:  # not a llama.cpp key (ggml always truncates)
-            params["truncate"] = bool(get("rope.scaling.yarn_truncate"))
+        params.update(rope_type="yarn", factor=get(G.ROPE_SCALING_FACTOR),
+                      original_max_position_embeddings=get(G.ROPE_SCALING_ORIG_CTX_LEN, max_pos))
+        if get(G.ROPE_SCALING_ATTN_FACTOR) is not None:
+            params["attention_factor"] = float(get(G.ROPE_SCALING_ATTN_FACTOR))
+        if get(G.ROPE_SCALING_YARN_TRUNCATE) is not None:  # not a llama.cpp key (ggml always truncates)
+            params["truncate"] = bool(get(G.ROPE_SCALING_YARN_TRUNCATE))
     elif kind not in ("none", None):
         raise NotEvaluable(f"{where}: RoPE scaling {escape_name(repr(kind), 40)} is not evaluable yet")
     rope = _rope_from(params, rot, max_pos, style, where)
@@ -343,13 +348,13 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
         rope.inv_freq = (rope.inv_freq / fr).astype(np.float32)
     rope_swa = None
     if f.swa_rope_base:
-        rope_swa = _rope_from({"rope_theta": get("rope.freq_base_swa", f.swa_rope_base)}, rot, max_pos, style, where)
+        rope_swa = _rope_from({"rope_theta": get(G.ROPE_FREQ_BASE_SWA, f.swa_rope_base)}, rot, max_pos, style, where)
     rope_layers = set(range(L))
     if f.rope_layers == "no_rope_layers":
-        nrl = get("no_rope_layers")  # not a llama.cpp key: llama.cpp's smollm3 skips RoPE on every 4th layer
+        nrl = get(G.NO_ROPE_LAYERS)  # not a llama.cpp key: llama.cpp's smollm3 skips RoPE on every 4th layer
         rope_layers = {i for i, u in enumerate(nrl) if u} if isinstance(nrl, list) else \
             {i for i in range(L) if (i + 1) % 4 != 0}
-    window = int(get("attention.sliding_window", 0) or 0)
+    window = int(get(G.SLIDING_WINDOW) or 0)
     if f.window == "config":
         swa_window, swa_layers = window, set(range(L)) if window else set()
     else:
@@ -358,29 +363,29 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
     def scale(spec: str, which: str, default: float) -> float:
         return float(get(_GGUF_SCALE[which], default)) if spec else default
 
-    attn_scale = float(get("attention.scale", hd ** -0.5))
+    attn_scale = float(get(G.ATTENTION_SCALE, hd ** -0.5))
     embed = math.sqrt(H) if f.embed_scale == "sqrt_hidden" else scale(f.embed_scale, "embed", 1.0)
     E = facts["n_experts"]
     # llama.cpp's expert_gating_func (1 softmax, 2 sigmoid) tells DeepSeek-V3 from V2 (one GGUF architecture)
-    router = {1: "softmax", 2: "sigmoid"}.get(get("expert_gating_func"), f.router)
-    n_group = int(get("expert_group_count", 1)) if f.router_groups else 1
+    router = {1: "softmax", 2: "sigmoid"}.get(get(G.EXPERT_GATING_FUNC), f.router)
+    n_group = int(get(G.EXPERT_GROUP_COUNT)) if f.router_groups else 1
     groups = ("top2sum" if router == "sigmoid" else "max") if n_group > 1 else ""
     return Hparams(
         arch=fam.name, fwd=f, layout="gguf" if layout == "llama.cpp" else "hf", n_layers=L, hidden=H, heads=nh,
-        kv_heads=facts["kv_heads"], head_dim=hd, v_head_dim=int(get("attention.value_length", hd)),
+        kv_heads=facts["kv_heads"], head_dim=hd, v_head_dim=int(get(G.VALUE_LENGTH, hd)),
         vocab=facts["vocab"], eps=_num(eps, "layer_norm_rms_epsilon", where),
         norm_offset=0.0 if layout == "llama.cpp" else f.norm_offset, act=f.act, rope=rope, rope_swa=rope_swa,
         rope_layers=rope_layers, swa_window=swa_window, swa_layers=swa_layers, attn_scale=attn_scale,
-        attn_softcap=float(get("attn_logit_softcapping", 0.0)),
-        final_softcap=float(get("final_logit_softcapping", 0.0)),
+        attn_softcap=float(get(G.ATTN_SOFTCAP)),
+        final_softcap=float(get(G.FINAL_SOFTCAP)),
         embed_scale=float(embed), residual_scale=scale(f.residual_scale, "residual", 1.0),
         logit_scale=scale(f.logit_scale, "logit", 1.0), max_pos=max_pos, n_experts=E, top_k=facts["n_experts_used"],
         router=router, router_groups=groups,
-        router_norm=f.router_norm == "always" or bool(get("expert_weights_norm", False)),
-        routed_scale=float(get("expert_weights_scale", 1.0)) if f.router_scale else 1.0,
-        n_group=n_group, topk_group=int(get("expert_group_used_count", 1)) if n_group > 1 else 1,
-        mla={"q_lora_rank": int(get("attention.q_lora_rank", 0)), "kv_lora_rank": int(get("attention.kv_lora_rank", 0)),
-             "nope": hd - rot, "rope": rot, "v_head_dim": int(get("attention.value_length", hd))} if mla else {},
+        router_norm=f.router_norm == "always" or bool(get(G.EXPERT_WEIGHTS_NORM)),
+        routed_scale=float(get(G.EXPERT_WEIGHTS_SCALE)) if f.router_scale else 1.0,
+        n_group=n_group, topk_group=int(get(G.EXPERT_GROUP_USED_COUNT)) if n_group > 1 else 1,
+        mla={"q_lora_rank": int(get(G.Q_LORA_RANK)), "kv_lora_rank": int(get(G.KV_LORA_RANK)),
+             "nope": hd - rot, "rope": rot, "v_head_dim": int(get(G.VALUE_LENGTH, hd))} if mla else {},
     )
 
 
@@ -390,46 +395,53 @@ def to_gguf(hp: Hparams) -> dict[str, Any]:
     For writers of test GGUFs (orkpack.synth): with the facts orkpack already writes, a GGUF then
     describes the same forward pass as the HF folder it came from.
     """
-    out: dict[str, Any] = {"attention.layer_norm_rms_epsilon": hp.eps, "rope.dimension_count": hp.rope.dim,
-                           "attention.scale": hp.attn_scale, "rope.freq_base": hp.rope.params["rope_theta"]}
+    out: dict[str, Any] = {}
+
+    def put(key: G.Key, v: Any) -> None:
+        out[key.name] = v
+
+    put(G.RMS_EPS, hp.eps)
+    put(G.ROPE_DIMENSION_COUNT, hp.rope.dim)
+    put(G.ATTENTION_SCALE, hp.attn_scale)
+    put(G.ROPE_FREQ_BASE, hp.rope.params["rope_theta"])
     f = hp.fwd
     kind = hp.rope.params["rope_type"]
     if kind in ("linear", "yarn"):
-        out["rope.scaling.type"] = kind
-        out["rope.scaling.factor"] = float(hp.rope.params["factor"])
+        put(G.ROPE_SCALING_TYPE, kind)
+        put(G.ROPE_SCALING_FACTOR, float(hp.rope.params["factor"]))
         if kind == "yarn":
-            out["rope.scaling.original_context_length"] = int(hp.rope.params["original_max_position_embeddings"])
-            out["rope.scaling.attn_factor"] = float(hp.rope.attn_factor)
+            put(G.ROPE_SCALING_ORIG_CTX_LEN, int(hp.rope.params["original_max_position_embeddings"]))
+            put(G.ROPE_SCALING_ATTN_FACTOR, float(hp.rope.attn_factor))
             if not hp.rope.params.get("truncate", True):
-                out["rope.scaling.yarn_truncate"] = False
+                put(G.ROPE_SCALING_YARN_TRUNCATE, False)
     elif kind not in ("default", "dynamic", "llama3"):  # llama3: the rope_freqs.weight tensor (rope_factors)
         raise NotEvaluable(f"RoPE scaling {kind} has no GGUF form here")
     if f.norm == "layer":
-        out["attention.layer_norm_epsilon"] = hp.eps
+        put(G.LAYER_NORM_EPS, hp.eps)
     if hp.rope_swa is not None:
-        out["rope.freq_base_swa"] = hp.rope_swa.params["rope_theta"]
+        put(G.ROPE_FREQ_BASE_SWA, hp.rope_swa.params["rope_theta"])
     if hp.attn_softcap:
-        out["attn_logit_softcapping"] = hp.attn_softcap
+        put(G.ATTN_SOFTCAP, hp.attn_softcap)
     if hp.final_softcap:
-        out["final_logit_softcapping"] = hp.final_softcap
+        put(G.FINAL_SOFTCAP, hp.final_softcap)
     if f.embed_scale and f.embed_scale != "sqrt_hidden":
-        out["embedding_scale"] = hp.embed_scale
+        put(G.EMBEDDING_SCALE, hp.embed_scale)
     if f.residual_scale:
-        out["residual_scale"] = hp.residual_scale
+        put(G.RESIDUAL_SCALE, hp.residual_scale)
     if f.logit_scale:
-        out["logit_scale"] = hp.logit_scale
+        put(G.LOGIT_SCALE, hp.logit_scale)
     if hp.n_experts:
-        out["expert_weights_norm"] = hp.router_norm
-        out["expert_gating_func"] = 2 if hp.router == "sigmoid" else 1
+        put(G.EXPERT_WEIGHTS_NORM, hp.router_norm)
+        put(G.EXPERT_GATING_FUNC, 2 if hp.router == "sigmoid" else 1)
         if f.router_scale:
-            out["expert_weights_scale"] = hp.routed_scale
+            put(G.EXPERT_WEIGHTS_SCALE, hp.routed_scale)
         if hp.router_groups:
-            out["expert_group_count"] = hp.n_group
-            out["expert_group_used_count"] = hp.topk_group
+            put(G.EXPERT_GROUP_COUNT, hp.n_group)
+            put(G.EXPERT_GROUP_USED_COUNT, hp.topk_group)
     if f.rope_layers == "no_rope_layers":
-        out["no_rope_layers"] = [int(i in hp.rope_layers) for i in range(hp.n_layers)]
+        put(G.NO_ROPE_LAYERS, [int(i in hp.rope_layers) for i in range(hp.n_layers)])
     if f.window == "config" and hp.swa_window:
-        out["attention.sliding_window"] = hp.swa_window
+        put(G.SLIDING_WINDOW, hp.swa_window)
     return out
 
 

@@ -12,7 +12,7 @@ model from exactly these keys).
 * From an HF folder: config.json, tokenizer.json and tokenizer_config.json,
   converted as llama.cpp's converter (convert_hf_to_gguf.py) converts them:
   ``{arch}.*`` hyperparameters (the common ones of its ``TextModel``, and the
-  family's own from :data:`FAMILY_KEYS`), ``tokenizer.ggml.*`` through gguf-py's
+  family's own: the table :mod:`orkpack.ggufkeys`), ``tokenizer.ggml.*`` through gguf-py's
   own vocabulary readers (``gguf.vocab``: the same code the converter uses), and
   the tokenizer.json itself as ``tokenizer.huggingface.json`` (a key of the GGUF
   specification), so a reader can tokenize exactly as transformers does.
@@ -26,6 +26,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
+from .. import ggufkeys as G
 from ..errors import SourceError, escape_name
 from ..pack.model import json_value
 
@@ -54,61 +55,9 @@ def from_gguf_fields(fields: Mapping[str, Any]) -> dict:
 
 # ------------------------------------------------------------------------------------------ from an HF folder
 
-# llama.cpp's TextModel.set_gguf_parameters: GGUF key suffix -> config.json keys, first found wins, and the type
-COMMON_KEYS: tuple[tuple[str, tuple[str, ...], str], ...] = (
-    ("context_length", ("max_position_embeddings", "n_ctx", "n_positions", "max_length", "max_sequence_length"), "uint32"),
-    ("embedding_length", ("hidden_size", "n_embd", "dim"), "uint32"),
-    ("feed_forward_length", ("intermediate_size", "n_inner", "ffn_hidden_size"), "uint32"),
-    ("block_count", ("num_hidden_layers", "n_layer", "num_layers"), "uint32"),
-    ("attention.head_count", ("num_attention_heads", "n_head", "num_heads"), "uint32"),
-    ("attention.head_count_kv", ("num_key_value_heads", "n_head_kv", "multi_query_group_num"), "uint32"),
-    ("rope.freq_base", ("rope_theta", "rotary_emb_base"), "float32"),
-    ("attention.layer_norm_rms_epsilon", ("rms_norm_eps",), "float32"),
-    ("attention.layer_norm_epsilon", ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"), "float32"),
-    ("expert_count", ("num_local_experts", "num_experts", "n_routed_experts"), "uint32"),
-    ("expert_used_count", ("num_experts_per_tok", "num_experts_per_token", "top_k_experts"), "uint32"),
-    ("attention.key_length", ("head_dim",), "uint32"),
-    ("attention.value_length", ("head_dim",), "uint32"),
-    ("vocab_size", ("vocab_size", "padded_vocab_size"), "uint32"),
-)
-
-_DEEPSEEK = (("leading_dense_block_count", ("first_k_dense_replace",), "uint32"),
-             ("attention.q_lora_rank", ("q_lora_rank",), "uint32"),
-             ("attention.kv_lora_rank", ("kv_lora_rank",), "uint32"),
-             ("expert_feed_forward_length", ("moe_intermediate_size",), "uint32"),
-             ("expert_shared_count", ("n_shared_experts",), "uint32"),
-             ("expert_weights_scale", ("routed_scaling_factor",), "float32"),
-             ("expert_weights_norm", ("norm_topk_prob",), "bool"))
-
-# the family's own keys, as llama.cpp's converter writes them for it (GGUF key suffix, config keys, type)
-FAMILY_KEYS: dict[str, tuple[tuple[str, tuple[str, ...], str], ...]] = {
-    "gemma2": (("attn_logit_softcapping", ("attn_logit_softcapping",), "float32"),
-               ("final_logit_softcapping", ("final_logit_softcapping",), "float32"),
-               ("attention.sliding_window", ("sliding_window",), "uint32")),
-    "gemma3_text": (("attention.sliding_window", ("sliding_window",), "uint32"),
-                    ("rope.freq_base_swa", ("rope_local_base_freq",), "float32")),
-    "gemma3": (("attention.sliding_window", ("sliding_window",), "uint32"),
-               ("rope.freq_base_swa", ("rope_local_base_freq",), "float32")),
-    "qwen2_moe": (("expert_feed_forward_length", ("moe_intermediate_size",), "uint32"),
-                  ("expert_shared_feed_forward_length", ("shared_expert_intermediate_size",), "uint32")),
-    "qwen3_moe": (("expert_feed_forward_length", ("moe_intermediate_size",), "uint32"),),
-    "olmoe": (),
-    "granite": (("embedding_scale", ("embedding_multiplier",), "float32"),
-                ("residual_scale", ("residual_multiplier",), "float32"),
-                ("attention.scale", ("attention_multiplier",), "float32"),
-                ("logit_scale", ("logits_scaling",), "float32")),
-    "granitemoe": (("embedding_scale", ("embedding_multiplier",), "float32"),
-                   ("residual_scale", ("residual_multiplier",), "float32"),
-                   ("attention.scale", ("attention_multiplier",), "float32"),
-                   ("logit_scale", ("logits_scaling",), "float32"),
-                   ("expert_feed_forward_length", ("intermediate_size",), "uint32")),
-    "deepseek_v2": _DEEPSEEK,
-    "deepseek_v3": _DEEPSEEK + (("nextn_predict_layers", ("num_nextn_predict_layers",), "uint32"),),
-    "gpt_oss": (("attention.sliding_window", ("sliding_window",), "uint32"),
-                ("expert_feed_forward_length", ("intermediate_size",), "uint32")),
-    "starcoder2": (("attention.layer_norm_epsilon", ("norm_epsilon",), "float32"),),
-    "minicpm": (("embedding_scale", ("scale_emb",), "float32"),),
-}
+# The {arch}.* keys, where config.json keeps each and its type: orkpack.ggufkeys (llama.cpp's TextModel and the
+# family's own converter class). config.json's rope_scaling types llama.cpp has no name for: dynamic is linear
+_SCALING_TYPE_NAME = {"dynamic": "linear"}
 
 # GGUF token types (llama.cpp's llama_token_type / gguf.TokenType)
 _TOKEN_TYPES = {"NORMAL": 1, "UNKNOWN": 2, "CONTROL": 3, "USER_DEFINED": 4, "UNUSED": 5, "BYTE": 6}
@@ -146,14 +95,17 @@ def _hparams(cfg: Mapping, fam_name: str | None, garch: str, kv: list, warn: Cal
         if rp.get("rope_type", "default") != "default" and not isinstance(c.get("rope_scaling"), Mapping):
             c["rope_scaling"] = rp
     seen = set()
-    for suffix, keys, typ in COMMON_KEYS + FAMILY_KEYS.get(fam_name or "", ()):
-        if not keys or f"{garch}.{suffix}" in seen:
-            continue
-        v = _first(c, keys)
-        if not _valid(typ, v):
-            continue
-        seen.add(f"{garch}.{suffix}")
-        kv.append([f"{garch}.{suffix}", typ, json_value(typ, v)])
+    # every family's config keys, then the family's own (a key found by the first is not looked up again)
+    for source in (lambda k: k.hf, lambda k: k.family.get(fam_name or "", ())):
+        for k in G.FROM_CONFIG:
+            keys, name = source(k), k.at(garch)
+            if not keys or name in seen:
+                continue
+            v = _first(c, keys)
+            if not _valid(k.type, v):
+                continue
+            seen.add(name)
+            kv.append([name, k.type, json_value(k.type, v)])
     # head dims and the rotary dimensions (partial rotary: phi, glm, stablelm)
     hd = _first(c, ("head_dim",))
     nh, hidden = _first(c, ("num_attention_heads", "n_head")), _first(c, ("hidden_size", "n_embd"))
@@ -163,11 +115,11 @@ def _hparams(cfg: Mapping, fam_name: str | None, garch: str, kv: list, warn: Cal
     if fam is not None and fam.attention == "mla":
         rope = _first(c, ("qk_rope_head_dim",))
         if _valid("uint32", rope):
-            kv.append([f"{garch}.rope.dimension_count", "uint32", rope])
+            kv.append([G.ROPE_DIMENSION_COUNT.at(garch), G.ROPE_DIMENSION_COUNT.type, rope])
     elif _valid("uint32", hd):
         frac = _first(c, ("partial_rotary_factor",))
         rot = int(hd * frac) if _valid("float32", frac) and 0 < frac <= 1 else hd
-        kv.append([f"{garch}.rope.dimension_count", "uint32", rot])
+        kv.append([G.ROPE_DIMENSION_COUNT.at(garch), G.ROPE_DIMENSION_COUNT.type, rot])
     _rope_scaling(c, garch, kv, warn)
 
 
@@ -176,26 +128,15 @@ def _rope_scaling(c: Mapping, garch: str, kv: list, warn: Callable[[str], None])
     if not isinstance(rs, Mapping):
         return
     kind = rs.get("rope_type", rs.get("type"))
-    r = f"{garch}.rope.scaling"
-
-    def put(key: str, typ: str, v: Any) -> None:
-        if _valid(typ, v):
-            kv.append([f"{r}.{key}", typ, json_value(typ, v)])
-
-    if kind in ("linear", "yarn", "longrope", "dynamic") and _valid("float32", rs.get("factor")):
-        kv.append([f"{r}.type", "string", {"dynamic": "linear"}.get(kind, kind)])
-        put("factor", "float32", rs["factor"])
-        put("original_context_length", "uint32", rs.get("original_max_position_embeddings"))
-        if kind == "yarn":
-            for src, dst in (("beta_fast", "yarn_beta_fast"), ("beta_slow", "yarn_beta_slow"),
-                             ("mscale_all_dim", "yarn_log_multiplier")):
-                put(dst, "float32", rs.get(src))
-    elif kind == "llama3":
-        # llama.cpp's converter turns llama3 scaling into a rope_freqs tensor; the pack keeps its parameters
-        kv.append([f"{r}.type", "string", "llama3"])
-        for src in ("factor", "low_freq_factor", "high_freq_factor"):
-            put(src, "float32", rs.get(src))
-        put("original_context_length", "uint32", rs.get("original_max_position_embeddings"))
+    factor = G.ROPE_SCALING_FACTOR
+    # written with a valid factor only; llama3 always (llama.cpp's converter turns llama3 scaling into a
+    # rope_freqs tensor; the pack keeps its parameters)
+    if kind in G.ROPE_SCALING_TYPE.kinds and (kind == "llama3" or _valid(factor.type, rs.get(factor.rope_scaling))):
+        kv.append([G.ROPE_SCALING_TYPE.at(garch), G.ROPE_SCALING_TYPE.type, _SCALING_TYPE_NAME.get(kind, kind)])
+        for k in G.ROPE_SCALING:
+            v = rs.get(k.rope_scaling)
+            if kind in k.kinds and _valid(k.type, v):
+                kv.append([k.at(garch), k.type, json_value(k.type, v)])
     elif kind not in (None, "default"):
         warn(f"config.json: rope_scaling type {escape_name(repr(kind), 40)} is not carried into the pack's model "
              "metadata; a runtime will run the model without it")
