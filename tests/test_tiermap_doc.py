@@ -120,9 +120,9 @@ class DocModel:
     def int8(n, k):
         return n * k + 4 * n
 
-    def nf4(self, n, k):
-        """Section 2, "Bytes": host nf4 in the map's NF4 format (board "nf4_format"; b64 when absent)."""
-        fmt = self.b.get("nf4_format", "b64")
+    def nf4(self, n, k, fmt=None):
+        """Section 2, "Bytes": host nf4 in the map's NF4 format (board "nf4_format"; b64 when absent), or ``fmt``."""
+        fmt = fmt or self.b.get("nf4_format", "b64")
         if fmt == "b64":
             return math.ceil(n * k / 2) + 4 * math.ceil(n * k / 64)
         assert fmt == "dq32", fmt
@@ -133,13 +133,19 @@ class DocModel:
     def itemsize(enc):
         return {"f32": 4, "f16": 2, "bf16": 2}[enc]
 
-    def path_bytes(self, n, k, path):
+    @staticmethod
+    def copy_fmt(s):
+        """Section 2, "The NF4 format F": the host copy of an NPU slice stored 4-bit (encoding nf4, or an --nf4
+        pin) is nf4 (b64) whatever F; any other copy is in F (None: the map's)."""
+        return "b64" if s["encoding"] == "nf4" or "--nf4" in (s["pin"] or "") else None
+
+    def path_bytes(self, n, k, path, fmt=None):
         if path == "tiles":
             return self.tiles(n, k) * self.r["tile_read_factor"]
         if path == "int8":
             return self.int8(n, k)
         if path == "nf4":
-            return self.nf4(n, k)
+            return self.nf4(n, k, fmt)
         return n * k * self.itemsize(path)
 
     def rate(self, path):
@@ -156,10 +162,10 @@ class DocModel:
         return sum(min(p, w) if (layer in swa and w > 0) else p for layer in range(f["n_layers"])) * (row(f["kv_k"]) + row(f["kv_v"]))
 
     # ---------------------------------------------------------------- times
-    def t_cpu(self, n, k, m, path):
+    def t_cpu(self, n, k, m, path, fmt=None):
         if m <= 0:
             return 0.0
-        return max(2 * m * n * k / self.rate(path), self.path_bytes(n, k, path) / self.bw)
+        return max(2 * m * n * k / self.rate(path), self.path_bytes(n, k, path, fmt) / self.bw)
 
     def t_npu(self, n, k, m):
         if m <= 0:
@@ -171,8 +177,8 @@ class DocModel:
             t += 2 * m * pad(n, b["n_align"]) * kp / (base * min(1.0, (b["npu_k_ref"] / kp) ** r["npu_k_falloff"]))
         return t
 
-    def min_m(self, n, k, path):
-        key = (n, k, path)
+    def min_m(self, n, k, path, fmt=None):
+        key = (n, k, path, fmt)
         if key not in self._mm:
             out = NEVER
             if "npu" in self.engines:
@@ -181,9 +187,9 @@ class DocModel:
                 c = len(self.segs(k)) * self.r["submit_overhead_s"]
                 a = 2 * n * k / self.rate(path)
                 b = self.t_npu(n, k, 1) - c
-                floor_m = self.path_bytes(n, k, path) / self.bw / a
+                floor_m = self.path_bytes(n, k, path, fmt) / self.bw / a
                 limit = math.ceil(floor_m) + 2 + (math.ceil(c / (a - b)) + 2 if a > b else 0)
-                out = next((m for m in range(2, limit + 1) if self.t_npu(n, k, m) < self.t_cpu(n, k, m, path)), NEVER)
+                out = next((m for m in range(2, limit + 1) if self.t_npu(n, k, m) < self.t_cpu(n, k, m, path, fmt)), NEVER)
             self._mm[key] = out
         return self._mm[key]
 
@@ -255,9 +261,10 @@ class DocModel:
                 t += self.t_cpu(n, k, 1, enc)
             return t
         path = "nf4" if choice == "npu+nf4" else "tiles"
-        if m >= self.min_m(n, k, path):
+        fmt = self.copy_fmt(s) if choice == "npu+nf4" else None
+        if m >= self.min_m(n, k, path, fmt):
             return rn * self.t_npu(n, k, m)
-        return rc * self.t_cpu(n, k, m, path)
+        return rc * self.t_cpu(n, k, m, path, fmt)
 
     def dec_item(self, name, s, choice) -> float:
         n, k = s["shape"]
@@ -267,7 +274,7 @@ class DocModel:
             share = 1.0 / n + (1.0 if self.tied else 0.0)
         if self.r["decode_engine"] == "npu" and choice in ("npu", "npu+nf4"):  # the NPU reads its tiles
             return share * self.tiles(n, k) / self.npu_bw
-        nbytes = {"nf4": self.nf4(n, k), "npu+nf4": self.nf4(n, k), "int8": self.int8(n, k),
+        nbytes = {"nf4": self.nf4(n, k), "npu+nf4": self.nf4(n, k, self.copy_fmt(s)), "int8": self.int8(n, k),
                   "npu": self.tiles(n, k) * self.r["tile_read_factor"]}.get(choice)
         if nbytes is None:  # float: the source bytes
             nbytes = n * k * self.itemsize(s["encoding"])
@@ -361,12 +368,13 @@ def check(tm: dict, prof: dict | None) -> None:
         want_bytes = {"npu": d.npu_bytes(n, k), "npu+nf4": d.npu_bytes(n, k), "nf4": d.nf4(n, k),
                       "int8": d.int8(n, k)}.get(c)
         assert s["bytes"] == (want_bytes if want_bytes is not None else n * k * d.itemsize(s["encoding"])), where
+        fmt = d.copy_fmt(s) if c == "npu+nf4" else None
         if c == "npu+nf4":
-            assert s["host_copy_bytes"] == d.nf4(n, k), where
+            assert s["host_copy_bytes"] == d.nf4(n, k, fmt), where
         path = {"npu": "tiles", "npu+nf4": "nf4"}.get(c, "nf4")
-        assert s["min_m"] == d.min_m(n, k, path), where
+        assert s["min_m"] == d.min_m(n, k, path, fmt), where
         if c.startswith("npu"):  # saved against the host path it keeps
-            host_t = d.rhos(name, s)[0] * d.t_cpu(n, k, d.rows(name, s), path)
+            host_t = d.rhos(name, s)[0] * d.t_cpu(n, k, d.rows(name, s), path, fmt)
             want_ben = (host_t - d.pre_item(name, s, c)) * 1e6
             assert s["benefit_us"] == pytest.approx(round(want_ben, 3), rel=1e-9, abs=6e-4), where
         else:
