@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from orkpack.build import cluster as cluster_build
-from orkpack.tiers import cluster, llamacpp, network, solver
+from orkpack.tiers import cluster, cost, llamacpp, network, solver
 from orkpack.tiers.board import load_board
 from orkpack.tiers.manifest import manifest_from_config, manifest_from_path
 from orkpack.tiers.profile import load_profile
@@ -177,6 +177,36 @@ def test_one_board_cluster_is_the_single_board_plan():
     # and the plan found keeps the goal's slacks around those optima
     assert plan.prediction["decode_s_per_token"] <= plan.stages[0]["value"] / 0.95 * (1 + 1e-6)
     assert plan.prediction["prefill_s_per_chunk"] <= plan.stages[1]["value"] / 0.99 * (1 + 1e-6)
+
+
+@pytest.mark.parametrize("goal", ["balanced", "quality"])
+def test_nf4_pinned_npu_slices_across_boards(goal):
+    """--nf4 pins across boards: an NPU slice stored 4-bit is its own host copy, nf4 (b64) whatever the boards'
+    NF4 format (docs/TIERMAP.md section 2); each node's map counts it so, each node's part (node_phase: its
+    items' pinned rows) agrees with the program (the self-check), and the cluster's predicted KLD counts the
+    sensitivity of every item decode reads as NF4 (an NPU-only slice stored 4-bit among them)."""
+    man = manifest_from_path(CFG / "qwen2.json")
+    pins = {"nf4": ["blk.*.ffn_*", "blk.*.attn_q.weight"]}
+    spec = cluster.parse_cluster("rk3588-16g,rk3588-16g")
+    plan = cluster.solve_cluster(man, spec, ctx=4096, pins=pins, goal=solver.Goal(goal), fixed=[(0, 12), (12, 24)])
+    prof = load_profile(None, man, spec.boards[0], 512)
+    sens = {it.key: prof.sensitivity[i] for i, it in enumerate(man.items)}
+    kld = stored = 0
+    for j in range(2):
+        tm = cluster.node_tiermap(plan, j)
+        for d in tm.decisions:
+            if (d.tensor, d.expert) not in sens:
+                continue
+            nf4_stored = d.tier == "npu" and d.encoding == "nf4"
+            if d.host_copy:
+                want = 4 * -(-d.shape[0] * d.shape[1] // 64) + d.shape[0] * d.shape[1] // 2 if nf4_stored else \
+                    cost.host_nf4_bytes(*d.shape, "dq32")
+                assert d.host_copy_bytes == want, d
+                stored += nf4_stored
+            if d.encoding == "nf4":  # host NF4, an NPU slice stored 4-bit (with or without its copy)
+                kld += sens[(d.tensor, d.expert)]
+    assert plan.prediction["kld"] == pytest.approx(kld, abs=1e-6)
+    assert stored or goal == "quality"
 
 
 @pytest.mark.parametrize("goal", ["decode", "balanced"])

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1] / "orkpack"
 # bottom to top; a module belongs to the first layer one of whose prefixes is the module or a package holding it
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("orkpack", "orkpack.errors", "orkpack.layout", "orkpack.globs", "orkpack.files")),
-    ("format", ("orkpack.archs", "orkpack.pack", "orkpack.keepfloat")),
+    ("format", ("orkpack.archs", "orkpack.ggufkeys", "orkpack.pack", "orkpack.keepfloat")),
     ("sources", ("orkpack.sources",)),
     ("model", ("orkpack.model", "orkpack.synth")),
     ("codecs", ("orkpack.codecs", "orkpack._kernels")),

@@ -46,8 +46,12 @@ class DocModel:
 
     # ---------------------------------------------------------------- items and roles
     @staticmethod
-    def is_item(name: str, s: dict) -> bool:
-        if name.endswith((".bias", "_bias")) or ".ffn_gate_inp." in name or s["encoding"] == "raw":
+    def is_router(name: str) -> bool:
+        """Section 2: `*.ffn_gate_inp.*` or `*.ffn_gate_inp_*` (Qwen2-MoE's shared-expert gate too)."""
+        return ".ffn_gate_inp." in name or ".ffn_gate_inp_" in name
+
+    def is_item(self, name: str, s: dict) -> bool:
+        if name.endswith((".bias", "_bias")) or self.is_router(name) or s["encoding"] == "raw":
             return False  # biases, MoE routers (always float) and raw tensors are no items
         return s["expert"] is not None or len(s["shape"]) == 2
 
@@ -120,9 +124,9 @@ class DocModel:
     def int8(n, k):
         return n * k + 4 * n
 
-    def nf4(self, n, k):
-        """Section 2, "Bytes": host nf4 in the map's NF4 format (board "nf4_format"; b64 when absent)."""
-        fmt = self.b.get("nf4_format", "b64")
+    def nf4(self, n, k, fmt=None):
+        """Section 2, "Bytes": host nf4 in the map's NF4 format (board "nf4_format"; b64 when absent), or ``fmt``."""
+        fmt = fmt or self.b.get("nf4_format", "b64")
         if fmt == "b64":
             return math.ceil(n * k / 2) + 4 * math.ceil(n * k / 64)
         assert fmt == "dq32", fmt
@@ -133,13 +137,19 @@ class DocModel:
     def itemsize(enc):
         return {"f32": 4, "f16": 2, "bf16": 2}[enc]
 
-    def path_bytes(self, n, k, path):
+    @staticmethod
+    def copy_fmt(s):
+        """Section 2, "The NF4 format F": the host copy of an NPU slice stored 4-bit (encoding nf4, or an --nf4
+        pin) is nf4 (b64) whatever F; any other copy is in F (None: the map's)."""
+        return "b64" if s["encoding"] == "nf4" or "--nf4" in (s["pin"] or "") else None
+
+    def path_bytes(self, n, k, path, fmt=None):
         if path == "tiles":
             return self.tiles(n, k) * self.r["tile_read_factor"]
         if path == "int8":
             return self.int8(n, k)
         if path == "nf4":
-            return self.nf4(n, k)
+            return self.nf4(n, k, fmt)
         return n * k * self.itemsize(path)
 
     def rate(self, path):
@@ -156,10 +166,10 @@ class DocModel:
         return sum(min(p, w) if (layer in swa and w > 0) else p for layer in range(f["n_layers"])) * (row(f["kv_k"]) + row(f["kv_v"]))
 
     # ---------------------------------------------------------------- times
-    def t_cpu(self, n, k, m, path):
+    def t_cpu(self, n, k, m, path, fmt=None):
         if m <= 0:
             return 0.0
-        return max(2 * m * n * k / self.rate(path), self.path_bytes(n, k, path) / self.bw)
+        return max(2 * m * n * k / self.rate(path), self.path_bytes(n, k, path, fmt) / self.bw)
 
     def t_npu(self, n, k, m):
         if m <= 0:
@@ -171,8 +181,8 @@ class DocModel:
             t += 2 * m * pad(n, b["n_align"]) * kp / (base * min(1.0, (b["npu_k_ref"] / kp) ** r["npu_k_falloff"]))
         return t
 
-    def min_m(self, n, k, path):
-        key = (n, k, path)
+    def min_m(self, n, k, path, fmt=None):
+        key = (n, k, path, fmt)
         if key not in self._mm:
             out = NEVER
             if "npu" in self.engines:
@@ -181,9 +191,9 @@ class DocModel:
                 c = len(self.segs(k)) * self.r["submit_overhead_s"]
                 a = 2 * n * k / self.rate(path)
                 b = self.t_npu(n, k, 1) - c
-                floor_m = self.path_bytes(n, k, path) / self.bw / a
+                floor_m = self.path_bytes(n, k, path, fmt) / self.bw / a
                 limit = math.ceil(floor_m) + 2 + (math.ceil(c / (a - b)) + 2 if a > b else 0)
-                out = next((m for m in range(2, limit + 1) if self.t_npu(n, k, m) < self.t_cpu(n, k, m, path)), NEVER)
+                out = next((m for m in range(2, limit + 1) if self.t_npu(n, k, m) < self.t_cpu(n, k, m, path, fmt)), NEVER)
             self._mm[key] = out
         return self._mm[key]
 
@@ -255,9 +265,10 @@ class DocModel:
                 t += self.t_cpu(n, k, 1, enc)
             return t
         path = "nf4" if choice == "npu+nf4" else "tiles"
-        if m >= self.min_m(n, k, path):
+        fmt = self.copy_fmt(s) if choice == "npu+nf4" else None
+        if m >= self.min_m(n, k, path, fmt):
             return rn * self.t_npu(n, k, m)
-        return rc * self.t_cpu(n, k, m, path)
+        return rc * self.t_cpu(n, k, m, path, fmt)
 
     def dec_item(self, name, s, choice) -> float:
         n, k = s["shape"]
@@ -267,7 +278,7 @@ class DocModel:
             share = 1.0 / n + (1.0 if self.tied else 0.0)
         if self.r["decode_engine"] == "npu" and choice in ("npu", "npu+nf4"):  # the NPU reads its tiles
             return share * self.tiles(n, k) / self.npu_bw
-        nbytes = {"nf4": self.nf4(n, k), "npu+nf4": self.nf4(n, k), "int8": self.int8(n, k),
+        nbytes = {"nf4": self.nf4(n, k), "npu+nf4": self.nf4(n, k, self.copy_fmt(s)), "int8": self.int8(n, k),
                   "npu": self.tiles(n, k) * self.r["tile_read_factor"]}.get(choice)
         if nbytes is None:  # float: the source bytes
             nbytes = n * k * self.itemsize(s["encoding"])
@@ -298,7 +309,7 @@ class DocModel:
     def routers(self, r):
         """The MoE routers: non-item tensors whose matmul every token runs, float at their source bytes."""
         return sum(self.t_cpu(*s["shape"], r, s["encoding"]) for n, s in self.others
-                   if ".ffn_gate_inp." in n and len(s["shape"]) == 2)
+                   if self.is_router(n) and not n.endswith((".bias", "_bias")) and len(s["shape"]) == 2)
 
     def pre_const(self):
         return self.r["decode_token_s"] + self.attention(self.pm, self.pm / 2) + self.routers(self.pm)
@@ -361,12 +372,13 @@ def check(tm: dict, prof: dict | None) -> None:
         want_bytes = {"npu": d.npu_bytes(n, k), "npu+nf4": d.npu_bytes(n, k), "nf4": d.nf4(n, k),
                       "int8": d.int8(n, k)}.get(c)
         assert s["bytes"] == (want_bytes if want_bytes is not None else n * k * d.itemsize(s["encoding"])), where
+        fmt = d.copy_fmt(s) if c == "npu+nf4" else None
         if c == "npu+nf4":
-            assert s["host_copy_bytes"] == d.nf4(n, k), where
+            assert s["host_copy_bytes"] == d.nf4(n, k, fmt), where
         path = {"npu": "tiles", "npu+nf4": "nf4"}.get(c, "nf4")
-        assert s["min_m"] == d.min_m(n, k, path), where
+        assert s["min_m"] == d.min_m(n, k, path, fmt), where
         if c.startswith("npu"):  # saved against the host path it keeps
-            host_t = d.rhos(name, s)[0] * d.t_cpu(n, k, d.rows(name, s), path)
+            host_t = d.rhos(name, s)[0] * d.t_cpu(n, k, d.rows(name, s), path, fmt)
             want_ben = (host_t - d.pre_item(name, s, c)) * 1e6
             assert s["benefit_us"] == pytest.approx(round(want_ben, 3), rel=1e-9, abs=6e-4), where
         else:
@@ -462,6 +474,8 @@ CASES = [  # (model, options): dense, MoE, sliding window, MLA, tied/untied, f32
     (f"{FIX}/granitemoe.json", dict(ctx=4096, goal=Goal("quality"))),  # f32 source, tied head
     (f"{FIX}/deepseek_v2.json", dict(ctx=8192, goal=Goal("prefill"))),  # MLA
     (f"{FIX}/minicpm3.json", dict(ctx=8192, board="rk3588-16g")),  # MLA, tied
+    (f"{FIX}/qwen2_moe.json", dict(ctx=4096)),  # shared experts and their gate (a router: ffn_gate_inp_shexp)
+    (f"{FIX}/gpt_oss.json", dict(ctx=4096, goal=Goal("quality"))),  # router biases, attention sinks
     # the other runtime paths: no NPU (llama.cpp-cpu); NPU decode and a per-request cost (rkllm)
     ("tiermaps/configs/qwen2.5-7b/config.json", dict(ctx=8192, runtime="llama.cpp-cpu")),
     ("tiermaps/configs/qwen2.5-7b/config.json", dict(ctx=8192, runtime="rkllm", prompt=700)),
@@ -580,3 +594,203 @@ def test_a_map_planned_before_nf4_formats_reads_as_b64_and_predicts_the_same():
     old["board"]["nf4_format"] = "dq32"  # the same choices counted at dq32 read fewer bytes at decode
     pred32, said = predict_followed(TierMap.from_json(old), Path("tiermaps/configs/qwen2.5-7b/config.json"), path)
     assert said and pred32["decode_tok_s"] > pred["decode_tok_s"]
+
+
+# ---------------------------------------------------------------------------------- the pages' worked examples
+# Every number of the worked examples on docs/TIERMAP.md and docs/CLUSTER.md is read from the page and compared
+# with what the planner computes now, so an example cannot go stale (or be edited wrong) unnoticed.
+
+import re  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+QWEN3 = ROOT / "tiermaps/configs/qwen3-30b-a3b/config.json"
+ROUTING = ROOT / "tiermaps/profiles/qwen3-30b-a3b.routing-example.json"
+SKIP = object()  # "..." on the page: a value left out
+
+
+def _page(name: str) -> str:
+    return " ".join((ROOT / "docs" / name).read_text(encoding="utf-8").split())  # one space between words
+
+
+def _rounds_to(text: str, value: float) -> bool:
+    """The page's ``text`` is ``value`` rounded to the digits it shows (commas: thousands)."""
+    t = text.replace(",", "")
+    if "e" in t.lower():
+        mant = t.lower().split("e")[0]
+        dec = len(mant.split(".")[1]) if "." in mant else 0
+        return float(f"{value:.{dec}e}") == float(t)
+    dec = len(t.split(".")[1]) if "." in t else 0
+    return abs(float(t) - value) <= 0.5 * 10 ** -dec * (1 + 1e-9)
+
+
+def _grab(pattern: str, text: str) -> tuple[str, ...]:
+    m = re.search(pattern, text)
+    assert m is not None, f"the page no longer says {pattern!r}"
+    return m.groups()
+
+
+def _parse_abridged(text: str):
+    """The page's abridged JSON: JSON where ``...`` stands for left-out members or values and bare words or a
+    parenthesised remark may stand in an object (``{same keys}``, ``... (every hardware value: section 1)``)."""
+    toks = re.findall(r'"(?:[^"\\]|\\.)*"|-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|\.\.\.|\([^)]*\)|[{}\[\]:,]|[A-Za-z_]+', text)
+    pos = 0
+
+    def value():
+        nonlocal pos
+        t = toks[pos]
+        pos += 1
+        if t == "{":
+            out = {}
+            while toks[pos] != "}":
+                if toks[pos].startswith('"') and toks[pos + 1] == ":":
+                    key = json.loads(toks[pos])
+                    pos += 2
+                    out[key] = value()
+                else:  # ",", "...", a remark, bare words
+                    pos += 1
+            pos += 1
+            return out
+        if t == "[":
+            out = []
+            while toks[pos] != "]":
+                if toks[pos] == ",":
+                    pos += 1
+                else:
+                    out.append(value())
+            pos += 1
+            return out
+        if t == "...":
+            return SKIP
+        if t == '"..."':
+            return SKIP
+        return json.loads(t)
+
+    return value()
+
+
+def _compare(doc, real, where: str) -> int:
+    """Every value the page shows equals the map's at the same place; the count of values compared."""
+    if doc is SKIP:
+        return 0
+    if isinstance(doc, dict):
+        assert isinstance(real, dict), where
+        return sum(_compare(v, real.get(k, KeyError), f"{where}.{k}") for k, v in doc.items())
+    if isinstance(doc, list):
+        assert isinstance(real, list), where
+        if where.endswith(".tensors"):  # the page shows some tensors: find each by name
+            by = {t["name"]: t for t in real}
+            return sum(_compare(t, by.get(t["name"]), f"{where}[{t['name']}]") for t in doc)
+        assert len(doc) <= len(real), where
+        return sum(_compare(v, r, f"{where}[{i}]") for i, (v, r) in enumerate(zip(doc, real)))
+    assert doc == real and type(doc) is type(real) or (isinstance(doc, (int, float)) and doc == real), \
+        (where, doc, real)
+    return 1
+
+
+def _qwen3_plan(**kw) -> dict:
+    tm, _, _ = plan(QWEN3, board="rk3588-32g", ctx=8192, **kw)
+    return json.loads(json.dumps(tm.to_json()))
+
+
+def test_the_tier_map_example_on_the_page_is_the_planners():
+    """docs/TIERMAP.md section 5: the example map, value by value, is the plan of Qwen3-30B-A3B as the planner
+    makes it now (the page's ``...`` left aside)."""
+    text = (ROOT / "docs/TIERMAP.md").read_text(encoding="utf-8")
+    block = text.split("## 5. The tier map", 1)[1].split("```json", 1)[1].split("```", 1)[0]
+    doc = _parse_abridged(block)
+    real = _qwen3_plan()
+    assert _compare(doc, real, "map") >= 60
+
+
+def test_the_item_count_and_the_routing_examples_figures_on_the_page(monkeypatch):
+    """docs/TIERMAP.md section 4: the MoE's item count and variables; the routing example's groups, and the
+    counts the bound tightening fixes under --goal decode (instrumented: milp._tighten's bounds)."""
+    import numpy as np
+
+    from orkpack.tiers import milp
+
+    page = _page("TIERMAP.md")
+    real = _qwen3_plan()
+    (items,) = _grab(r"so an ([\d,]+)-item MoE with uniform routing is a few dozen variables", page)
+    assert int(items.replace(",", "")) == real["objective"]["items"] == real["model"]["items"]
+    assert real["objective"]["variables"] <= 36  # a few dozen
+    fixed = []
+    orig = milp._tighten
+
+    def spy(p, c, caps, cap, lower, upper, x):
+        got = orig(p, c, caps, cap, lower, upper, x)
+        fixed.append((len(lower), None if got is None else int(np.sum(got[0] == got[1]))))
+        return got
+
+    monkeypatch.setattr(milp, "_tighten", spy)
+    routed = _qwen3_plan(profile=ROUTING)
+    assert not fixed  # the balanced goal: each stage a program of its own, nothing to tighten
+    decode = _qwen3_plan(profile=ROUTING, goal=Goal("decode"))
+    groups = re.findall(r"routing example \((\d+) groups\)|(\d+) groups for the example below", page)
+    assert len(groups) == 2 and all(int(a or b) == routed["objective"]["groups"] == decode["objective"]["groups"]
+                                    for a, b in groups)
+    n, before_pre, before_q = _grab(r"the example's (\d+) counts with `--goal decode`: (\d+) fixed before its prefill "
+                                    r"stage, (\d+) before its quality stage", page)
+    assert int(n) == decode["objective"]["variables"]
+    assert fixed == [(int(n), int(before_pre)), (int(n), int(before_q))]
+
+
+def test_the_give_back_example_on_the_page():
+    """docs/TIERMAP.md section 4: OLMoE --goal decode keeps token_embd NF4 (the hair's worked example)."""
+    from orkpack.tiers import cost, solver
+
+    page = _page("TIERMAP.md")
+    more, i8, n4, allowed, part, whole = _grab(
+        r"int8 would read ([\d.e-]+) s/token more \(one row: ([\d,]+) int8 bytes against ([\d,]+) NF4 at dq32\), "
+        r"beyond the ([\d.e-]+) allowed \(1e-6 of the ([\d.]+) s item-dependent part; 1e-6 of the whole ([\d.]+) s",
+        page)
+    tm, _, (man, board, prof) = plan(f"{FIX}/olmoe.json", goal=Goal("decode"))
+    d = tm.get("token_embd.weight")
+    assert d.encoding == "nf4" and d.tier == "host"
+    n, k = d.shape
+    row8, row4 = cost.host_int8_bytes(n, k) / n, cost.host_nf4_bytes(n, k, "dq32") / n
+    assert _rounds_to(i8, row8) and _rounds_to(n4, row4)
+    assert _rounds_to(more, (row8 - row4) / board.decode_bandwidth)
+    md = solver._model(man, board, prof, solver._rows(man, board, {}), 512, "f16")
+    v = tm.objective["stages"][0]["value"]
+    assert _rounds_to(whole, v) and _rounds_to(part, v - md.dec_const) and _rounds_to(allowed, 1e-6 * (v - md.dec_const))
+    assert 1e-6 * (v - md.dec_const) < (row8 - row4) / board.decode_bandwidth < 1e-6 * v
+
+
+def test_the_cluster_pages_network_and_split_examples():
+    """docs/CLUSTER.md: net(1) and net(512) on 1gbe by the page's formula and the network file, and the
+    two-board Llama-3.1-70B figures of "Reproducing a plan's numbers" (at b64, as its section 5)."""
+    from orkpack.tiers import cluster, network
+
+    page = _page("CLUSTER.md")
+    net = network.load_network("1gbe")
+    rt, lat, hid, bw, net1 = _grab(r"On 1gbe: `net\(1\)` = (\d+) x ([\d.]+) ms \+ 2 x (\d+) x 4 / ([\d.e]+) = "
+                                   r"([\d.]+) ms per token", page)
+    assert (int(rt), float(lat) * 1e-3, float(bw)) == (net.round_trips_per_eval, net.latency_s, net.bandwidth_bytes_per_s)
+    assert int(hid) == 8192 and _rounds_to(net1, net.eval_s(1, 8192) * 1e3)
+    rt2, lat2, rows, hid2, bw2, fixed_ms, data_ms, net512 = _grab(
+        r"`net\(512\)` = (\d+) x ([\d.]+) ms \+ 2 x (\d+) x (\d+) x 4 / ([\d.e]+) = ([\d.]+) ms \+ ([\d.]+) ms = "
+        r"([\d.]+) s per chunk", page)
+    assert (rt2, lat2, hid2, bw2) == (rt, lat, hid, bw) and int(rows) == 512
+    assert _rounds_to(fixed_ms, net.round_trips_per_eval * net.latency_s * 1e3)
+    assert _rounds_to(data_ms, 2 * 512 * 8192 * 4 / net.bandwidth_bytes_per_s * 1e3)
+    assert _rounds_to(net512, net.eval_s(512, 8192))
+
+    p, _, _ = cluster.plan_cluster(ROOT / f"{FIX}/llama31_70b.json", "rk3588-32g,rk3588-32g", ctx=8192,
+                                   nf4_format="b64", baseline=False)
+    got = _grab(r"over 1gbe \(section 5, at b64: split (\d+),(\d+)\): decode ([\d.]+) \+ ([\d.]+) \+ ([\d.]+) = "
+                r"([\d.]+) s/token = ([\d.]+) tok/s; prefill ([\d.]+) \+ ([\d.]+) \+ ([\d.]+) = ([\d.]+) s per "
+                r"512-token chunk = ([\d.]+) tok/s", page)
+    a, b = int(got[0]), int(got[1])
+    assert p.ranges == [(0, a), (a, a + b)]
+    ph = [n["phase"] for n in p.nodes]
+    pr = p.prediction
+    want = [ph[0]["decode_s_per_token"], ph[1]["decode_s_per_token"], net.eval_s(1, 8192), pr["decode_s_per_token"],
+            pr["decode_tok_s"], ph[0]["prefill_s_per_chunk"], ph[1]["prefill_s_per_chunk"], net.eval_s(512, 8192),
+            pr["prefill_s_per_chunk"], pr["prefill_tok_s"]]
+    for text, value in zip(got[2:], want):
+        assert _rounds_to(text, value), (text, value)
+    share, net_s, total = _grab(r"and ([\d.]+) % of a prefill chunk \(([\d.]+) of (\d+) s\)", page)
+    assert _rounds_to(share, 100 * net.eval_s(512, 8192) / pr["prefill_s_per_chunk"])
+    assert _rounds_to(net_s, net.eval_s(512, 8192)) and _rounds_to(total, pr["prefill_s_per_chunk"])

@@ -11,9 +11,9 @@ from orkpack.tiers.command import plan
 from orkpack.tiers.tiermap import dumps
 
 
-def _map(tmp_path):
+def _map(tmp_path, **kw):
     model = synth.write_hf_model(tmp_path / "m")
-    tm, _, _ = plan(model)
+    tm, _, _ = plan(model, **kw)
     p = tmp_path / "map.json"
     p.write_text(dumps(tm))
     return model, p, json.loads(p.read_text())
@@ -23,6 +23,19 @@ def test_unedited_map_keeps_its_prediction(tmp_path):
     model, p, d = _map(tmp_path)
     r = build(model, tmp_path / "a.orkpack", BuildOptions(threads=1, tiermap=p))
     assert not any("predicted" in w for w in r.warnings)
+    with Pack.open(r.path) as pack:
+        assert pack.header["tiermap"]["prediction"] == d["prediction"]
+
+
+def test_unedited_map_with_nf4_stored_npu_slices_keeps_its_prediction(tmp_path):
+    """NPU slices of encoding nf4 (--nf4 pins) are stored 4-bit, each its own host copy in nf4 (b64): the
+    followed map's prediction counts them so (the copy's bytes at decode, their sensitivity in the KLD), as the
+    plan did."""
+    model, p, d = _map(tmp_path, pins={"nf4": ["blk.*"]})
+    npu = [s for t in d["tensors"] for s in t["slices"] if s["tier"] == "npu"]
+    assert any(s.get("host_copy") for s in npu) and all(s["encoding"] == "nf4" for s in npu)
+    r = build(model, tmp_path / "a.orkpack", BuildOptions(threads=1, tiermap=p))
+    assert not any("predicted" in w for w in r.warnings), r.warnings
     with Pack.open(r.path) as pack:
         assert pack.header["tiermap"]["prediction"] == d["prediction"]
 

@@ -185,3 +185,85 @@ def test_a_profiles_own_prefill_m_is_informative_and_a_difference_is_said(tmp_pa
     a = load_profile(p, man, BOARD, 512)
     assert a.prefill_m == 512 and any("prefill_m 64" in w and "--prefill-m 512" in w for w in a.warnings)
     assert not load_profile(p, man, BOARD, 64).warnings
+
+
+# ------------------------------------------------------------------ e. the host copy of an NPU slice stored 4-bit
+
+def _b64(n: int, k: int) -> int:
+    """docs/FORMAT.md 3: the nf4 encoding (b64) of an N x K slice."""
+    return -(-n * k // 2) + 4 * -(-n * k // 64)
+
+
+def test_the_copy_of_an_nf4_pinned_npu_slice_is_counted_at_b64():
+    """docs/TIERMAP.md section 2, "The NF4 format F": an NPU slice stored 4-bit (an --nf4 pin) is nf4 (b64) and
+    its own host copy, whatever the build's F, so the plan counts the copy at b64 (the build writes
+    14,155,776 bytes for a 3072 x 8192 ffn_down: at dq32 the plan said 13,381,636): in the slice's
+    host_copy_bytes, in budget.ram.host_copy_nf4, and in decode (the bytes the CPU reads)."""
+    man = manifest_from_config(llama_3_2_3b())
+    board = load_board("rk3588-16g")  # dq32
+    assert board.nf4_format == "dq32"
+    prof = load_profile(None, man, board, 512)
+    tm = solve(man, board, prof, ctx=8192, pins={"nf4": ["blk.*.ffn_*"]})
+    stored4 = [d for d in tm.decisions if d.tier == "npu" and d.encoding == "nf4" and d.host_copy]
+    assert len(stored4) > 20
+    down = next(d for d in stored4 if d.tensor.endswith("ffn_down.weight"))
+    assert tuple(down.shape) == (3072, 8192) and down.host_copy_bytes == 14_155_776 == _b64(3072, 8192)
+    for d in tm.decisions:
+        if d.host_copy:  # the others' copies are in the build's format (dq32)
+            want = _b64(*d.shape) if d.encoding == "nf4" else cost.host_nf4_bytes(*d.shape, "dq32")
+            assert d.host_copy_bytes == want, d
+    assert tm.budget["ram"]["host_copy_nf4"] == sum(d.host_copy_bytes for d in tm.decisions if d.tier == "npu")
+    # the same choices with the copies counted at dq32 would decode faster than the plan says it does
+    rows = _rows(man, board, match_pins(man, {"nf4": ["blk.*.ffn_*"]})[0])
+    md = _model(man, board, prof, rows, 512, "f16")
+    i = next(j for j, it in enumerate(man.items) if it.name == down.name)
+    c = md.allowed[i].index("npu+nf4")
+    assert md.dec[i][c] == pytest.approx(_b64(3072, 8192) / board.decode_bandwidth, rel=1e-12)
+    assert md.ram[i][c] == cost.npu_bytes(3072, 8192, board) + _b64(3072, 8192)
+
+
+@pytest.mark.parametrize("how", ["--nf4 pins", "--nf4 pins, b64", "--npu-storage nf4", "int8 storage",
+                                 "--npu-storage nf4, planned by the build"])
+def test_a_plans_host_copies_are_the_bytes_the_build_writes(tmp_path, how):
+    """What the map counts of every slice (NPU tiles aside: the NPU's int8 image) is what the pack stores: host
+    slices' bytes, each host copy's host_copy_bytes, and budget.ram's host_nf4 / host_int8 / host_copy_nf4."""
+    from orkpack import synth
+    from orkpack.build import BuildOptions, build
+    from orkpack.pack.reader import Pack
+    from orkpack.tiers.command import plan
+    from orkpack.tiers.tiermap import dumps
+
+    model = synth.write_hf_model(tmp_path / "m")
+    pins = {"npu": ["blk.*.ffn_*"]} if how == "int8 storage" else {"nf4": ["blk.*.ffn_*", "blk.0.attn_q.weight"]}
+    storage = "nf4" if how == "--npu-storage nf4" else "int8"
+    fmt = "b64" if how.endswith("b64") else None
+    goal = Goal("decode") if how == "int8 storage" else None  # decode-first: the --npu items keep a copy
+    tm, _, _ = plan(model, pins=pins, nf4_format=fmt, goal=goal, **({} if storage == "int8" else {"npu_storage": storage}))
+    f = tmp_path / "map.json"
+    f.write_text(dumps(tm))
+    opts = BuildOptions(threads=1, tiermap=f, npu_storage=storage)
+    if how == "--nf4 pins":  # the build's own plan (build --nf4 ...: pins, no map)
+        opts = BuildOptions(threads=1, **pins)
+    if how == "--npu-storage nf4, planned by the build":  # build --npu ... --npu-storage nf4 --goal decode: no map
+        opts = BuildOptions(threads=1, npu_storage="nf4", goal="decode", npu=["blk.*.ffn_*"])
+    out = build(model, tmp_path / "m.orkpack", opts).path
+    stored = {"host_nf4": 0, "host_int8": 0, "host_copy_nf4": 0}
+    copies = 0
+    with Pack.open(out) as pack:
+        m = pack.header["tiermap"]
+        by = {(t["name"], s["expert"]): s for t in m["tensors"] for s in t["slices"]}
+        for t, s in pack.slices():
+            d = by[(t["name"], s["expert"])]
+            size = sum(p["size"] for p in s["parts"].values())
+            if s["tier"] == "host" and d["encoding"] in ("nf4", "int8"):
+                assert size == d["bytes"], (t["name"], s["encoding"])
+                stored["host_" + d["encoding"]] += size
+            hc = s.get("host_copy")
+            if hc is not None:
+                copy = sum(p["size"] for p in hc["parts"].values())
+                assert copy == d["host_copy_bytes"], (t["name"], s["encoding"], hc["encoding"])
+                stored["host_copy_nf4"] += copy
+                copies += 1
+        for k, v in stored.items():
+            assert m["budget"]["ram"][k] == v, k
+    assert copies > 0  # the case has dual-resident slices

@@ -133,12 +133,13 @@ def sub_profile(prof: Profile, idx: list[int]) -> Profile:
 
 
 def node_phase(man: Manifest, board: Board, prof: Profile, choices: list[str], *, prompt: int, ctx: int,
-               kv_type: str) -> dict:
+               kv_type: str, rows: list | None = None) -> dict:
     """One node's part through the single-board cost model (solver._model / ttft_s): decode s/token at the
-    prompt's position, prefill s/chunk, TTFT s of its layers (what ``orkpack plan`` computes for a board)."""
-    rows = solver._rows(man, board, {})
+    prompt's position, prefill s/chunk, TTFT s of its layers (what ``orkpack plan`` computes for a board).
+    ``rows``: its items' solver rows (their pins: which NPU slices are stored 4-bit); default unpinned."""
+    rows = solver._rows(man, board, {}) if rows is None else rows
     md = solver._model(man, board, prof, rows, min(prompt, ctx), kv_type, allowed=[(c,) for c in choices])
-    ttft = solver.ttft_s(man, board, prof, choices, prompt)
+    ttft = solver.ttft_s(man, board, prof, choices, prompt, md.klass, rows)
     return solver._phase(md, [0] * len(choices), prof.prefill_m, ttft, prompt)
 
 
@@ -535,7 +536,8 @@ def _assemble(man, spec, ranges, pick, profs, tj, rows, *, ctx, kv_type, prompt,
         sp = sub_profile(profs[tj[j]], idx)
         ch = [pick[(j, i)] for i in idx]
         used = j == 0 or b > a
-        ph = node_phase(sub, boards[j], sp, ch, prompt=prompt, ctx=ctx, kv_type=kv_type) if used else None
+        ph = node_phase(sub, boards[j], sp, ch, prompt=prompt, ctx=ctx, kv_type=kv_type,
+                        rows=[rows[tj[j]][i] for i in idx]) if used else None
         subs.append((sub, idx))
         sprofs.append(sp)
         choices.append(ch)

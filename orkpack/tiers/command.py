@@ -45,15 +45,17 @@ def write_atomic(path: Path, text: str) -> None:
 def plan(model: Path, *, board: str = "rk3588-32g", profile: Path | None = None, ctx: int = 8192,
          kv_type: str = "f16", prefill_m: int = 512, pins: dict[str, list[str]] | None = None,
          ignore_unknown: bool = False, goal: Goal | None = None, prompt: int = 512,
-         runtime: str | None = None, nf4_format: str | None = None) -> tuple[TierMap, float, list]:
+         runtime: str | None = None, nf4_format: str | None = None,
+         npu_storage: str = "int8") -> tuple[TierMap, float, list]:
     """(tier map, solve seconds, [manifest, board, profile]) for the build and for ``plan_command``;
     ``runtime``: the runtime path the plan is for (default ggml-ork); ``nf4_format``: the NF4 format the
-    build writes host NF4 in, whose bytes the plan counts (dq32 or b64; default dq32)."""
+    build writes host NF4 in, whose bytes the plan counts (dq32 or b64; default dq32); ``npu_storage``: how
+    the build stores NPU slices (build --npu-storage: int8, or nf4, which makes a host copy nf4 b64)."""
     b = load_board(board, runtime, nf4_format)
     man = manifest_from_path(model)
     prof = load_profile(profile, man, b, prefill_m, ignore_unknown=ignore_unknown)
     t0 = time.perf_counter()
-    tm = solve(man, b, prof, ctx=ctx, kv_type=kv_type, pins=pins, goal=goal, prompt=prompt)
+    tm = solve(man, b, prof, ctx=ctx, kv_type=kv_type, pins=pins, goal=goal, prompt=prompt, npu_storage=npu_storage)
     return tm, time.perf_counter() - t0, [man, b, prof]
 
 
@@ -87,12 +89,14 @@ def predict_followed(tm: TierMap, model: Path, map_path: Path) -> tuple[dict, li
             warnings.append(f"tier map {label} was planned with profile {escape_name(prof_name)}, which is not "
                             "beside it: the pack's prediction uses the analytic profile")
     prof = load_profile(prof_path, man, board, int(o.get("prefill_m", 512)), ignore_unknown=True)
-    choices = []
+    choices, npu_nf4 = [], []
     for it in man.items:
         d = tm.get(it.tensor, it.expert)
         c = ("npu+nf4" if d.host_copy else "npu") if d.tier == "npu" else d.encoding
         choices.append(c if c in ("nf4", "int8", "npu", "npu+nf4") else "float")
-    now = evaluate(man, board, prof, choices, prompt=int(o.get("prompt", 512)), kv_type=str(o.get("kv_type", "f16")))
+        npu_nf4.append(d.tier == "npu" and d.encoding == "nf4")  # stored 4-bit: its own copy, nf4 (b64)
+    now = evaluate(man, board, prof, choices, prompt=int(o.get("prompt", 512)), kv_type=str(o.get("kv_type", "f16")),
+                   npu_nf4=npu_nf4)
     pred = dict(tm.prediction or {})
     old = {k: pred.get(k) for k in now}
     pred.update(now)

@@ -20,10 +20,14 @@ Decode, one token (M = 1): the bytes of the copy the CPU reads (decode_bytes: ho
   stored, an NPU-only item's int8 tiles x tile_read_factor) over the decode bandwidth (the board's
   CPU stream x the runtime path's fraction), plus a fixed per-token cost. A runtime path that decodes
   on the NPU (rkllm) reads an NPU item's tiles (unaligned bytes) at the NPU's stream x that fraction.
+An NPU slice's host NF4 copy is in the build's NF4 format, except when the slice is stored 4-bit (an --nf4
+  pin, build --npu-storage nf4): the slice is nf4 (b64) and its own copy. Its copy's costs are those of
+  ``nf4_board(board, COPY_OF_NF4_STORED)``: the board's cost model with host NF4 at b64.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from functools import lru_cache
 
 from ..pack import spec
@@ -31,6 +35,18 @@ from .board import Board
 
 MIN_M_FLOOR = 2  # M = 1 (decode) never goes to the NPU, whatever is resident
 MIN_M_NEVER = 1 << 30  # the NPU never wins for this shape
+
+
+# the NF4 format of the host copy of an NPU slice stored 4-bit: the slice itself, inflated at load, which the
+# build encodes nf4 (b64) whatever its --nf4-format (orkpack/build.py encode_slice; docs/FORMAT.md 8)
+COPY_OF_NF4_STORED = spec.NF4_B64
+
+
+@lru_cache(maxsize=64)
+def nf4_board(board: Board, fmt: str) -> Board:
+    """``board``'s cost model with host NF4 in format ``fmt`` (board.NF4_FORMATS): the model of a host NF4 copy
+    written in another format than the build's host NF4 slices (an NPU slice stored 4-bit: COPY_OF_NF4_STORED)."""
+    return board if board.nf4_format == fmt else replace(board, nf4_format=fmt)
 
 
 def _pad(x: int, a: int) -> int:
@@ -157,7 +173,8 @@ def npu_tile_bytes(n: int, k: int, board: Board) -> int:
 
 
 def decode_bytes(n: int, k: int, choice: str, board: Board) -> float:
-    """Bytes the CPU reads for one token of this item under ``choice`` (CHOICES)."""
+    """Bytes the CPU reads for one token of this item under ``choice`` (CHOICES); npu+nf4 reads the host copy in
+    ``board.nf4_format`` (an NPU slice stored 4-bit: pass ``nf4_board(board, COPY_OF_NF4_STORED)``)."""
     if choice in ("nf4", "npu+nf4"):
         return float(host_nf4_bytes(n, k, board.nf4_format))
     if choice == "int8":

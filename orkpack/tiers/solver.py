@@ -93,15 +93,30 @@ class _Row:
     forced_tier: str | None
     forced_enc: str | None  # int8 | nf4 | float
     pin: str | None
+    # the item's NPU slice is stored 4-bit (an --nf4 pin, or build --npu-storage nf4): nf4 (b64), inflated to
+    # int8 tiles at load, and its own host copy (orkpack/build.py encode_slice)
+    npu_nf4: bool = False
+    copy_fmt: str = ""  # the NF4 format of its host copy: b64 when npu_nf4, else the build's (board.nf4_format)
+    copy: int = 0  # the host copy's bytes (cost.host_nf4_bytes in copy_fmt)
 
 
-def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]]) -> list[_Row]:
+NPU_STORAGES = ("int8", "nf4")  # orkpack build --npu-storage: how NPU slices are stored
+
+
+def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]], npu_storage: str = "int8",
+          npu_nf4: list[bool] | None = None) -> list[_Row]:
+    """One row per item: its sizes, pins and NPU storage. ``npu_storage`` "nf4" (build --npu-storage nf4)
+    stores every NPU slice 4-bit, as an --nf4 pin stores its items'; ``npu_nf4`` (per item) says instead
+    which NPU slices are stored 4-bit (what a followed tier map's NPU encodings say)."""
+    if npu_storage not in NPU_STORAGES:
+        raise OrkError(f"--npu-storage {escape_name(str(npu_storage))!r}: choose {' or '.join(NPU_STORAGES)}")
     rows = []
     has_npu = "npu" in board.engines and board.iova_usable_bytes > 0
-    memo: dict[tuple, _Row] = {}  # items alike in shape, role and pins share one (read-only) row
+    memo: dict[tuple, _Row] = {}  # items alike in shape, role, pins and NPU storage share one (read-only) row
     for i, it in enumerate(manifest.items):
         ks = pins.get(i)
-        key = (it.n, it.k, it.dtype, it.role, None if ks is None else frozenset(ks))
+        stored = None if npu_nf4 is None else bool(npu_nf4[i])
+        key = (it.n, it.k, it.dtype, it.role, None if ks is None else frozenset(ks), stored)
         r = memo.get(key)
         if r is not None:
             rows.append(r)
@@ -114,8 +129,12 @@ def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]]) -> list[_
         pin = ",".join(f"--{k}" for k in PIN_KINDS if k in ks) or None
         if forced_tier == "npu" and not has_npu:
             raise OrkError(f"{escape_name(it.name)}: pinned --npu but board {board.name} has no NPU")
+        if stored is None:
+            stored = forced_enc == "nf4" or npu_storage == "nf4"
+        fmt = cost.COPY_OF_NF4_STORED if stored else board.nf4_format
         r = memo[key] = _Row(cost.npu_bytes(it.n, it.k, board), cost.host_int8_bytes(it.n, it.k),
-                             cost.host_nf4_bytes(it.n, it.k, board.nf4_format), it.float_bytes, eligible, forced_tier, forced_enc, pin)
+                             cost.host_nf4_bytes(it.n, it.k, board.nf4_format), it.float_bytes, eligible, forced_tier,
+                             forced_enc, pin, stored, fmt, cost.host_nf4_bytes(it.n, it.k, fmt))
         rows.append(r)
     return rows
 
@@ -261,13 +280,14 @@ def _rho(it: Item, m: float, t4: float, tn: float, board: Board) -> tuple[float,
     return (t4 / model4 if model4 > 0 else 1.0), (tn / modeln if modeln > 0 else 1.0)
 
 
-def _pre(it: Item, c: str, m: float, rho: tuple[float, float], head: bool, board: Board) -> float:
+def _pre(it: Item, c: str, m: float, rho: tuple[float, float], head: bool, board: Board,
+         copy_fmt: str | None = None) -> float:
     """Seconds one item adds to a prefill chunk in which it sees ``m`` rows, under choice ``c``.
 
     Host paths: the profile-scaled host time of the encoding (a float item at its source bytes). NPU
-    choices run on the NPU when m >= min_m of the host path they keep (NF4 copy, or int8 from the
-    tiles), else on the CPU by that path. A tied embedding (``head``) also pays the output head: one
-    row times the whole matrix, on the CPU, in the encoding it is stored in.
+    choices run on the NPU when m >= min_m of the host path they keep (NF4 copy, in ``copy_fmt``, default
+    the board's; or int8 from the tiles), else on the CPU by that path. A tied embedding (``head``) also pays
+    the output head: one row times the whole matrix, on the CPU, in the encoding it is stored in.
     """
     n, k = it.n, it.k
     if c in ("nf4", "int8", "tiles", "float"):  # a host path ("tiles": an NPU-only item below its min_m)
@@ -275,6 +295,8 @@ def _pre(it: Item, c: str, m: float, rho: tuple[float, float], head: bool, board
         t = rho[0] * cost.t_cpu(n, k, m, board, enc)
         return t + cost.t_cpu(n, k, 1, board, enc) if head else t
     host = "nf4" if c == "npu+nf4" else "tiles"
+    if c == "npu+nf4" and copy_fmt:
+        board = cost.nf4_board(board, copy_fmt)
     if m >= cost.min_m(n, k, board, host):
         return rho[1] * cost.t_npu(n, k, m, board)
     return rho[0] * cost.t_cpu(n, k, m, board, host)
@@ -285,22 +307,23 @@ def _item_cost(it: Item, r: _Row, c: str, mi: float, rho: tuple[float, float], s
     """(RAM bytes, NPU bytes, decode s/token, prefill s/chunk, quality) of one item under choice ``c``.
 
     Quality: the item's sensitivity where the CPU decodes int8 (host int8, or an NPU-only item's
-    int8 tiles when not stored 4-bit by --nf4); 0 otherwise (NF4, float).
+    int8 tiles when not stored 4-bit); 0 otherwise (NF4, float). NPU + host NF4 copy: the copy's
+    bytes and format (``r.copy``, ``r.copy_fmt``: b64 when the NPU slice is stored 4-bit).
     """
-    pre = _pre(it, c, mi, rho, head, board)
+    pre = _pre(it, c, mi, rho, head, board, r.copy_fmt)
     if c == "float":
         return (float(r.fl), 0.0, share * r.fl / board.decode_bandwidth, pre, 0.0)
-    ram = {"nf4": r.n4, "int8": r.i8, "npu": r.npu, "npu+nf4": r.npu + r.n4}[c]
+    ram = {"nf4": r.n4, "int8": r.i8, "npu": r.npu, "npu+nf4": r.npu + r.copy}[c]
     npu = r.npu if c.startswith("npu") else 0
-    dec = share * cost.decode_s(it.n, it.k, c, board)
-    q = sens if c == "int8" or (c == "npu" and r.forced_enc != "nf4") else 0.0
+    dec = share * cost.decode_s(it.n, it.k, c, cost.nf4_board(board, r.copy_fmt) if c == "npu+nf4" else board)
+    q = sens if c == "int8" or (c == "npu" and not r.npu_nf4) else 0.0
     return (float(ram), float(npu), dec, pre, q)
 
 
 def _nf4_decoded(c: str, r: _Row) -> bool:
     """The CPU decodes this choice from NF4 (host NF4, an NPU item's NF4 copy, or the int8 image of an
     NPU item stored 4-bit): the item then adds its sensitivity to the predicted KLD (TIERMAP.md section 4)."""
-    return c in ("nf4", "npu+nf4") or (c == "npu" and r.forced_enc == "nf4")
+    return c in ("nf4", "npu+nf4") or (c == "npu" and r.npu_nf4)
 
 
 def _float_matmuls_s(manifest: Manifest, rows: float, board: Board) -> float:
@@ -345,15 +368,18 @@ def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row],
 
 
 def evaluate(manifest: Manifest, board: Board, profile: Profile, choices: list[str], *, prompt: int = 512,
-             kv_type: str = "f16") -> dict:
+             kv_type: str = "f16", npu_nf4: list[bool] | None = None) -> dict:
     """Predicted prefill tok/s, decode tok/s and TTFT of an assignment (one of CHOICES or "float" per item).
 
     No budget is checked: this is how a given configuration would run (e.g. llama.cpp with
     every weight Q8_0: choices all "int8"). Used for the baselines and docs/CALIBRATION.md.
+    ``npu_nf4`` (per item; default none): which NPU choices are stored 4-bit (a tier map's NPU slices of
+    encoding nf4): their host copy is nf4 (b64), and the CPU decodes an NPU-only one from NF4.
     """
-    rows = _rows(manifest, board, {})
+    rows = _rows(manifest, board, {}, npu_nf4=npu_nf4)
     md = _model(manifest, board, profile, rows, prompt, kv_type, allowed=[(c,) for c in choices])
-    return _phase(md, [0] * len(choices), profile.prefill_m, ttft_s(manifest, board, profile, choices, prompt), prompt)
+    return _phase(md, [0] * len(choices), profile.prefill_m,
+                  ttft_s(manifest, board, profile, choices, prompt, md.klass, rows), prompt)
 
 
 def _totals(md: _Model, pick: list[int]) -> tuple[float, float, float, float, float]:
@@ -371,17 +397,19 @@ def _baseline(md: _Model, enc: str) -> list[int]:
 
 
 def ttft_s(manifest: Manifest, board: Board, profile: Profile, choices: list[str], prompt: int,
-           klass: list[int] | None = None) -> float:
+           klass: list[int] | None = None, rows: list[_Row] | None = None) -> float:
     """Seconds to process a ``prompt``-token prompt in chunks of prefill_m (the first token's wait):
     each chunk as a prefill chunk, at its own rows (an item sees m_eff x rows / prefill_m) and positions.
-    ``klass`` (the solver's classes of alike items, optional) lets alike items be computed once."""
+    ``klass`` (the solver's classes of alike items, optional) lets alike items be computed once; ``rows``
+    (the items' _rows, optional: by default no NPU slice is stored 4-bit) give each host copy's NF4 format."""
     m = profile.prefill_m
     items = manifest.items
     tied = not any(it.role == "output" for it in items)
+    fmts = [None] * len(items) if rows is None else [r.copy_fmt for r in rows]
     if klass is None:
         keys = list(zip(((it.n, it.k, it.dtype, it.role) for it in items), profile.m_eff, profile.t_cpu,
-                        profile.t_npu, choices))
-    else:
+                        profile.t_npu, choices, fmts))
+    else:  # a class holds items of one row: one copy format
         keys = list(zip(klass, choices))
     first: dict[tuple, int] = {}
     for i, key in enumerate(keys):
@@ -398,7 +426,7 @@ def ttft_s(manifest: Manifest, board: Board, profile: Profile, choices: list[str
             rho = rhos.get(key)
             if rho is None:
                 rho = rhos[key] = _rho(it, profile.m_eff[i], profile.t_cpu[i], profile.t_npu[i], board)
-            per[key] = _pre(it, choices[i], profile.m_eff[i] * f, rho, tied and it.role == "embedding", board)
+            per[key] = _pre(it, choices[i], profile.m_eff[i] * f, rho, tied and it.role == "embedding", board, fmts[i])
         for key in keys:  # item by item, in order: the same sum as ever
             t += per[key]
         total += t
@@ -410,15 +438,16 @@ def _decision_fields(it: Item, r: _Row, c: str, profile: Profile, i: int, board:
     """(shape, encoding, tier, min_m, bytes, benefit_us, pin, host_copy, host_copy_bytes) of item ``i`` under choice ``c``."""
     shape = (it.n, it.k)
     if c.startswith("npu"):
-        enc = "nf4" if r.forced_enc == "nf4" else "int8"
+        enc = "nf4" if r.npu_nf4 else "int8"
         host = "nf4" if c == "npu+nf4" else "tiles"
+        hb = cost.nf4_board(board, r.copy_fmt) if c == "npu+nf4" else board  # the copy's format
         mi = profile.m_eff[i]
-        mm = cost.min_m(it.n, it.k, board, host)  # the router's threshold: against the host path it keeps
+        mm = cost.min_m(it.n, it.k, hb, host)  # the router's threshold: against the host path it keeps
         # benefit_us: what the NPU saves per chunk against that host path (0 below min_m)
         rho = _rho(it, mi, profile.t_cpu[i], profile.t_npu[i], board)
-        saved = _pre(it, host, mi, rho, False, board) - _pre(it, c, mi, rho, False, board)
+        saved = _pre(it, host, mi, rho, False, hb) - _pre(it, c, mi, rho, False, board, r.copy_fmt)
         dual = c == "npu+nf4"
-        return (shape, enc, "npu", mm, r.npu, saved * 1e6, r.pin, "nf4" if dual else None, r.n4 if dual else 0)
+        return (shape, enc, "npu", mm, r.npu, saved * 1e6, r.pin, "nf4" if dual else None, r.copy if dual else 0)
     if c == "float":
         enc, nb = _FLOAT_ENC.get(it.dtype, "f32"), r.fl
     elif c == "int8":
@@ -430,14 +459,15 @@ def _decision_fields(it: Item, r: _Row, c: str, profile: Profile, i: int, board:
 
 def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192, kv_type: str = "f16",
           pins: dict[str, list[str]] | None = None, goal: Goal | None = None, prompt: int = 512,
-          time_limit: float = milp.TIME_LIMIT) -> TierMap:
-    """The optimal tier map for ``manifest`` on ``board`` under ``goal`` (see the module docstring)."""
+          time_limit: float = milp.TIME_LIMIT, npu_storage: str = "int8") -> TierMap:
+    """The optimal tier map for ``manifest`` on ``board`` under ``goal`` (see the module docstring), for a build
+    that stores NPU slices as ``npu_storage`` says (build --npu-storage: int8, or nf4 as an --nf4 pin does)."""
     goal = goal or Goal()
     if not isinstance(prompt, int) or prompt < 1:
         raise OrkError(f"--prompt must be a positive number of tokens (got {prompt!r})")
     pinmap, pin_warn = match_pins(manifest, pins)
     items = manifest.items
-    rows = _rows(manifest, board, pinmap)
+    rows = _rows(manifest, board, pinmap, npu_storage)
     names = [it.name for it in items]
     kv = manifest.kv_bytes(ctx, kv_type)
     float_1d = sum(t.float_bytes for t in manifest.floats)
@@ -562,7 +592,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
                 "host_copy_nf4": host_w["host_copy_nf4"], "host_float": host_w["float"], "kv_cache": kv,
                 "reserve": board.reserve_bytes},
     }
-    prediction = _prediction(manifest, board, profile, md, idx, choice, prompt)
+    prediction = _prediction(manifest, board, profile, md, idx, choice, prompt, rows)
     options = {"ctx": ctx, "kv_type": kv_type, "prefill_m": m, "prompt": prompt, "profile": profile.source,
                "pins": {k: list((pins or {}).get(k) or []) for k in PIN_KINDS},
                "default_keep": list(DEFAULT_KEEP)}
@@ -599,14 +629,14 @@ def _phase(md: _Model, idx: list[int], prefill_m: int, ttft: float, prompt: int)
             "kld": round(kld, 6)}
 
 
-def _prediction(manifest, board, profile, md: _Model, idx, choice, prompt) -> dict:
+def _prediction(manifest, board, profile, md: _Model, idx, choice, prompt, rows) -> dict:
     m = profile.prefill_m
-    out = _phase(md, idx, m, ttft_s(manifest, board, profile, choice, prompt, md.klass), prompt)
+    out = _phase(md, idx, m, ttft_s(manifest, board, profile, choice, prompt, md.klass, rows), prompt)
     base = {}
     for enc in ("nf4", "int8"):
         bi = _baseline(md, enc)
         bc = [md.allowed[i][c] for i, c in enumerate(bi)]
-        base[f"cpu_{enc}"] = _phase(md, bi, m, ttft_s(manifest, board, profile, bc, prompt, md.klass), prompt)
+        base[f"cpu_{enc}"] = _phase(md, bi, m, ttft_s(manifest, board, profile, bc, prompt, md.klass, rows), prompt)
     out.update(prefill_m=m, prompt=prompt, baselines=base,
                model="cost model of the board (docs/TIERMAP.md; constants and their sources: the board TOML, "
                      "checked in docs/CALIBRATION.md); decode at the prompt's position, every item's CPU copy")
