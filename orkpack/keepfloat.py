@@ -6,6 +6,16 @@ one is overruled with a warning (``TierMapPlacement``). They are written in thei
 the host. Pins do not change them (``--int8``/``--nf4``/``--npu`` on them alone is a warning), the way
 llama.cpp's quantizer keeps these tensors whatever its per-tensor type overrides say.
 
+What is a matrix, a stack of expert matrices, or neither is this rule's too (:func:`is_expert_stack`): a
+2-D tensor is a matrix; a 3-D tensor is a stack of expert matrices (one slice per expert, each placed on
+its own) only when its canonical name is one, ``blk.N.ffn_{gate,up,down,gate_up}_exps.weight``: the name
+the readers give the experts an architecture declares (orkpack/archs.py: per-expert HF tensors stacked on
+read, gpt-oss's and granitemoe's stacked tensors renamed; tests/test_archs.py checks every entry), and the
+name a GGUF stores them under, so also the only sign of experts in an architecture orkpack has no entry
+for. Every other tensor stays float, whatever its rank: a 3-D tensor is not taken for experts for its
+rank alone (Qwen3.5's ``linear_attn.conv1d.weight`` [channels, 1, kernel] is a convolution kernel).
+The build, the planner, the tier-map check and the statistics ask these functions, never the rank.
+
 Non-float tensors (integers, bool, f64, c64) are a different matter: they are carried raw
 (``orkpack.build.placement.raw_decision``), before this rule is asked.
 """
@@ -13,34 +23,62 @@ from __future__ import annotations
 
 from . import globs
 from .errors import escape_name
+from .sources.names import is_stacked_experts
 
-# (what it is, canonical-name globs; None: by rank). A tensor stays float when any row matches.
+# convolution kernels, of any rank (llama.cpp's converter keeps them F32 and its quantizer never quantizes
+# them): Mamba's, Jamba's, Qwen3-Next's and Qwen3.5's ssm_conv1d (Kimi-Linear's ssm_conv1d_{q,k,v}), LFM2's
+# shortconv.conv, 2-D in a GGUF (the converter drops the 1-wide axis); under the Hugging Face names of an
+# architecture orkpack has no entry for (3-D [channels, 1, kernel]): mixer.conv1d / linear_attn.conv1d
+# (q_conv1d, ...) and LFM2's conv.conv. Weights only: a convolution's bias is a bias
+CONV_GLOBS: tuple[str, ...] = ("*conv1d.weight", "*ssm_conv1d_?.weight", "*shortconv.conv.weight", "*.conv.conv.weight")
+CONV = "a convolution kernel"
+ROUTER = "an MoE router"  # the planner still prices a router's matmul at prefill (tiers/solver.py)
+
+# (what it is, canonical-name globs; None: by rank). A tensor stays float when any row matches; the first
+# row that does says why.
 ALWAYS_FLOAT: tuple[tuple[str, tuple[str, ...] | None], ...] = (
+    (CONV, CONV_GLOBS),
     # norms, 1-D biases, gpt-oss's attention sinks (blk.N.attn_sinks), scalars, 4-D convolution kernels
-    # (SigLIP's patch embedding): not a matrix (2-D) or a stack of expert matrices (3-D)
-    ("not a matrix", None),
+    # (SigLIP's patch embedding), 3-D tensors not named as experts: not a matrix (2-D) or a stack of expert
+    # matrices (is_expert_stack)
+    ("not a matrix or a stack of expert matrices", None),
     # added, not multiplied, whatever the rank: gpt-oss's stacked expert biases [E, N]
     # (blk.N.ffn_gate_up_exps.bias, blk.N.ffn_down_exps.bias), DeepSeek-V3's exp_probs_b.bias
     ("a bias", ("*.bias", "*_bias")),
     # MoE routers (and Qwen2-MoE's shared-expert gate): tiny, and a quantized router can pick other
     # experts; llama.cpp never quantizes ffn_gate_inp either
-    ("an MoE router", ("*.ffn_gate_inp.*", "*.ffn_gate_inp_*")),
+    (ROUTER, ("*.ffn_gate_inp.*", "*.ffn_gate_inp_*")),
 )
-ROUTER = ALWAYS_FLOAT[2][0]  # the planner still prices a router's matmul at prefill (tiers/solver.py)
 
-# the globs recorded in a tier map's options ("default_keep"); tensors of rank other than 2 and 3 besides
-FLOAT_GLOBS: tuple[str, ...] = tuple(g for _, gl in ALWAYS_FLOAT if gl for g in gl)
+# the globs recorded in every tier map's options ("default_keep"); tensors that are not a matrix or a stack
+# of expert matrices besides. The convolution kernels' globs are recorded by the maps of models that have
+# one (:func:`recorded_globs`), so that the map of any other model reads as it did before they were a row
+FLOAT_GLOBS: tuple[str, ...] = tuple(g for what, gl in ALWAYS_FLOAT if gl and what != CONV for g in gl)
+
+
+def is_expert_stack(name: str, shape) -> bool:
+    """Whether the float tensor ``name`` (canonical) of ``shape`` is a stack of expert matrices [E, N, K],
+    placed and written as E slices of [N, K]: a 3-D tensor under an expert name (module docstring).
+    Any other 3-D tensor is not; it stays float (:func:`why_float`) and is written as one slice."""
+    return len(shape) == 3 and is_stacked_experts(name)
 
 
 def why_float(name: str, shape) -> str | None:
     """Why the float tensor ``name`` of ``shape`` always stays float (a row of ALWAYS_FLOAT), or None."""
     for what, gl in ALWAYS_FLOAT:
         if gl is None:
-            if len(shape) not in (2, 3):
+            if len(shape) != 2 and not is_expert_stack(name, shape):
                 return what
         elif any(globs.matches(name, g) for g in gl):
             return what
     return None
+
+
+def recorded_globs(names) -> tuple[str, ...]:
+    """The globs a tier map of the model with these tensor ``names`` records as its options' "default_keep":
+    FLOAT_GLOBS, and the convolution kernels' when a tensor is one."""
+    conv = any(globs.matches(n, g) for n in names for g in CONV_GLOBS)
+    return FLOAT_GLOBS + (CONV_GLOBS if conv else ())
 
 
 def stays_float(name: str, shape) -> bool:

@@ -13,8 +13,8 @@ ROOT = Path(__file__).resolve().parents[1] / "orkpack"
 # bottom to top; a module belongs to the first layer one of whose prefixes is the module or a package holding it
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("base", ("orkpack", "orkpack.errors", "orkpack.layout", "orkpack.globs", "orkpack.files")),
-    ("format", ("orkpack.archs", "orkpack.ggufkeys", "orkpack.pack", "orkpack.keepfloat")),
-    ("sources", ("orkpack.sources",)),
+    ("format", ("orkpack.archs", "orkpack.ggufkeys", "orkpack.pack")),
+    ("sources", ("orkpack.sources", "orkpack.keepfloat")),
     ("model", ("orkpack.model", "orkpack.synth")),
     ("codecs", ("orkpack.codecs", "orkpack._kernels")),
     ("stats", ("orkpack.stats",)),

@@ -569,7 +569,10 @@ static int validate(V *v, const cJSON *h) {
         int nsl = cJSON_GetArraySize(sl);
         const cJSON *s0 = sl->child;
         int raw = nsl > 0 && cJSON_IsObject(s0) && str_eq(j, get(j, s0, "encoding"), "raw");
-        int stacked = ndim == 3 && !raw;
+        /* one slice covering the tensor ("expert": null) whatever its rank; a 3-D tensor whose first slice
+           has an expert index is a stack of experts, one slice per expert */
+        const cJSON *ex0 = nsl > 0 ? get(j, s0, "expert") : NULL;
+        int stacked = ndim == 3 && !raw && !(ex0 && cJSON_IsNull(ex0));
         if (stacked) {
             if ((int64_t)nsl != dims[0]) return prob(v, 0, "%s: %d slices for %lld experts", name, nsl, (long long)dims[0]);
         } else if (nsl != 1) {

@@ -1,5 +1,5 @@
 """Encoding: each source tensor as read becomes writer slices. Smoothing applied to the tensor (its carriers and
-matrices as smoothed, float32), a 3-D float tensor split into its experts, each slice placed, an int8 slice clipped,
+matrices as smoothed, float32), a stack of expert matrices split into its experts, each slice placed, an int8 slice clipped,
 then encoded by its codec (int8 tiles for the NPU, the build's NF4, float or raw copies) into the writer's
 buffers. :class:`Transforms` holds what the activation statistics make of the slices (orkpack/transforms/).
 """
@@ -15,6 +15,7 @@ from ..codecs import get_codec
 from ..codecs.reference import nf4_to_npu_int8
 from ..errors import OrkError, SourceError, escape_name
 from ..files import hash_file
+from ..keepfloat import is_expert_stack
 from ..pack import spec
 from ..sources.base import TensorInfo, is_raw
 from ..stats import ActStats
@@ -99,8 +100,8 @@ def encode_tensor(info: TensorInfo, arr: np.ndarray, placed: Placed, tr: Transfo
     if tuple(arr.shape) != tuple(info.shape):
         raise SourceError(f"{escape_name(info.name)}: read shape {arr.shape} != header shape {info.shape}")
     arr = tr.tensor(info.name, arr)
-    # a 3-D float tensor is stacked experts (one slice each); a raw tensor is one slice
-    subs = list(enumerate(arr)) if arr.ndim == 3 and not is_raw(info.dtype) else [(None, arr)]
+    # a stack of expert matrices (keepfloat.is_expert_stack): one slice per expert; any other tensor: one
+    subs = list(enumerate(arr)) if is_expert_stack(info.name, info.shape) and not is_raw(info.dtype) else [(None, arr)]
     slices = []
     for e, sub in subs:
         dec = placed.placement.decide(info, e)

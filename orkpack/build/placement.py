@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .. import globs
 from ..errors import OrkError, escape_name
-from ..keepfloat import pin_warnings, stays_float
+from ..keepfloat import is_expert_stack, pin_warnings, stays_float
 from ..pack import spec
 from ..sources.base import RAW_DTYPES, TensorInfo, is_raw
 from ..tiers.board import check_nf4_format
@@ -61,12 +61,12 @@ class RulePlacement:
     """Precision and placement from rules alone (``--no-plan``).
 
     Precedence: --keep (stay float), --npu (int8 tiles on the NPU), --int8,
-    --nf4, then the defaults: what always stays float (orkpack/keepfloat.py: ranks other than 2 and 3, biases of any
-    rank, MoE routers; before every pin) stays float; the output head is int8
+    --nf4, then the defaults: what always stays float (orkpack/keepfloat.py: what is not a matrix or a stack of expert
+    matrices, biases of any rank, MoE routers, convolution kernels; before every pin) stays float; the output head is int8
     (it is the most quantization-sensitive matrix, which is why llama.cpp's
     quantizer keeps it at higher precision); the token embedding is NF4 (row
     lookups), or int8 when it doubles as the output head (tied); every other
-    2-D or 3-D weight is NF4. All non-NPU tensors live on the host (CPU/GPU).
+    matrix (every expert of a stack) is NF4. All non-NPU tensors live on the host (CPU/GPU).
     Before all of these: non-float tensors are carried raw (:func:`raw_decision`).
     """
 
@@ -245,7 +245,7 @@ def load_tiermap(path: Path, infos: list[TensorInfo]) -> tuple["TierMap", list[s
     for info in infos:
         if is_raw(info.dtype):  # carried raw whatever the map says (raw_decision)
             continue
-        stacked = len(info.shape) == 3
+        stacked = is_expert_stack(info.name, info.shape)
         want = tuple(info.shape[1:] if stacked else info.shape)
         for e in (range(info.shape[0]) if stacked else [None]):
             item = info.name if e is None else f"{info.name}[{e}]"

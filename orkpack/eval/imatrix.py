@@ -7,6 +7,7 @@ from typing import Callable
 
 from ..errors import escape_name
 from ..files import identity
+from ..keepfloat import is_expert_stack
 from ..model import forward
 from ..model.weights import SourceWeights
 from ..sources import open_source
@@ -53,7 +54,7 @@ def collect(source: Path, *, text: Path | None = None, tokens: Path | None = Non
             raise EvalError(f"{where}: {ids.size} tokens, fewer than one chunk of --ctx {ctx}; give a longer text or "
                             "a smaller --ctx")
         n = min(n, chunks) if chunks else n
-        experts = {t.name: t.shape[0] for t in src.tensors() if len(t.shape) == 3}
+        experts = {t.name: t.shape[0] for t in src.tensors() if is_expert_stack(t.name, t.shape)}
         acc: dict = {}
         per = hp.n_layers + -(-ctx // 128)
         with threadpool_limits(limits=threads or None, user_api="blas"):

@@ -356,9 +356,11 @@ def validate_header(h, p: Preamble) -> str | None:
         shape = t.get("shape")
         if not isinstance(shape, list) or len(shape) > spec.MAX_DIMS or not all(_is_int(d) and 0 <= d <= MAX_DIM for d in shape):
             return f"{name}: bad shape"
-        # a raw tensor (any rank, 0-D to 4-D) is one slice; other 3-D tensors are stacked experts
-        raw = bool(t["slices"]) and isinstance(t["slices"][0], dict) and t["slices"][0].get("encoding") == spec.ENC_RAW
-        stacked = len(shape) == 3 and not raw
+        # a tensor is one slice covering it ("expert": null), whatever its rank (a raw tensor always is); a 3-D
+        # tensor whose first slice has an expert index is a stack of experts, one slice per expert
+        first = t["slices"][0] if t["slices"] and isinstance(t["slices"][0], dict) else {}
+        raw = first.get("encoding") == spec.ENC_RAW
+        stacked = len(shape) == 3 and not raw and first.get("expert", "missing") is not None
         if stacked:
             if len(t["slices"]) != shape[0]:
                 return f"{name}: {len(t['slices'])} slices for {shape[0]} experts"

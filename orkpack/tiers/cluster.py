@@ -52,6 +52,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..errors import OrkError, escape_name
+from ..keepfloat import recorded_globs
 from . import cost, milp, solver
 from .board import Board, load_board
 from .llamacpp import commands, memory_proportional
@@ -613,7 +614,7 @@ def node_tiermap(plan: ClusterPlan, j: int):
     prediction = {**ph, "prefill_m": o["prefill_m"], "prompt": o["prompt"], "baselines": {},
                   "model": "this node's part by the board's cost model (docs/TIERMAP.md); the cluster's totals, "
                            "network included: options.cluster.prediction (docs/CLUSTER.md)"}
-    options = {**o, "profile": profs[t].source, "default_keep": list(solver.DEFAULT_KEEP),
+    options = {**o, "profile": profs[t].source, "default_keep": list(recorded_globs(x.name for x in sub.tensors)),
                "cluster": cluster_block(plan) | {"node": j, "layers": [a, b]}}
     objective = {"goal": plan.goal.to_json(), "order": [f"{s['metric']} ({s['sense']})" for s in plan.stages],
                  "stages": plan.stages, "status": "optimal" if all(s["status"] == "optimal" for s in plan.stages) else "gap",

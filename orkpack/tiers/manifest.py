@@ -10,9 +10,10 @@ No tensor data is read. Tensors are listed in natural name order, so the same
 model gives the same manifest from either path.
 
 An *item* is what the solver places: a 2-D tensor, or one expert slice of a
-stacked 3-D tensor. Its key is ``(tensor name, expert index or None)``; its
-display name is ``name`` or ``name[e]``. What always stays float on the host (tensors of
-other ranks, biases of any rank, MoE routers: orkpack/keepfloat.py) is never an item.
+stack of expert matrices (a 3-D tensor under an expert name, ``keepfloat.is_expert_stack``).
+Its key is ``(tensor name, expert index or None)``; its display name is ``name`` or
+``name[e]``. What always stays float on the host (tensors that are neither, biases of
+any rank, MoE routers, convolution kernels: orkpack/keepfloat.py) is never an item.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from ..sources import names as _names
 import numpy as np
 
 from .. import archs
-from ..keepfloat import stays_float
+from ..keepfloat import is_expert_stack, stays_float
 from ..pack import spec
 from ..sources.base import RAW_DTYPES, is_raw
 from ..sources.config import load_hf_config
@@ -140,14 +141,14 @@ class Manifest:
                 "tensors": len(self.tensors), "items": len(self.items)}
 
 
-def _role(name: str, ndim: int, facts: dict) -> str:
+def _role(name: str, shape: tuple[int, ...], facts: dict) -> str:
     if name == "token_embd.weight":
         return "embedding"
     if name == "output.weight":
         return "output"
     if name.startswith(VISION_PREFIXES):
         return "vision"  # runs once per image, not per prompt token
-    if ndim == 3 and _names.is_stacked_experts(name):
+    if is_expert_stack(name, shape):
         return "expert"
     return "matmul"
 
@@ -168,10 +169,11 @@ def _items(tensors: list[TensorEntry], facts: dict) -> tuple[list[Item], list[Te
         if t.dtype in NON_FLOAT_DTYPES or stays_float(t.name, t.shape):
             floats.append(t)  # integer buffers (raw); what the one float rule keeps (orkpack/keepfloat.py)
         elif len(t.shape) == 2:
-            items.append(Item(t.name, None, t.shape[0], t.shape[1], t.dtype, _role(t.name, 2, facts), _layer(t.name)))
-        elif len(t.shape) == 3:
+            items.append(Item(t.name, None, t.shape[0], t.shape[1], t.dtype, _role(t.name, t.shape, facts),
+                              _layer(t.name)))
+        elif is_expert_stack(t.name, t.shape):
             e_count, n, k = t.shape
-            role, layer = _role(t.name, 3, facts), _layer(t.name)
+            role, layer = _role(t.name, t.shape, facts), _layer(t.name)
             n_exp, n_used = int(facts.get("n_experts") or e_count), int(facts.get("n_experts_used") or 0)
             items.extend(Item(t.name, e, n, k, t.dtype, role, layer, n_exp, n_used) for e in range(e_count))
         else:

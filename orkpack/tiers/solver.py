@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import OrkError, escape_name
 from .. import globs
-from ..keepfloat import FLOAT_GLOBS, ROUTER, pin_warnings, why_float
+from ..keepfloat import FLOAT_GLOBS, ROUTER, pin_warnings, recorded_globs, why_float
 from ..sources import names as _names
 from . import cost, milp
 from .board import Board
@@ -37,7 +37,9 @@ from .profile import Profile
 from .tiermap import Decision, TierMap
 
 PIN_KINDS = ("npu", "cpu", "int8", "nf4", "keep")
-DEFAULT_KEEP = FLOAT_GLOBS  # what always stays float besides ranks other than 2, 3 (orkpack/keepfloat.py): never items
+# what always stays float besides tensors that are not a matrix or a stack of expert matrices (orkpack/keepfloat.py):
+# never items; a map records these, and the convolution kernels' globs when the model has one (recorded_globs)
+DEFAULT_KEEP = FLOAT_GLOBS
 _FLOAT_ENC = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 GiB = 1 << 30
 
@@ -595,7 +597,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
     prediction = _prediction(manifest, board, profile, md, idx, choice, prompt, rows)
     options = {"ctx": ctx, "kv_type": kv_type, "prefill_m": m, "prompt": prompt, "profile": profile.source,
                "pins": {k: list((pins or {}).get(k) or []) for k in PIN_KINDS},
-               "default_keep": list(DEFAULT_KEEP)}
+               "default_keep": list(recorded_globs(t.name for t in manifest.tensors))}
     model = {"source": manifest.source, "origin": manifest.origin, **manifest.facts,
              "tensors": len(manifest.tensors), "items": len(items), "assumptions": list(manifest.warnings)}
     tm = TierMap(decisions, model=model, board=board.to_json(), options=options, objective=objective,
