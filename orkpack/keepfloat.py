@@ -12,7 +12,12 @@ Non-float tensors (integers, bool, f64, c64) are a different matter: they are ca
 from __future__ import annotations
 
 from . import globs
+from .archs import FAMILIES
 from .errors import escape_name
+
+# convolution kernels the architecture entries declare (orkpack/archs.py ``Family.conv_kernels``: LFM2's
+# blk.N.shortconv.conv.weight, 2-D once squeezed as the converter lays it out, 3-D (H, 1, Lc) in the checkpoint)
+CONV_KERNELS: tuple[str, ...] = tuple(dict.fromkeys(g for f in FAMILIES.values() for g in f.conv_kernels))
 
 # (what it is, canonical-name globs; None: by rank). A tensor stays float when any row matches.
 ALWAYS_FLOAT: tuple[tuple[str, tuple[str, ...] | None], ...] = (
@@ -25,6 +30,9 @@ ALWAYS_FLOAT: tuple[tuple[str, tuple[str, ...] | None], ...] = (
     # MoE routers (and Qwen2-MoE's shared-expert gate): tiny, and a quantized router can pick other
     # experts; llama.cpp never quantizes ffn_gate_inp either
     ("an MoE router", ("*.ffn_gate_inp.*", "*.ffn_gate_inp_*")),
+    # a convolution's taps, declared by its family whatever its rank (never an expert stack): slid along time
+    # per channel, not a matmul; tiny, and llama.cpp's quantizer keeps shortconv.conv / ssm_conv1d float too
+    ("a convolution kernel", CONV_KERNELS),
 )
 ROUTER = ALWAYS_FLOAT[2][0]  # the planner still prices a router's matmul at prefill (tiers/solver.py)
 
