@@ -902,7 +902,7 @@ _EXPR = re.compile(r"\s*(\d+|[A-Za-z_]\w*|[-+*()])")
 
 
 def _eval(expr: Any, d: Mapping[str, int]) -> int:
-    """An int, or an expression of dims with + * and parentheses."""
+    """An int, or an expression of dims with + - * and parentheses."""
     if isinstance(expr, int):
         return expr
     toks = _EXPR.findall(expr)
@@ -929,9 +929,10 @@ def _eval(expr: Any, d: Mapping[str, int]) -> int:
     def add() -> int:
         nonlocal pos
         v = mul()
-        while pos < len(toks) and toks[pos] == "+":
+        while pos < len(toks) and toks[pos] in "+-":
+            sign = 1 if toks[pos] == "+" else -1
             pos += 1
-            v += mul()
+            v += sign * mul()
         return v
 
     return add()
