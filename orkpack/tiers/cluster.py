@@ -620,7 +620,7 @@ def node_tiermap(plan: ClusterPlan, j: int):
                  "stages": plan.stages, "status": "optimal" if all(s["status"] == "optimal" for s in plan.stages) else "gap",
                  "method": "joint layer split and tier maps across boards: one MILP per stage (HiGHS; docs/CLUSTER.md)",
                  "items": len(idx), "decode_slack": None, "prefill_slack": None}
-    model = {"source": man.source, "origin": man.origin, **man.facts, "tensors": len(sub.tensors), "items": len(idx),
+    model = {"source": man.source, "origin": man.origin, **man.recorded_facts(), "tensors": len(sub.tensors), "items": len(idx),
              "assumptions": list(man.warnings)}
     return TierMap(decisions, model=model, board=board.to_json(), options=options, objective=objective, budget=budget,
                    prediction=prediction)

@@ -138,6 +138,15 @@ class Manifest:
         positions = sum(min(ctx, win) if (i in swa and win) else ctx for i in range(f["n_layers"]) if i not in rec)
         return per * positions + 4 * int(f.get("state") or 0) * len(rec)
 
+    def recorded_facts(self) -> dict:
+        """The facts as a tier map records them: a hybrid's (``recurrent_layers``, ``state``) only for a hybrid,
+        so the maps of every other model read as before hybrids were known."""
+        f = dict(self.facts)
+        if not f.get("recurrent_layers") and not f.get("state"):
+            f.pop("recurrent_layers", None)
+            f.pop("state", None)
+        return f
+
     def summary(self) -> dict:
         return {"source": self.source, "origin": self.origin, **self.facts,
                 "tensors": len(self.tensors), "items": len(self.items)}
