@@ -538,7 +538,9 @@ def _lfm2_dims(cfg: Mapping, d: dict, where: str) -> dict:
             if isinstance(mult, bool) or not isinstance(mult, (int, float)) or not 0 < mult <= 64:
                 raise SourceError(f"{where}: 'block_ffn_dim_multiplier' = {escape_name(repr(mult), 40)} is not a "
                                   "positive number; fix the config")
-            multiple = _int(multiple, "block_multiple_of", where, cap=MAX_WIDTH) or 1
+            multiple = _int(multiple, "block_multiple_of", where, cap=MAX_WIDTH)
+            if multiple == 0:
+                raise SourceError(f"{where}: 'block_multiple_of' is 0; fix the config")
             ff = multiple * ((int(mult * ff) + multiple - 1) // multiple)
     lc = _int(get("conv_L_cache", 3), "conv_L_cache", where, cap=1024)
     if lc < 2:

@@ -219,6 +219,8 @@ def test_plan_command_runs_on_the_published_config():
     ({"layer_types": None, "full_attn_idxs": [1, 7]}, "'full_attn_idxs' names layer 7 but 'num_hidden_layers' is 4"),
     ({"layer_types": "conv"}, "'layer_types' must be a list"),
     ({"conv_L_cache": 1}, "'conv_L_cache' = 1"),
+    ({"block_multiple_of": 0}, "'block_multiple_of' is 0"),
+    ({"block_ffn_dim_multiplier": "x"}, "'block_ffn_dim_multiplier' = 'x'"),
 ])
 def test_a_contradictory_layer_pattern_is_one_line(over, key):
     cfg = {**synth.TINY["lfm2"], **over}
