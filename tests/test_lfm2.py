@@ -188,7 +188,7 @@ def test_plan_tiny_and_published_configs():
     assert all(keepfloat.why_float(t.name, t.shape) == "a convolution kernel" for t in convs)
     assert keepfloat.why_float("blk.0.shortconv.conv.weight", (64, 1, 3)) == "a convolution kernel"  # not experts
 
-    cfg = json.loads((FIXTURES / "lfm2-1.2b.json").read_text())
+    cfg = json.loads((FIXTURES / "lfm2.json").read_text())
     assert archs.param_count(cfg) == 1_170_340_608  # LiquidAI/LFM2-1.2B's published count
     m = manifest_from_config(cfg)
     f = m.facts
@@ -205,7 +205,7 @@ def test_plan_tiny_and_published_configs():
 def test_plan_command_runs_on_the_published_config():
     from orkpack.tiers.command import plan
 
-    tm, _, (man, _, _) = plan(FIXTURES / "lfm2-1.2b.json", ctx=4096)
+    tm, _, (man, _, _) = plan(FIXTURES / "lfm2.json", ctx=4096)
     quantized = {d.tensor for d in tm.decisions if d.encoding in ("int8", "nf4", "nf4dq")}
     assert quantized == {i.tensor for i in man.items} and len(quantized) == 93
     convs = [d for d in tm.decisions if ".shortconv.conv." in d.tensor]
