@@ -35,7 +35,10 @@ intermediate, heads, kv_heads, head_dim, vocab, n_experts, n_experts_used,
 moe_intermediate, tie_word_embeddings, and the KV cache layout the runtime
 (llama.cpp) allocates: attention (gqa, mla or unknown), kv_k and kv_v
 (elements per token and layer for K and V), swa_window and swa_layers (the
-layers whose cache holds only the last ``swa_window`` positions).
+layers whose cache holds only the last ``swa_window`` positions); and for hybrids (a family with
+``blocks``) recurrent_layers (the layers whose block keeps a fixed-size state per sequence instead of a KV
+cache: LFM2's short convolutions) and state (the float32 elements of that state per recurrent layer and
+sequence, llama.cpp's ``n_embd_r() + n_embd_s()``); [] and 0 for every other family.
 """
 from __future__ import annotations
 
@@ -52,7 +55,7 @@ from .errors import SourceError, escape_name
 FACT_KEYS = (
     "arch", "n_layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab",
     "n_experts", "n_experts_used", "moe_intermediate", "tie_word_embeddings",
-    "attention", "kv_k", "kv_v", "swa_window", "swa_layers",
+    "attention", "kv_k", "kv_v", "swa_window", "swa_layers", "recurrent_layers", "state",
 )
 
 # Sanity caps (a hostile config must not make a plan enumerate billions of items): far above any real model.
@@ -187,6 +190,26 @@ class Forward:
     gguf_permuted_qk: bool = False  # llama.cpp's converter permutes q/k rows: the GGUF rotates pairs
     refuse: tuple[tuple[str, str], ...] = ()  # (config key, what is missing) when that key is set and truthy
     smooth: tuple[Smooth, ...] = SMOOTH_GATED  # where activation smoothing may fold its scales
+    output_norm: str = "output_norm"  # the final norm's GGUF name (lfm2: token_embd_norm, applied after the layers)
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """A hybrid's layer pattern: each layer's block type, read from the config.
+
+    The block type of layer i is a template flag (``when="attn"``, ``when="shortconv"``) and names the
+    mixer the forward pass runs (orkpack.model.forward): ``attn`` is attention, every other block is
+    recurrent (no KV cache; a state of ``state`` float32 elements per sequence, whatever the context).
+    """
+    key: str  # the config key listing one type per layer (transformers' layer_types)
+    names: Mapping[str, str]  # config value -> block type ("conv" -> "shortconv", "full_attention" -> "attn")
+    indices: str = ""  # a config key listing the attention layers, read when ``key`` is absent (full_attn_idxs)
+    default: str = "attn"  # every layer's type when the config gives neither (Lfm2Config: all attention)
+    state: str = "0"  # float32 state elements per recurrent layer and sequence (an expression over the dims)
+    gguf_dims: tuple[tuple[str, str], ...] = ()  # (dim, GGUF key after "{arch}.") the state needs from a GGUF
+
+
+ATTN = "attn"  # the block type of an attention layer
 
 
 @dataclass(frozen=True)
@@ -208,6 +231,10 @@ class Family:
     head_stored_when_tied: bool = False  # the release stores lm_head.weight even with tied embeddings
     flags: Callable[[dict, dict], dict] | None = None  # extra model-level flags from (config, dims)
     forward: Forward | None = None  # the reference forward pass (orkpack.model); None: not evaluable yet
+    blocks: Blocks | None = None  # a hybrid's per-layer block types (None: every layer is attention)
+    more_dims: Callable[[Mapping, dict, str], dict] | None = None  # (config, dims, where) -> dims it adds/overrides
+    conv_kernels: tuple[str, ...] = ()  # canonical-name globs of convolution kernels (always float: keepfloat.py)
+    squeeze: tuple[tuple[str, int], ...] = ()  # (canonical glob, axis): a size-1 HF axis the converter drops
 
 
 # --------------------------------------------------------------------------------------- shared templates
@@ -490,6 +517,77 @@ _F = [
                         smooth=(SMOOTH_ATTN, SMOOTH_FFN))),  # down(act(up)): no linear carrier for down
 ]
 
+# ------------------------------------------------------------------------------------------------ hybrids
+
+def _lfm2_dims(cfg: Mapping, d: dict, where: str) -> dict:
+    """LFM2: the FFN width transformers' Lfm2MLP builds from block_ff_dim / intermediate_size (2/3 of it, times
+    block_ffn_dim_multiplier, rounded up to block_multiple_of, when block_auto_adjust_ff_dim), and the
+    short convolution's length ``Lc`` (conv_L_cache)."""
+    def get(key: str, default: Any) -> Any:
+        v = cfg.get(key)
+        return default if v is None else v
+
+    ff, auto = d["I"], get("block_auto_adjust_ff_dim", True)
+    mult, multiple = get("block_ffn_dim_multiplier", 1.0), get("block_multiple_of", 256)
+    if not isinstance(auto, bool):
+        raise SourceError(f"{where}: 'block_auto_adjust_ff_dim' = {escape_name(repr(auto), 40)} is not true or false; "
+                          "fix the config")
+    if auto:
+        ff = int(2 * ff / 3)
+        if mult is not None:  # transformers rounds only when a multiplier is set (llama.cpp's converter always)
+            if isinstance(mult, bool) or not isinstance(mult, (int, float)) or not 0 < mult <= 64:
+                raise SourceError(f"{where}: 'block_ffn_dim_multiplier' = {escape_name(repr(mult), 40)} is not a "
+                                  "positive number; fix the config")
+            multiple = _int(multiple, "block_multiple_of", where, cap=MAX_WIDTH)
+            if multiple == 0:
+                raise SourceError(f"{where}: 'block_multiple_of' is 0; fix the config")
+            ff = multiple * ((int(mult * ff) + multiple - 1) // multiple)
+    lc = _int(get("conv_L_cache", 3), "conv_L_cache", where, cap=1024)
+    if lc < 2:
+        raise SourceError(f"{where}: 'conv_L_cache' = {lc}: a short convolution needs at least 2 taps; fix the config")
+    if ff > MAX_WIDTH:
+        raise SourceError(f"{where}: the FFN width {ff} is beyond any real model (cap {MAX_WIDTH}); fix the config")
+    return {"I": ff, "Lc": lc}
+
+
+_LFM2_SHORTCONV = (
+    t(P + "conv.in_proj.weight", "3*H", "H", when="shortconv"),
+    t(P + "conv.in_proj.bias", "3*H", when="shortconv conv_bias"),
+    t(P + "conv.conv.weight", "H", 1, "Lc", when="shortconv"),  # depthwise Conv1d (H, 1, Lc); GGUF {Lc, H}
+    t(P + "conv.conv.bias", "H", when="shortconv conv_bias"),
+    t(P + "conv.out_proj.weight", "H", "H", when="shortconv"),
+    t(P + "conv.out_proj.bias", "H", when="shortconv conv_bias"),
+)
+_LFM2_ATTN = (
+    t(P + "self_attn.q_proj.weight", "nh*hd", "H", when="attn"), t(P + "self_attn.k_proj.weight", "nkv*hd", "H", when="attn"),
+    t(P + "self_attn.v_proj.weight", "nkv*hd", "H", when="attn"),
+    t(P + "self_attn.out_proj.weight", "H", "nh*hd", when="attn"),
+    t(P + "self_attn.q_layernorm.weight", "hd", when="attn"), t(P + "self_attn.k_layernorm.weight", "hd", when="attn"),
+)
+_LFM2_FFN = (
+    t(P + "operator_norm.weight", "H"), t(P + "ffn_norm.weight", "H"),
+    t(P + "feed_forward.w1.weight", "I", "H"), t(P + "feed_forward.w3.weight", "I", "H"),
+    t(P + "feed_forward.w2.weight", "H", "I"),
+)
+_F.append(
+    # LFM2 (Liquid AI): gated short-convolution layers and GQA layers (config layer_types, or full_attn_idxs), each
+    # with a SwiGLU FFN; the final norm is model.embedding_norm (GGUF token_embd_norm), applied after the last layer
+    Family("lfm2", "LFM2", _LFM2_FFN + _LFM2_ATTN + _LFM2_SHORTCONV,
+           _llama_top(norm="model.embedding_norm.weight"),
+           keys={"intermediate": ("block_ff_dim", "intermediate_size"), "n_layers": ("num_hidden_layers", "num_layers")},
+           defaults={"tie_word_embeddings": True, "intermediate_size": 12288, "num_key_value_heads": 8,
+                     "rope_theta": 1000000.0},
+           flags=lambda cfg, d: {"conv_bias": bool(cfg.get("conv_bias"))},
+           classes=("Lfm2ForCausalLM", "LFM2ForCausalLM"),
+           blocks=Blocks("layer_types", {"conv": "shortconv", "full_attention": ATTN}, indices="full_attn_idxs",
+                         state="H*(Lc-1)", gguf_dims=(("Lc", "shortconv.l_cache"),)),
+           more_dims=_lfm2_dims, conv_kernels=("blk.*.shortconv.conv.weight",),
+           squeeze=(("blk.*.shortconv.conv.weight", 1),),
+           forward=Forward(qk_norm="head", output_norm="token_embd_norm",
+                           smooth=(Smooth(("attn_q", "attn_k", "attn_v", "shortconv.in_proj"), norm="attn_norm"),
+                                   SMOOTH_FFN, SMOOTH_DOWN))),
+)
+
 FAMILIES: dict[str, Family] = {f.name: f for f in _F}
 _BY_MODEL_TYPE: dict[str, Family] = {mt: f for f in _F for mt in (f.name, *f.model_types)}
 SUPPORTED = tuple(sorted(_BY_MODEL_TYPE))
@@ -552,7 +650,7 @@ def _text_config(cfg: Mapping, fam: Family, where: str) -> Mapping:
 
 # keys the entries read as true/false, as lists of layer numbers, as names
 BOOL_KEYS = ("attention_bias", "mlp_bias", "bias", "add_qkv_bias", "use_bias", "multi_query_attention",
-             "tie_word_embeddings")
+             "tie_word_embeddings", "conv_bias")
 LAYER_LIST_KEYS = ("mlp_only_layers",)
 STR_KEYS = ("topk_method",)
 
@@ -670,7 +768,70 @@ def _dims(cfg: Mapping, fam: Family, where: str) -> dict:
         raise SourceError(f"{where}: 'tie_word_embeddings' = {escape_name(repr(tied), 40)} is not true or false; "
                           "fix the config")
     d["tied"] = tied
+    if fam.more_dims is not None:
+        d.update(fam.more_dims(tc, d, where))
     return d
+
+
+def layer_blocks(cfg: Mapping[str, Any], where: str = "config.json") -> list[str]:
+    """Each layer's block type (:class:`Blocks`; ``attn`` for every layer of a family without ``blocks``),
+    checked against the layer count (SourceError: one line naming the key)."""
+    fam = config_family(cfg)
+    if fam is None:
+        raise SourceError(f"{where}: model_type {escape_name(repr(cfg.get('model_type')), 60)} is not a known "
+                          "architecture")
+    return _layer_blocks(fam, cfg, _dims(cfg, fam, where), where)
+
+
+def _layer_blocks(fam: Family, cfg: Mapping, d: dict, where: str) -> list[str]:
+    L, b = d["L"], fam.blocks
+    if b is None:
+        return [ATTN] * L
+    tc = _text_config(cfg, fam, where)
+    nl = _lookup(tc, fam, "n_layers")[0]
+    known = ", ".join(repr(x) for x in b.names)
+    lt = tc.get(b.key)
+    if lt is not None:
+        if not isinstance(lt, list) or len(lt) > CAPS["n_layers"] or not all(isinstance(x, str) for x in lt):
+            raise SourceError(f"{where}: '{b.key}' must be a list of layer types ({known}); fix the config")
+        if len(lt) != L:
+            raise SourceError(f"{where}: '{b.key}' lists {len(lt)} layers but '{nl}' is {L}; fix the config")
+        for i, x in enumerate(lt):
+            if x not in b.names:
+                raise SourceError(f"{where}: '{b.key}'[{i}] = {escape_name(repr(x), 40)} is not a layer type "
+                                  f"orkpack knows ({known}); fix the config")
+        return [b.names[x] for x in lt]
+    idx = tc.get(b.indices) if b.indices else None
+    if idx is not None:
+        if not (isinstance(idx, list) and len(idx) <= CAPS["n_layers"] and
+                all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in idx)):
+            raise SourceError(f"{where}: '{b.indices}' must be a list of layer numbers; fix the config")
+        if idx and max(idx) >= L:
+            raise SourceError(f"{where}: '{b.indices}' names layer {max(idx)} but '{nl}' is {L}; fix the config")
+        other = next(v for v in b.names.values() if v != ATTN)
+        return [ATTN if i in set(idx) else other for i in range(L)]
+    return [b.default] * L
+
+
+def recurrent_block(fam: Family) -> str | None:
+    """The block type of a hybrid's recurrent layers (what a GGUF's layers without KV heads run)."""
+    if fam.blocks is None:
+        return None
+    return next((v for v in fam.blocks.names.values() if v != ATTN), None)
+
+
+def converter_shape(arch: str | None, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A checkpoint tensor's shape as llama.cpp's converter lays it out (numpy order): the size-1 axes a family
+    declares (``squeeze``: LFM2's depthwise conv kernel (H, 1, Lc) -> (H, Lc)) dropped; else ``shape``."""
+    fam = FAMILIES.get(arch) if arch else None
+    if fam is None or not fam.squeeze:
+        return tuple(shape)
+    from .globs import matches
+
+    for glob, axis in fam.squeeze:
+        if matches(name, glob) and len(shape) > axis and shape[axis] == 1:
+            return tuple(shape[:axis]) + tuple(shape[axis + 1:])
+    return tuple(shape)
 
 
 def _moe_layer(fam: Family, d: dict, cfg: Mapping, i: int) -> bool:
@@ -724,6 +885,7 @@ def facts_from_config(cfg: Mapping[str, Any], where: str = "config.json") -> dic
 
 def _facts(fam: Family, cfg: Mapping, d: dict, where: str) -> dict:
     k, v = _kv(fam, d)
+    rec = [i for i, b in enumerate(_layer_blocks(fam, cfg, d, where)) if b != ATTN]
     return {
         "arch": fam.name, "n_layers": d["L"], "hidden": d["H"], "intermediate": d["I"], "heads": d["nh"],
         "kv_heads": d["nkv"] if fam.attention != "mla" else 1, "head_dim": d["hd"], "vocab": d["V"],
@@ -732,6 +894,7 @@ def _facts(fam: Family, cfg: Mapping, d: dict, where: str) -> dict:
         "moe_intermediate": d["Im"] if d["E"] else 0, "tie_word_embeddings": d["tied"] and not fam.head_stored_when_tied,
         "attention": fam.attention, "kv_k": k, "kv_v": v,
         "swa_window": d["window"] if fam.swa else 0, "swa_layers": _swa_layers(fam, d, cfg, where),
+        "recurrent_layers": rec, "state": _eval(fam.blocks.state, d) if rec else 0,
     }
 
 
@@ -741,7 +904,7 @@ _EXPR = re.compile(r"\s*(\d+|[A-Za-z_]\w*|[-+*()])")
 
 
 def _eval(expr: Any, d: Mapping[str, int]) -> int:
-    """An int, or an expression of dims with + * and parentheses."""
+    """An int, or an expression of dims with + - * and parentheses."""
     if isinstance(expr, int):
         return expr
     toks = _EXPR.findall(expr)
@@ -768,9 +931,10 @@ def _eval(expr: Any, d: Mapping[str, int]) -> int:
     def add() -> int:
         nonlocal pos
         v = mul()
-        while pos < len(toks) and toks[pos] == "+":
+        while pos < len(toks) and toks[pos] in "+-":
+            sign = 1 if toks[pos] == "+" else -1
             pos += 1
-            v += mul()
+            v += sign * mul()
         return v
 
     return add()
@@ -809,9 +973,12 @@ def hf_tensors(cfg: Mapping[str, Any], where: str = "config.json") -> tuple[dict
     for tpl in fam.top:
         emit(tpl, base, None)
     layer_tpls = [x for x in fam.layer if not x.name.startswith(_SIGLIP)]
+    blocks = _layer_blocks(fam, cfg, d, where)
+    kinds = {ATTN, *fam.blocks.names.values()} if fam.blocks else {ATTN}
     for i in range(d["L"] + d["n_nextn"]):
         moe = _moe_layer(fam, d, cfg, i)
-        flags = dict(base, moe=moe, dense=not moe, nextn=i >= d["L"])
+        blk = blocks[i] if i < len(blocks) else ATTN
+        flags = dict(base, moe=moe, dense=not moe, nextn=i >= d["L"], **{k: k == blk for k in kinds})
         for tpl in layer_tpls:
             emit(tpl, flags, i)
     if base["vision"]:
@@ -935,12 +1102,24 @@ def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
         swa = [i for i in range(L) if p and (i + 1) % p != 0]
     else:
         swa = list(range(L))
+    rec: list[int] = []
+    state = 0
+    if fam.blocks is not None:  # a hybrid: the layers without KV heads are recurrent (llama.cpp's is_recr)
+        per = kv.get(f"{garch}.attention.head_count_kv")
+        if isinstance(per, (list, tuple)):
+            if len(per) != L:
+                raise SourceError(f"{where}: GGUF key '{escape_name(str(garch))}.attention.head_count_kv' lists "
+                                  f"{len(per)} layers but block_count is {L}; the file is damaged")
+            rec = [i for i, n in enumerate(per) if int(n) == 0]
+        if rec:
+            sd = {"H": H, **{dim: num(key) for dim, key in fam.blocks.gguf_dims}}
+            state = _eval(fam.blocks.state, sd)
     return {
         "arch": fam.name, "n_layers": L, "hidden": H, "intermediate": ff, "heads": nh, "kv_heads": nkv_f,
         "head_dim": hd, "vocab": vocab, "n_experts": E, "n_experts_used": used if E else 0,
         "moe_intermediate": moe if E else 0, "tie_word_embeddings": "output.weight" not in shapes,
         "attention": fam.attention, "kv_k": k_dim, "kv_v": v_dim, "swa_window": window if swa else 0,
-        "swa_layers": swa,
+        "swa_layers": swa, "recurrent_layers": rec, "state": state,
     }
 
 
@@ -983,6 +1162,7 @@ def generic_facts(cfg: Mapping[str, Any] | None, names: list[str], where: str) -
         "kv_heads": nkv, "head_dim": hd, "vocab": opt("vocab_size"), "n_experts": 0, "n_experts_used": 0,
         "moe_intermediate": 0, "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "attention": "gqa" if kk else "unknown", "kv_k": kk, "kv_v": kk, "swa_window": 0, "swa_layers": [],
+        "recurrent_layers": [], "state": 0,
     }, warnings
 
 

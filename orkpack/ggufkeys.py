@@ -62,7 +62,8 @@ BLOCK_COUNT = Key("block_count", "uint32", ("num_hidden_layers", "n_layer", "num
 HEAD_COUNT = Key("attention.head_count", "uint32", ("num_attention_heads", "n_head", "num_heads"))
 HEAD_COUNT_KV = Key("attention.head_count_kv", "uint32", ("num_key_value_heads", "n_head_kv", "multi_query_group_num"))
 ROPE_FREQ_BASE = Key("rope.freq_base", "float32", ("rope_theta", "rotary_emb_base"), default=10000.0)
-RMS_EPS = Key("attention.layer_norm_rms_epsilon", "float32", ("rms_norm_eps",), default=1e-6)
+RMS_EPS = Key("attention.layer_norm_rms_epsilon", "float32", ("rms_norm_eps",),
+              family=_fam((("lfm2",), ("norm_eps",))), default=1e-6)
 # starcoder2's own norm_epsilon: tried again after the common spellings (one of them too)
 LAYER_NORM_EPS = Key("attention.layer_norm_epsilon", "float32",
                      ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"),
@@ -100,8 +101,13 @@ EXPERT_SHARED_COUNT = Key("expert_shared_count", "uint32", family=_fam((_DEEPSEE
 EXPERT_WEIGHTS_SCALE = Key("expert_weights_scale", "float32", family=_fam((_DEEPSEEK, ("routed_scaling_factor",))),
                            default=1.0)
 EXPERT_WEIGHTS_NORM = Key("expert_weights_norm", "bool", family=_fam((_DEEPSEEK, ("norm_topk_prob",))), default=False)
+SHORTCONV_L_CACHE = Key("shortconv.l_cache", "uint32", family=_fam((("lfm2",), ("conv_L_cache",))))
 NEXTN_PREDICT_LAYERS = Key("nextn_predict_layers", "uint32",
                            family=_fam((("deepseek_v3",), ("num_nextn_predict_layers",))))
+
+# ---------------------------------------------------------------------------- per layer (modelkv, for a hybrid: a family
+# with archs ``blocks``): head_count_kv as one count per layer, 0 for the recurrent layers (llama.cpp's is_recr)
+HEAD_COUNT_KV_PER_LAYER = "array[int32]"
 
 # ---------------------------------------------------------------------------- derived (modelkv: head dim x partial
 # rotary factor, MLA: qk_rope_head_dim; a reader's default: the head dim)

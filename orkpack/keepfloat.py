@@ -22,6 +22,7 @@ Non-float tensors (integers, bool, f64, c64) are a different matter: they are ca
 from __future__ import annotations
 
 from . import globs
+from .archs import FAMILIES
 from .errors import escape_name
 from .sources.names import is_stacked_experts
 
@@ -30,7 +31,11 @@ from .sources.names import is_stacked_experts
 # shortconv.conv, 2-D in a GGUF (the converter drops the 1-wide axis); under the Hugging Face names of an
 # architecture orkpack has no entry for (3-D [channels, 1, kernel]): mixer.conv1d / linear_attn.conv1d
 # (q_conv1d, ...) and LFM2's conv.conv. Weights only: a convolution's bias is a bias
-CONV_GLOBS: tuple[str, ...] = ("*conv1d.weight", "*ssm_conv1d_?.weight", "*shortconv.conv.weight", "*.conv.conv.weight")
+# and the kernels the architecture entries declare (orkpack/archs.py ``Family.conv_kernels``: LFM2's
+# blk.N.shortconv.conv.weight, 2-D once squeezed as the converter lays it out, 3-D (H, 1, Lc) in the checkpoint)
+CONV_KERNELS: tuple[str, ...] = tuple(dict.fromkeys(g for f in FAMILIES.values() for g in f.conv_kernels))
+CONV_GLOBS: tuple[str, ...] = tuple(dict.fromkeys(("*conv1d.weight", "*ssm_conv1d_?.weight", "*shortconv.conv.weight",
+                                                  "*.conv.conv.weight") + CONV_KERNELS))
 CONV = "a convolution kernel"
 ROUTER = "an MoE router"  # the planner still prices a router's matmul at prefill (tiers/solver.py)
 

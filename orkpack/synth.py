@@ -128,6 +128,13 @@ TINY: dict[str, dict] = {
     "smollm3": _tiny("smollm3", "SmolLM3ForCausalLM", no_rope_layers=[1, 0], tie_word_embeddings=True),
     "starcoder2": _tiny("starcoder2", "Starcoder2ForCausalLM", use_bias=True, sliding_window=4096,
                         norm_epsilon=1e-5, tie_word_embeddings=True),
+    # a hybrid: short-convolution and attention layers (4, to mix them); the FFN width auto-adjusted (144 -> 96)
+    "lfm2": {"architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "hidden_size": 64, "intermediate_size": 144,
+             "block_auto_adjust_ff_dim": True, "block_ffn_dim_multiplier": 1.0, "block_multiple_of": 32,
+             "num_hidden_layers": 4, "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 4096,
+             "norm_eps": 1e-5, "conv_L_cache": 3, "conv_bias": False, "tie_word_embeddings": True,
+             "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "torch_dtype": "bfloat16"},
 }
 
 
@@ -395,7 +402,14 @@ def _gguf_header(w, cfg: dict, f: dict, name: str, extra: dict | None = None) ->
     w.add_embedding_length(f["hidden"])
     w.add_feed_forward_length(f["intermediate"])
     w.add_head_count(f["heads"])
-    w.add_head_count_kv(f["kv_heads"])
+    rec = set(f.get("recurrent_layers") or ())
+    if rec:  # a hybrid: per-layer KV heads, 0 for the recurrent layers (llama.cpp's is_recr), and the state's sizes
+        w.add_head_count_kv([0 if i in rec else f["kv_heads"] for i in range(f["n_layers"])])
+        d = archs.dims(cfg)
+        for dim, key in archs.FAMILIES[f["arch"]].blocks.gguf_dims:
+            w.add_uint32(f"{w.arch}.{key}", int(d[dim]))
+    else:
+        w.add_head_count_kv(f["kv_heads"])
     w.add_key_length(f["head_dim"])
     w.add_layer_norm_rms_eps(float(extra.pop("attention.layer_norm_rms_epsilon", 1e-6)))
     w.add_rope_freq_base(float(extra.pop("rope.freq_base", 10000.0)))

@@ -45,7 +45,8 @@ def test_config_lists_exactly_the_checkpoint_tensors(fixtures, fam):
     assert [i.key for i in from_cfg.items] == [i.key for i in from_hdr.items]
     # every decoder tensor got a GGUF-style name (only a vision tower keeps its HF names)
     left = [t.name for t in from_hdr.tensors if not (t.name.startswith("blk.") or t.name in
-            ("token_embd.weight", "output.weight", "output_norm.weight", "output_norm.bias"))]
+            ("token_embd.weight", "token_embd_norm.weight", "output.weight", "output_norm.weight",
+                 "output_norm.bias"))]
     assert all(n.startswith(("vision_tower.", "multi_modal_projector.")) for n in left), left
     # parameters: the logical (dequantized) elements of every tensor
     assert sum(t.numel for t in from_hdr.tensors) == archs.param_count(cfg)

@@ -241,7 +241,7 @@ def test_act_float_leaves_npu_activations_unquantized(model, tmp):
                                atol=1e-6)
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "gemma2", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "gemma2", "deepseek_v3", "lfm2"])
 def test_families_hf_gguf_and_alone_agree(tmp, family):
     """Stacked experts (one slice each), gemma's stored norm offset, MLA: the same eval from an HF folder, from
     a llama.cpp-layout GGUF of the same weights, and from the pack alone."""

@@ -95,6 +95,11 @@ CASES: dict[str, dict] = {
                         n_shared_experts=1, num_experts_per_tok=2, moe_intermediate_size=32,
                         first_k_dense_replace=1, routed_scaling_factor=2.5, n_group=4, topk_group=2,
                         norm_topk_prob=True),
+    # a hybrid: short-convolution layers (with conv_bias: every bias of the block) and GQA layers
+    "lfm2": dict(base=False, hidden_size=64, intermediate_size=144, block_multiple_of=32, num_hidden_layers=4,
+                 layer_types=["conv", "full_attention", "conv", "conv"], num_attention_heads=4, num_key_value_heads=2,
+                 vocab_size=160, max_position_embeddings=256, norm_eps=1e-5, conv_L_cache=3, conv_bias=True,
+                 tie_word_embeddings=True),
     "deepseek_v3_yarn": dict(model_type="deepseek_v3", num_hidden_layers=2, q_lora_rank=24, kv_lora_rank=32,
                              qk_nope_head_dim=16, qk_rope_head_dim=8, head_dim=8, num_key_value_heads=4,
                              v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,

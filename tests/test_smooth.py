@@ -33,7 +33,7 @@ from orkpack.runtime.verify import verify_pack
 from orkpack.sources import open_source
 from orkpack.sources.base import as_float32
 
-FAMILIES = ["llama", "qwen2", "gemma", "phi3", "starcoder2", "qwen2_moe", "deepseek_v2", "chatglm"]
+FAMILIES = ["llama", "qwen2", "gemma", "phi3", "starcoder2", "qwen2_moe", "deepseek_v2", "chatglm", "lfm2"]
 
 
 def _model(tmp: Path, family: str, **kw) -> Path:

@@ -21,6 +21,7 @@ from ..errors import SourceError, escape_name
 from ..sources import open_source
 from . import hparams as _hp
 from .hparams import Hparams, NotEvaluable, Rope
+from .shortconv import shortconv
 from .weights import SourceWeights, Weights
 
 _Q_BLOCK = 256  # queries per attention block
@@ -283,10 +284,17 @@ def _ffn(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     return out
 
 
+# the mixer of each block type (orkpack/archs.py Blocks; Hparams.blocks): attention, or a hybrid's recurrent block
+_MIXERS: dict[str, Callable[[int, np.ndarray, Hparams, Weights], np.ndarray]] = {
+    "attn": lambda i, x, hp, w: _attention(i, x, hp, w),
+    "shortconv": shortconv,
+}
+
+
 def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     p = f"blk.{i}."
     sandwich = hp.fwd.block == "sandwich"
-    a = _attention(i, _norm(x, w, p + "attn_norm", hp), hp, w)
+    a = _MIXERS[hp.blocks[i] if hp.blocks else "attn"](i, _norm(x, w, p + "attn_norm", hp), hp, w)
     if sandwich:
         a = _norm(a, w, p + "post_attention_norm", hp)
     x = x + a * np.float32(hp.residual_scale)
@@ -332,7 +340,7 @@ def run(source, tokens, *, weights: Weights | None = None, hp: Hparams | None = 
         w.release()
         if progress:
             progress(i + 1, total)
-    x = _norm(x, w, "output_norm", hp)
+    x = _norm(x, w, hp.fwd.output_norm, hp)
     head = "output.weight" if w.has("output.weight") else "token_embd.weight"
     out = None if on_logits else np.empty((T, hp.vocab), dtype=np.float32)
     for t0 in range(0, T, chunk):

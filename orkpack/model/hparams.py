@@ -37,7 +37,7 @@ class NotEvaluable(SourceError):
 
 
 # the config keys of the norm epsilon (one value, whichever norm the family has)
-_EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "layer_norm_epsilon", "layernorm_epsilon")
+_EPS_KEYS = ("rms_norm_eps", "layer_norm_eps", "norm_epsilon", "layer_norm_epsilon", "layernorm_epsilon", "norm_eps")
 # Forward.embed_scale / residual_scale / attn_scale / logit_scale -> the llama.cpp key holding the applied value
 _GGUF_SCALE = {"embed": G.EMBEDDING_SCALE, "residual": G.RESIDUAL_SCALE, "attn": G.ATTENTION_SCALE,
                "logit": G.LOGIT_SCALE}
@@ -91,6 +91,7 @@ class Hparams:
     n_group: int = 1
     topk_group: int = 1
     mla: dict = field(default_factory=dict)  # q_lora_rank, kv_lora_rank, nope, rope, v_head_dim
+    blocks: tuple[str, ...] = ()  # a hybrid's block type per layer (archs.Blocks: "attn", "shortconv"); (): all attn
 
 
 def _num(v: Any, what: str, where: str) -> float:
@@ -286,6 +287,7 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
         n_group=int(get("n_group", 1)) if groups else 1, topk_group=int(get("topk_group", 1)) if groups else 1,
         mla={"q_lora_rank": d["qlr"], "kv_lora_rank": d["kvlr"], "nope": d["nope"], "rope": d["rope"],
              "v_head_dim": d["vhd"]} if mla else {},
+        blocks=tuple(archs.layer_blocks(cfg, where)) if fam.blocks is not None else (),
     )
 
 
@@ -386,7 +388,16 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
         n_group=n_group, topk_group=int(get(G.EXPERT_GROUP_USED_COUNT)) if n_group > 1 else 1,
         mla={"q_lora_rank": int(get(G.Q_LORA_RANK)), "kv_lora_rank": int(get(G.KV_LORA_RANK)),
              "nope": hd - rot, "rope": rot, "v_head_dim": int(get(G.VALUE_LENGTH, hd))} if mla else {},
+        blocks=_gguf_blocks(fam, facts),
     )
+
+
+def _gguf_blocks(fam: archs.Family, facts: Mapping[str, Any]) -> tuple[str, ...]:
+    """A hybrid GGUF's block type per layer: its recurrent layers (no KV heads) run the family's recurrent block."""
+    if fam.blocks is None:
+        return ()
+    rec = set(facts.get("recurrent_layers") or ())
+    return tuple(archs.recurrent_block(fam) if i in rec else archs.ATTN for i in range(facts["n_layers"]))
 
 
 def to_gguf(hp: Hparams) -> dict[str, Any]:

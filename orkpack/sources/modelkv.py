@@ -121,6 +121,33 @@ def _hparams(cfg: Mapping, fam_name: str | None, garch: str, kv: list, warn: Cal
         rot = int(hd * frac) if _valid("float32", frac) and 0 < frac <= 1 else hd
         kv.append([G.ROPE_DIMENSION_COUNT.at(garch), G.ROPE_DIMENSION_COUNT.type, rot])
     _rope_scaling(c, garch, kv, warn)
+    if fam is not None and (fam.blocks is not None or fam.more_dims is not None):
+        _derived(cfg, fam, garch, kv)
+
+
+def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
+    """What the converter writes from the family's own arithmetic (archs): the FFN width the entry derives
+    (``more_dims``: LFM2's auto-adjusted width), and a hybrid's per-layer KV heads, 0 for recurrent layers."""
+    from .. import archs
+
+    try:
+        d = archs.dims(cfg)
+        blocks = archs.layer_blocks(cfg)
+    except SourceError:
+        return  # a config the plan refuses in one line elsewhere; the record keeps the plain keys
+
+    def put(key: G.Key, typ: str, v: Any) -> None:
+        name = key.at(garch)
+        for e in kv:
+            if e[0] == name:
+                e[1], e[2] = typ, v
+                return
+        kv.append([name, typ, v])
+
+    if fam.more_dims is not None:
+        put(G.FEED_FORWARD_LENGTH, G.FEED_FORWARD_LENGTH.type, d["I"])
+    if fam.blocks is not None:
+        put(G.HEAD_COUNT_KV, G.HEAD_COUNT_KV_PER_LAYER, [d["nkv"] if b == archs.ATTN else 0 for b in blocks])
 
 
 def _rope_scaling(c: Mapping, garch: str, kv: list, warn: Callable[[str], None]) -> None:

@@ -251,7 +251,8 @@ class SafetensorsSource(FileSource):
                 layer, e, proj = ex
                 groups.setdefault((layer, proj), {})[e] = r
                 continue
-            self._add(canonical_name(t, name_arch, n_layers), t, dtype, tuple(shape), [_Part(fi, off, nb)])
+            cname = canonical_name(t, name_arch, n_layers)  # the shape as the converter lays it out (squeezed)
+            self._add(cname, t, dtype, archs.converter_shape(name_arch, cname, tuple(shape)), [_Part(fi, off, nb)])
         for (layer, proj), experts in groups.items():
             name = f"blk.{layer}.ffn_{proj}_exps.weight"
             first = experts[min(experts)]

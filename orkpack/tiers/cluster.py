@@ -112,9 +112,10 @@ def parse_cluster(boards: str, network: str | None = None, runtime: str | None =
 # ------------------------------------------------------------------------------------------------ the model parts
 
 def _shim_facts(facts: dict, layers: list[int]) -> dict:
-    """The model facts of a model made of ``layers`` only (sliding-window layers renumbered)."""
-    swa = set(facts.get("swa_layers") or ())
-    return {**facts, "n_layers": len(layers), "swa_layers": [j for j, l in enumerate(layers) if l in swa]}
+    """The model facts of a model made of ``layers`` only (sliding-window and recurrent layers renumbered)."""
+    swa, rec = set(facts.get("swa_layers") or ()), set(facts.get("recurrent_layers") or ())
+    return {**facts, "n_layers": len(layers), "swa_layers": [j for j, l in enumerate(layers) if l in swa],
+            "recurrent_layers": [j for j, l in enumerate(layers) if l in rec]}
 
 
 def sub_manifest(man: Manifest, layers: list[int], client: bool) -> tuple[Manifest, list[int]]:
@@ -620,7 +621,7 @@ def node_tiermap(plan: ClusterPlan, j: int):
                  "stages": plan.stages, "status": "optimal" if all(s["status"] == "optimal" for s in plan.stages) else "gap",
                  "method": "joint layer split and tier maps across boards: one MILP per stage (HiGHS; docs/CLUSTER.md)",
                  "items": len(idx), "decode_slack": None, "prefill_slack": None}
-    model = {"source": man.source, "origin": man.origin, **man.facts, "tensors": len(sub.tensors), "items": len(idx),
+    model = {"source": man.source, "origin": man.origin, **man.recorded_facts(), "tensors": len(sub.tensors), "items": len(idx),
              "assumptions": list(man.warnings)}
     return TierMap(decisions, model=model, board=board.to_json(), options=options, objective=objective, budget=budget,
                    prediction=prediction)

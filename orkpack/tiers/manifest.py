@@ -117,7 +117,9 @@ class Manifest:
 
         Per layer and position: ``kv_k`` + ``kv_v`` elements (GQA/MQA: kv_heads x head_dim
         each; MLA: the compressed latent kv_lora_rank + qk_rope_head_dim, no separate V).
-        Sliding-window layers (``swa_layers``) hold at most ``swa_window`` positions.
+        Sliding-window layers (``swa_layers``) hold at most ``swa_window`` positions. A hybrid's recurrent
+        layers (``recurrent_layers``: LFM2's short convolutions) hold no KV cache but a state of ``state``
+        float32 elements for the sequence, whatever ``ctx`` (llama.cpp keeps recurrent state in f32).
         f16: 2 bytes an element; q8_0: blocks of 32 elements in 34 bytes (fp16 scale + 32 int8),
         each of K and V padded to whole blocks.
         """
@@ -133,8 +135,18 @@ class Manifest:
         per = row(f["kv_k"]) + row(f["kv_v"])
         swa = set(f.get("swa_layers") or ())
         win = f.get("swa_window") or 0
-        positions = sum(min(ctx, win) if (i in swa and win) else ctx for i in range(f["n_layers"]))
-        return per * positions
+        rec = set(f.get("recurrent_layers") or ())
+        positions = sum(min(ctx, win) if (i in swa and win) else ctx for i in range(f["n_layers"]) if i not in rec)
+        return per * positions + 4 * int(f.get("state") or 0) * len(rec)
+
+    def recorded_facts(self) -> dict:
+        """The facts as a tier map records them: a hybrid's (``recurrent_layers``, ``state``) only for a hybrid,
+        so the maps of every other model read as before hybrids were known."""
+        f = dict(self.facts)
+        if not f.get("recurrent_layers") and not f.get("state"):
+            f.pop("recurrent_layers", None)
+            f.pop("state", None)
+        return f
 
     def summary(self) -> dict:
         return {"source": self.source, "origin": self.origin, **self.facts,
@@ -216,7 +228,8 @@ def manifest_from_config(cfg: dict, source: str = "config.json") -> Manifest:
         if sp is not None:
             stacked.setdefault(sp[0], {})[sp[1]] = (shape, hf_name)
         else:
-            tensors.append(TensorEntry(name, tuple(shape), archs.stored_dtype(cfg, hf_name, dtype)))
+            tensors.append(TensorEntry(name, archs.converter_shape(facts["arch"], name, tuple(shape)),
+                                       archs.stored_dtype(cfg, hf_name, dtype)))
     for name, per in stacked.items():
         shape, hf_name = per[0]
         tensors.append(TensorEntry(name, (len(per),) + tuple(shape), archs.stored_dtype(cfg, hf_name, dtype)))

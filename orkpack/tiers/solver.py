@@ -263,11 +263,13 @@ def _pinned_choices(r: _Row) -> tuple[str, ...]:
 
 def _attention_s(manifest: Manifest, rows: int, pos: float, board: Board) -> float:
     """Attention score and value products of ``rows`` tokens at average position ``pos``, on the CPU;
-    a sliding-window layer attends to at most its window."""
+    a sliding-window layer attends to at most its window; a hybrid's recurrent layers attend to nothing."""
     f = manifest.facts
     width = f.get("heads", 0) * f.get("head_dim", 0)
     swa, win = set(f.get("swa_layers") or ()), f.get("swa_window") or 0
-    span = sum(min(pos, win) if (layer in swa and win) else pos for layer in range(f.get("n_layers", 0)))
+    rec = set(f.get("recurrent_layers") or ())
+    span = sum(min(pos, win) if (layer in swa and win) else pos for layer in range(f.get("n_layers", 0))
+               if layer not in rec)
     return 4.0 * rows * span * width / board.cpu_float_ops_per_s
 
 
@@ -598,7 +600,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
     options = {"ctx": ctx, "kv_type": kv_type, "prefill_m": m, "prompt": prompt, "profile": profile.source,
                "pins": {k: list((pins or {}).get(k) or []) for k in PIN_KINDS},
                "default_keep": list(recorded_globs(t.name for t in manifest.tensors))}
-    model = {"source": manifest.source, "origin": manifest.origin, **manifest.facts,
+    model = {"source": manifest.source, "origin": manifest.origin, **manifest.recorded_facts(),
              "tensors": len(manifest.tensors), "items": len(items), "assumptions": list(manifest.warnings)}
     tm = TierMap(decisions, model=model, board=board.to_json(), options=options, objective=objective,
                  budget=budget, prediction=prediction)
