@@ -183,6 +183,10 @@ class Forward:
     logit_scale: str = ""  # "" | a config key the logits are divided by (granite logits_scaling) | dim_base (minicpm)
     router: str = "softmax"  # MoE gate scores: softmax | sigmoid (deepseek-v3 noaux_tc)
     router_norm: str = "config"  # always (mixtral, granitemoe) | config (norm_topk_prob, default false)
+    router_norm_gguf: str = "key"  # a GGUF's: key (expert_weights_norm) | always (lfm2_moe: the converter writes no
+    # expert_weights_norm and llama.cpp always normalises)
+    router_eps: float = 1e-20  # added to the chosen sigmoid weights' sum before normalising (transformers'
+    # deepseek-v3: 1e-20; lfm2_moe: 1e-6)
     router_groups: str = ""  # deepseek: experts chosen in the best topk_group of n_group groups, a group scored by its
     # max (v2, topk_method group_limited_greedy) | top2sum (v3: the sum of its two best bias-corrected scores)
     router_scale: bool = False  # deepseek: routed_scaling_factor multiplies the routed experts' sum
@@ -629,7 +633,8 @@ _F.append(
             classes=("Lfm2MoeForCausalLM",),
             renames=((r"^model\.layers\.(\d+)\.feed_forward\.expert_bias$", r"blk.\1.exp_probs_b.bias"),),
             more_dims=_lfm2_moe_dims,
-            forward=replace(_LFM2.forward, router="sigmoid", router_norm="config", router_scale=True)),
+            forward=replace(_LFM2.forward, router="sigmoid", router_norm="config", router_norm_gguf="always",
+                            router_eps=1e-6, router_scale=True)),
 )
 
 FAMILIES: dict[str, Family] = {f.name: f for f in _F}

@@ -128,3 +128,41 @@ def test_facts_from_the_folder_and_the_converters_gguf_agree(model):
     assert a == b
     assert a["arch"] == ARCH and a["recurrent_layers"] == [0, 2] and a["state"] == 64 * 2
     assert (a["n_experts"], a["n_experts_used"], a["moe_intermediate"], a["intermediate"]) == (4, 2, 32, 96)
+
+
+def test_logits_match_transformers_from_folder_and_converter_gguf(model):
+    from orkpack.model import logits
+
+    hf, gg, ids, ref = model
+    for path in (hf, gg):
+        ours = logits(path, ids)
+        err = float(np.abs(ours - ref).max())
+        assert err <= 1e-4 * float(np.abs(ref).max()), (path.name, err)
+
+
+def test_routing_is_transformers_sigmoid_with_expert_bias():
+    """The router as Lfm2MoeTopKRouter computes it: chosen on sigmoid + bias, weighted by the sigmoid alone,
+    normalised with 1e-6 in the sum; a bias that flips the choice changes the answer (so the test can fail)."""
+    from orkpack.model.forward import _route
+    from orkpack.model.hparams import from_config
+
+    hp = from_config(synth.TINY[ARCH])
+
+    class W:
+        def __init__(self, b):
+            self.b = b
+
+        def has(self, n):
+            return n.endswith("exp_probs_b.bias") and self.b is not None
+
+        def tensor(self, n):
+            return self.b
+
+    logits = np.array([[2.0, 1.0, 0.0, -1.0]], np.float32)
+    s = 1 / (1 + np.exp(-logits[0].astype(np.float64)))
+    idx, wts = _route(logits, "blk.1.", hp, W(None))
+    assert list(idx[0]) == [0, 1]
+    np.testing.assert_allclose(wts[0], s[[0, 1]] / (s[0] + s[1] + 1e-6), rtol=1e-6)
+    idx, wts = _route(logits, "blk.1.", hp, W(np.array([0, 0, 0, 5], np.float32)))
+    assert list(idx[0]) == [3, 0]
+    np.testing.assert_allclose(wts[0], s[[3, 0]] / (s[3] + s[0] + 1e-6), rtol=1e-6)
