@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -166,3 +167,47 @@ def test_routing_is_transformers_sigmoid_with_expert_bias():
     idx, wts = _route(logits, "blk.1.", hp, W(np.array([0, 0, 0, 5], np.float32)))
     assert list(idx[0]) == [3, 0]
     np.testing.assert_allclose(wts[0], s[[3, 0]] / (s[3] + s[0] + 1e-6), rtol=1e-6)
+
+
+def test_build_verify_eval(model, tmp_path):
+    hf, gg, _, _ = model
+    pack = tmp_path / "t.orkpack"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "orkpack", *a], capture_output=True, text=True,
+                                    timeout=600, env=dict(os.environ, PYTHONPATH=str(Path(archs.__file__).parent.parent)))
+    r = run("build", str(hf), "-o", str(pack), "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run("verify", str(pack))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    got = {}
+    for source in (hf, gg):
+        r = run("eval", str(source), str(pack), "--json")
+        assert r.returncode == 0, r.stderr[-2000:]
+        got[source] = {p["path"]: p for p in json.loads(r.stdout)["paths"]}
+    for path in ("reference", "prefill", "decode"):
+        assert got[hf][path]["ppl"] == pytest.approx(got[gg][path]["ppl"], rel=1e-6), path
+    for path in ("prefill", "decode"):
+        kld = got[hf][path]["kld"]
+        assert 0 <= kld["mean"] < 0.2, (path, kld)
+
+
+def test_plan_tiny_config():
+    from orkpack import keepfloat
+    from orkpack.tiers.manifest import manifest_from_config
+
+    m = manifest_from_config(synth.TINY[ARCH])
+    experts = [i for i in m.items if i.role == "expert"]
+    # 3 MoE layers x 3 projections x 4 experts, one item each; layer 0's dense FFN plain matrices
+    assert sorted((i.layer, i.tensor.split(".")[2], i.expert) for i in experts) == sorted(
+        (l, p, e) for l in (1, 2, 3) for p in ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps") for e in range(4))
+    assert all((i.n_experts, i.n_experts_used) == (4, 2) for i in experts)
+    assert {(i.n, i.k) for i in experts if "down" in i.tensor} == {(64, 32)}
+    names = {i.tensor for i in m.items}
+    assert {"blk.0.ffn_gate.weight", "blk.0.ffn_up.weight", "blk.0.ffn_down.weight"} <= names
+    assert not any(".ffn_gate_inp." in n or "exp_probs_b" in n for n in names)
+    floats = {t.name: t for t in m.floats}
+    for l in (1, 2, 3):  # the routers and their biases stay float
+        router = floats[f"blk.{l}.ffn_gate_inp.weight"]
+        assert router.shape == (4, 64) and keepfloat.why_float(router.name, router.shape) == "an MoE router"
+        assert f"blk.{l}.exp_probs_b.bias" in floats
+    assert "blk.0.ffn_gate_inp.weight" not in floats
+    assert m.facts["recurrent_layers"] == [0, 2] and m.facts["n_experts"] == 4
