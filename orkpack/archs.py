@@ -627,7 +627,7 @@ _F.append(
             keys={**_LFM2.keys, "intermediate": ("intermediate_size",), "first_dense": ("num_dense_layers",)},
             defaults={"tie_word_embeddings": True, "intermediate_size": 7168, "moe_intermediate_size": 1792,
                       "num_key_value_heads": 8, "num_dense_layers": 2, "num_experts": 32, "num_experts_per_tok": 4,
-                      "rope_theta": 1000000.0},
+                      "rope_theta": 1000000.0, "norm_topk_prob": True, "routed_scaling_factor": 1.0},
             flags=lambda cfg, d: {"conv_bias": bool(cfg.get("conv_bias")),
                                   "expert_bias": cfg.get("use_expert_bias", True) is not False},
             classes=("Lfm2MoeForCausalLM",),

@@ -211,3 +211,13 @@ def test_plan_tiny_config():
         assert f"blk.{l}.exp_probs_b.bias" in floats
     assert "blk.0.ffn_gate_inp.weight" not in floats
     assert m.facts["recurrent_layers"] == [0, 2] and m.facts["n_experts"] == 4
+
+
+def test_a_config_without_the_router_keys_takes_lfm2moeconfigs_defaults():
+    from orkpack.model.hparams import from_config
+
+    cfg = {k: v for k, v in synth.TINY[ARCH].items() if k not in ("norm_topk_prob", "routed_scaling_factor")}
+    hp = from_config(cfg)
+    assert (hp.router, hp.router_norm, hp.routed_scale) == ("sigmoid", True, 1.0)
+    assert from_config({**cfg, "norm_topk_prob": False}).router_norm is False
+    assert from_config({**cfg, "routed_scaling_factor": 2.5}).routed_scale == 2.5
