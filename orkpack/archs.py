@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Callable, Mapping
 
@@ -183,6 +183,10 @@ class Forward:
     logit_scale: str = ""  # "" | a config key the logits are divided by (granite logits_scaling) | dim_base (minicpm)
     router: str = "softmax"  # MoE gate scores: softmax | sigmoid (deepseek-v3 noaux_tc)
     router_norm: str = "config"  # always (mixtral, granitemoe) | config (norm_topk_prob, default false)
+    router_norm_gguf: str = "key"  # a GGUF's: key (expert_weights_norm) | always (lfm2_moe: the converter writes no
+    # expert_weights_norm and llama.cpp always normalises)
+    router_eps: float = 1e-20  # added to the chosen sigmoid weights' sum before normalising (transformers'
+    # deepseek-v3: 1e-20; lfm2_moe: 1e-6)
     router_groups: str = ""  # deepseek: experts chosen in the best topk_group of n_group groups, a group scored by its
     # max (v2, topk_method group_limited_greedy) | top2sum (v3: the sum of its two best bias-corrected scores)
     router_scale: bool = False  # deepseek: routed_scaling_factor multiplies the routed experts' sum
@@ -542,12 +546,27 @@ def _lfm2_dims(cfg: Mapping, d: dict, where: str) -> dict:
             if multiple == 0:
                 raise SourceError(f"{where}: 'block_multiple_of' is 0; fix the config")
             ff = multiple * ((int(mult * ff) + multiple - 1) // multiple)
-    lc = _int(get("conv_L_cache", 3), "conv_L_cache", where, cap=1024)
+    return {"I": _lfm2_ffn_cap(ff, where), "Lc": _lfm2_lc(cfg, where)}
+
+
+def _lfm2_lc(cfg: Mapping, where: str) -> int:
+    """The short convolution's length ``Lc`` (conv_L_cache, default 3; at least 2 taps)."""
+    v = cfg.get("conv_L_cache")
+    lc = _int(3 if v is None else v, "conv_L_cache", where, cap=1024)
     if lc < 2:
         raise SourceError(f"{where}: 'conv_L_cache' = {lc}: a short convolution needs at least 2 taps; fix the config")
+    return lc
+
+
+def _lfm2_ffn_cap(ff: int, where: str) -> int:
     if ff > MAX_WIDTH:
         raise SourceError(f"{where}: the FFN width {ff} is beyond any real model (cap {MAX_WIDTH}); fix the config")
-    return {"I": ff, "Lc": lc}
+    return ff
+
+
+def _lfm2_moe_dims(cfg: Mapping, d: dict, where: str) -> dict:
+    """LFM2-MoE: the dense layers' FFN is intermediate_size as it stands (Lfm2MoeMLP adjusts nothing); ``Lc``."""
+    return {"Lc": _lfm2_lc(cfg, where)}
 
 
 _LFM2_SHORTCONV = (
@@ -586,6 +605,36 @@ _F.append(
            forward=Forward(qk_norm="head", output_norm="token_embd_norm",
                            smooth=(Smooth(("attn_q", "attn_k", "attn_v", "shortconv.in_proj"), norm="attn_norm"),
                                    SMOOTH_FFN, SMOOTH_DOWN))),
+)
+
+_LFM2 = _F[-1]
+_LFM2_MOE_FFN = (
+    t(P + "feed_forward.gate.weight", "E", "H", when="moe"),
+    t(P + "feed_forward.expert_bias", "E", when="moe expert_bias", kind="bias"),
+    t(P + "feed_forward.experts.{e}.w1.weight", "Im", "H", when="moe", experts=True),
+    t(P + "feed_forward.experts.{e}.w3.weight", "Im", "H", when="moe", experts=True),
+    t(P + "feed_forward.experts.{e}.w2.weight", "H", "Im", when="moe", experts=True),
+)
+_F.append(
+    # LFM2-MoE: LFM2 whose FFN is, after the first num_dense_layers (dense, LFM2's w1/w3/w2 at intermediate_size,
+    # never auto-adjusted), a sparse MoE: a sigmoid router (feed_forward.gate), top-k chosen on the scores plus
+    # feed_forward.expert_bias (GGUF exp_probs_b), the chosen sigmoid scores as weights, normalised (norm_topk_prob,
+    # transformers: sum + 1e-6), times routed_scaling_factor; no shared expert
+    replace(_LFM2, name="lfm2_moe", gguf="LFM2MOE",
+            layer=tuple(replace(x, when=x.when + ("dense",)) if ".feed_forward.w" in x.name else x
+                        for x in _LFM2.layer) + _LFM2_MOE_FFN,
+            moe="deepseek",
+            keys={**_LFM2.keys, "intermediate": ("intermediate_size",), "first_dense": ("num_dense_layers",)},
+            defaults={"tie_word_embeddings": True, "intermediate_size": 7168, "moe_intermediate_size": 1792,
+                      "num_key_value_heads": 8, "num_dense_layers": 2, "num_experts": 32, "num_experts_per_tok": 4,
+                      "rope_theta": 1000000.0, "norm_topk_prob": True, "routed_scaling_factor": 1.0},
+            flags=lambda cfg, d: {"conv_bias": bool(cfg.get("conv_bias")),
+                                  "expert_bias": cfg.get("use_expert_bias", True) is not False},
+            classes=("Lfm2MoeForCausalLM",),
+            renames=((r"^model\.layers\.(\d+)\.feed_forward\.expert_bias$", r"blk.\1.exp_probs_b.bias"),),
+            more_dims=_lfm2_moe_dims,
+            forward=replace(_LFM2.forward, router="sigmoid", router_norm="config", router_norm_gguf="always",
+                            router_eps=1e-6, router_scale=True)),
 )
 
 FAMILIES: dict[str, Family] = {f.name: f for f in _F}

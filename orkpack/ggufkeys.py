@@ -63,7 +63,7 @@ HEAD_COUNT = Key("attention.head_count", "uint32", ("num_attention_heads", "n_he
 HEAD_COUNT_KV = Key("attention.head_count_kv", "uint32", ("num_key_value_heads", "n_head_kv", "multi_query_group_num"))
 ROPE_FREQ_BASE = Key("rope.freq_base", "float32", ("rope_theta", "rotary_emb_base"), default=10000.0)
 RMS_EPS = Key("attention.layer_norm_rms_epsilon", "float32", ("rms_norm_eps",),
-              family=_fam((("lfm2",), ("norm_eps",))), default=1e-6)
+              family=_fam((("lfm2", "lfm2_moe"), ("norm_eps",))), default=1e-6)
 # starcoder2's own norm_epsilon: tried again after the common spellings (one of them too)
 LAYER_NORM_EPS = Key("attention.layer_norm_epsilon", "float32",
                      ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"),
@@ -89,11 +89,12 @@ RESIDUAL_SCALE = Key("residual_scale", "float32", family=_fam((_GRANITE, ("resid
 ATTENTION_SCALE = Key("attention.scale", "float32", family=_fam((_GRANITE, ("attention_multiplier",))))  # 1/sqrt(hd)
 LOGIT_SCALE = Key("logit_scale", "float32", family=_fam((_GRANITE, ("logits_scaling",))), default=1.0)
 LEADING_DENSE_BLOCK_COUNT = Key("leading_dense_block_count", "uint32",
-                                family=_fam((_DEEPSEEK, ("first_k_dense_replace",))))
+                                family=_fam((_DEEPSEEK, ("first_k_dense_replace",)),
+                                           (("lfm2_moe",), ("num_dense_layers",))))
 Q_LORA_RANK = Key("attention.q_lora_rank", "uint32", family=_fam((_DEEPSEEK, ("q_lora_rank",))), default=0)
 KV_LORA_RANK = Key("attention.kv_lora_rank", "uint32", family=_fam((_DEEPSEEK, ("kv_lora_rank",))), default=0)
 EXPERT_FEED_FORWARD_LENGTH = Key("expert_feed_forward_length", "uint32", family=_fam(
-    (("qwen2_moe", "qwen3_moe") + _DEEPSEEK, ("moe_intermediate_size",)),
+    (("qwen2_moe", "qwen3_moe", "lfm2_moe") + _DEEPSEEK, ("moe_intermediate_size",)),
     (("granitemoe", "gpt_oss"), ("intermediate_size",))))
 EXPERT_SHARED_FEED_FORWARD_LENGTH = Key("expert_shared_feed_forward_length", "uint32",
                                         family=_fam((("qwen2_moe",), ("shared_expert_intermediate_size",))))
@@ -101,7 +102,7 @@ EXPERT_SHARED_COUNT = Key("expert_shared_count", "uint32", family=_fam((_DEEPSEE
 EXPERT_WEIGHTS_SCALE = Key("expert_weights_scale", "float32", family=_fam((_DEEPSEEK, ("routed_scaling_factor",))),
                            default=1.0)
 EXPERT_WEIGHTS_NORM = Key("expert_weights_norm", "bool", family=_fam((_DEEPSEEK, ("norm_topk_prob",))), default=False)
-SHORTCONV_L_CACHE = Key("shortconv.l_cache", "uint32", family=_fam((("lfm2",), ("conv_L_cache",))))
+SHORTCONV_L_CACHE = Key("shortconv.l_cache", "uint32", family=_fam((("lfm2", "lfm2_moe"), ("conv_L_cache",))))
 NEXTN_PREDICT_LAYERS = Key("nextn_predict_layers", "uint32",
                            family=_fam((("deepseek_v3",), ("num_nextn_predict_layers",))))
 

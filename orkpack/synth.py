@@ -135,6 +135,15 @@ TINY: dict[str, dict] = {
              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 4096,
              "norm_eps": 1e-5, "conv_L_cache": 3, "conv_bias": False, "tie_word_embeddings": True,
              "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "torch_dtype": "bfloat16"},
+    # LFM2's hybrid with an MoE FFN after the first (dense) layer: 4 experts, top 2, a sigmoid router, expert bias
+    "lfm2_moe": {"architectures": ["Lfm2MoeForCausalLM"], "model_type": "lfm2_moe", "hidden_size": 64,
+                 "intermediate_size": 96, "moe_intermediate_size": 32, "num_hidden_layers": 4,
+                 "layer_types": ["conv", "full_attention", "conv", "full_attention"], "num_dense_layers": 1,
+                 "num_experts": 4, "num_experts_per_tok": 2, "use_expert_bias": True, "norm_topk_prob": True,
+                 "routed_scaling_factor": 1.0, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "vocab_size": 128, "max_position_embeddings": 4096, "norm_eps": 1e-5, "conv_L_cache": 3,
+                 "conv_bias": False, "tie_word_embeddings": True,
+                 "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "torch_dtype": "bfloat16"},
 }
 
 

@@ -260,7 +260,7 @@ def _route(logits: np.ndarray, p: str, hp: Hparams, w: Weights) -> tuple[np.ndar
     idx = np.argsort(-choice, -1, kind="stable")[:, : hp.top_k]
     wts = np.take_along_axis(scores, idx, -1)
     if hp.router_norm:
-        wts = wts / (wts.sum(-1, keepdims=True) + (np.float32(1e-20) if hp.router == "sigmoid" else 0))
+        wts = wts / (wts.sum(-1, keepdims=True) + (np.float32(hp.fwd.router_eps) if hp.router == "sigmoid" else 0))
     return idx, (wts * np.float32(hp.routed_scale)).astype(np.float32)
 
 

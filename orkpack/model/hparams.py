@@ -383,7 +383,7 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
         embed_scale=float(embed), residual_scale=scale(f.residual_scale, "residual", 1.0),
         logit_scale=scale(f.logit_scale, "logit", 1.0), max_pos=max_pos, n_experts=E, top_k=facts["n_experts_used"],
         router=router, router_groups=groups,
-        router_norm=f.router_norm == "always" or bool(get(G.EXPERT_WEIGHTS_NORM)),
+        router_norm=f.router_norm == "always" or f.router_norm_gguf == "always" or bool(get(G.EXPERT_WEIGHTS_NORM)),
         routed_scale=float(get(G.EXPERT_WEIGHTS_SCALE)) if f.router_scale else 1.0,
         n_group=n_group, topk_group=int(get(G.EXPERT_GROUP_USED_COUNT)) if n_group > 1 else 1,
         mla={"q_lora_rank": int(get(G.Q_LORA_RANK)), "kv_lora_rank": int(get(G.KV_LORA_RANK)),

@@ -148,6 +148,13 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
         put(G.FEED_FORWARD_LENGTH, G.FEED_FORWARD_LENGTH.type, d["I"])
     if fam.blocks is not None:
         put(G.HEAD_COUNT_KV, G.HEAD_COUNT_KV_PER_LAYER, [d["nkv"] if b == archs.ATTN else 0 for b in blocks])
+    if fam.name in _GATING_WRITTEN and d["E"]:
+        put(G.EXPERT_GATING_FUNC, G.EXPERT_GATING_FUNC.type, 2 if fam.forward.router == "sigmoid" else 1)
+
+
+# families whose converter writes expert_gating_func from the router alone (LFM2MoeModel: always sigmoid, 2);
+# it writes neither expert_weights_norm nor expert_weights_scale for them (llama.cpp always normalises)
+_GATING_WRITTEN = ("lfm2_moe",)
 
 
 def _rope_scaling(c: Mapping, garch: str, kv: list, warn: Callable[[str], None]) -> None:
