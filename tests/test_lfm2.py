@@ -27,7 +27,8 @@ from orkpack.sources.base import as_float32
 from orkpack.sources.modelkv import from_gguf_fields, from_hf
 from orkpack.tiers.manifest import manifest_from_config
 
-LLAMA_CPP = Path(os.environ.get("ORKPACK_LLAMA_CPP", "/work/llcpp/llama_cpp_python-0.3.36/vendor/llama.cpp"))
+# llama.cpp 0c1e570 as llama-cpp-python 0.3.36's source package vendors it: scripts/test.sh unpacks it there
+LLAMA_CPP = Path(os.environ.get("ORKPACK_LLAMA_CPP", Path(__file__).resolve().parents[1] / ".cache" / "llama.cpp"))
 FIXTURES = Path(__file__).parent / "fixtures" / "configs"
 T = 40
 TOL = 1e-4
@@ -49,24 +50,27 @@ def _config() -> dict:
     return dict(cfg, vocab_size=320)  # the tokenizer's 3 + 256 + 61 tokens: the converter sizes its vocab by them
 
 
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    """(HF folder, the converter's GGUF, tokens, transformers' logits)."""
+def redraw(m, g, torch) -> None:
+    """Every parameter redrawn: norm gains away from 1, matrices at unit gain."""
+    for name, p in m.named_parameters():
+        if "norm" in name and p.dim() == 1:
+            p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+        else:
+            p.copy_(torch.randn(p.shape, generator=g) / max(p.shape[-1], 1) ** 0.5)
+
+
+def tiny_model(root: Path, model_cls: str, config_cls: str, cfg: dict, redraw=redraw):
+    """A seeded tiny transformers model saved to ``root``/hf with a tokenizer, converted by llama.cpp's converter to
+    ``root``/conv.gguf (f32): (HF folder, the converter's GGUF, tokens, transformers' logits on them)."""
     torch = pytest.importorskip("torch", reason="the reference model needs torch (test extra)")
     transformers = pytest.importorskip("transformers", reason="the reference model needs transformers (test extra)")
     if not (LLAMA_CPP / "convert_hf_to_gguf.py").is_file():
-        pytest.skip(f"llama.cpp's converter is not at {LLAMA_CPP} (set ORKPACK_LLAMA_CPP)")
-    root = tmp_path_factory.mktemp("lfm2")
+        pytest.skip(f"llama.cpp's converter is not at {LLAMA_CPP} (scripts/test.sh unpacks it; or set ORKPACK_LLAMA_CPP)")
     hf, gg = root / "hf", root / "conv.gguf"
     torch.manual_seed(0)
-    m = transformers.Lfm2ForCausalLM(transformers.Lfm2Config(**_config())).float().eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # every parameter redrawn: norm gains away from 1, matrices at unit gain
-        for name, p in m.named_parameters():
-            if "norm" in name and p.dim() == 1:
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / max(p.shape[-1], 1) ** 0.5)
+    m = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**cfg)).float().eval()
+    with torch.no_grad():
+        redraw(m, torch.Generator().manual_seed(1), torch)
         m.tie_weights()
     m.save_pretrained(hf)
     synth.write_tokenizer(hf, n_merges=61)
@@ -78,6 +82,12 @@ def model(tmp_path_factory):
     with torch.no_grad():
         ref = m(torch.tensor(ids)[None]).logits[0].float().numpy()
     return hf, gg, ids, ref
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """(HF folder, the converter's GGUF, tokens, transformers' logits)."""
+    return tiny_model(tmp_path_factory.mktemp("lfm2"), "Lfm2ForCausalLM", "Lfm2Config", _config())
 
 
 def _converter(gg: Path):
@@ -155,10 +165,10 @@ def test_logits_match_transformers_from_folder_and_converter_gguf(model):
         assert err <= TOL * float(np.abs(ref).max()), (path.name, err)
 
 
-def test_build_verify_eval(model, tmp_path):
-    hf, gg, _, _ = model
-    pack = tmp_path / "t.orkpack"
-    run = lambda *a: subprocess.run([sys.executable, "-m", "orkpack", *a], capture_output=True, text=True,
+def build_verify_eval(hf: Path, gg: Path, pack: Path) -> None:
+    """orkpack build the folder, verify the pack, and eval it against the folder and against the converter's GGUF:
+    the same float model, so the same reference and the same scores."""
+    run = lambda *a: subprocess.run([sys.executable, "-m", "orkpack", *a], capture_output=True, text=True,  # noqa: E731
                                     timeout=600, env=dict(os.environ, PYTHONPATH=str(Path(archs.__file__).parent.parent)))
     r = run("build", str(hf), "-o", str(pack), "--json")
     assert r.returncode == 0, r.stderr[-2000:]
@@ -169,13 +179,17 @@ def test_build_verify_eval(model, tmp_path):
         r = run("eval", str(source), str(pack), "--json")
         assert r.returncode == 0, r.stderr[-2000:]
         got[source] = {p["path"]: p for p in json.loads(r.stdout)["paths"]}
-    # the folder and the converter's GGUF are the same float model: the same reference, the same scores
     for path in ("reference", "prefill", "decode"):
         assert got[hf][path]["ppl"] == pytest.approx(got[gg][path]["ppl"], rel=1e-6), path
     for path in ("prefill", "decode"):
         kld = got[hf][path]["kld"]
-        # this random model (unit-gain matrices) measures ~0.05 nats; a mishandled block costs whole nats
+        # these random models (unit-gain matrices) measure ~0.05 nats; a mishandled block costs whole nats
         assert 0 <= kld["mean"] < 0.2, (path, kld)
+
+
+def test_build_verify_eval(model, tmp_path):
+    hf, gg, _, _ = model
+    build_verify_eval(hf, gg, tmp_path / "t.orkpack")
 
 
 def test_plan_tiny_and_published_configs():

@@ -11,10 +11,6 @@ values (experts stacked); the model record the converter's lfm2moe.* keys.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +19,7 @@ from orkpack import archs, synth
 from orkpack.sources import model_facts, open_source
 from orkpack.sources.modelkv import from_gguf_fields, from_hf
 
-from test_lfm2 import LLAMA_CPP, T, _RUN_CONVERTER, _converter, _read_all
+from test_lfm2 import _converter, _read_all, build_verify_eval, tiny_model
 
 ARCH = "lfm2_moe"
 
@@ -33,37 +29,22 @@ def _config() -> dict:
     return dict(cfg, vocab_size=320)  # the tokenizer's 3 + 256 + 61 tokens
 
 
+def _redraw(m, g, torch) -> None:
+    """Every parameter and the expert bias redrawn: norm gains away from 1, unit-gain matrices, an expert bias large
+    enough to change which experts are chosen."""
+    for name, p in list(m.named_parameters()) + [(n, b) for n, b in m.named_buffers() if "expert_bias" in n]:
+        if "norm" in name and p.dim() == 1:
+            p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+        elif "expert_bias" in name:
+            p.copy_(0.3 * torch.randn(p.shape, generator=g))
+        else:
+            p.copy_(torch.randn(p.shape, generator=g) / max(p.shape[-1], 1) ** 0.5)
+
+
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     """(HF folder, the converter's GGUF, tokens, transformers' logits)."""
-    torch = pytest.importorskip("torch", reason="the reference model needs torch (test extra)")
-    transformers = pytest.importorskip("transformers", reason="the reference model needs transformers (test extra)")
-    if not (LLAMA_CPP / "convert_hf_to_gguf.py").is_file():
-        pytest.skip(f"llama.cpp's converter is not at {LLAMA_CPP} (set ORKPACK_LLAMA_CPP)")
-    root = tmp_path_factory.mktemp("lfm2moe")
-    hf, gg = root / "hf", root / "conv.gguf"
-    torch.manual_seed(0)
-    m = transformers.Lfm2MoeForCausalLM(transformers.Lfm2MoeConfig(**_config())).float().eval()
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # every parameter and the expert bias redrawn: norm gains away from 1, unit-gain matrices
-        for name, p in list(m.named_parameters()) + [(n, b) for n, b in m.named_buffers() if "expert_bias" in n]:
-            if "norm" in name and p.dim() == 1:
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
-            elif "expert_bias" in name:  # large enough to change which experts are chosen
-                p.copy_(0.3 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / max(p.shape[-1], 1) ** 0.5)
-        m.tie_weights()
-    m.save_pretrained(hf)
-    synth.write_tokenizer(hf, n_merges=61)
-    env = dict(os.environ, PYTHONPATH=str(LLAMA_CPP / "gguf-py"))
-    r = subprocess.run([sys.executable, "-c", _RUN_CONVERTER, str(LLAMA_CPP), str(hf), "--outtype", "f32",
-                        "--outfile", str(gg)], env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    ids = np.random.default_rng(2).integers(0, 320, T)
-    with torch.no_grad():
-        ref = m(torch.tensor(ids)[None]).logits[0].float().numpy()
-    return hf, gg, ids, ref
+    return tiny_model(tmp_path_factory.mktemp("lfm2moe"), "Lfm2MoeForCausalLM", "Lfm2MoeConfig", _config(), _redraw)
 
 
 def test_the_checkpoint_is_what_the_registry_lists(model):
@@ -171,23 +152,7 @@ def test_routing_is_transformers_sigmoid_with_expert_bias():
 
 def test_build_verify_eval(model, tmp_path):
     hf, gg, _, _ = model
-    pack = tmp_path / "t.orkpack"
-    run = lambda *a: subprocess.run([sys.executable, "-m", "orkpack", *a], capture_output=True, text=True,
-                                    timeout=600, env=dict(os.environ, PYTHONPATH=str(Path(archs.__file__).parent.parent)))
-    r = run("build", str(hf), "-o", str(pack), "--json")
-    assert r.returncode == 0, r.stderr[-2000:]
-    r = run("verify", str(pack))
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    got = {}
-    for source in (hf, gg):
-        r = run("eval", str(source), str(pack), "--json")
-        assert r.returncode == 0, r.stderr[-2000:]
-        got[source] = {p["path"]: p for p in json.loads(r.stdout)["paths"]}
-    for path in ("reference", "prefill", "decode"):
-        assert got[hf][path]["ppl"] == pytest.approx(got[gg][path]["ppl"], rel=1e-6), path
-    for path in ("prefill", "decode"):
-        kld = got[hf][path]["kld"]
-        assert 0 <= kld["mean"] < 0.2, (path, kld)
+    build_verify_eval(hf, gg, tmp_path / "t.orkpack")
 
 
 def test_plan_tiny_config():
