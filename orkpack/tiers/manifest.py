@@ -229,7 +229,7 @@ def manifest_from_config(cfg: dict, source: str = "config.json") -> Manifest:
             stacked.setdefault(sp[0], {})[sp[1]] = (shape, hf_name)
         else:
             tensors.append(TensorEntry(name, archs.converter_shape(facts["arch"], name, tuple(shape)),
-                                       archs.stored_dtype(cfg, hf_name, dtype)))
+                                       archs.converted_dtype(facts["arch"], name, archs.stored_dtype(cfg, hf_name, dtype))))
     for name, per in stacked.items():
         shape, hf_name = per[0]
         tensors.append(TensorEntry(name, (len(per),) + tuple(shape), archs.stored_dtype(cfg, hf_name, dtype)))
