@@ -38,7 +38,8 @@ moe_intermediate, tie_word_embeddings, and the KV cache layout the runtime
 layers whose cache holds only the last ``swa_window`` positions); and for hybrids (a family with
 ``blocks``) recurrent_layers (the layers whose block keeps a fixed-size state per sequence instead of a KV
 cache: LFM2's short convolutions) and state (the float32 elements of that state per recurrent layer and
-sequence, llama.cpp's ``n_embd_r() + n_embd_s()``); [] and 0 for every other family.
+sequence, llama.cpp's ``n_embd_r() + n_embd_s()``), recurrent_flops (the float operations a token costs a recurrent
+layer besides its matrices: the convolution, the scan or delta rule); [], 0 and 0 for every other family.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ from .errors import SourceError, escape_name
 FACT_KEYS = (
     "arch", "n_layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab",
     "n_experts", "n_experts_used", "moe_intermediate", "tie_word_embeddings",
-    "attention", "kv_k", "kv_v", "swa_window", "swa_layers", "recurrent_layers", "state",
+    "attention", "kv_k", "kv_v", "swa_window", "swa_layers", "recurrent_layers", "state", "recurrent_flops",
 )
 
 # Sanity caps (a hostile config must not make a plan enumerate billions of items): far above any real model.
@@ -218,7 +219,8 @@ class Blocks:
     # beside full_attention_interval: Qwen3.5 / Qwen3-Next)
     state: str = "0"  # float32 state elements per recurrent layer and sequence (an expression over the dims)
     gguf_dims: tuple[tuple[str, str], ...] = ()  # (dim, GGUF key after "{arch}.") the state needs from a GGUF
-    mixers: tuple[str, ...] = ()  # the recurrent block types the forward pass runs (default: every non-attention one)
+    flops: str = "0"  # float ops a token costs a recurrent layer besides its matrices (an expression over the dims;
+    # the planner's prefill term, docs/TIERMAP.md): its convolution and its recurrence
 
 
 ATTN = "attn"  # the block type of an attention layer
@@ -631,7 +633,7 @@ _F.append(
            flags=lambda cfg, d: {"conv_bias": bool(cfg.get("conv_bias"))},
            classes=("Lfm2ForCausalLM", "LFM2ForCausalLM"),
            blocks=Blocks("layer_types", {"conv": "shortconv", "full_attention": ATTN}, indices="full_attn_idxs",
-                         state="H*(Lc-1)", gguf_dims=(("Lc", "shortconv.l_cache"),)),
+                         state="H*(Lc-1)", gguf_dims=(("Lc", "shortconv.l_cache"),), flops="2*H*Lc+2*H"),
            more_dims=_lfm2_dims, conv_kernels=("blk.*.shortconv.conv.weight",),
            squeeze=(("blk.*.shortconv.conv.weight", 1),),
            forward=Forward(qk_norm="head", output_norm="token_embd_norm",
@@ -734,7 +736,7 @@ _DELTANET_CONVERT = (
 )
 _DELTANET_BLOCKS = Blocks("layer_types", {"linear_attention": "deltanet", "full_attention": ATTN},
                           interval="full_attention_interval", interval_default=4, record="recurrent_layers",
-                          state="(ck-1)*(di+2*ng*ds)+ds*di",
+                          state="(ck-1)*(di+2*ng*ds)+ds*di", flops="2*ck*(di+2*ng*ds)+7*ds*di",
                           gguf_dims=(("ck", "ssm.conv_kernel"), ("ds", "ssm.state_size"), ("ng", "ssm.group_count"),
                                      ("di", "ssm.inner_size")))
 _Q35_RENAMES = ((r"\.linear_attn\.dt_bias$", ".linear_attn.dt_proj.bias"),)
@@ -1121,6 +1123,7 @@ def _facts(fam: Family, cfg: Mapping, d: dict, where: str) -> dict:
         "attention": fam.attention, "kv_k": k, "kv_v": v,
         "swa_window": d["window"] if fam.swa else 0, "swa_layers": _swa_layers(fam, d, cfg, where),
         "recurrent_layers": rec, "state": _eval(fam.blocks.state, d) if rec else 0,
+        "recurrent_flops": _eval(fam.blocks.flops, d) if rec else 0,
     }
 
 
@@ -1329,7 +1332,7 @@ def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
     else:
         swa = list(range(L))
     rec: list[int] = []
-    state = 0
+    state = flops = 0
     if fam.blocks is not None:  # a hybrid: the layers without KV heads are recurrent (llama.cpp's is_recr)
         per = kv.get(f"{garch}.attention.head_count_kv")
         if isinstance(per, (list, tuple)):
@@ -1352,13 +1355,13 @@ def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
                 rec = [i for i in range(L) if (i + 1) % n]
         if rec:
             sd = {"H": H, **{dim: num(key) for dim, key in fam.blocks.gguf_dims}}
-            state = _eval(fam.blocks.state, sd)
+            state, flops = _eval(fam.blocks.state, sd), _eval(fam.blocks.flops, sd)
     return {
         "arch": fam.name, "n_layers": L, "hidden": H, "intermediate": ff, "heads": nh, "kv_heads": nkv_f,
         "head_dim": hd, "vocab": vocab, "n_experts": E, "n_experts_used": used if E else 0,
         "moe_intermediate": moe if E else 0, "tie_word_embeddings": "output.weight" not in shapes,
         "attention": fam.attention, "kv_k": k_dim, "kv_v": v_dim, "swa_window": window if swa else 0,
-        "swa_layers": swa, "recurrent_layers": rec, "state": state,
+        "swa_layers": swa, "recurrent_layers": rec, "state": state, "recurrent_flops": flops,
     }
 
 
@@ -1401,7 +1404,7 @@ def generic_facts(cfg: Mapping[str, Any] | None, names: list[str], where: str) -
         "kv_heads": nkv, "head_dim": hd, "vocab": opt("vocab_size"), "n_experts": 0, "n_experts_used": 0,
         "moe_intermediate": 0, "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "attention": "gqa" if kk else "unknown", "kv_k": kk, "kv_v": kk, "swa_window": 0, "swa_layers": [],
-        "recurrent_layers": [], "state": 0,
+        "recurrent_layers": [], "state": 0, "recurrent_flops": 0,
     }, warnings
 
 

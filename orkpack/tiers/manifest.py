@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import OrkError, escape_name
@@ -137,7 +137,16 @@ class Manifest:
         win = f.get("swa_window") or 0
         rec = set(f.get("recurrent_layers") or ())
         positions = sum(min(ctx, win) if (i in swa and win) else ctx for i in range(f["n_layers"]) if i not in rec)
-        return per * positions + 4 * int(f.get("state") or 0) * len(rec)
+        return per * positions + state_bytes(f)
+
+    def state_bytes(self) -> int:
+        return state_bytes(self.facts)
+
+    def kv_bytes_all_attention(self, ctx: int, kv_type: str = "f16") -> int:
+        """What :meth:`kv_bytes` would be if every layer were an attention layer (a hybrid's saving is the
+        difference)."""
+        return replace(self, facts={**self.facts, "recurrent_layers": [], "state": 0}, items=[], floats=[],
+                       tensors=[]).kv_bytes(ctx, kv_type)
 
     def recorded_facts(self) -> dict:
         """The facts as a tier map records them: a hybrid's (``recurrent_layers``, ``state``) only for a hybrid,
@@ -146,6 +155,7 @@ class Manifest:
         if not f.get("recurrent_layers") and not f.get("state"):
             f.pop("recurrent_layers", None)
             f.pop("state", None)
+            f.pop("recurrent_flops", None)
         return f
 
     def summary(self) -> dict:
@@ -199,6 +209,12 @@ def hf_tensor_list(cfg: dict, where: str = "config.json") -> tuple[dict, list[tu
     """(facts, [(HF name, shape)]) an HF checkpoint with this config holds (``orkpack.archs``), per expert."""
     facts, tensors = archs.hf_tensors(cfg, where)
     return facts, [(name, shape) for name, shape, _ in tensors]
+
+
+def state_bytes(facts: dict) -> int:
+    """A hybrid's recurrent state for one sequence: ``state`` float32 elements per recurrent layer (0 for every
+    other model); part of :meth:`Manifest.kv_bytes`, whatever the context."""
+    return 4 * int(facts.get("state") or 0) * len(facts.get("recurrent_layers") or ())
 
 
 def manifest_from_config(cfg: dict, source: str = "config.json") -> Manifest:
