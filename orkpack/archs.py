@@ -861,18 +861,36 @@ LAYER_LIST_KEYS = ("mlp_only_layers",)
 STR_KEYS = ("topk_method",)
 
 
+# keys whose Infinity means "no limit", as released configs write them (Nemotron-H / Mamba2's time_step_limit
+# [0.0, Infinity]: dt unclamped); a pack's header holds them as the strings "Infinity" / "-Infinity" (header_config)
+NO_LIMIT_KEYS = ("time_step_limit",)
+
+
 def _finite(cfg: Any, where: str) -> None:
-    """No NaN or Infinity anywhere in a config (Python's json reads them; a pack header cannot hold them)."""
-    stack: list[tuple[str, Any]] = [("", cfg)]
+    """No NaN anywhere in a config, and no Infinity but under :data:`NO_LIMIT_KEYS` (Python's json reads them;
+    a pack header cannot hold them)."""
+    stack: list[tuple[str, str, Any]] = [("", "", cfg)]
     while stack:
-        path, v = stack.pop()
-        if isinstance(v, float) and not math.isfinite(v):
+        path, key, v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v) and not (math.isinf(v) and key in NO_LIMIT_KEYS):
             raise SourceError(f"{where}: '{escape_name(path, 80)}' = {v!r} is not a finite number (NaN and Infinity "
-                              "are not JSON); fix the config")
+                              f"are not JSON; Infinity only as a limit: {', '.join(NO_LIMIT_KEYS)}); fix the config")
         if isinstance(v, Mapping):
-            stack.extend((f"{path}.{k}" if path else str(k), x) for k, x in v.items())
+            stack.extend((f"{path}.{k}" if path else str(k), str(k), x) for k, x in v.items())
         elif isinstance(v, list):
-            stack.extend((f"{path}[{i}]", x) for i, x in enumerate(v))
+            stack.extend((f"{path}[{i}]", key, x) for i, x in enumerate(v))
+
+
+def header_config(cfg: Any) -> Any:
+    """A config as a pack's header holds it: an Infinity (a "no limit", :data:`NO_LIMIT_KEYS`) as the string
+    "Infinity" / "-Infinity", every other value as it is."""
+    if isinstance(cfg, float) and math.isinf(cfg):
+        return "Infinity" if cfg > 0 else "-Infinity"
+    if isinstance(cfg, Mapping):
+        return {k: header_config(v) for k, v in cfg.items()}
+    if isinstance(cfg, list):
+        return [header_config(v) for v in cfg]
+    return cfg
 
 
 def _check_keys(cfg: Mapping, where: str) -> None:
