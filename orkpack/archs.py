@@ -192,6 +192,8 @@ class Forward:
     router_scale: bool = False  # deepseek: routed_scaling_factor multiplies the routed experts' sum
     shared_gate: bool = False  # qwen2_moe: a sigmoid gate (ffn_gate_inp_shexp) on the shared expert
     gguf_permuted_qk: bool = False  # llama.cpp's converter permutes q/k rows: the GGUF rotates pairs
+    attn_gate: bool = False  # Qwen3.5 / Qwen3-Next: attn_q holds per head [q | gate]; the attention output is
+    # multiplied by sigmoid(gate) before attn_output
     refuse: tuple[tuple[str, str], ...] = ()  # (config key, what is missing) when that key is set and truthy
     smooth: tuple[Smooth, ...] = SMOOTH_GATED  # where activation smoothing may fold its scales
     output_norm: str = "output_norm"  # the final norm's GGUF name (lfm2: token_embd_norm, applied after the layers)
@@ -209,11 +211,38 @@ class Blocks:
     names: Mapping[str, str]  # config value -> block type ("conv" -> "shortconv", "full_attention" -> "attn")
     indices: str = ""  # a config key listing the attention layers, read when ``key`` is absent (full_attn_idxs)
     default: str = "attn"  # every layer's type when the config gives neither (Lfm2Config: all attention)
+    interval: str = ""  # a config key: every n-th layer is attention, the others recurrent (full_attention_interval)
+    interval_default: int = 0  # its value when the config gives none of the keys (Qwen3_5TextConfig: 4)
+    record: str = "kv_heads"  # how the converter's GGUF names the recurrent layers: kv_heads (a per-layer
+    # head_count_kv, 0 for recurrent layers: LFM2) | recurrent_layers (one bool per layer, attention.recurrent_layers,
+    # beside full_attention_interval: Qwen3.5 / Qwen3-Next)
     state: str = "0"  # float32 state elements per recurrent layer and sequence (an expression over the dims)
     gguf_dims: tuple[tuple[str, str], ...] = ()  # (dim, GGUF key after "{arch}.") the state needs from a GGUF
+    mixers: tuple[str, ...] = ()  # the recurrent block types the forward pass runs (default: every non-attention one)
 
 
 ATTN = "attn"  # the block type of an attention layer
+
+
+@dataclass(frozen=True)
+class Convert:
+    """One value change llama.cpp's converter makes to a family's tensors, which an HF reader makes too, so that a
+    folder reads tensor for tensor as the converter's GGUF (orkpack/sources/convlayout.py applies them):
+
+    * ``neg_exp``: ``-exp(x)`` (Mamba2 / Gated DeltaNet ``A_log`` -> ``ssm_a``), stored float32;
+    * ``vheads``: value heads from grouped order (``groups`` K heads, each followed by its ``per`` V heads) to tiled
+      order (V head r of every K head, then r + 1: what ggml's broadcast expects) along ``axis``, on the part of
+      that axis after the first ``skip`` entries, in heads of ``head`` entries (the converter's
+      ``_LinearAttentionVReorderBase``). Identity when ``per`` is 1.
+
+    ``glob``: canonical names; ``groups``, ``per``, ``head``, ``skip``: expressions over the family's dims."""
+    glob: str
+    op: str  # neg_exp | vheads
+    axis: int = 0
+    skip: str = "0"
+    head: str = "1"
+    groups: str = "1"
+    per: str = "1"
 
 
 @dataclass(frozen=True)
@@ -239,6 +268,9 @@ class Family:
     more_dims: Callable[[Mapping, dict, str], dict] | None = None  # (config, dims, where) -> dims it adds/overrides
     conv_kernels: tuple[str, ...] = ()  # canonical-name globs of convolution kernels (always float: keepfloat.py)
     squeeze: tuple[tuple[str, int], ...] = ()  # (canonical glob, axis): a size-1 HF axis the converter drops
+    convert: tuple["Convert", ...] = ()  # value changes llama.cpp's converter makes (orkpack/sources/convlayout.py)
+    skip: tuple[tuple[str, str], ...] = ()  # (regex on the HF name, why): tensors a build leaves out, by name
+    # (a multimodal release's vision tower, which llama.cpp's converter writes to a separate mmproj GGUF)
 
 
 # --------------------------------------------------------------------------------------- shared templates
@@ -637,6 +669,120 @@ _F.append(
                             router_eps=1e-6, router_scale=True)),
 )
 
+
+
+def _qwen35_dims(cfg: Mapping, d: dict, where: str) -> dict:
+    """Qwen3.5 / Qwen3-Next's Gated DeltaNet: key heads ``nk`` of ``dk``, value heads ``nv`` of ``dv`` (``vper`` value
+    heads per key head), the conv kernel ``ck`` over the ``cc`` = q + k + v channels; in llama.cpp's terms the SSM
+    inner size ``di`` = nv x dv, groups ``ng`` = nk, state size ``ds`` = dk (its ssm.* keys)."""
+    def get(key: str, default: int, cap: int = MAX_WIDTH) -> int:
+        v = cfg.get(key)
+        return _int(default if v is None else v, key, where, cap=cap)
+
+    nk, nv = get("linear_num_key_heads", 16, 4096), get("linear_num_value_heads", 32, 4096)
+    dk, dv = get("linear_key_head_dim", 128), get("linear_value_head_dim", 128)
+    ck = get("linear_conv_kernel_dim", 4, 1024)
+    for key, v in (("linear_num_key_heads", nk), ("linear_key_head_dim", dk), ("linear_value_head_dim", dv)):
+        if v == 0:
+            raise SourceError(f"{where}: '{key}' is 0; fix the config")
+    if nv == 0 or nv % nk:
+        raise SourceError(f"{where}: 'linear_num_value_heads' = {nv} is not a multiple of 'linear_num_key_heads' = "
+                          f"{nk} (each key head serves whole value heads); fix the config")
+    if ck < 2:
+        raise SourceError(f"{where}: 'linear_conv_kernel_dim' = {ck}: the convolution needs at least 2 taps; "
+                          "fix the config")
+    if 2 * nk * dk + nv * dv > MAX_WIDTH:
+        raise SourceError(f"{where}: the linear attention's q + k + v width {2 * nk * dk + nv * dv} is beyond any "
+                          f"real model (cap {MAX_WIDTH}); fix the config")
+    return {"nk": nk, "nv": nv, "dk": dk, "dv": dv, "ck": ck, "vper": nv // nk, "cc": 2 * nk * dk + nv * dv,
+            "di": nv * dv, "ng": nk, "ds": dk}
+
+
+# Gated DeltaNet (transformers' Qwen3_5GatedDeltaNet; llama.cpp's build_layer_attn_linear): q, k, v through one
+# depthwise causal conv, a gate z, beta and alpha per value head, A and dt per value head, a gated RMSNorm per head
+_DELTANET = (
+    t(P + "linear_attn.in_proj_qkv.weight", "cc", "H", when="deltanet"),
+    t(P + "linear_attn.in_proj_z.weight", "nv*dv", "H", when="deltanet"),
+    t(P + "linear_attn.in_proj_b.weight", "nv", "H", when="deltanet"),
+    t(P + "linear_attn.in_proj_a.weight", "nv", "H", when="deltanet"),
+    t(P + "linear_attn.conv1d.weight", "cc", 1, "ck", when="deltanet"),  # depthwise Conv1d; GGUF {ck, cc}
+    t(P + "linear_attn.dt_bias", "nv", when="deltanet", kind="bias"),
+    t(P + "linear_attn.A_log", "nv", when="deltanet", kind="bias"),
+    t(P + "linear_attn.norm.weight", "dv", when="deltanet"),
+    t(P + "linear_attn.out_proj.weight", "H", "nv*dv", when="deltanet"),
+)
+# gated attention: q_proj holds per head [q | gate] (2 x nh x hd rows), RMS-normed q and k per head
+_GATED_ATTN = (
+    t(P + "self_attn.q_proj.weight", "2*nh*hd", "H", when="attn"),
+    t(P + "self_attn.k_proj.weight", "nkv*hd", "H", when="attn"),
+    t(P + "self_attn.v_proj.weight", "nkv*hd", "H", when="attn"),
+    t(P + "self_attn.o_proj.weight", "H", "nh*hd", when="attn"),
+    t(P + "self_attn.q_norm.weight", "hd", when="attn"), t(P + "self_attn.k_norm.weight", "hd", when="attn"),
+)
+# the converter's layout (_LinearAttentionVReorderBase, Qwen3NextModel.modify_tensors): value heads tiled, A negated
+_VHEADS = dict(groups="nk", per="vper")
+_DELTANET_CONVERT = (
+    Convert("blk.*.ssm_a", "neg_exp"),
+    Convert("blk.*.attn_qkv.weight", "vheads", skip="2*nk*dk", head="dv", **_VHEADS),
+    Convert("blk.*.ssm_conv1d.weight", "vheads", skip="2*nk*dk", head="dv", **_VHEADS),
+    Convert("blk.*.attn_gate.weight", "vheads", head="dv", **_VHEADS),
+    Convert("blk.*.ssm_beta.weight", "vheads", **_VHEADS),
+    Convert("blk.*.ssm_alpha.weight", "vheads", **_VHEADS),
+    Convert("blk.*.ssm_a", "vheads", **_VHEADS),
+    Convert("blk.*.ssm_dt.bias", "vheads", **_VHEADS),
+    Convert("blk.*.ssm_out.weight", "vheads", axis=1, head="dv", **_VHEADS),
+)
+_DELTANET_BLOCKS = Blocks("layer_types", {"linear_attention": "deltanet", "full_attention": ATTN},
+                          interval="full_attention_interval", interval_default=4, record="recurrent_layers",
+                          state="(ck-1)*(di+2*ng*ds)+ds*di",
+                          gguf_dims=(("ck", "ssm.conv_kernel"), ("ds", "ssm.state_size"), ("ng", "ssm.group_count"),
+                                     ("di", "ssm.inner_size")))
+_Q35_RENAMES = ((r"\.linear_attn\.dt_bias$", ".linear_attn.dt_proj.bias"),)
+# every norm but the gated one is (1 + w) (Qwen3_5RMSNorm; the converter stores w + 1); attn_norm also feeds the
+# linear attention's projections, which smoothing must then scale alike
+_FWD_QWEN35 = Forward(norm_offset=1.0, qk_norm="head", attn_gate=True, ffn_norm="post_attention_norm",
+                      smooth=(Smooth(("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_gate", "ssm_beta", "ssm_alpha"),
+                                     norm="attn_norm"),
+                              replace(SMOOTH_FFN, norm="post_attention_norm"), SMOOTH_DOWN))
+_Q35_DEFAULTS = {"tie_word_embeddings": False, "vocab_size": 248320, "hidden_size": 4096, "intermediate_size": 12288,
+                 "num_hidden_layers": 32, "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 256}
+# a multimodal release (Qwen3_5ForConditionalGeneration): the text model under model.language_model., the vision
+# tower under model.visual. (llama.cpp's converter writes it to a separate mmproj GGUF: left out, by name)
+_MM_RENAMES = ((r"^model\.language_model\.", "model."),)
+_VISION_SKIP = ((r"^model\.visual\.", "the vision tower (model.visual.*): llama.cpp's converter writes it to a "
+                 "separate mmproj GGUF; this pack holds the text model"),)
+_F.append(
+    # Qwen3.5 (dense): Gated DeltaNet layers and gated-attention layers (layer_types, or every
+    # full_attention_interval-th layer), each with a SwiGLU MLP; partial RoPE (partial_rotary_factor, default 0.25;
+    # the interleaved MRoPE of the release is plain RoPE for text: its three position streams are equal)
+    Family("qwen3_5_text", "QWEN35", _NORMS + _DELTANET + _GATED_ATTN + _MLP, _llama_top(),
+           defaults=_Q35_DEFAULTS, renames=_Q35_RENAMES, classes=("Qwen3_5ForCausalLM",),
+           blocks=_DELTANET_BLOCKS, more_dims=_qwen35_dims, conv_kernels=("blk.*.ssm_conv1d.weight",),
+           squeeze=(("blk.*.ssm_conv1d.weight", 1),), convert=_DELTANET_CONVERT, forward=_FWD_QWEN35),
+)
+_QWEN35 = _F[-1]
+_F.append(replace(_QWEN35, name="qwen3_5", text_config=True, renames=_MM_RENAMES + _Q35_RENAMES, skip=_VISION_SKIP,
+                  classes=("Qwen3_5ForConditionalGeneration",)))
+_Q35_MOE_FFN = _EXPERTS + (
+    t(P + "mlp.shared_expert.gate_proj.weight", "Is", "H", when="moe"),
+    t(P + "mlp.shared_expert.up_proj.weight", "Is", "H", when="moe"),
+    t(P + "mlp.shared_expert.down_proj.weight", "H", "Is", when="moe"),
+    t(P + "mlp.shared_expert_gate.weight", 1, "H", when="moe"),
+)
+_F.append(
+    # Qwen3.5-MoE: every layer's FFN a softmax top-k MoE (normalised) with a sigmoid-gated shared expert
+    replace(_QWEN35, name="qwen3_5_moe_text", gguf="QWEN35MOE", layer=_NORMS + _DELTANET + _GATED_ATTN + _Q35_MOE_FFN,
+            classes=("Qwen3_5MoeForCausalLM",),
+            defaults={**_Q35_DEFAULTS, "hidden_size": 2048, "num_hidden_layers": 40, "num_attention_heads": 16,
+                      "num_key_value_heads": 2, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512,
+                      "num_experts": 256, "num_experts_per_tok": 8},
+            forward=replace(_FWD_QWEN35, router_norm="always", shared_gate=True,
+                            smooth=_FWD_QWEN35.smooth[:1])),
+)
+_QWEN35_MOE = _F[-1]
+_F.append(replace(_QWEN35_MOE, name="qwen3_5_moe", text_config=True, renames=_MM_RENAMES + _Q35_RENAMES,
+                  skip=_VISION_SKIP, classes=("Qwen3_5MoeForConditionalGeneration",)))
+
 FAMILIES: dict[str, Family] = {f.name: f for f in _F}
 _BY_MODEL_TYPE: dict[str, Family] = {mt: f for f in _F for mt in (f.name, *f.model_types)}
 SUPPORTED = tuple(sorted(_BY_MODEL_TYPE))
@@ -849,7 +995,14 @@ def _layer_blocks(fam: Family, cfg: Mapping, d: dict, where: str) -> list[str]:
             if x not in b.names:
                 raise SourceError(f"{where}: '{b.key}'[{i}] = {escape_name(repr(x), 40)} is not a layer type "
                                   f"orkpack knows ({known}); fix the config")
-        return [b.names[x] for x in lt]
+        out = [b.names[x] for x in lt]
+        if b.interval and tc.get(b.interval) is not None:
+            n = _interval(b, tc, where)
+            bad = next((i for i, x in enumerate(out) if (x == ATTN) != ((i + 1) % n == 0)), None)
+            if bad is not None:
+                raise SourceError(f"{where}: '{b.key}'[{bad}] = {escape_name(repr(lt[bad]), 40)} contradicts "
+                                  f"'{b.interval}' = {n}; fix the config")
+        return out
     idx = tc.get(b.indices) if b.indices else None
     if idx is not None:
         if not (isinstance(idx, list) and len(idx) <= CAPS["n_layers"] and
@@ -859,7 +1012,22 @@ def _layer_blocks(fam: Family, cfg: Mapping, d: dict, where: str) -> list[str]:
             raise SourceError(f"{where}: '{b.indices}' names layer {max(idx)} but '{nl}' is {L}; fix the config")
         other = next(v for v in b.names.values() if v != ATTN)
         return [ATTN if i in set(idx) else other for i in range(L)]
+    n = _interval(b, tc, where)
+    if n:
+        other = next(v for v in b.names.values() if v != ATTN)
+        return [ATTN if (i + 1) % n == 0 else other for i in range(L)]
     return [b.default] * L
+
+
+def _interval(b: Blocks, tc: Mapping, where: str) -> int:
+    """Every n-th layer is attention (``Blocks.interval``; 0: the family has no such key)."""
+    if not b.interval:
+        return 0
+    v = tc.get(b.interval)
+    n = _int(b.interval_default if v is None else v, b.interval, where, cap=CAPS["n_layers"])
+    if n == 0:
+        raise SourceError(f"{where}: '{b.interval}' is 0; fix the config")
+    return n
 
 
 def recurrent_block(fam: Family) -> str | None:
@@ -1160,6 +1328,19 @@ def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
                 raise SourceError(f"{where}: GGUF key '{escape_name(str(garch))}.attention.head_count_kv' lists "
                                   f"{len(per)} layers but block_count is {L}; the file is damaged")
             rec = [i for i, n in enumerate(per) if int(n) == 0]
+        elif fam.blocks.record == "recurrent_layers":  # llama.cpp: the list, else every interval-th is attention
+            flags = kv.get(f"{garch}.attention.recurrent_layers")
+            if isinstance(flags, (list, tuple)):
+                if len(flags) != L:
+                    raise SourceError(f"{where}: GGUF key '{escape_name(str(garch))}.attention.recurrent_layers' "
+                                      f"lists {len(flags)} layers but block_count is {L}; the file is damaged")
+                rec = [i for i, f in enumerate(flags) if bool(f)]
+            else:
+                n = num("full_attention_interval", 4)
+                if n == 0:
+                    raise SourceError(f"{where}: GGUF key '{escape_name(str(garch))}.full_attention_interval' is 0; "
+                                      "the file is damaged")
+                rec = [i for i in range(L) if (i + 1) % n]
         if rec:
             sd = {"H": H, **{dim: num(key) for dim, key in fam.blocks.gguf_dims}}
             state = _eval(fam.blocks.state, sd)
@@ -1267,6 +1448,11 @@ def dims(cfg: Mapping[str, Any], where: str = "config.json") -> dict:
         raise SourceError(f"{where}: model_type {escape_name(repr(cfg.get('model_type')), 60)} is not a known "
                           "architecture")
     return _dims(cfg, fam, where)
+
+
+def evaluate(expr: Any, d: Mapping[str, int]) -> int:
+    """A shape or state expression (an int, or dims with + - * and parentheses) over the dims of :func:`dims`."""
+    return _eval(expr, d)
 
 
 def gguf_generic_config(kv: Mapping[str, Any]) -> dict:

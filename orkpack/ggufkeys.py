@@ -105,10 +105,21 @@ EXPERT_WEIGHTS_NORM = Key("expert_weights_norm", "bool", family=_fam((_DEEPSEEK,
 SHORTCONV_L_CACHE = Key("shortconv.l_cache", "uint32", family=_fam((("lfm2", "lfm2_moe"), ("conv_L_cache",))))
 NEXTN_PREDICT_LAYERS = Key("nextn_predict_layers", "uint32",
                            family=_fam((("deepseek_v3",), ("num_nextn_predict_layers",))))
+# Gated DeltaNet (Qwen3NextModel.set_gguf_parameters): in llama.cpp's SSM terms
+_DELTANET = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
+SSM_CONV_KERNEL = Key("ssm.conv_kernel", "uint32", family=_fam((_DELTANET, ("linear_conv_kernel_dim",))))
+SSM_STATE_SIZE = Key("ssm.state_size", "uint32", family=_fam((_DELTANET, ("linear_key_head_dim",))))
+SSM_GROUP_COUNT = Key("ssm.group_count", "uint32", family=_fam((_DELTANET, ("linear_num_key_heads",))))
+SSM_TIME_STEP_RANK = Key("ssm.time_step_rank", "uint32", family=_fam((_DELTANET, ("linear_num_value_heads",))))
 
 # ---------------------------------------------------------------------------- per layer (modelkv, for a hybrid: a family
 # with archs ``blocks``): head_count_kv as one count per layer, 0 for the recurrent layers (llama.cpp's is_recr)
 HEAD_COUNT_KV_PER_LAYER = "array[int32]"
+# or (archs Blocks.record "recurrent_layers") one bool per layer, true for the recurrent ones, beside the interval
+RECURRENT_LAYERS = Key("attention.recurrent_layers", "array[bool]")
+FULL_ATTENTION_INTERVAL = Key("full_attention_interval", "uint32", default=4)
+SSM_INNER_SIZE = Key("ssm.inner_size", "uint32")  # value heads x value head dim (Qwen3.5), d_inner (Mamba2)
+ROPE_DIMENSION_SECTIONS = Key("rope.dimension_sections", "array[int32]")  # Qwen3.5's MRoPE sections, 4 entries
 
 # ---------------------------------------------------------------------------- derived (modelkv: head dim x partial
 # rotary factor, MLA: qk_rope_head_dim; a reader's default: the head dim)

@@ -59,9 +59,10 @@ def redraw(m, g, torch) -> None:
             p.copy_(torch.randn(p.shape, generator=g) / max(p.shape[-1], 1) ** 0.5)
 
 
-def tiny_model(root: Path, model_cls: str, config_cls: str, cfg: dict, redraw=redraw):
+def tiny_model(root: Path, model_cls: str, config_cls: str, cfg: dict, redraw=redraw, convert_args: tuple = ()):
     """A seeded tiny transformers model saved to ``root``/hf with a tokenizer, converted by llama.cpp's converter to
-    ``root``/conv.gguf (f32): (HF folder, the converter's GGUF, tokens, transformers' logits on them)."""
+    ``root``/conv.gguf (f32; ``convert_args``: more converter options): (HF folder, the converter's GGUF, tokens,
+    transformers' logits on them)."""
     torch = pytest.importorskip("torch", reason="the reference model needs torch (test extra)")
     transformers = pytest.importorskip("transformers", reason="the reference model needs transformers (test extra)")
     if not (LLAMA_CPP / "convert_hf_to_gguf.py").is_file():
@@ -76,7 +77,7 @@ def tiny_model(root: Path, model_cls: str, config_cls: str, cfg: dict, redraw=re
     synth.write_tokenizer(hf, n_merges=61)
     env = dict(os.environ, PYTHONPATH=str(LLAMA_CPP / "gguf-py"))
     r = subprocess.run([sys.executable, "-c", _RUN_CONVERTER, str(LLAMA_CPP), str(hf), "--outtype", "f32",
-                        "--outfile", str(gg)], env=env, capture_output=True, text=True, timeout=600)
+                        "--outfile", str(gg), *convert_args], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     ids = np.random.default_rng(2).integers(0, 320, T)
     with torch.no_grad():

@@ -21,6 +21,7 @@ from ..errors import SourceError, escape_name
 from ..sources import open_source
 from . import hparams as _hp
 from .hparams import Hparams, NotEvaluable, Rope
+from .deltanet import deltanet
 from .shortconv import shortconv
 from .weights import SourceWeights, Weights
 
@@ -207,6 +208,9 @@ def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
                 q, k, v = qkv[:, : nh * d], qkv[:, nh * d: (nh + nkv) * d], qkv[:, (nh + nkv) * d:]
         else:
             q, k, v = _lin(w, p + "attn_q", x), _lin(w, p + "attn_k", x), _lin(w, p + "attn_v", x)
+        if hp.fwd.attn_gate:  # attn_q holds per head [q | gate]
+            qg = q.reshape(T, nh, 2 * d)
+            q, gate = np.ascontiguousarray(qg[..., :d]).reshape(T, nh * d), qg[..., d:].reshape(T, nh * d)
         if hp.fwd.qk_norm:
             q, k = _qk_norm(q, w, p + "attn_q_norm", hp), _qk_norm(k, w, p + "attn_k_norm", hp)
         q, k, v = q.reshape(T, nh, d), k.reshape(T, nkv, d), v.reshape(T, nkv, -1)
@@ -214,7 +218,10 @@ def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
             q, k = _rope(q, rope, pos), _rope(k, rope, pos)
     sink = next((n for n in (p + "attn_sinks", p + "attn_sinks.weight") if w.has(n)), None)
     sinks = w.tensor(sink) if sink else None
-    return _lin(w, p + "attn_output", _attend(q, k, v, hp, window, sinks))
+    o = _attend(q, k, v, hp, window, sinks)
+    if hp.fwd.attn_gate and not hp.mla:
+        o = o * expit(gate)
+    return _lin(w, p + "attn_output", o)
 
 
 def _mlp(x: np.ndarray, w: Weights, p: str, sfx: str, hp: Hparams, expert: int | None = None) -> np.ndarray:
@@ -288,6 +295,7 @@ def _ffn(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
 _MIXERS: dict[str, Callable[[int, np.ndarray, Hparams, Weights], np.ndarray]] = {
     "attn": lambda i, x, hp, w: _attention(i, x, hp, w),
     "shortconv": shortconv,
+    "deltanet": deltanet,
 }
 
 

@@ -92,6 +92,7 @@ class Hparams:
     topk_group: int = 1
     mla: dict = field(default_factory=dict)  # q_lora_rank, kv_lora_rank, nope, rope, v_head_dim
     blocks: tuple[str, ...] = ()  # a hybrid's block type per layer (archs.Blocks: "attn", "shortconv"); (): all attn
+    ssm: dict = field(default_factory=dict)  # a hybrid's recurrent dims (archs Blocks.gguf_dims: ck, ds, ng, di ...)
 
 
 def _num(v: Any, what: str, where: str) -> float:
@@ -288,6 +289,7 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
         mla={"q_lora_rank": d["qlr"], "kv_lora_rank": d["kvlr"], "nope": d["nope"], "rope": d["rope"],
              "v_head_dim": d["vhd"]} if mla else {},
         blocks=tuple(archs.layer_blocks(cfg, where)) if fam.blocks is not None else (),
+        ssm={dim: int(d[dim]) for dim, _ in fam.blocks.gguf_dims} if fam.blocks is not None else {},
     )
 
 
@@ -389,6 +391,8 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
         mla={"q_lora_rank": int(get(G.Q_LORA_RANK)), "kv_lora_rank": int(get(G.KV_LORA_RANK)),
              "nope": hd - rot, "rope": rot, "v_head_dim": int(get(G.VALUE_LENGTH, hd))} if mla else {},
         blocks=_gguf_blocks(fam, facts),
+        ssm={dim: int(kv[f"{garch}.{key}"]) for dim, key in fam.blocks.gguf_dims if kv.get(f"{garch}.{key}") is not None}
+        if fam.blocks is not None else {},
     )
 
 

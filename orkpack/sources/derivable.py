@@ -50,12 +50,17 @@ def derivable_reason(name: str, dtype: str, shape: tuple[int, ...]) -> str | Non
     return None
 
 
-def split_derivable(entries, key=lambda e: (e[0], e[1], tuple(e[2]))) -> tuple[list, list[Skipped]]:
-    """(entries to keep, skipped buffers sorted by name); ``key(entry)`` gives (source name, dtype, shape)."""
+def split_derivable(entries, key=lambda e: (e[0], e[1], tuple(e[2])),
+                    family_skip: tuple[tuple[str, str], ...] = ()) -> tuple[list, list[Skipped]]:
+    """(entries to keep, skipped buffers sorted by name); ``key(entry)`` gives (source name, dtype, shape).
+
+    ``family_skip``: the family's own (regex, why) pairs (orkpack/archs.py ``Family.skip``: a multimodal release's
+    vision tower), left out and listed the same way."""
     kept, skipped = [], []
+    rules = [(re.compile(rx), why) for rx, why in family_skip]
     for e in entries:
         name, dtype, shape = key(e)
-        why = derivable_reason(name, dtype, shape)
+        why = next((w for rx, w in rules if rx.search(name)), None) or derivable_reason(name, dtype, shape)
         if why is None:
             kept.append(e)
         else:

@@ -118,6 +118,8 @@ def _hparams(cfg: Mapping, fam_name: str | None, garch: str, kv: list, warn: Cal
             kv.append([G.ROPE_DIMENSION_COUNT.at(garch), G.ROPE_DIMENSION_COUNT.type, rope])
     elif _valid("uint32", hd):
         frac = _first(c, ("partial_rotary_factor",))
+        if frac is None and isinstance(rp, Mapping):  # transformers 5 keeps it in rope_parameters
+            frac = rp.get("partial_rotary_factor")
         rot = int(hd * frac) if _valid("float32", frac) and 0 < frac <= 1 else hd
         kv.append([G.ROPE_DIMENSION_COUNT.at(garch), G.ROPE_DIMENSION_COUNT.type, rot])
     _rope_scaling(c, garch, kv, warn)
@@ -146,8 +148,20 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
 
     if fam.more_dims is not None:
         put(G.FEED_FORWARD_LENGTH, G.FEED_FORWARD_LENGTH.type, d["I"])
-    if fam.blocks is not None:
+    if fam.blocks is not None and fam.blocks.record == "kv_heads":
         put(G.HEAD_COUNT_KV, G.HEAD_COUNT_KV_PER_LAYER, [d["nkv"] if b == archs.ATTN else 0 for b in blocks])
+    elif fam.blocks is not None:  # Qwen3NextModel: the list, the interval (its default 4 when absent), d_inner
+        put(G.RECURRENT_LAYERS, G.RECURRENT_LAYERS.type, [b != archs.ATTN for b in blocks])
+        tc = cfg.get("text_config") if fam.text_config and isinstance(cfg.get("text_config"), Mapping) else cfg
+        n = tc.get(fam.blocks.interval)
+        put(G.FULL_ATTENTION_INTERVAL, G.FULL_ATTENTION_INTERVAL.type,
+            n if _valid("uint32", n) else G.FULL_ATTENTION_INTERVAL.default)
+        put(G.SSM_INNER_SIZE, G.SSM_INNER_SIZE.type, d["di"])
+        rp = tc.get("rope_parameters")
+        sec = rp.get("mrope_section") if isinstance(rp, Mapping) else None
+        put(G.ROPE_DIMENSION_SECTIONS, G.ROPE_DIMENSION_SECTIONS.type,
+            (list(sec) + [0] * 4)[:4] if isinstance(sec, list) and all(_valid("uint32", x) for x in sec)
+            else [11, 11, 10, 0])  # _Qwen35MRopeMixin's default
     if fam.name in _GATING_WRITTEN and d["E"]:
         put(G.EXPERT_GATING_FUNC, G.EXPERT_GATING_FUNC.type, 2 if fam.forward.router == "sigmoid" else 1)
 

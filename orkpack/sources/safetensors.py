@@ -43,7 +43,7 @@ import os
 import re
 import struct
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -54,7 +54,7 @@ from ..errors import SourceError, escape_name
 from ..pack import spec
 from .base import RAW_DTYPES, FileSource, TensorInfo, array_in, map_array
 from .derivable import split_derivable
-from . import quantized
+from . import convlayout, quantized
 from .names import canonical_name, hf_expert, natural_key
 
 HEADER_CAP = 100 * 1024 * 1024
@@ -239,7 +239,9 @@ class SafetensorsSource(FileSource):
         if n_layers > MAX_LAYERS:
             raise SourceError(f"{_fname(self.root)}: {n_layers} layers (from config.json or the tensor names) is over "
                               f"the cap of {MAX_LAYERS}; the checkpoint is damaged")
-        raw, self._skipped = split_derivable(raw)  # derivable buffers (position_ids, ...): listed, not read
+        fam = archs.config_family(self.config) if self.config is not None else None
+        raw, self._skipped = split_derivable(raw, family_skip=fam.skip if fam is not None else ())
+        # derivable buffers (position_ids, ...) and what the family leaves out (a vision tower): listed, not read
         q = quantized.prepare(raw, self.config, self.root, self.files, self._skipped)  # FP8 + scales, MXFP4 pairs
         raw, self._skipped, self._recipes = q.raw, q.skipped, q.recipes
         self._entries: dict[str, _Entry] = {}
@@ -269,6 +271,16 @@ class SafetensorsSource(FileSource):
             parts = [_Part(experts[e][3], experts[e][4], experts[e][5]) for e in range(len(experts))]
             self._add(name, src, first[1], (len(experts), *first[2]), parts)
         self._order = sorted(self._entries, key=natural_key)
+        # the converter's value changes (A_log -> -exp, value heads tiled): made on read (convlayout)
+        self._changes = {n: (ch, self._entries[n].info.dtype)  # (changes, the stored dtype)
+                         for n, ch in convlayout.plan(fam, self.config, self._order).items()
+                         if self._entries[n].info.dtype not in quantized.DEQUANTIZED_DTYPES}
+        for name, (ch, stored) in self._changes.items():
+            info = self._entries[name].info
+            dt = convlayout.dtype_after(ch, stored)
+            if dt != stored:
+                self._entries[name] = _Entry(replace(info, dtype=dt, nbytes=math.prod(info.shape) * 4),
+                                             self._entries[name].parts)
 
     def _add(self, name: str, src: str, dtype: str, shape: tuple[int, ...], parts: list[_Part]) -> None:
         if name in self._entries:
@@ -287,7 +299,8 @@ class SafetensorsSource(FileSource):
         """A float or raw tensor stored in one piece as a read-only view of its shard's pages
         (base.map_array); None for dequantized types and stacked experts (``read`` gathers them)."""
         ent = self._entries.get(name)
-        if ent is None or not self._fds or len(ent.parts) != 1 or ent.info.dtype in quantized.DEQUANTIZED_DTYPES:
+        if ent is None or not self._fds or len(ent.parts) != 1 or ent.info.dtype in quantized.DEQUANTIZED_DTYPES \
+                or name in self._changes:
             return None
         p = ent.parts[0]
         return map_array(self._fds[p.file], p.offset, ent.info.shape, _NP_DTYPE[ent.info.dtype].newbyteorder("="))
@@ -305,11 +318,17 @@ class SafetensorsSource(FileSource):
         if info.dtype in quantized.DEQUANTIZED_DTYPES:  # FP8, MXFP4: float32, dequantized in chunks
             return quantized.dequantize(info.shape, [self._recipes[(p.file, p.offset, p.nbytes)] for p in ent.parts],
                                         lambda fi, off, mv: read_into(self._fds[fi], off, mv, self.files[fi]), out)
-        arr = array_in(out, info.shape, _NP_DTYPE[info.dtype].newbyteorder("="))
+        changed = self._changes.get(name)
+        stored = changed[1] if changed else info.dtype
+        arr = array_in(None if changed else out, info.shape, _NP_DTYPE[stored].newbyteorder("="))
         flat = arr.reshape(-1).view(np.uint8)
         pos = 0
         for p in ent.parts:
             read_into(self._fds[p.file], p.offset, memoryview(flat[pos: pos + p.nbytes]), self.files[p.file])
             pos += p.nbytes
+        if changed:
+            got = convlayout.apply(arr, changed[0])
+            arr = array_in(out, info.shape, got.dtype)
+            arr[...] = got
         return arr
 

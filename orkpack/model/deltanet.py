@@ -1,0 +1,93 @@
+"""Qwen3.5 / Qwen3-Next's Gated DeltaNet (transformers' ``Qwen3_5GatedDeltaNet``; llama.cpp's
+``build_layer_attn_linear``), the mixer of a hybrid's ``deltanet`` layers in the reference forward pass.
+
+On the normed hidden states x (T, H), with key heads ``ng`` of ``ds`` dims and value heads ``nv`` of ``dv``:
+
+    qkv = silu(causal_depthwise_conv(attn_qkv(x), ssm_conv1d))     # (T, 2 ng ds + nv dv)
+    q, k, v = split(qkv); q, k = l2norm(q), l2norm(k) (eps 1e-6); q /= sqrt(ds)
+    beta = sigmoid(ssm_beta(x)); g = ssm_a * softplus(ssm_alpha(x) + ssm_dt.bias)   # (T, nv); ssm_a = -exp(A_log)
+    per value head h, with its key head kh(h), a state S (ds, dv) from zeros:
+        S = exp(g_t) S;  S += k_t (beta_t (v_t - k_t S));  o_t = q_t S
+    out = ssm_out(rmsnorm(o) * ssm_norm * silu(attn_gate(x)))      # the gated RMSNorm per value head
+
+The weights are read in llama.cpp's converter layout (orkpack/sources/convlayout.py makes an HF folder read so):
+value heads tiled, so value head h uses key head ``h % ng`` (transformers' grouped order: ``h // (nv / ng)``).
+The recurrence runs token by token in float32 on the CPU (as the board runs it): only its matrices see the NPU's
+numerics.
+"""
+from __future__ import annotations
+
+import numpy as np
+from scipy.special import expit
+
+from .hparams import Hparams
+from .weights import Weights
+
+
+def _lin(w: Weights, name: str, x: np.ndarray) -> np.ndarray:
+    y = w.matmul(name + ".weight", x)
+    return y + w.tensor(name + ".bias") if w.has(name + ".bias") else y
+
+
+def causal_conv(x: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """Depthwise causal convolution of x (T, C) with kernel k (C, K): y[t] = sum_j k[:, j] x[t - K + 1 + j]
+    (positions before the first token are zeros: a fresh sequence)."""
+    T = x.shape[0]
+    y = np.zeros_like(x)
+    K = k.shape[1]
+    for j in range(K):
+        back = K - 1 - j
+        if back < T:
+            y[back:] += x[: T - back] * k[:, j]
+    return y
+
+
+def _l2norm(x: np.ndarray) -> np.ndarray:
+    return x / np.sqrt((x * x).sum(-1, keepdims=True) + np.float32(1e-6))
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))).astype(np.float32)  # torch's threshold 20
+
+
+def delta_rule(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray) -> np.ndarray:
+    """The gated delta rule over T tokens: q, k (T, nv, ds), v (T, nv, dv), g and beta (T, nv) -> (T, nv, dv)."""
+    T, nv, ds = k.shape
+    S = np.zeros((nv, ds, v.shape[2]), dtype=np.float32)
+    out = np.empty_like(v)
+    decay = np.exp(g).astype(np.float32)
+    for t in range(T):
+        S *= decay[t][:, None, None]
+        mem = np.einsum("hk,hkv->hv", k[t], S)
+        delta = (v[t] - mem) * beta[t][:, None]
+        S += k[t][:, :, None] * delta[:, None, :]
+        out[t] = np.einsum("hk,hkv->hv", q[t], S)
+    return out
+
+
+def deltanet(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
+    """The Gated DeltaNet block of layer ``i`` on the normed hidden states ``x`` (T, H) -> (T, H)."""
+    p = f"blk.{i}."
+    T = x.shape[0]
+    ng, ds, di = hp.ssm["ng"], hp.ssm["ds"], hp.ssm["di"]
+    a = np.asarray(w.tensor(p + "ssm_a"), dtype=np.float32)
+    nv = a.shape[0]
+    dv = di // nv
+    kernel = np.asarray(w.tensor(p + "ssm_conv1d.weight"), dtype=np.float32).reshape(2 * ng * ds + di, -1)
+    qkv = causal_conv(_lin(w, p + "attn_qkv", x), kernel)
+    if w.has(p + "ssm_conv1d.bias"):
+        qkv = qkv + w.tensor(p + "ssm_conv1d.bias")
+    qkv = qkv * expit(qkv)
+    q = qkv[:, : ng * ds].reshape(T, ng, ds)
+    k = qkv[:, ng * ds: 2 * ng * ds].reshape(T, ng, ds)
+    v = qkv[:, 2 * ng * ds:].reshape(T, nv, dv)
+    q, k = _l2norm(q) / np.float32(np.sqrt(ds)), _l2norm(k)
+    rep = nv // ng  # tiled value heads: head h reads key head h % ng
+    q, k = np.tile(q, (1, rep, 1)), np.tile(k, (1, rep, 1))
+    beta = expit(_lin(w, p + "ssm_beta", x))
+    g = a * _softplus(_lin(w, p + "ssm_alpha", x) + w.tensor(p + "ssm_dt.bias"))
+    o = delta_rule(q, k, v, g.astype(np.float32), beta.astype(np.float32))
+    z = _lin(w, p + "attn_gate", x).reshape(T, nv, dv)
+    o = o / np.sqrt((o * o).mean(-1, keepdims=True) + np.float32(hp.eps))
+    o = o * w.tensor(p + "ssm_norm.weight") * (z * expit(z))
+    return _lin(w, p + "ssm_out", o.reshape(T, di).astype(np.float32))

@@ -1,0 +1,72 @@
+"""llama.cpp's converter layout for the value changes it makes: what an HF reader applies so that a folder reads,
+tensor for tensor, as the converter's GGUF of it (names and squeezed shapes are archs' ``renames`` and ``squeeze``).
+
+A family declares its changes as :class:`orkpack.archs.Convert` entries; :func:`plan` evaluates them for one config
+into :class:`Change` lists by canonical name, and :func:`apply` makes them on an array as read:
+
+* ``neg_exp``: ``-exp(A_log)`` (the converter's ``ssm_a``), computed and stored in float32;
+* ``vheads``: Qwen3.5 / Qwen3-Next's value heads from grouped order (K head g's V heads g*per .. g*per + per - 1
+  together) to tiled order (V head r of every K head, then r + 1), along one axis after its first ``skip`` entries,
+  in heads of ``head`` entries: ``reshape(groups, per, head) -> swap the first two -> reshape`` (the converter's
+  ``_LinearAttentionVReorderBase._reorder_v_heads``). A pure permutation: the stored bits move, BF16 stays 16-bit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+import numpy as np
+
+from .. import archs
+from ..globs import matches
+from .base import as_float32
+
+
+@dataclass(frozen=True)
+class Change:
+    op: str  # neg_exp | vheads
+    axis: int = 0
+    skip: int = 0
+    head: int = 1
+    groups: int = 1
+    per: int = 1
+
+
+def plan(fam: archs.Family | None, config: Mapping | None, names) -> dict[str, list[Change]]:
+    """{canonical name: its changes in order} for the tensors ``names`` of a checkpoint of ``fam``."""
+    if fam is None or not fam.convert or config is None:
+        return {}
+    d = archs.dims(config)
+    out: dict[str, list[Change]] = {}
+    for name in names:
+        for c in fam.convert:
+            if matches(name, c.glob):
+                ch = Change(c.op, c.axis, *(archs.evaluate(x, d) for x in (c.skip, c.head, c.groups, c.per)))
+                if ch.op == "vheads" and ch.per == 1:
+                    continue  # as many V heads as K heads: the order is the same
+                out.setdefault(name, []).append(ch)
+    return out
+
+
+def dtype_after(changes: list[Change], dtype: str) -> str:
+    """The safetensors dtype a tensor reads as once changed (``neg_exp`` computes in float32)."""
+    return "F32" if any(c.op == "neg_exp" for c in changes) else dtype
+
+
+def apply(a: np.ndarray, changes: list[Change]) -> np.ndarray:
+    for c in changes:
+        if c.op == "neg_exp":
+            a = (-np.exp(as_float32(a).astype(np.float64))).astype(np.float32)  # correctly rounded
+        else:
+            a = _vheads(a, c)
+    return a
+
+
+def _vheads(a: np.ndarray, c: Change) -> np.ndarray:
+    ax = c.axis % a.ndim
+    n = a.shape[ax] - c.skip
+    if n != c.groups * c.per * c.head:
+        raise ValueError(f"{n} entries after {c.skip} on axis {ax} are not {c.groups} x {c.per} x {c.head}")
+    m = np.moveaxis(a, ax, 0)
+    tail = m[c.skip:].reshape(c.groups, c.per, c.head, *m.shape[1:]).swapaxes(0, 1).reshape(n, *m.shape[1:])
+    return np.ascontiguousarray(np.moveaxis(np.concatenate([m[:c.skip], tail]), 0, ax))
