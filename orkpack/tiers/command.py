@@ -198,6 +198,15 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
               f"NPU {_b(r['npu_weights'])}, host copies {_b(r['host_copy_nf4'])}, int8 {_b(r['host_int8'])}, "
               f"NF4 {_b(r['host_nf4'])}, float {_b(r['host_float'])}, KV {_b(r['kv_cache'])}, reserve {_b(r['reserve'])}")
     console.print(t)
+    rec = m.get("recurrent_layers") or []
+    if rec:  # a hybrid: KV for the attention layers only, a fixed state for the others
+        from .manifest import cache_bytes
+
+        c = cache_bytes(m, d["options"]["ctx"], d["options"]["kv_type"])
+        console.print(f"Hybrid: KV cache {_b(c['kv'])} for the {m['n_layers'] - len(rec)} attention layers of "
+                      f"{m['n_layers']} at ctx {d['options']['ctx']} (all-attention of this shape: "
+                      f"{_b(c['all_attention'])}); recurrent state {_b(c['state'])} for the other {len(rec)}, "
+                      "per sequence, whatever the context")
     ben = getattr(tm, "benefits", {})  # the profile's benefit of every item, NPU or not
     hot = sorted((x for x in tm.decisions if ben.get(x.name, x.benefit_us) > 0),
                  key=lambda x: (-ben.get(x.name, x.benefit_us), x.name))[:top]
