@@ -781,8 +781,18 @@ _F.append(
            squeeze=(("blk.*.ssm_conv1d.weight", 1),), convert=_DELTANET_CONVERT, forward=_FWD_QWEN35),
 )
 _QWEN35 = _F[-1]
-_F.append(replace(_QWEN35, name="qwen3_5", text_config=True, renames=_MM_RENAMES + _Q35_RENAMES, skip=_VISION_SKIP,
-                  classes=("Qwen3_5ForConditionalGeneration",)))
+
+
+def _multimodal(fam: Family, name: str, cls: str) -> Family:
+    """A release's Qwen3_5*ForConditionalGeneration form of a text family: its text model under
+    model.language_model. (config text_config), its vision tower left out by name."""
+    mm = lambda x: replace(x, name=x.name.replace("model.", "model.language_model.", 1))  # noqa: E731
+    return replace(fam, name=name, text_config=True, layer=tuple(mm(x) for x in fam.layer),
+                   top=tuple(mm(x) if x.name.startswith("model.") else x for x in fam.top),
+                   renames=_MM_RENAMES + fam.renames, skip=_VISION_SKIP, classes=(cls,))
+
+
+_F.append(_multimodal(_QWEN35, "qwen3_5", "Qwen3_5ForConditionalGeneration"))
 _Q35_MOE_FFN = _EXPERTS + (
     t(P + "mlp.shared_expert.gate_proj.weight", "Is", "H", when="moe"),
     t(P + "mlp.shared_expert.up_proj.weight", "Is", "H", when="moe"),
@@ -800,8 +810,7 @@ _F.append(
                             smooth=_FWD_QWEN35.smooth[:1])),
 )
 _QWEN35_MOE = _F[-1]
-_F.append(replace(_QWEN35_MOE, name="qwen3_5_moe", text_config=True, renames=_MM_RENAMES + _Q35_RENAMES,
-                  skip=_VISION_SKIP, classes=("Qwen3_5MoeForConditionalGeneration",)))
+_F.append(_multimodal(_QWEN35_MOE, "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration"))
 
 
 

@@ -65,6 +65,17 @@ def _tiny(model_type: str, cls: str, **kw) -> dict:
     return {"architectures": [cls], "model_type": model_type, **_BASE, **kw}
 
 
+
+_Q35 = {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "hidden_size": 64,
+        "intermediate_size": 96, "num_hidden_layers": 4,
+        "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 128,
+        "linear_conv_kernel_dim": 4, "linear_key_head_dim": 8, "linear_value_head_dim": 12, "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4, "rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "tie_word_embeddings": False,
+        "rope_parameters": {"rope_theta": 10000000.0, "rope_type": "default", "partial_rotary_factor": 0.25,
+                            "mrope_section": [1, 1, 0], "mrope_interleaved": True}, "torch_dtype": "bfloat16"}
+_Q35_MOE = {**_Q35, "architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text", "num_experts": 4,
+            "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48}
 TINY: dict[str, dict] = {
     "llama": _tiny("llama", "LlamaForCausalLM", tie_word_embeddings=False, attention_bias=False, mlp_bias=False),
     "mistral": _tiny("mistral", "MistralForCausalLM", tie_word_embeddings=False, sliding_window=None),
@@ -144,6 +155,16 @@ TINY: dict[str, dict] = {
                  "vocab_size": 128, "max_position_embeddings": 4096, "norm_eps": 1e-5, "conv_L_cache": 3,
                  "conv_bias": False, "tie_word_embeddings": True,
                  "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}, "torch_dtype": "bfloat16"},
+    # Qwen3.5: Gated DeltaNet and gated-attention layers (2 value heads per key head: the converter tiles them)
+    "qwen3_5_text": _Q35,
+    "qwen3_5_moe_text": _Q35_MOE,
+    # the releases' multimodal form: the text model in text_config (its vision tower is left out of a build)
+    "qwen3_5": {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
+                "text_config": {k: v for k, v in _Q35.items() if k != "architectures"} | {"model_type": "qwen3_5_text"},
+                "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    "qwen3_5_moe": {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
+                    "text_config": {k: v for k, v in _Q35_MOE.items() if k != "architectures"}
+                    | {"model_type": "qwen3_5_moe_text"}, "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
     # a hybrid: Mamba2 and NoPE attention layers (the published configs' names), 2 groups of B/C, an MoE FFN of 4
     # experts plus the shared MLP, the granite multipliers
     "granitemoehybrid": {"architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid",
