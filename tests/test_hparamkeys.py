@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import hashlib
 import json
 import math
@@ -140,7 +141,7 @@ def _cases() -> dict[str, dict]:
 
 # Hparams fields added after the golden was written (a hybrid's per-layer block types): every family the golden
 # knows has them at their default, which the snapshot leaves out; the families that set them are new cases
-_ADDED_SINCE_GOLDEN = ("blocks",)
+_ADDED_SINCE_GOLDEN = ("blocks", "ssm")
 
 
 def _plain(v):
@@ -156,8 +157,12 @@ def _plain(v):
         return "Forward"  # from archs, not under test here
     if isinstance(v, hparams.Hparams):  # a field added after the golden counts only where it is not its default
         fields = v.__dataclass_fields__
+
+        def default(f):
+            return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+
         return {k: _plain(getattr(v, k)) for k in fields
-                if not (k in _ADDED_SINCE_GOLDEN and getattr(v, k) == fields[k].default)}
+                if not (k in _ADDED_SINCE_GOLDEN and getattr(v, k) == default(fields[k]))}
     if isinstance(v, (set, frozenset)):
         return {"set": sorted(v)}
     if isinstance(v, tuple):
@@ -422,7 +427,7 @@ def test_every_table_entry_is_used():
 def test_table_shape():
     assert len({k.name for k in G.KEYS}) == len(G.KEYS)
     for k in G.KEYS:
-        assert k.type in ("uint32", "float32", "bool", "string", "array[int32]"), k
+        assert k.type in ("uint32", "float32", "bool", "string", "array[int32]", "array[bool]"), k
         assert set(k.family) <= set(archs.FAMILIES), k  # family names are orkpack.archs' families
         assert all(isinstance(v, tuple) and v for v in k.family.values()), k
         assert not k.rope_scaling or (k.name.startswith("rope.scaling.") and set(k.kinds) <= set(
@@ -434,12 +439,20 @@ def test_table_shape():
 
 
 def test_every_key_spells_a_gguf_key():
-    """Each llama.cpp key of the table is one of gguf-py's (Keys.LLM, Keys.Attention, Keys.Rope, Keys.ShortConv); orkpack's own
+    """Each llama.cpp key of the table is one of gguf-py's (Keys.LLM, Keys.Attention, Keys.Rope, Keys.ShortConv,
+    Keys.SSM); orkpack's own
     (``llama_cpp=False``) are not (if gguf-py gains one, mark it llama.cpp's)."""
     from gguf.constants import Keys
 
-    known = {v for cls in (Keys.LLM, Keys.Attention, Keys.Rope, Keys.ShortConv) for n, v in vars(cls).items()
+    known = {v for cls in (Keys.LLM, Keys.Attention, Keys.Rope, Keys.ShortConv, Keys.SSM) for n, v in vars(cls).items()
              if n.isupper() and isinstance(v, str)}
+    # and those of the gguf-py llama.cpp 0c1e570 vendors, when it is there (newer than the installed one:
+    # attention.recurrent_layers)
+    import os
+
+    vendored = Path(os.environ.get("ORKPACK_LLAMA_CPP", ROOT / ".cache" / "llama.cpp")) / "gguf-py" / "gguf" / "constants.py"
+    if vendored.is_file():
+        known |= set(re.findall(r'"(\{arch\}\.[a-z0-9_.]+)"', vendored.read_text()))
     for k in G.KEYS:
         assert ("{arch}." + k.name in known) == k.llama_cpp, k.name
     assert sum(k.llama_cpp for k in G.KEYS) >= 40
@@ -472,7 +485,8 @@ def test_the_table_types_are_gguf_writers_types(tmp_path):
             written.update(got)
             if got:
                 break
-    mine = {k.at("llama"): k.type for k in G.KEYS if k.llama_cpp}
+    # one-value methods only: the array keys (rope.dimension_sections, attention.recurrent_layers) take lists
+    mine = {k.at("llama"): k.type for k in G.KEYS if k.llama_cpp and not k.type.startswith("array")}
     assert {k: written.get(k) for k in mine} == mine
 
 
