@@ -1597,6 +1597,17 @@ def layers_in_config(cfg: Mapping[str, Any] | None) -> int:
 _FP8_SKIP = re.compile(r"(?:norm|embed_tokens|lm_head|\.gate\.weight$|router|e_score_correction_bias|\.bias$|sinks)")
 
 
+def converted_dtype(arch: str | None, name: str, dtype: str) -> str:
+    """The dtype a tensor reads as once the converter's value changes are made (``Family.convert``: ``neg_exp``
+    is computed and stored in float32); else ``dtype``."""
+    fam = FAMILIES.get(arch) if arch else None
+    if fam is None or not fam.convert:
+        return dtype
+    from .globs import matches
+
+    return "F32" if any(c.op == "neg_exp" and matches(name, c.glob) for c in fam.convert) else dtype
+
+
 def stored_dtype(cfg: Mapping[str, Any], hf_name: str, default: str) -> str:
     """The dtype a tensor of a quantized release is stored in (as the readers report it), else ``default``.
 

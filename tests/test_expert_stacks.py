@@ -90,9 +90,9 @@ TINY_HF = {  # model_type -> (config class, model class, config keys)
         num_attention_heads=4, num_key_value_heads=2, conv_L_cache=3)),
 }
 CONV_LAYERS = {"qwen3_5_text": [0, 1, 2], "lfm2": [0, 1, 3]}  # Qwen3.5: 3 linear-attention layers, then full
-# Qwen3.5 is read as an architecture orkpack has no entry for (its HF names, the kernel 3-D [C, 1, K]); LFM2 is
-# declared (orkpack/archs.py): its canonical name, the kernel squeezed to the converter's [C, K]
-CONV_NAME = {"qwen3_5_text": "model.layers.{}.linear_attn.conv1d.weight", "lfm2": "blk.{}.shortconv.conv.weight"}
+# both declared (orkpack/archs.py): their canonical names, the kernel squeezed to the converter's [C, K] (Qwen3.5's
+# value channels also tiled as the converter tiles them: a permutation of the stored bf16 rows)
+CONV_NAME = {"qwen3_5_text": "blk.{}.ssm_conv1d.weight", "lfm2": "blk.{}.shortconv.conv.weight"}
 
 
 @pytest.fixture(scope="module")

@@ -48,11 +48,6 @@ def plan(fam: archs.Family | None, config: Mapping | None, names) -> dict[str, l
     return out
 
 
-def dtype_after(changes: list[Change], dtype: str) -> str:
-    """The safetensors dtype a tensor reads as once changed (``neg_exp`` computes in float32)."""
-    return "F32" if any(c.op == "neg_exp" for c in changes) else dtype
-
-
 def apply(a: np.ndarray, changes: list[Change]) -> np.ndarray:
     for c in changes:
         if c.op == "neg_exp":

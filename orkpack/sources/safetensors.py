@@ -290,7 +290,7 @@ class SafetensorsSource(FileSource):
                          if self._entries[n].info.dtype not in quantized.DEQUANTIZED_DTYPES}
         for name, (ch, stored) in self._changes.items():
             info = self._entries[name].info
-            dt = convlayout.dtype_after(ch, stored)
+            dt = archs.converted_dtype(fam.name, name, stored)
             if dt != stored:
                 self._entries[name] = _Entry(replace(info, dtype=dt, nbytes=math.prod(info.shape) * 4),
                                              self._entries[name].parts)

@@ -236,8 +236,10 @@ def manifest_from_config(cfg: dict, source: str = "config.json") -> Manifest:
         if sp is not None:
             stacked.setdefault(sp[0], {})[sp[1]] = (shape, hf_name)
         else:
-            # as the converter lays it out: squeezed, reshaped, cut or renamed (archs.converter_layout)
-            tensors.extend(TensorEntry(pc.name, pc.shape, archs.stored_dtype(cfg, hf_name, dtype))
+            # as the converter lays it out: squeezed, reshaped, cut or renamed (archs.converter_layout), its value
+            # changes' dtype (archs.converted_dtype)
+            tensors.extend(TensorEntry(pc.name, pc.shape,
+                                       archs.converted_dtype(facts["arch"], pc.name, archs.stored_dtype(cfg, hf_name, dtype)))
                            for pc in archs.converter_layout(cfg, name, tuple(shape), source))
     for name, per in stacked.items():
         shape, hf_name = per[0]
