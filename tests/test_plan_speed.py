@@ -183,7 +183,8 @@ def test_per_expert_names_parse_as_canonical_then_split(cfg):
         else:
             # as the converter lays it out (LFM2's conv kernel squeezed, Granite-4.0-H's input_linear split):
             # archs.converter_layout
-            want.update((pc.name, pc.shape, archs.stored_dtype(data, hf_name, dtype))
+            want.update((pc.name, pc.shape,
+                         archs.converted_dtype(facts["arch"], pc.name, archs.stored_dtype(data, hf_name, dtype)))
                         for pc in archs.converter_layout(data, name, tuple(shape)))
     for name, per in stacked.items():
         shape, hf_name = per[0]
