@@ -175,6 +175,9 @@ class Forward:
     rope: str = "neox"  # neox (rotate the halves of each head) | interleaved (rotate pairs (2i, 2i+1))
     rope_ratio: bool = False  # chatglm: the RoPE base is 10000 x the config's rope_ratio (default 1)
     rope_layers: str = "all"  # all | no_rope_layers (smollm3: the config's per-layer list, 1 = RoPE)
+    rope_switch: str = ""  # a config key whose value "rope" turns RoPE on, anything else (None, "nope") off
+    # (granitemoehybrid: position_embedding_type); from a GGUF rope.scaling.finetuned (llama.cpp's granite-hybrid
+    # switch, default true)
     qk_norm: str = ""  # "" | head (RMS over head_dim, one gain for every head) | full (RMS over all heads)
     window: str = "facts"  # facts: the layers archs lists (swa_layers) | config: sliding_window on every layer
     swa_rope_base: float = 0.0  # gemma3: sliding layers use their own RoPE base (this default), never scaled
@@ -248,6 +251,20 @@ class Convert:
 
 
 @dataclass(frozen=True)
+class Split:
+    """One checkpoint tensor llama.cpp's converter writes as ``len(parts)`` tensors of equal size along ``axis`` (numpy
+    order of the checkpoint's shape), named by replacing ``old`` in its canonical name with each part in turn; one
+    part is a rename. ``when``: model-level flags that must hold (``!flag``: must not), as the templates' ``when``.
+    The parts are byte ranges of the stored tensor (orkpack/sources/safetensors.py reads them as such), so a split
+    changes no value. Granite-4.0-H: the fused gate/up ``input_linear`` of the experts and of the shared MLP."""
+    glob: str  # canonical name (after ``renames``)
+    old: str
+    parts: tuple[str, ...]
+    axis: int = 0
+    when: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Family:
     name: str  # our id: the HF model_type
     gguf: str  # gguf-py MODEL_ARCH member whose TensorNameMap names the tensors
@@ -271,6 +288,9 @@ class Family:
     conv_kernels: tuple[str, ...] = ()  # canonical-name globs of convolution kernels (always float: keepfloat.py)
     squeeze: tuple[tuple[str, int], ...] = ()  # (canonical glob, axis): a size-1 HF axis the converter drops
     convert: tuple["Convert", ...] = ()  # value changes llama.cpp's converter makes (orkpack/sources/convlayout.py)
+    split: tuple[Split, ...] = ()  # checkpoint tensors the converter cuts into several (or renames): :class:`Split`
+    reshape: tuple[tuple[str, tuple], ...] = ()  # (canonical glob, shape over dims): the converter's reshape of the
+    # same elements (Mamba2's A and D (H,) -> (H, 1); its grouped norm (D,) -> (G, D / G))
     skip: tuple[tuple[str, str], ...] = ()  # (regex on the HF name, why): tensors a build leaves out, by name
     # (a multimodal release's vision tower, which llama.cpp's converter writes to a separate mmproj GGUF)
 
@@ -794,6 +814,102 @@ _F.append(
 _QWEN35_MOE = _F[-1]
 _F.append(_multimodal(_QWEN35_MOE, "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration"))
 
+
+
+def _granite_hybrid_dims(cfg: Mapping, d: dict, where: str) -> dict:
+    """Granite-4.0-H's Mamba2 mixer (transformers' GraniteMoeHybridMambaLayer): ``nm`` heads of ``pd`` channels
+    (mamba_n_heads, mamba_d_head: "auto" is d_inner / heads), d_inner ``di`` = mamba_expand x hidden, ``ng`` groups
+    (mamba_n_groups) of B and C of ``ds`` = mamba_d_state each, the conv kernel ``ck`` (mamba_d_conv) over the
+    ``cc`` = di + 2 ng ds channels, the gated norm's group size ``gs`` = di / ng; llama.cpp's ssm.* are these."""
+    def get(key: str, default: Any, cap: int = MAX_WIDTH) -> int:
+        v = cfg.get(key)
+        return _int(default if v is None else v, key, where, cap=cap)
+
+    H = d["H"]
+    expand, nm = get("mamba_expand", 2, 64), get("mamba_n_heads", 128, 1 << 16)
+    ng, ds, ck = get("mamba_n_groups", 1, 1 << 16), get("mamba_d_state", 256), get("mamba_d_conv", 4, 1024)
+    di = expand * H
+    for key, v in (("mamba_expand", expand), ("mamba_n_heads", nm), ("mamba_n_groups", ng), ("mamba_d_state", ds)):
+        if v == 0:
+            raise SourceError(f"{where}: '{key}' is 0; fix the config")
+    if di > MAX_WIDTH or di + 2 * ng * ds > MAX_WIDTH:
+        raise SourceError(f"{where}: the Mamba2 width ('mamba_expand' x 'hidden_size' + 2 x 'mamba_n_groups' x "
+                          f"'mamba_d_state' = {di + 2 * ng * ds}) is beyond any real model (cap {MAX_WIDTH}); fix the config")
+    if ck < 2:
+        raise SourceError(f"{where}: 'mamba_d_conv' = {ck}: the convolution needs at least 2 taps; fix the config")
+    if di % nm:
+        raise SourceError(f"{where}: 'mamba_n_heads' = {nm} does not divide 'mamba_expand' x 'hidden_size' = {di}; "
+                          "fix the config")
+    pd = cfg.get("mamba_d_head")
+    pd = di // nm if pd is None or pd == "auto" else _int(pd, "mamba_d_head", where)
+    if pd * nm != di:
+        raise SourceError(f"{where}: 'mamba_d_head' = {pd} x 'mamba_n_heads' = {nm} is not 'mamba_expand' x "
+                          f"'hidden_size' = {di}; fix the config")
+    if nm % ng:
+        raise SourceError(f"{where}: 'mamba_n_groups' = {ng} does not divide 'mamba_n_heads' = {nm} (each group serves "
+                          "whole heads); fix the config")
+    if not d["E"] and not d["Is"]:
+        raise SourceError(f"{where}: 'shared_intermediate_size' is 0 and there are no experts: the layers would have no "
+                          "FFN; fix the config")
+    return {"nm": nm, "pd": pd, "di": di, "ng": ng, "ds": ds, "ck": ck, "cc": di + 2 * ng * ds, "gs": di // ng}
+
+
+_MAMBA2 = (
+    t(P + "mamba.in_proj.weight", "2*di+2*ng*ds+nm", "H", when="mamba2"),  # z, x B C, dt
+    t(P + "mamba.in_proj.bias", "2*di+2*ng*ds+nm", when="mamba2 proj_bias"),
+    t(P + "mamba.conv1d.weight", "cc", 1, "ck", when="mamba2"),  # depthwise Conv1d; GGUF {ck, cc}
+    t(P + "mamba.conv1d.bias", "cc", when="mamba2 conv_bias"),
+    t(P + "mamba.dt_bias", "nm", when="mamba2", kind="bias"),
+    t(P + "mamba.A_log", "nm", when="mamba2", kind="bias"),
+    t(P + "mamba.D", "nm", when="mamba2", kind="norm"),
+    t(P + "mamba.norm.weight", "di", when="mamba2"),
+    t(P + "mamba.out_proj.weight", "H", "di", when="mamba2"),
+    t(P + "mamba.out_proj.bias", "H", when="mamba2 proj_bias"),
+)
+_GRANITE_HYBRID_ATTN = tuple(replace(x, when=x.when + ("attn",)) for x in _QKVO + _QKV_BIAS + _O_BIAS)
+_GRANITE_HYBRID_FFN = (
+    t(P + "block_sparse_moe.router.layer.weight", "E", "H", when="moe"),
+    t(P + "block_sparse_moe.input_linear.weight", "E", "2*Im", "H", when="moe"),  # per expert [gate; up]
+    t(P + "block_sparse_moe.output_linear.weight", "E", "H", "Im", when="moe"),
+    t(P + "shared_mlp.input_linear.weight", "2*Is", "H"),  # [gate; up]: the shared expert, or the dense FFN
+    t(P + "shared_mlp.output_linear.weight", "H", "Is"),
+)
+_F.append(
+    # IBM Granite-4.0-H (GraniteMoeHybrid): Mamba2 layers and NoPE GQA layers (layer_types "mamba" / "attention",
+    # transformers 5: "linear_attention" / "full_attention"; or attn_layer_indices), each with a softmax top-k MoE
+    # (normalised) plus an always-on shared SwiGLU MLP, or the shared MLP alone (num_local_experts 0: H-Micro); the
+    # granite multipliers. llama.cpp's converter (GraniteHybridModel) splits both fused input_linear into gate and up
+    # (ffn_{gate,up}_exps, ffn_{gate,up}_shexp; without experts the shared MLP is ffn_gate / ffn_up / ffn_down),
+    # squeezes the conv kernel, writes A = -exp(A_log) and A, D as (H, 1) and the gated norm as (G, D / G)
+    Family("granitemoehybrid", "GRANITE_HYBRID", _NORMS + _GRANITE_HYBRID_ATTN + _MAMBA2 + _GRANITE_HYBRID_FFN,
+           _llama_top(),
+           keys={"moe_intermediate": ("intermediate_size",), "shared_intermediate": ("shared_intermediate_size",),
+                 "n_experts": ("num_local_experts",)},
+           defaults={"tie_word_embeddings": False, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+                     "num_hidden_layers": 32, "num_attention_heads": 32, "num_local_experts": 8,
+                     "num_experts_per_tok": 2, "shared_intermediate_size": 1024},  # GraniteMoeHybridConfig's
+           flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("attention_bias")), "o_bias": bool(cfg.get("attention_bias")),
+                                 "conv_bias": cfg.get("mamba_conv_bias") is not False,
+                                 "proj_bias": bool(cfg.get("mamba_proj_bias")), "experts": d["E"] > 0},
+           classes=("GraniteMoeHybridForCausalLM",),
+           renames=((r"^model\.layers\.(\d+)\.block_sparse_moe\.input_linear\.weight$", r"blk.\1.ffn_gate_up_exps.weight"),
+                    (r"^model\.layers\.(\d+)\.shared_mlp\.input_linear\.weight$", r"blk.\1.ffn_gate_up_shexp.weight"),
+                    (r"\.mamba\.dt_bias$", ".mamba.dt_proj.bias")),
+           split=(Split("blk.*.ffn_gate_up_exps.weight", "gate_up", ("gate", "up"), axis=1),
+                  Split("blk.*.ffn_gate_up_shexp.weight", "gate_up", ("gate", "up"), when=("experts",)),
+                  Split("blk.*.ffn_gate_up_shexp.weight", "gate_up_shexp", ("gate", "up"), when=("!experts",)),
+                  Split("blk.*.ffn_down_shexp.weight", "down_shexp", ("down",), when=("!experts",))),
+           reshape=(("blk.*.ssm_a", ("nm", 1)), ("blk.*.ssm_d", ("nm", 1)), ("blk.*.ssm_norm.weight", ("ng", "gs"))),
+           blocks=Blocks("layer_types", {"mamba": "mamba2", "attention": ATTN, "linear_attention": "mamba2",
+                                         "full_attention": ATTN}, indices="attn_layer_indices", default="mamba2",
+                         state="(ck-1)*(di+2*ng*ds)+ds*di",
+                         gguf_dims=(("ck", "ssm.conv_kernel"), ("ds", "ssm.state_size"), ("ng", "ssm.group_count"),
+                                    ("di", "ssm.inner_size"))),
+           more_dims=_granite_hybrid_dims, conv_kernels=("blk.*.ssm_conv1d.weight",),
+           squeeze=(("blk.*.ssm_conv1d.weight", 1),), convert=(Convert("blk.*.ssm_a", "neg_exp"),),
+           forward=Forward(router_norm="always", rope_switch="position_embedding_type", **_FWD_GRANITE)),
+)
+
 FAMILIES: dict[str, Family] = {f.name: f for f in _F}
 _BY_MODEL_TYPE: dict[str, Family] = {mt: f for f in _F for mt in (f.name, *f.model_types)}
 SUPPORTED = tuple(sorted(_BY_MODEL_TYPE))
@@ -856,7 +972,7 @@ def _text_config(cfg: Mapping, fam: Family, where: str) -> Mapping:
 
 # keys the entries read as true/false, as lists of layer numbers, as names
 BOOL_KEYS = ("attention_bias", "mlp_bias", "bias", "add_qkv_bias", "use_bias", "multi_query_attention",
-             "tie_word_embeddings", "conv_bias")
+             "tie_word_embeddings", "conv_bias", "mamba_conv_bias", "mamba_proj_bias")
 LAYER_LIST_KEYS = ("mlp_only_layers",)
 STR_KEYS = ("topk_method",)
 
@@ -1080,6 +1196,57 @@ def converter_shape(arch: str | None, name: str, shape: tuple[int, ...]) -> tupl
     return tuple(shape)
 
 
+@dataclass(frozen=True)
+class Piece:
+    """One tensor as llama.cpp's converter writes it from one checkpoint tensor (:func:`converter_layout`): its canonical
+    name and shape (numpy order), and where its elements lie in the stored tensor: part ``part`` of ``of`` equal parts
+    along ``axis`` of the stored shape (``of`` 1: all of it)."""
+    name: str
+    shape: tuple[int, ...]
+    axis: int = 0
+    part: int = 0
+    of: int = 1
+
+
+def converter_layout(cfg: Mapping[str, Any] | None, name: str, shape: tuple[int, ...],
+                     where: str = "config.json") -> list[Piece]:
+    """The tensors llama.cpp's converter writes for the checkpoint tensor ``name`` (canonical) of ``shape``, of a model
+    with config ``cfg``: its size-1 axes dropped (``squeeze``), reshaped (``reshape``), cut or renamed (``split``);
+    one :class:`Piece` of the same name and shape for every tensor of a family that declares none of them."""
+    fam = config_family(cfg) if isinstance(cfg, Mapping) else None
+    shape = converter_shape(fam.name if fam is not None else None, name, tuple(shape))
+    if fam is None or not (fam.split or fam.reshape):
+        return [Piece(name, shape)]
+    from .globs import matches
+
+    d = _dims(cfg, fam, where)
+    for glob, sh in fam.reshape:
+        if matches(name, glob):
+            new = tuple(_eval(x, d) for x in sh)
+            if math.prod(new) != math.prod(shape):
+                raise SourceError(f"{where}: {escape_name(name)} {shape} does not hold {new}, the shape llama.cpp's "
+                                  "converter gives it; the checkpoint does not match its config")
+            shape = new
+    flags = _model_flags(fam, cfg, d)
+    for sp in fam.split:
+        if matches(name, sp.glob) and _holds(sp.when, flags):
+            n, ax = len(sp.parts), sp.axis
+            if len(shape) <= ax or shape[ax] % n:
+                raise SourceError(f"{where}: {escape_name(name)} {shape} does not split in {n} along axis {ax} as "
+                                  "llama.cpp's converter splits it; the checkpoint does not match its config")
+            sub = shape[:ax] + (shape[ax] // n,) + shape[ax + 1:]
+            return [Piece(name.replace(sp.old, part), sub, ax, k, n) for k, part in enumerate(sp.parts)]
+    return [Piece(name, shape)]
+
+
+def _model_flags(fam: Family, cfg: Mapping, d: dict) -> dict:
+    """The model-level template flags (``tied``, ``vision`` and the family's own ``flags``)."""
+    base = {"tied": d["tied"] and not fam.head_stored_when_tied, "vision": fam.name == "gemma3"}
+    if fam.flags is not None:
+        base.update(fam.flags(cfg, d))
+    return base
+
+
 def _moe_layer(fam: Family, d: dict, cfg: Mapping, i: int) -> bool:
     if not d["E"]:
         return False
@@ -1199,9 +1366,7 @@ def hf_tensors(cfg: Mapping[str, Any], where: str = "config.json") -> tuple[dict
     facts = facts_from_config(cfg, where)
     fam = FAMILIES[facts["arch"]]
     d = _dims(cfg, fam, where)
-    base = {"tied": d["tied"] and not fam.head_stored_when_tied, "vision": fam.name == "gemma3"}
-    if fam.flags is not None:
-        base.update(fam.flags(cfg, d))
+    base = _model_flags(fam, cfg, d)
     out: list[tuple[str, tuple[int, ...], T]] = []
 
     def emit(tpl: T, flags: Mapping[str, bool], i: int | None) -> None:

@@ -253,8 +253,21 @@ class SafetensorsSource(FileSource):
                 layer, e, proj = ex
                 groups.setdefault((layer, proj), {})[e] = r
                 continue
-            cname = canonical_name(t, name_arch, n_layers)  # the shape as the converter lays it out (squeezed)
-            self._add(cname, t, dtype, archs.converter_shape(name_arch, cname, tuple(shape)), [_Part(fi, off, nb)])
+            cname = canonical_name(t, name_arch, n_layers)
+            # the tensors as the converter lays them out: squeezed, reshaped, cut into parts (byte ranges) or renamed
+            pieces = archs.converter_layout(self.config, cname, tuple(shape), _fname(self.root))
+            if len(pieces) == 1 and pieces[0].of == 1:
+                self._add(pieces[0].name, t, dtype, pieces[0].shape, [_Part(fi, off, nb)])
+                continue
+            if dtype in quantized.DEQUANTIZED_DTYPES or dtype not in _NP_DTYPE:
+                raise SourceError(f"{_fname(self.root)}: {escape_name(t)} is {dtype}: llama.cpp's converter splits it, "
+                                  "and orkpack splits float tensors only; convert the checkpoint to BF16 first")
+            for pc in pieces:
+                outer = math.prod(pc.shape[:pc.axis])  # the whole tensor is `of` such pieces along the axis
+                rows, inner = pc.shape[pc.axis] * pc.of, math.prod(pc.shape[pc.axis + 1:]) * _NP_DTYPE[dtype].itemsize
+                step = rows // pc.of * inner
+                self._add(pc.name, t, dtype, pc.shape,
+                          [_Part(fi, off + o * rows * inner + pc.part * step, step) for o in range(outer)])
         for (layer, proj), experts in groups.items():
             name = f"blk.{layer}.ffn_{proj}_exps.weight"
             first = experts[min(experts)]

@@ -93,6 +93,27 @@ class Item:
         return self.numel * _itemsize(self.dtype)
 
 
+def cache_bytes(facts: dict, ctx: int, kv_type: str = "f16") -> dict:
+    """The runtime's per-sequence cache of a model with these facts (:meth:`Manifest.kv_bytes`): ``kv``, the KV cache
+    of its attention layers for ``ctx`` positions; ``state``, the fixed-size state of a hybrid's recurrent layers
+    (float32); ``all_attention``, the KV cache the same shape would need with every layer attention."""
+    if kv_type not in KV_TYPES:
+        raise OrkError(f"--kv-type {escape_name(str(kv_type))!r} is not supported; use one of {', '.join(KV_TYPES)}")
+    if ctx <= 0:
+        raise OrkError(f"--ctx must be a positive number of tokens (got {ctx})")
+
+    def row(n: int) -> int:
+        return 2 * n if kv_type == "f16" else 34 * (-(-n // 32))
+
+    per = row(facts["kv_k"]) + row(facts["kv_v"])
+    swa = set(facts.get("swa_layers") or ())
+    win = facts.get("swa_window") or 0
+    rec = set(facts.get("recurrent_layers") or ())
+    span = [min(ctx, win) if (i in swa and win) else ctx for i in range(facts["n_layers"])]
+    return {"kv": per * sum(p for i, p in enumerate(span) if i not in rec),
+            "state": state_bytes(facts), "all_attention": per * sum(span)}
+
+
 @dataclass
 class Manifest:
     facts: dict
@@ -123,21 +144,8 @@ class Manifest:
         f16: 2 bytes an element; q8_0: blocks of 32 elements in 34 bytes (fp16 scale + 32 int8),
         each of K and V padded to whole blocks.
         """
-        if kv_type not in KV_TYPES:
-            raise OrkError(f"--kv-type {escape_name(str(kv_type))!r} is not supported; use one of {', '.join(KV_TYPES)}")
-        if ctx <= 0:
-            raise OrkError(f"--ctx must be a positive number of tokens (got {ctx})")
-        f = self.facts
-
-        def row(n: int) -> int:
-            return 2 * n if kv_type == "f16" else 34 * (-(-n // 32))
-
-        per = row(f["kv_k"]) + row(f["kv_v"])
-        swa = set(f.get("swa_layers") or ())
-        win = f.get("swa_window") or 0
-        rec = set(f.get("recurrent_layers") or ())
-        positions = sum(min(ctx, win) if (i in swa and win) else ctx for i in range(f["n_layers"]) if i not in rec)
-        return per * positions + state_bytes(f)
+        c = cache_bytes(self.facts, ctx, kv_type)
+        return c["kv"] + c["state"]
 
     def state_bytes(self) -> int:
         return state_bytes(self.facts)
@@ -145,8 +153,7 @@ class Manifest:
     def kv_bytes_all_attention(self, ctx: int, kv_type: str = "f16") -> int:
         """What :meth:`kv_bytes` would be if every layer were an attention layer (a hybrid's saving is the
         difference)."""
-        return replace(self, facts={**self.facts, "recurrent_layers": [], "state": 0}, items=[], floats=[],
-                       tensors=[]).kv_bytes(ctx, kv_type)
+        return cache_bytes(self.facts, ctx, kv_type)["all_attention"]
 
     def recorded_facts(self) -> dict:
         """The facts as a tier map records them: a hybrid's (``recurrent_layers``, ``state``) only for a hybrid,
@@ -244,8 +251,11 @@ def manifest_from_config(cfg: dict, source: str = "config.json") -> Manifest:
         if sp is not None:
             stacked.setdefault(sp[0], {})[sp[1]] = (shape, hf_name)
         else:
-            tensors.append(TensorEntry(name, archs.converter_shape(facts["arch"], name, tuple(shape)),
-                                       archs.converted_dtype(facts["arch"], name, archs.stored_dtype(cfg, hf_name, dtype))))
+            # as the converter lays it out: squeezed, reshaped, cut or renamed (archs.converter_layout), its value
+            # changes' dtype (archs.converted_dtype)
+            tensors.extend(TensorEntry(pc.name, pc.shape,
+                                       archs.converted_dtype(facts["arch"], pc.name, archs.stored_dtype(cfg, hf_name, dtype)))
+                           for pc in archs.converter_layout(cfg, name, tuple(shape), source))
     for name, per in stacked.items():
         shape, hf_name = per[0]
         tensors.append(TensorEntry(name, (len(per),) + tuple(shape), archs.stored_dtype(cfg, hf_name, dtype)))

@@ -607,7 +607,8 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
     prediction = _prediction(manifest, board, profile, md, idx, choice, prompt, rows)
     options = {"ctx": ctx, "kv_type": kv_type, "prefill_m": m, "prompt": prompt, "profile": profile.source,
                "pins": {k: list((pins or {}).get(k) or []) for k in PIN_KINDS},
-               "default_keep": list(recorded_globs(t.name for t in manifest.tensors))}
+               "default_keep": list(recorded_globs([t.name for t in manifest.tensors],
+                                                   [t.shape for t in manifest.tensors]))}
     model = {"source": manifest.source, "origin": manifest.origin, **manifest.recorded_facts(),
              "tensors": len(manifest.tensors), "items": len(items), "assumptions": list(manifest.warnings)}
     tm = TierMap(decisions, model=model, board=board.to_json(), options=options, objective=objective,
