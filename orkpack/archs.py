@@ -990,7 +990,7 @@ def _finite(cfg: Any, where: str) -> None:
         path, key, v = stack.pop()
         if isinstance(v, float) and not math.isfinite(v) and not (math.isinf(v) and key in NO_LIMIT_KEYS):
             raise SourceError(f"{where}: '{escape_name(path, 80)}' = {v!r} is not a finite number (NaN and Infinity "
-                              f"are not JSON; Infinity only as a limit: {', '.join(NO_LIMIT_KEYS)}); fix the config")
+                              "are not JSON); fix the config")
         if isinstance(v, Mapping):
             stack.extend((f"{path}.{k}" if path else str(k), str(k), x) for k, x in v.items())
         elif isinstance(v, list):
