@@ -17,10 +17,10 @@ import pytest
 from orkpack import archs, keepfloat, synth
 from orkpack.errors import SourceError
 from orkpack.sources import model_facts, open_source
-from orkpack.sources.modelkv import from_gguf_fields, from_hf
 from orkpack.tiers.manifest import manifest_from_config
 
-from test_lfm2 import FIXTURES, TOL, _converter, _read_all, build_verify_eval, tiny_model
+from test_lfm2 import (FIXTURES, TOL, _converter, _read_all, build_verify_eval, record_matches_converter,
+                       tiny_model)
 
 _TEXT = {k: v for k, v in synth.TINY["qwen3_5_text"].items() if k not in ("architectures", "model_type", "torch_dtype")}
 _TEXT["vocab_size"] = 320  # the tokenizer's 3 + 256 + 61 tokens
@@ -146,21 +146,10 @@ def test_multimodal_release_packs_its_text_model_and_names_the_vision_tower(mult
 @pytest.mark.parametrize("which", ["dense", "moe"])
 def test_model_record_has_the_converters_keys(which, request):
     hf, gg, _, _ = request.getfixturevalue(which)
-    _, fields = _converter(gg)
     garch = "qwen35" if which == "dense" else "qwen35moe"
-    theirs = {e[0]: e for e in from_gguf_fields(fields)["kv"] if e[0].startswith(garch + ".")}
-    ours = {e[0]: e for e in from_hf(hf, json.loads((hf / "config.json").read_text()))["kv"]}
-    for k in ("ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size",
-              "attention.recurrent_layers", "full_attention_interval", "rope.dimension_count",
-              "rope.dimension_sections"):
-        assert f"{garch}.{k}" in theirs, k
-    for key, (_, typ, v) in theirs.items():
-        assert key in ours, key
-        assert ours[key][1] == typ, (key, ours[key][1], typ)
-        if typ == "float32":
-            assert np.float32(ours[key][2]) == np.float32(v), key
-        else:
-            assert ours[key][2] == v, key
+    theirs = record_matches_converter(hf, gg, garch, (
+        "ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size",
+        "attention.recurrent_layers", "full_attention_interval", "rope.dimension_count", "rope.dimension_sections"))
     assert theirs[f"{garch}.ssm.inner_size"][2] == 48 and theirs[f"{garch}.rope.dimension_count"][2] == 4
 
 
@@ -268,3 +257,14 @@ def test_the_interval_alone_gives_the_pattern():
     assert archs.layer_blocks(cfg) == ["deltanet", "attn", "deltanet", "attn"]
     cfg = {**synth.TINY["qwen3_5_text"], "layer_types": None}  # Qwen3_5TextConfig's default interval, 4
     assert archs.layer_blocks(cfg) == ["deltanet", "deltanet", "deltanet", "attn"]
+
+
+def test_weights_that_contradict_the_configs_heads_are_one_line(tmp_path):
+    folder = synth.write_hf_model(tmp_path / "m", config=synth.TINY["qwen3_5_text"], seed=1)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "linear_value_head_dim": 10}))  # the weights hold 12
+    with pytest.raises(SourceError) as e:
+        open_source(folder)
+    msg = str(e.value)
+    assert "does not hold the value heads config.json describes" in msg and "\n" not in msg, msg
+    assert "blk.0." in msg and "disagree" in msg

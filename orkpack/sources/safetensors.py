@@ -286,7 +286,8 @@ class SafetensorsSource(FileSource):
         self._order = sorted(self._entries, key=natural_key)
         # the converter's value changes (A_log -> -exp, value heads tiled): made on read (convlayout)
         self._changes = {n: (ch, self._entries[n].info.dtype)  # (changes, the stored dtype)
-                         for n, ch in convlayout.plan(fam, self.config, self._order).items()
+                         for n, ch in convlayout.plan(fam, self.config, [(n, self._entries[n].info.shape)
+                                                                          for n in self._order], _fname(self.root)).items()
                          if self._entries[n].info.dtype not in quantized.DEQUANTIZED_DTYPES}
         for name, (ch, stored) in self._changes.items():
             info = self._entries[name].info
