@@ -268,3 +268,21 @@ def test_weights_that_contradict_the_configs_heads_are_one_line(tmp_path):
     msg = str(e.value)
     assert "does not hold the value heads config.json describes" in msg and "\n" not in msg, msg
     assert "blk.0." in msg and "disagree" in msg
+
+
+def test_the_releases_mtp_layer_is_left_out_by_name(tmp_path):
+    """A release's mtp.* tensors (the speculative-decoding draft; the converter's --no-mtp leaves them out)."""
+    from safetensors.numpy import load_file, save_file
+
+    folder = synth.write_hf_model(tmp_path / "m", config=synth.TINY["qwen3_5_text"], seed=1, dtype="f32", shards=1)
+    f = next(folder.glob("*.safetensors"))
+    t = load_file(str(f))
+    t["mtp.fc.weight"] = np.zeros((64, 128), np.float32)
+    t["mtp.layers.0.mlp.up_proj.weight"] = np.zeros((96, 64), np.float32)
+    save_file(t, str(f))
+    src = open_source(folder)
+    try:
+        assert sorted(s.name for s in src.skipped()) == ["mtp.fc.weight", "mtp.layers.0.mlp.up_proj.weight"]
+        assert not any("mtp" in i.name for i in src.tensors())
+    finally:
+        src.close()
