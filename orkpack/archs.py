@@ -1619,7 +1619,10 @@ def layers_in_config(cfg: Mapping[str, Any] | None) -> int:
     return d["L"] + d["n_nextn"]
 
 
-_FP8_SKIP = re.compile(r"(?:norm|embed_tokens|lm_head|\.gate\.weight$|router|e_score_correction_bias|\.bias$|sinks)")
+# FP8 quantizes the linear layers only: not norms, embeddings, the head, routers, biases, convolution kernels
+# (Qwen3.5's linear_attn.conv1d, LFM2's conv.conv, Mamba2's conv1d)
+_FP8_SKIP = re.compile(r"(?:norm|embed_tokens|lm_head|\.gate\.weight$|router|e_score_correction_bias|\.bias$|sinks"
+                       r"|conv1d\.weight$|\.conv\.conv\.weight$)")
 
 
 def converted_dtype(arch: str | None, name: str, dtype: str) -> str:
