@@ -798,13 +798,17 @@ _Q35_DEFAULTS = {"tie_word_embeddings": False, "vocab_size": 248320, "hidden_siz
 _MM_RENAMES = ((r"^model\.language_model\.", "model."),)
 _VISION_SKIP = ((r"^model\.visual\.", "the vision tower (model.visual.*): llama.cpp's converter writes it to a "
                  "separate mmproj GGUF; this pack holds the text model"),)
+# the releases' multi-token-prediction layer (mtp.*): a speculative-decoding draft, which the converter folds in as
+# extra blocks unless --no-mtp; orkpack packs the main model (transformers' classes build no MTP layers either)
+_MTP_SKIP = ((r"^(?:model\.)?mtp\.", "the multi-token-prediction layer (mtp.*): a speculative-decoding draft, "
+              "left out as llama.cpp's converter leaves it out with --no-mtp; this pack holds the main model"),)
 _F.append(
     # Qwen3.5 (dense): Gated DeltaNet layers and gated-attention layers (layer_types, or every
     # full_attention_interval-th layer), each with a SwiGLU MLP; partial RoPE (partial_rotary_factor, default 0.25;
     # the interleaved MRoPE of the release is plain RoPE for text: its three position streams are equal)
     Family("qwen3_5_text", "QWEN35", _NORMS + _DELTANET + _GATED_ATTN + _MLP, _llama_top(),
            defaults=_Q35_DEFAULTS, renames=_Q35_RENAMES, classes=("Qwen3_5ForCausalLM",),
-           blocks=_DELTANET_BLOCKS, more_dims=_qwen35_dims, conv_kernels=("blk.*.ssm_conv1d.weight",),
+           blocks=_DELTANET_BLOCKS, more_dims=_qwen35_dims, conv_kernels=("blk.*.ssm_conv1d.weight",), skip=_MTP_SKIP,
            squeeze=(("blk.*.ssm_conv1d.weight", 1),), convert=_DELTANET_CONVERT, forward=_FWD_QWEN35),
 )
 _QWEN35 = _F[-1]
@@ -816,7 +820,7 @@ def _multimodal(fam: Family, name: str, cls: str) -> Family:
     mm = lambda x: replace(x, name=x.name.replace("model.", "model.language_model.", 1))  # noqa: E731
     return replace(fam, name=name, text_config=True, layer=tuple(mm(x) for x in fam.layer),
                    top=tuple(mm(x) if x.name.startswith("model.") else x for x in fam.top),
-                   renames=_MM_RENAMES + fam.renames, skip=_VISION_SKIP, classes=(cls,))
+                   renames=_MM_RENAMES + fam.renames, skip=_VISION_SKIP + fam.skip, classes=(cls,))
 
 
 _F.append(_multimodal(_QWEN35, "qwen3_5", "Qwen3_5ForConditionalGeneration"))
@@ -1788,7 +1792,10 @@ def layers_in_config(cfg: Mapping[str, Any] | None) -> int:
     return d["L"] + d["n_nextn"]
 
 
-_FP8_SKIP = re.compile(r"(?:norm|embed_tokens|lm_head|\.gate\.weight$|router|e_score_correction_bias|\.bias$|sinks)")
+# FP8 quantizes the linear layers only: not norms, embeddings, the head, routers, biases, convolution kernels
+# (Qwen3.5's linear_attn.conv1d, LFM2's conv.conv, Mamba2's conv1d)
+_FP8_SKIP = re.compile(r"(?:norm|embed_tokens|lm_head|\.gate\.weight$|router|e_score_correction_bias|\.bias$|sinks"
+                       r"|conv1d\.weight$|\.conv\.conv\.weight$)")
 
 
 def converted_dtype(arch: str | None, name: str, dtype: str) -> str:

@@ -21,10 +21,10 @@ import pytest
 from orkpack import archs, keepfloat, synth
 from orkpack.errors import SourceError
 from orkpack.sources import model_facts, open_source
-from orkpack.sources.modelkv import from_gguf_fields, from_hf
+from orkpack.sources.modelkv import from_hf
 from orkpack.tiers.manifest import manifest_from_config
 
-from test_lfm2 import FIXTURES, TOL, _converter, _read_all, build_verify_eval, tiny_model
+from test_lfm2 import FIXTURES, TOL, _converter, _read_all, build_verify_eval, record_matches_converter, tiny_model
 
 ARCH = "granitemoehybrid"
 _LEGACY = {"linear_attention": "mamba", "full_attention": "attention"}
@@ -167,20 +167,10 @@ def test_tensors_equal_the_converters(variant, request):
 @pytest.mark.parametrize("variant", ["moe", "dense"])
 def test_model_record_has_the_converters_keys(variant, request):
     hf, gg, _, _ = request.getfixturevalue(variant)
-    _, fields = _converter(gg)
-    theirs = {e[0]: e for e in from_gguf_fields(fields)["kv"] if e[0].startswith("granitehybrid.")}
-    ours = {e[0]: e for e in from_hf(hf, json.loads((hf / "config.json").read_text()))["kv"]}
-    assert {f"granitehybrid.{k}" for k in ("ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.inner_size",
-                                          "ssm.time_step_rank", "attention.head_count_kv", "embedding_scale",
-                                          "residual_scale", "attention.scale", "logit_scale", "expert_count",
-                                          "expert_shared_feed_forward_length", "rope.scaling.finetuned")} <= set(theirs)
-    for key, (_, typ, v) in theirs.items():
-        assert key in ours, key
-        assert ours[key][1] == typ, (key, ours[key][1], typ)
-        if typ == "float32":
-            assert np.float32(ours[key][2]) == np.float32(v), key
-        else:
-            assert ours[key][2] == v, (key, ours[key][2], v)
+    theirs = record_matches_converter(hf, gg, "granitehybrid", (
+        "ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.inner_size", "ssm.time_step_rank",
+        "attention.head_count_kv", "embedding_scale", "residual_scale", "attention.scale", "logit_scale",
+        "expert_count", "expert_shared_feed_forward_length", "rope.scaling.finetuned"))
     assert theirs["granitehybrid.attention.head_count_kv"][2] == [0, 2, 0, 2]
     assert theirs["granitehybrid.ssm.inner_size"][2] == 128 and theirs["granitehybrid.ssm.group_count"][2] == 2
     assert theirs["granitehybrid.context_length"][2] == 2 ** 20  # NoPE

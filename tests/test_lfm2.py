@@ -136,19 +136,28 @@ def test_tensors_equal_the_converters(model):
         src.close()
 
 
-def test_model_record_has_the_converters_keys(model):
-    hf, gg, _, _ = model
+def record_matches_converter(hf: Path, gg: Path, garch: str, required) -> dict:
+    """Every ``garch``.* key the converter wrote into ``gg`` is in orkpack's model record of the folder ``hf``,
+    with its type and value (float32 compared as float32); the ``required`` keys (after ``garch.``) among them.
+    Returns the converter's keys: {key: [key, type, value]}."""
     _, fields = _converter(gg)
-    theirs = {e[0]: e for e in from_gguf_fields(fields)["kv"] if e[0].startswith("lfm2.")}
+    theirs = {e[0]: e for e in from_gguf_fields(fields)["kv"] if e[0].startswith(garch + ".")}
     ours = {e[0]: e for e in from_hf(hf, json.loads((hf / "config.json").read_text()))["kv"]}
-    assert {"lfm2.shortconv.l_cache", "lfm2.attention.head_count_kv", "lfm2.feed_forward_length"} <= set(theirs)
+    assert {f"{garch}.{k}" for k in required} <= set(theirs)
     for key, (_, typ, v) in theirs.items():
         assert key in ours, key
         assert ours[key][1] == typ, (key, ours[key][1], typ)
         if typ == "float32":
             assert np.float32(ours[key][2]) == np.float32(v), key
         else:
-            assert ours[key][2] == v, key
+            assert ours[key][2] == v, (key, ours[key][2], v)
+    return theirs
+
+
+def test_model_record_has_the_converters_keys(model):
+    hf, gg, _, _ = model
+    theirs = record_matches_converter(hf, gg, "lfm2", ("shortconv.l_cache", "attention.head_count_kv",
+                                                       "feed_forward_length"))
     assert theirs["lfm2.attention.head_count_kv"][2] == [0, 2, 0, 2]
     assert theirs["lfm2.feed_forward_length"][2] == 96  # 144 auto-adjusted: 2/3, rounded up to 32
 

@@ -17,9 +17,8 @@ import pytest
 
 from orkpack import archs, synth
 from orkpack.sources import model_facts, open_source
-from orkpack.sources.modelkv import from_gguf_fields, from_hf
 
-from test_lfm2 import _converter, _read_all, build_verify_eval, tiny_model
+from test_lfm2 import _converter, _read_all, build_verify_eval, record_matches_converter, tiny_model
 
 ARCH = "lfm2_moe"
 
@@ -86,19 +85,9 @@ def test_tensors_equal_the_converters(model):
 
 def test_model_record_has_the_converters_keys(model):
     hf, gg, _, _ = model
-    _, fields = _converter(gg)
-    theirs = {e[0]: e for e in from_gguf_fields(fields)["kv"] if e[0].startswith("lfm2moe.")}
-    ours = {e[0]: e for e in from_hf(hf, json.loads((hf / "config.json").read_text()))["kv"]}
-    assert {"lfm2moe.expert_count", "lfm2moe.expert_used_count", "lfm2moe.expert_feed_forward_length",
-            "lfm2moe.leading_dense_block_count", "lfm2moe.expert_gating_func", "lfm2moe.shortconv.l_cache",
-            "lfm2moe.attention.head_count_kv", "lfm2moe.feed_forward_length"} <= set(theirs)
-    for key, (_, typ, v) in theirs.items():
-        assert key in ours, key
-        assert ours[key][1] == typ, (key, ours[key][1], typ)
-        if typ == "float32":
-            assert np.float32(ours[key][2]) == np.float32(v), key
-        else:
-            assert ours[key][2] == v, key
+    theirs = record_matches_converter(hf, gg, "lfm2moe", (
+        "expert_count", "expert_used_count", "expert_feed_forward_length", "leading_dense_block_count",
+        "expert_gating_func", "shortconv.l_cache", "attention.head_count_kv", "feed_forward_length"))
     assert theirs["lfm2moe.attention.head_count_kv"][2] == [0, 2, 0, 2]
     assert theirs["lfm2moe.leading_dense_block_count"][2] == 1 and theirs["lfm2moe.expert_gating_func"][2] == 2
     assert theirs["lfm2moe.feed_forward_length"][2] == 96 and theirs["lfm2moe.expert_feed_forward_length"][2] == 32

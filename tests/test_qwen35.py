@@ -17,10 +17,10 @@ import pytest
 from orkpack import archs, keepfloat, synth
 from orkpack.errors import SourceError
 from orkpack.sources import model_facts, open_source
-from orkpack.sources.modelkv import from_gguf_fields, from_hf
 from orkpack.tiers.manifest import manifest_from_config
 
-from test_lfm2 import FIXTURES, TOL, _converter, _read_all, build_verify_eval, tiny_model
+from test_lfm2 import (FIXTURES, TOL, _converter, _read_all, build_verify_eval, record_matches_converter,
+                       tiny_model)
 
 _TEXT = {k: v for k, v in synth.TINY["qwen3_5_text"].items() if k not in ("architectures", "model_type", "torch_dtype")}
 _TEXT["vocab_size"] = 320  # the tokenizer's 3 + 256 + 61 tokens
@@ -146,21 +146,10 @@ def test_multimodal_release_packs_its_text_model_and_names_the_vision_tower(mult
 @pytest.mark.parametrize("which", ["dense", "moe"])
 def test_model_record_has_the_converters_keys(which, request):
     hf, gg, _, _ = request.getfixturevalue(which)
-    _, fields = _converter(gg)
     garch = "qwen35" if which == "dense" else "qwen35moe"
-    theirs = {e[0]: e for e in from_gguf_fields(fields)["kv"] if e[0].startswith(garch + ".")}
-    ours = {e[0]: e for e in from_hf(hf, json.loads((hf / "config.json").read_text()))["kv"]}
-    for k in ("ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size",
-              "attention.recurrent_layers", "full_attention_interval", "rope.dimension_count",
-              "rope.dimension_sections"):
-        assert f"{garch}.{k}" in theirs, k
-    for key, (_, typ, v) in theirs.items():
-        assert key in ours, key
-        assert ours[key][1] == typ, (key, ours[key][1], typ)
-        if typ == "float32":
-            assert np.float32(ours[key][2]) == np.float32(v), key
-        else:
-            assert ours[key][2] == v, key
+    theirs = record_matches_converter(hf, gg, garch, (
+        "ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size",
+        "attention.recurrent_layers", "full_attention_interval", "rope.dimension_count", "rope.dimension_sections"))
     assert theirs[f"{garch}.ssm.inner_size"][2] == 48 and theirs[f"{garch}.rope.dimension_count"][2] == 4
 
 
@@ -268,3 +257,53 @@ def test_the_interval_alone_gives_the_pattern():
     assert archs.layer_blocks(cfg) == ["deltanet", "attn", "deltanet", "attn"]
     cfg = {**synth.TINY["qwen3_5_text"], "layer_types": None}  # Qwen3_5TextConfig's default interval, 4
     assert archs.layer_blocks(cfg) == ["deltanet", "deltanet", "deltanet", "attn"]
+
+
+def test_weights_that_contradict_the_configs_heads_are_one_line(tmp_path):
+    folder = synth.write_hf_model(tmp_path / "m", config=synth.TINY["qwen3_5_text"], seed=1)
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "linear_value_head_dim": 10}))  # the weights hold 12
+    with pytest.raises(SourceError) as e:
+        open_source(folder)
+    msg = str(e.value)
+    assert "does not hold the value heads config.json describes" in msg and "\n" not in msg, msg
+    assert "blk.0." in msg and "disagree" in msg
+
+
+def test_the_releases_mtp_layer_is_left_out_by_name(tmp_path):
+    """A release's mtp.* tensors (the speculative-decoding draft; the converter's --no-mtp leaves them out)."""
+    from safetensors.numpy import load_file, save_file
+
+    folder = synth.write_hf_model(tmp_path / "m", config=synth.TINY["qwen3_5_text"], seed=1, dtype="f32", shards=1)
+    f = next(folder.glob("*.safetensors"))
+    t = load_file(str(f))
+    t["mtp.fc.weight"] = np.zeros((64, 128), np.float32)
+    t["mtp.layers.0.mlp.up_proj.weight"] = np.zeros((96, 64), np.float32)
+    save_file(t, str(f))
+    src = open_source(folder)
+    try:
+        assert sorted(s.name for s in src.skipped()) == ["mtp.fc.weight", "mtp.layers.0.mlp.up_proj.weight"]
+        assert not any("mtp" in i.name for i in src.tensors())
+    finally:
+        src.close()
+
+
+def test_an_fp8_release_reads_in_the_converters_layout_too(tmp_path):
+    """Qwen3.5's FP8 releases: the value heads move after dequantization (the same float32 the converter sees)."""
+    from orkpack.sources import convlayout
+
+    cfg = {**synth.TINY["qwen3_5_text"], "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+                                                                 "weight_block_size": [16, 16]}}
+    folder = synth.write_hf_model(tmp_path / "m", config=cfg, seed=1, shards=1)
+    src, plain = open_source(folder), open_source(folder)
+    try:
+        plain._changes = {}  # the reader without the converter's changes: the release's own order
+        info = {t.name: t for t in src.tensors()}
+        assert info["blk.0.attn_qkv.weight"].dtype == "F8_E4M3"
+        for name in ("blk.0.attn_qkv.weight", "blk.0.attn_gate.weight", "blk.0.ssm_out.weight"):
+            want = convlayout.apply(plain.read(name), src._changes[name][0])
+            assert not np.array_equal(want, plain.read(name))
+            assert np.array_equal(src.read(name), want), name
+    finally:
+        src.close()
+        plain.close()

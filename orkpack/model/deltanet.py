@@ -20,26 +20,9 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import expit
 
+from .conv import causal_conv, lin
 from .hparams import Hparams
 from .weights import Weights
-
-
-def _lin(w: Weights, name: str, x: np.ndarray) -> np.ndarray:
-    y = w.matmul(name + ".weight", x)
-    return y + w.tensor(name + ".bias") if w.has(name + ".bias") else y
-
-
-def causal_conv(x: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """Depthwise causal convolution of x (T, C) with kernel k (C, K): y[t] = sum_j k[:, j] x[t - K + 1 + j]
-    (positions before the first token are zeros: a fresh sequence)."""
-    T = x.shape[0]
-    y = np.zeros_like(x)
-    K = k.shape[1]
-    for j in range(K):
-        back = K - 1 - j
-        if back < T:
-            y[back:] += x[: T - back] * k[:, j]
-    return y
 
 
 def _l2norm(x: np.ndarray) -> np.ndarray:
@@ -74,7 +57,7 @@ def deltanet(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     nv = a.shape[0]
     dv = di // nv
     kernel = np.asarray(w.tensor(p + "ssm_conv1d.weight"), dtype=np.float32).reshape(2 * ng * ds + di, -1)
-    qkv = causal_conv(_lin(w, p + "attn_qkv", x), kernel)
+    qkv = causal_conv(lin(w, p + "attn_qkv", x), kernel)
     if w.has(p + "ssm_conv1d.bias"):
         qkv = qkv + w.tensor(p + "ssm_conv1d.bias")
     qkv = qkv * expit(qkv)
@@ -84,10 +67,10 @@ def deltanet(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     q, k = _l2norm(q) / np.float32(np.sqrt(ds)), _l2norm(k)
     rep = nv // ng  # tiled value heads: head h reads key head h % ng
     q, k = np.tile(q, (1, rep, 1)), np.tile(k, (1, rep, 1))
-    beta = expit(_lin(w, p + "ssm_beta", x))
-    g = a * _softplus(_lin(w, p + "ssm_alpha", x) + w.tensor(p + "ssm_dt.bias"))
+    beta = expit(lin(w, p + "ssm_beta", x))
+    g = a * _softplus(lin(w, p + "ssm_alpha", x) + w.tensor(p + "ssm_dt.bias"))
     o = delta_rule(q, k, v, g.astype(np.float32), beta.astype(np.float32))
-    z = _lin(w, p + "attn_gate", x).reshape(T, nv, dv)
+    z = lin(w, p + "attn_gate", x).reshape(T, nv, dv)
     o = o / np.sqrt((o * o).mean(-1, keepdims=True) + np.float32(hp.eps))
     o = o * w.tensor(p + "ssm_norm.weight") * (z * expit(z))
-    return _lin(w, p + "ssm_out", o.reshape(T, di).astype(np.float32))
+    return lin(w, p + "ssm_out", o.reshape(T, di).astype(np.float32))

@@ -23,13 +23,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from .conv import causal_conv, lin
 from .hparams import Hparams
 from .weights import Weights
-
-
-def _lin(w: Weights, name: str, x: np.ndarray) -> np.ndarray:
-    y = w.matmul(name + ".weight", x)
-    return y + w.tensor(name + ".bias") if w.has(name + ".bias") else y
 
 
 def _silu(x: np.ndarray) -> np.ndarray:
@@ -56,14 +52,10 @@ def mamba2(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     N = (C_dim - D) // (2 * G)
     P = D // H
 
-    zxbcdt = _lin(w, p + "ssm_in", x).astype(np.float64)
+    zxbcdt = lin(w, p + "ssm_in", x).astype(np.float64)
     z, xbc, dt = zxbcdt[:, :D], zxbcdt[:, D: D + C_dim], zxbcdt[:, D + C_dim: D + C_dim + H]
 
-    conv = np.zeros((T, C_dim))
-    for j in range(K):  # tap j reads the input K - 1 - j positions back
-        back = K - 1 - j
-        if back < T:
-            conv[back:] += xbc[: T - back] * k[:, j]
+    conv = causal_conv(xbc, k)
     if w.has(p + "ssm_conv1d.bias"):
         conv += w.tensor(p + "ssm_conv1d.bias")
     xbc = _silu(conv)
@@ -84,8 +76,8 @@ def mamba2(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
 
     g = y.reshape(T, D) * _silu(z)
     if gain is None:
-        return _lin(w, p + "ssm_out", g.astype(np.float32))
+        return lin(w, p + "ssm_out", g.astype(np.float32))
     g = g.reshape(T, G, D // G)
     g = g / np.sqrt((g * g).mean(-1, keepdims=True) + hp.eps)
     out = (g.reshape(T, D).astype(np.float32) * gain)
-    return _lin(w, p + "ssm_out", out)
+    return lin(w, p + "ssm_out", out)

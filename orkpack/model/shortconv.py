@@ -13,29 +13,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from .conv import causal_conv, lin
 from .hparams import Hparams
 from .weights import Weights
-
-
-def _lin(w: Weights, name: str, x: np.ndarray) -> np.ndarray:
-    y = w.matmul(name + ".weight", x)
-    return y + w.tensor(name + ".bias") if w.has(name + ".bias") else y
 
 
 def shortconv(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     """The short-convolution block of layer ``i`` on the normed hidden states ``x`` (T, H) -> (T, H)."""
     p = f"blk.{i}.shortconv."
     T, H = x.shape
-    bcx = _lin(w, p + "in_proj", x)
+    bcx = lin(w, p + "in_proj", x)
     b, c, v = bcx[:, :H], bcx[:, H: 2 * H], bcx[:, 2 * H: 3 * H]
-    bx = b * v
     k = np.asarray(w.tensor(p + "conv.weight"), dtype=np.float32).reshape(H, -1)  # (H, Lc)
-    lc = k.shape[1]
-    y = np.zeros((T, H), dtype=np.float32)
-    for j in range(lc):  # tap j reads the input lc - 1 - j positions back
-        back = lc - 1 - j
-        if back < T:
-            y[back:] += bx[: T - back] * k[:, j]
+    y = causal_conv((b * v).astype(np.float32), k)
     if w.has(p + "conv.bias"):
         y += w.tensor(p + "conv.bias")
-    return _lin(w, p + "out_proj", c * y)
+    return lin(w, p + "out_proj", c * y)

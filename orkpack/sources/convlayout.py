@@ -23,6 +23,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from .. import archs
+from ..errors import SourceError, escape_name
 from ..globs import matches
 from .base import as_float32
 
@@ -55,18 +56,25 @@ def _factor(expr: str, config: Mapping, defaults: Mapping) -> float:
     return float(v)
 
 
-def plan(fam: archs.Family | None, config: Mapping | None, names) -> dict[str, list[Change]]:
-    """{canonical name: its changes in order} for the tensors ``names`` of a checkpoint of ``fam``."""
+def plan(fam: archs.Family | None, config: Mapping | None, tensors, where: str) -> dict[str, list[Change]]:
+    """{canonical name: its changes in order} for the ``tensors`` ((name, shape) pairs) of a checkpoint of ``fam``
+    (SourceError, one line naming the tensor, for a shape the config's heads do not describe)."""
     if fam is None or not fam.convert or config is None:
         return {}
     d = archs.dims(config)
     out: dict[str, list[Change]] = {}
-    for name in names:
+    for name, shape in tensors:
         for c in fam.convert:
             if matches(name, c.glob):
                 ch = Change(c.op, c.axis, *(archs.evaluate(x, d) for x in (c.skip, c.head, c.groups, c.per)))
                 if ch.op == "vheads" and ch.per == 1:
                     continue  # as many V heads as K heads: the order is the same
+                if ch.op == "vheads" and not (len(shape) > ch.axis % max(len(shape), 1) and
+                                              shape[ch.axis] - ch.skip == ch.groups * ch.per * ch.head):
+                    raise SourceError(f"{where}: tensor {escape_name(name)} {tuple(shape)} does not hold the "
+                                      f"value heads config.json describes ({ch.skip} + {ch.groups} key heads x "
+                                      f"{ch.per} value heads x {ch.head} on axis {ch.axis}); the checkpoint and "
+                                      "its config.json disagree")
                 if ch.op == "scale":
                     fs = tuple(f for f in (_factor(x, config, fam.defaults) for x in c.factors) if f != 1.0)
                     if not fs:

@@ -286,8 +286,8 @@ class SafetensorsSource(FileSource):
         self._order = sorted(self._entries, key=natural_key)
         # the converter's value changes (A_log -> -exp, value heads tiled): made on read (convlayout)
         self._changes = {n: (ch, self._entries[n].info.dtype)  # (changes, the stored dtype)
-                         for n, ch in convlayout.plan(fam, self.config, self._order).items()
-                         if self._entries[n].info.dtype not in quantized.DEQUANTIZED_DTYPES}
+                         for n, ch in convlayout.plan(fam, self.config, [(n, self._entries[n].info.shape)
+                                                                          for n in self._order], _fname(self.root)).items()}
         for name, (ch, stored) in self._changes.items():
             info = self._entries[name].info
             dt = archs.converted_dtype(fam.name, name, stored)
@@ -328,10 +328,17 @@ class SafetensorsSource(FileSource):
         if not self._fds:
             raise SourceError(f"{_fname(self.root)}: source is closed; open it again")
         info = ent.info
+        changed = self._changes.get(name)
+        if changed and changed[1] in quantized.DEQUANTIZED_DTYPES:  # an FP8 release: the changes on its float32
+            got = convlayout.apply(quantized.dequantize(
+                info.shape, [self._recipes[(p.file, p.offset, p.nbytes)] for p in ent.parts],
+                lambda fi, off, mv: read_into(self._fds[fi], off, mv, self.files[fi]), None), changed[0])
+            arr = array_in(out, info.shape, got.dtype)
+            arr[...] = got
+            return arr
         if info.dtype in quantized.DEQUANTIZED_DTYPES:  # FP8, MXFP4: float32, dequantized in chunks
             return quantized.dequantize(info.shape, [self._recipes[(p.file, p.offset, p.nbytes)] for p in ent.parts],
                                         lambda fi, off, mv: read_into(self._fds[fi], off, mv, self.files[fi]), out)
-        changed = self._changes.get(name)
         stored = changed[1] if changed else info.dtype
         arr = array_in(None if changed else out, info.shape, _NP_DTYPE[stored].newbyteorder("="))
         flat = arr.reshape(-1).view(np.uint8)
