@@ -39,7 +39,9 @@ layers whose cache holds only the last ``swa_window`` positions); and for hybrid
 ``blocks``) recurrent_layers (the layers whose block keeps a fixed-size state per sequence instead of a KV
 cache: LFM2's short convolutions) and state (the float32 elements of that state per recurrent layer and
 sequence, llama.cpp's ``n_embd_r() + n_embd_s()``), recurrent_flops (the float operations a token costs a recurrent
-layer besides its matrices: the convolution, the scan or delta rule); [], 0 and 0 for every other family.
+layer besides its matrices: the convolution, the scan or delta rule) and parallel_layers (the recurrent layers that run
+attention beside their recurrence, so hold a KV cache as well as the state: Falcon-H1's, every one; :func:`kv_layers`);
+[], 0, 0 and [] for every other family.
 """
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ FACT_KEYS = (
     "arch", "n_layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab",
     "n_experts", "n_experts_used", "moe_intermediate", "tie_word_embeddings",
     "attention", "kv_k", "kv_v", "swa_window", "swa_layers", "recurrent_layers", "state", "recurrent_flops",
+    "parallel_layers",
 )
 
 # Sanity caps (a hostile config must not make a plan enumerate billions of items): far above any real model.
@@ -210,6 +213,9 @@ class Blocks:
     The block type of layer i is a template flag (``when="attn"``, ``when="shortconv"``) and names the
     mixer the forward pass runs (orkpack.model.forward): ``attn`` is attention, every other block is
     recurrent (no KV cache; a state of ``state`` float32 elements per sequence, whatever the context).
+    A block type naming several mixers joined by ``+`` (``attn+mamba2``: Falcon-H1) runs them in parallel on the
+    same normed input and sums their outputs (:func:`mixers`); with ``attn`` among them the layer is recurrent and
+    holds a KV cache too (facts ``parallel_layers``).
     """
     key: str  # the config key listing one type per layer (transformers' layer_types)
     names: Mapping[str, str]  # config value -> block type ("conv" -> "shortconv", "full_attention" -> "attn")
@@ -219,7 +225,8 @@ class Blocks:
     interval_default: int = 0  # its value when the config gives none of the keys (Qwen3_5TextConfig: 4)
     record: str = "kv_heads"  # how the converter's GGUF names the recurrent layers: kv_heads (a per-layer
     # head_count_kv, 0 for recurrent layers: LFM2) | recurrent_layers (one bool per layer, attention.recurrent_layers,
-    # beside full_attention_interval: Qwen3.5 / Qwen3-Next)
+    # beside full_attention_interval: Qwen3.5 / Qwen3-Next) | all (every layer is of the one type ``default``, the GGUF
+    # says nothing per layer: Falcon-H1)
     state: str = "0"  # float32 state elements per recurrent layer and sequence (an expression over the dims)
     gguf_dims: tuple[tuple[str, str], ...] = ()  # (dim, GGUF key after "{arch}.") the state needs from a GGUF
     flops: str = "0"  # float ops a token costs a recurrent layer besides its matrices (an expression over the dims;
@@ -229,12 +236,28 @@ class Blocks:
 ATTN = "attn"  # the block type of an attention layer
 
 
+def mixers(block: str) -> tuple[str, ...]:
+    """The mixers a block type runs in parallel (their outputs summed): ``attn+mamba2`` -> (attn, mamba2)."""
+    return tuple(block.split("+"))
+
+
+def kv_layers(facts: Mapping[str, Any]) -> list[int]:
+    """The layers with a KV cache: every layer but the recurrent ones, and the recurrent ones that run attention
+    beside their recurrence (``parallel_layers``: Falcon-H1's)."""
+    rec, par = set(facts.get("recurrent_layers") or ()), set(facts.get("parallel_layers") or ())
+    return [i for i in range(int(facts.get("n_layers") or 0)) if i not in rec or i in par]
+
+
 @dataclass(frozen=True)
 class Convert:
     """One value change llama.cpp's converter makes to a family's tensors, which an HF reader makes too, so that a
     folder reads tensor for tensor as the converter's GGUF (orkpack/sources/convlayout.py applies them):
 
     * ``neg_exp``: ``-exp(x)`` (Mamba2 / Gated DeltaNet ``A_log`` -> ``ssm_a``), stored float32;
+    * ``scale``: multiplied by the config numbers ``factors`` in turn (each a config key, or ``key[i]`` for an entry
+      of a list; each product rounded to float32 as the converter's torch multiplies round it), on the rows
+      ``rows`` = (first, end) of axis 0 (expressions over the dims; all rows when empty); stored back in the
+      tensor's own dtype (Falcon-H1's muP multipliers, folded into the weights by its converter);
     * ``vheads``: value heads from grouped order (``groups`` K heads, each followed by its ``per`` V heads) to tiled
       order (V head r of every K head, then r + 1: what ggml's broadcast expects) along ``axis``, on the part of
       that axis after the first ``skip`` entries, in heads of ``head`` entries (the converter's
@@ -242,12 +265,14 @@ class Convert:
 
     ``glob``: canonical names; ``groups``, ``per``, ``head``, ``skip``: expressions over the family's dims."""
     glob: str
-    op: str  # neg_exp | vheads
+    op: str  # neg_exp | scale | vheads
     axis: int = 0
     skip: str = "0"
     head: str = "1"
     groups: str = "1"
     per: str = "1"
+    factors: tuple[str, ...] = ()  # scale: config numbers (key or key[i])
+    rows: tuple[str, str] | tuple = ()  # scale: (first, end) rows of axis 0; () all
 
 
 @dataclass(frozen=True)
@@ -914,6 +939,143 @@ _F.append(
            forward=Forward(router_norm="always", rope_switch="position_embedding_type", **_FWD_GRANITE)),
 )
 
+# FalconH1Config's muP multipliers and their defaults (transformers); llama.cpp's converter (FalconH1Model) folds every
+# one into the weights
+_FALCON_MULT = {"embedding_multiplier": 1.0, "lm_head_multiplier": 1.0, "key_multiplier": 1.0,
+                "attention_in_multiplier": 1.0, "attention_out_multiplier": 1.0, "ssm_in_multiplier": 1.0,
+                "ssm_out_multiplier": 1.0, "mlp_multipliers": [1.0, 1.0], "ssm_multipliers": [1.0] * 5}
+
+
+def _falcon_h1_dims(cfg: Mapping, d: dict, where: str) -> dict:
+    """Falcon-H1's Mamba2 mixer (transformers' FalconH1Mixer): d_inner ``di`` = mamba_d_ssm (FalconH1Config: 1024
+    when absent; mamba_expand x hidden when null), ``nm`` heads of ``pd`` channels (mamba_d_head, "auto": di / heads),
+    ``ng`` groups of B and C of ``ds`` = mamba_d_state, the conv kernel ``ck`` over ``cc`` = di + 2 ng ds channels, the
+    optional gated norm's group size ``gs``; and the multipliers' shapes and the combinations llama.cpp's converter
+    folds differently from transformers (one line naming the key)."""
+    def get(key: str, default: Any, cap: int = MAX_WIDTH) -> int:
+        v = cfg.get(key)
+        return _int(default if v is None else v, key, where, cap=cap)
+
+    H = d["H"]
+    expand, nm = get("mamba_expand", 2, 64), get("mamba_n_heads", 128, 1 << 16)
+    ng, ds, ck = get("mamba_n_groups", 1, 1 << 16), get("mamba_d_state", 256), get("mamba_d_conv", 4, 1024)
+    di = get("mamba_d_ssm", 1024) if cfg.get("mamba_d_ssm", 0) is not None else expand * H
+    for key, v in (("mamba_d_ssm", di), ("mamba_n_heads", nm), ("mamba_n_groups", ng), ("mamba_d_state", ds)):
+        if v == 0:
+            raise SourceError(f"{where}: '{key}' is 0; fix the config")
+    if 2 * di + 2 * ng * ds + nm > MAX_WIDTH:
+        raise SourceError(f"{where}: the Mamba2 projection width (2 x 'mamba_d_ssm' + 2 x 'mamba_n_groups' x "
+                          f"'mamba_d_state' + 'mamba_n_heads' = {2 * di + 2 * ng * ds + nm}) is beyond any real model "
+                          f"(cap {MAX_WIDTH}); fix the config")
+    if ck < 2:
+        raise SourceError(f"{where}: 'mamba_d_conv' = {ck}: the convolution needs at least 2 taps; fix the config")
+    if di % nm:
+        raise SourceError(f"{where}: 'mamba_n_heads' = {nm} does not divide 'mamba_d_ssm' = {di}; fix the config")
+    pd = cfg.get("mamba_d_head")
+    pd = di // nm if pd is None or pd == "auto" else _int(pd, "mamba_d_head", where)
+    if pd * nm != di:
+        raise SourceError(f"{where}: 'mamba_d_head' = {pd} x 'mamba_n_heads' = {nm} is not 'mamba_d_ssm' = {di}; "
+                          "fix the config")
+    if nm % ng:
+        raise SourceError(f"{where}: 'mamba_n_groups' = {ng} does not divide 'mamba_n_heads' = {nm} (each group serves "
+                          "whole heads); fix the config")
+    mult = {}
+    for key, default in _FALCON_MULT.items():
+        v = cfg.get(key)
+        v = default if v is None else v
+        n = len(default) if isinstance(default, list) else 0
+        ok = (isinstance(v, list) and len(v) == n and all(_number(x) for x in v)) if n else _number(v)
+        if not ok:
+            want = f"a list of {n} numbers" if n else "a number"
+            raise SourceError(f"{where}: '{key}' = {escape_name(repr(v), 60)} is not {want}; fix the config")
+        mult[key] = v
+    # where llama.cpp's converter and transformers part: the converter scales the q/k/v and in_proj biases by the
+    # input multipliers (transformers scales the input, not the bias), and a tied head keeps the embedding's multiplier
+    if cfg.get("attention_bias") and (mult["attention_in_multiplier"] != 1 or mult["key_multiplier"] != 1):
+        raise SourceError(f"{where}: 'attention_bias' with 'attention_in_multiplier' / 'key_multiplier' not 1: llama.cpp's "
+                          "converter scales the q/k/v biases by them, transformers does not; not supported")
+    if cfg.get("mamba_proj_bias") and mult["ssm_in_multiplier"] != 1:
+        raise SourceError(f"{where}: 'mamba_proj_bias' with 'ssm_in_multiplier' not 1: llama.cpp's converter scales the "
+                          "in_proj bias by it, transformers does not; not supported")
+    if d["tied"] and mult["embedding_multiplier"] != mult["lm_head_multiplier"]:
+        raise SourceError(f"{where}: 'tie_word_embeddings' with 'embedding_multiplier' != 'lm_head_multiplier': the one "
+                          "stored matrix cannot hold both (llama.cpp's converter folds the embedding's into it and its "
+                          "output head then scales by that); not supported")
+    if cfg.get("mamba_rms_norm") and cfg.get("mamba_norm_before_gate", True):
+        raise SourceError(f"{where}: 'mamba_rms_norm' with 'mamba_norm_before_gate' true (FalconH1Config's default): "
+                          "transformers normalizes before the gate, llama.cpp's graph after it; not supported")
+    return {"nm": nm, "pd": pd, "di": di, "ng": ng, "ds": ds, "ck": ck, "cc": di + 2 * ng * ds, "gs": di // ng}
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+_FALCON_H1_LAYER = (
+    t(P + "input_layernorm.weight", "H"), t(P + "pre_ff_layernorm.weight", "H"),
+) + _QKVO + _QKV_BIAS + _O_BIAS + (
+    t(P + "mamba.in_proj.weight", "2*di+2*ng*ds+nm", "H"),  # z, x B C, dt
+    t(P + "mamba.in_proj.bias", "2*di+2*ng*ds+nm", when="proj_bias"),
+    t(P + "mamba.conv1d.weight", "cc", 1, "ck"),  # depthwise Conv1d; GGUF {ck, cc}
+    t(P + "mamba.conv1d.bias", "cc", when="conv_bias"),
+    t(P + "mamba.dt_bias", "nm", kind="bias"),
+    t(P + "mamba.A_log", "nm", kind="bias"),
+    t(P + "mamba.D", "nm", kind="norm"),
+    t(P + "mamba.norm.weight", "di", when="rms_norm"),
+    t(P + "mamba.out_proj.weight", "H", "di"),
+    t(P + "mamba.out_proj.bias", "H", when="projectors_bias"),
+    t(P + "feed_forward.gate_proj.weight", "I", "H"), t(P + "feed_forward.up_proj.weight", "I", "H"),
+    t(P + "feed_forward.down_proj.weight", "H", "I"),
+    t(P + "feed_forward.gate_proj.bias", "I", when="mlp_bias"), t(P + "feed_forward.up_proj.bias", "I", when="mlp_bias"),
+    t(P + "feed_forward.down_proj.bias", "H", when="mlp_bias"),
+)
+# the converter's folds (FalconH1Model.modify_tensors, after Mamba2Model's A = -exp(A_log)), in its order; each
+# glob covers the bias too, as the converter's name test does
+_ZXBCDT = ("0", "di", "2*di", "2*di+ng*ds", "2*di+2*ng*ds", "2*di+2*ng*ds+nm")
+_FALCON_H1_CONVERT = (
+    Convert("blk.*.ssm_a", "neg_exp"),
+    Convert("blk.*.ffn_down.*", "scale", factors=("mlp_multipliers[1]",)),
+    Convert("blk.*.ffn_gate.*", "scale", factors=("mlp_multipliers[0]",)),
+    Convert("blk.*.attn_k.*", "scale", factors=("key_multiplier", "attention_in_multiplier")),
+    Convert("blk.*.attn_q.*", "scale", factors=("attention_in_multiplier",)),
+    Convert("blk.*.attn_v.*", "scale", factors=("attention_in_multiplier",)),
+    Convert("blk.*.attn_output.*", "scale", factors=("attention_out_multiplier",)),
+    Convert("blk.*.ssm_out.*", "scale", factors=("ssm_out_multiplier",)),
+    Convert("blk.*.ssm_in.*", "scale", factors=("ssm_in_multiplier",)),
+) + tuple(Convert("blk.*.ssm_in.*", "scale", factors=(f"ssm_multipliers[{k}]",), rows=(_ZXBCDT[k], _ZXBCDT[k + 1]))
+          for k in range(5)) + (
+    Convert("output.weight", "scale", factors=("lm_head_multiplier",)),
+    Convert("token_embd.weight", "scale", factors=("embedding_multiplier",)),
+)
+_F.append(
+    # TII Falcon-H1: every layer runs GQA attention and a Mamba2 mixer in parallel on the same normed input (their
+    # outputs summed), then a SwiGLU MLP; the muP multipliers (embedding, lm_head, key, attention in / out, ssm in /
+    # out, mlp gate / down, ssm_multipliers per z / x / B / C / dt segment of in_proj) folded into the weights as
+    # llama.cpp's converter folds them (archs Convert "scale"), so the graph applies none; the gated norm optional
+    # (mamba_rms_norm); the FFN norm named blk.N.ffn_norm, without ".weight", as the converter names it
+    Family("falcon_h1", "FALCON_H1", _FALCON_H1_LAYER,
+           (t("model.embed_tokens.weight", "V", "H", kind="w"), t("model.final_layernorm.weight", "H"),
+            t("lm_head.weight", "V", "H", when="!tied")),
+           defaults={"tie_word_embeddings": False, "vocab_size": 128000, "hidden_size": 4096,
+                     "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                     "num_key_value_heads": 8, **_FALCON_MULT},  # FalconH1Config's
+           flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("attention_bias")), "o_bias": bool(cfg.get("attention_bias")),
+                                 "mlp_bias": bool(cfg.get("mlp_bias")),
+                                 "conv_bias": cfg.get("mamba_conv_bias") is not False,
+                                 "proj_bias": bool(cfg.get("mamba_proj_bias")),
+                                 "projectors_bias": bool(cfg.get("projectors_bias")),
+                                 "rms_norm": bool(cfg.get("mamba_rms_norm"))},
+           classes=("FalconH1ForCausalLM",), renames=((r"\.mamba\.dt_bias$", ".mamba.dt_proj.bias"),),
+           reshape=(("blk.*.ssm_a", ("nm", 1)), ("blk.*.ssm_d", ("nm", 1)), ("blk.*.ssm_norm.weight", ("ng", "gs"))),
+           blocks=Blocks("layers_block_type", {"hybrid": "attn+mamba2"}, default="attn+mamba2", record="all",
+                         state="(ck-1)*(di+2*ng*ds)+ds*di", flops="2*ck*(di+2*ng*ds)+5*ds*di",
+                         gguf_dims=(("ck", "ssm.conv_kernel"), ("ds", "ssm.state_size"), ("ng", "ssm.group_count"),
+                                    ("di", "ssm.inner_size"))),
+           more_dims=_falcon_h1_dims, conv_kernels=("blk.*.ssm_conv1d.weight",),
+           squeeze=(("blk.*.ssm_conv1d.weight", 1),), convert=_FALCON_H1_CONVERT,
+           forward=Forward(smooth=(Smooth(("attn_q", "attn_k", "attn_v", "ssm_in"), norm="attn_norm"), SMOOTH_DOWN))),
+)
+
 FAMILIES: dict[str, Family] = {f.name: f for f in _F}
 _BY_MODEL_TYPE: dict[str, Family] = {mt: f for f in _F for mt in (f.name, *f.model_types)}
 SUPPORTED = tuple(sorted(_BY_MODEL_TYPE))
@@ -976,7 +1138,8 @@ def _text_config(cfg: Mapping, fam: Family, where: str) -> Mapping:
 
 # keys the entries read as true/false, as lists of layer numbers, as names
 BOOL_KEYS = ("attention_bias", "mlp_bias", "bias", "add_qkv_bias", "use_bias", "multi_query_attention",
-             "tie_word_embeddings", "conv_bias", "mamba_conv_bias", "mamba_proj_bias")
+             "tie_word_embeddings", "conv_bias", "mamba_conv_bias", "mamba_proj_bias", "projectors_bias",
+             "mamba_rms_norm", "mamba_norm_before_gate")
 LAYER_LIST_KEYS = ("mlp_only_layers",)
 STR_KEYS = ("topk_method",)
 
@@ -1131,6 +1294,8 @@ def _layer_blocks(fam: Family, cfg: Mapping, d: dict, where: str) -> list[str]:
     L, b = d["L"], fam.blocks
     if b is None:
         return [ATTN] * L
+    if b.record == "all":  # one block type for every layer, whatever the config (Falcon-H1)
+        return [b.default] * L
     tc = _text_config(cfg, fam, where)
     nl = _lookup(tc, fam, "n_layers")[0]
     known = ", ".join(repr(x) for x in b.names)
@@ -1302,7 +1467,8 @@ def facts_from_config(cfg: Mapping[str, Any], where: str = "config.json") -> dic
 
 def _facts(fam: Family, cfg: Mapping, d: dict, where: str) -> dict:
     k, v = _kv(fam, d)
-    rec = [i for i, b in enumerate(_layer_blocks(fam, cfg, d, where)) if b != ATTN]
+    blocks = _layer_blocks(fam, cfg, d, where)
+    rec = [i for i, b in enumerate(blocks) if b != ATTN]
     return {
         "arch": fam.name, "n_layers": d["L"], "hidden": d["H"], "intermediate": d["I"], "heads": d["nh"],
         "kv_heads": d["nkv"] if fam.attention != "mla" else 1, "head_dim": d["hd"], "vocab": d["V"],
@@ -1313,6 +1479,7 @@ def _facts(fam: Family, cfg: Mapping, d: dict, where: str) -> dict:
         "swa_window": d["window"] if fam.swa else 0, "swa_layers": _swa_layers(fam, d, cfg, where),
         "recurrent_layers": rec, "state": _eval(fam.blocks.state, d) if rec else 0,
         "recurrent_flops": _eval(fam.blocks.flops, d) if rec else 0,
+        "parallel_layers": [i for i in rec if ATTN in mixers(blocks[i])],
     }
 
 
@@ -1391,10 +1558,12 @@ def hf_tensors(cfg: Mapping[str, Any], where: str = "config.json") -> tuple[dict
     layer_tpls = [x for x in fam.layer if not x.name.startswith(_SIGLIP)]
     blocks = _layer_blocks(fam, cfg, d, where)
     kinds = {ATTN, *fam.blocks.names.values()} if fam.blocks else {ATTN}
+    kinds |= {m for k in kinds for m in mixers(k)}
     for i in range(d["L"] + d["n_nextn"]):
         moe = _moe_layer(fam, d, cfg, i)
         blk = blocks[i] if i < len(blocks) else ATTN
-        flags = dict(base, moe=moe, dense=not moe, nextn=i >= d["L"], **{k: k == blk for k in kinds})
+        flags = dict(base, moe=moe, dense=not moe, nextn=i >= d["L"],
+                     **{k: k == blk or k in mixers(blk) for k in kinds})
         for tpl in layer_tpls:
             emit(tpl, flags, i)
     if base["vision"]:
@@ -1519,10 +1688,14 @@ def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
     else:
         swa = list(range(L))
     rec: list[int] = []
+    par: list[int] = []
     state = flops = 0
     if fam.blocks is not None:  # a hybrid: the layers without KV heads are recurrent (llama.cpp's is_recr)
         per = kv.get(f"{garch}.attention.head_count_kv")
-        if isinstance(per, (list, tuple)):
+        if fam.blocks.record == "all":  # every layer the one block type (Falcon-H1: attention + Mamba2 in each)
+            rec = list(range(L)) if fam.blocks.default != ATTN else []
+            par = rec if ATTN in mixers(fam.blocks.default) else []
+        elif isinstance(per, (list, tuple)):
             if len(per) != L:
                 raise SourceError(f"{where}: GGUF key '{escape_name(str(garch))}.attention.head_count_kv' lists "
                                   f"{len(per)} layers but block_count is {L}; the file is damaged")
@@ -1548,7 +1721,7 @@ def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
         "head_dim": hd, "vocab": vocab, "n_experts": E, "n_experts_used": used if E else 0,
         "moe_intermediate": moe if E else 0, "tie_word_embeddings": "output.weight" not in shapes,
         "attention": fam.attention, "kv_k": k_dim, "kv_v": v_dim, "swa_window": window if swa else 0,
-        "swa_layers": swa, "recurrent_layers": rec, "state": state, "recurrent_flops": flops,
+        "swa_layers": swa, "recurrent_layers": rec, "state": state, "recurrent_flops": flops, "parallel_layers": par,
     }
 
 
@@ -1591,7 +1764,7 @@ def generic_facts(cfg: Mapping[str, Any] | None, names: list[str], where: str) -
         "kv_heads": nkv, "head_dim": hd, "vocab": opt("vocab_size"), "n_experts": 0, "n_experts_used": 0,
         "moe_intermediate": 0, "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "attention": "gqa" if kk else "unknown", "kv_k": kk, "kv_v": kk, "swa_window": 0, "swa_layers": [],
-        "recurrent_layers": [], "state": 0, "recurrent_flops": 0,
+        "recurrent_layers": [], "state": 0, "recurrent_flops": 0, "parallel_layers": [],
     }, warnings
 
 

@@ -111,7 +111,7 @@ NEXTN_PREDICT_LAYERS = Key("nextn_predict_layers", "uint32",
 _DELTANET = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
 # Mamba2 (GraniteHybridModel.set_gguf_parameters: conv kernel, state size, groups, heads as the time-step rank;
 # d_inner = mamba_expand x hidden is derived: modelkv)
-_MAMBA2 = ("granitemoehybrid",)
+_MAMBA2 = ("granitemoehybrid", "falcon_h1")  # falcon_h1's are rewritten from the dims (modelkv)
 SSM_CONV_KERNEL = Key("ssm.conv_kernel", "uint32", family=_fam((_DELTANET, ("linear_conv_kernel_dim",)),
                                                                (_MAMBA2, ("mamba_d_conv",))))
 SSM_STATE_SIZE = Key("ssm.state_size", "uint32", family=_fam((_DELTANET, ("linear_key_head_dim",)),

@@ -177,6 +177,19 @@ TINY: dict[str, dict] = {
                          "attention_multiplier": 0.0625, "logits_scaling": 6.0, "position_embedding_type": "nope",
                          "rms_norm_eps": 1e-5, "vocab_size": 128, "max_position_embeddings": 4096,
                          "tie_word_embeddings": True, "rope_theta": 10000.0, "torch_dtype": "bfloat16"},
+    # attention and Mamba2 in parallel in every layer; d_inner 96 (mamba_d_ssm, not 2 x hidden), 6 heads of 16 in
+    # 2 groups of B/C, no gated norm (as released); every muP multiplier away from 1
+    "falcon_h1": {"architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1", "hidden_size": 64,
+                  "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+                  "head_dim": 16, "mamba_d_ssm": 96, "mamba_n_heads": 6, "mamba_d_head": 16, "mamba_n_groups": 2,
+                  "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_conv_bias": True,
+                  "mamba_proj_bias": False, "mamba_rms_norm": False, "mamba_norm_before_gate": False,
+                  "projectors_bias": False, "attention_bias": False, "mlp_bias": False,
+                  "embedding_multiplier": 2.5, "lm_head_multiplier": 0.37, "key_multiplier": 0.6,
+                  "attention_in_multiplier": 1.3, "attention_out_multiplier": 0.8, "ssm_in_multiplier": 1.2,
+                  "ssm_out_multiplier": 0.7, "mlp_multipliers": [0.9, 1.4], "ssm_multipliers": [0.5, 1.5, 0.8, 1.25, 0.6],
+                  "rms_norm_eps": 1e-5, "vocab_size": 128, "max_position_embeddings": 4096,
+                  "tie_word_embeddings": False, "rope_theta": 10000.0, "torch_dtype": "bfloat16"},
 }
 
 
@@ -444,9 +457,9 @@ def _gguf_header(w, cfg: dict, f: dict, name: str, extra: dict | None = None) ->
     w.add_embedding_length(f["hidden"])
     w.add_feed_forward_length(f["intermediate"])
     w.add_head_count(f["heads"])
-    rec = set(f.get("recurrent_layers") or ())
+    rec, kv = set(f.get("recurrent_layers") or ()), set(archs.kv_layers(f))
     if rec:  # a hybrid: per-layer KV heads, 0 for the recurrent layers (llama.cpp's is_recr), and the state's sizes
-        w.add_head_count_kv([0 if i in rec else f["kv_heads"] for i in range(f["n_layers"])])
+        w.add_head_count_kv([f["kv_heads"] if i in kv else 0 for i in range(f["n_layers"])])
         d = archs.dims(cfg)
         for dim, key in archs.FAMILIES[f["arch"]].blocks.gguf_dims:
             w.add_uint32(f"{w.arch}.{key}", int(d[dim]))

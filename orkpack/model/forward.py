@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 from scipy.special import erf, expit  # exact GELU; a sigmoid that does not overflow
 
+from ..archs import mixers
 from ..errors import SourceError, escape_name
 from ..sources import open_source
 from . import hparams as _hp
@@ -66,7 +67,8 @@ def _act(x: np.ndarray, kind: str) -> np.ndarray:
 
 
 def _norm(x: np.ndarray, w: Weights, name: str, hp: Hparams) -> np.ndarray:
-    g = w.tensor(name + ".weight")
+    # the gain is NAME.weight, or NAME itself where the converter names it so (Falcon-H1's blk.N.ffn_norm)
+    g = w.tensor(name + ".weight" if w.has(name + ".weight") or not w.has(name) else name)
     if hp.norm_offset:
         g = g + np.float32(hp.norm_offset)
     if hp.fwd.norm == "layer":
@@ -292,7 +294,8 @@ def _ffn(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     return out
 
 
-# the mixer of each block type (orkpack/archs.py Blocks; Hparams.blocks): attention, or a hybrid's recurrent block
+# the mixer of each block type (orkpack/archs.py Blocks; Hparams.blocks): attention, or a hybrid's recurrent block;
+# a block type naming several ("attn+mamba2": archs.mixers) runs them in parallel on the same normed input, summed
 _MIXERS: dict[str, Callable[[int, np.ndarray, Hparams, Weights], np.ndarray]] = {
     "attn": lambda i, x, hp, w: _attention(i, x, hp, w),
     "shortconv": shortconv,
@@ -304,7 +307,8 @@ _MIXERS: dict[str, Callable[[int, np.ndarray, Hparams, Weights], np.ndarray]] = 
 def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     p = f"blk.{i}."
     sandwich = hp.fwd.block == "sandwich"
-    a = _MIXERS[hp.blocks[i] if hp.blocks else "attn"](i, _norm(x, w, p + "attn_norm", hp), hp, w)
+    h = _norm(x, w, p + "attn_norm", hp)
+    a = sum(_MIXERS[m](i, h, hp, w) for m in mixers(hp.blocks[i] if hp.blocks else "attn"))
     if sandwich:
         a = _norm(a, w, p + "post_attention_norm", hp)
     x = x + a * np.float32(hp.residual_scale)

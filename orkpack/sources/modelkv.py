@@ -152,6 +152,10 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
         put(G.HEAD_COUNT_KV, G.HEAD_COUNT_KV_PER_LAYER, [d["nkv"] if b == archs.ATTN else 0 for b in blocks])
         if "di" in d:  # Mamba2's d_inner (GraniteHybridModel: mamba_expand x hidden)
             put(G.SSM_INNER_SIZE, G.SSM_INNER_SIZE.type, d["di"])
+    elif fam.blocks is not None and fam.blocks.record == "all":  # FalconH1Model: one KV head count, Mamba2's sizes
+        for key, dim in ((G.SSM_CONV_KERNEL, "ck"), (G.SSM_INNER_SIZE, "di"), (G.SSM_STATE_SIZE, "ds"),
+                         (G.SSM_TIME_STEP_RANK, "nm"), (G.SSM_GROUP_COUNT, "ng")):
+            put(key, key.type, d[dim])  # d_inner // mamba_d_head = the heads; mamba_d_ssm, not expand x hidden
     elif fam.blocks is not None:  # Qwen3NextModel: the list, the interval (its default 4 when absent), d_inner
         put(G.RECURRENT_LAYERS, G.RECURRENT_LAYERS.type, [b != archs.ATTN for b in blocks])
         tc = cfg.get("text_config") if fam.text_config and isinstance(cfg.get("text_config"), Mapping) else cfg

@@ -199,11 +199,20 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
               f"NF4 {_b(r['host_nf4'])}, float {_b(r['host_float'])}, KV {_b(r['kv_cache'])}, reserve {_b(r['reserve'])}")
     console.print(t)
     if "recurrent_state" in r:  # a hybrid: the KV of its attention layers, its fixed state, the saving
-        rec = len(m.get("recurrent_layers") or ())
-        console.print(f"KV cache {_b(r['kv_cache'])} at ctx {d['options']['ctx']}: {m['n_layers'] - rec} attention "
-                      f"layers' KV + {rec} recurrent layers' state {_b(r['recurrent_state'])} (per sequence, any "
-                      f"ctx); all {m['n_layers']} layers attention would need {_b(r['kv_all_attention'])} "
-                      f"(saves {_b(r['kv_all_attention'] - r['kv_cache'])})")
+        from .. import archs
+
+        rec, par = len(m.get("recurrent_layers") or ()), len(m.get("parallel_layers") or ())
+        if par:  # attention beside the recurrence (Falcon-H1): the state comes on top of the KV
+            console.print(f"KV cache {_b(r['kv_cache'])} at ctx {d['options']['ctx']}: {len(archs.kv_layers(m))} "
+                          f"attention layers' KV + {rec} recurrent layers' state {_b(r['recurrent_state'])} (per "
+                          f"sequence, any ctx); {par} layers run attention and the recurrence in parallel, so hold both: "
+                          f"{_b(r['kv_cache'] - r['kv_all_attention'])} more than all {m['n_layers']} layers attention "
+                          f"alone ({_b(r['kv_all_attention'])})")
+        else:
+            console.print(f"KV cache {_b(r['kv_cache'])} at ctx {d['options']['ctx']}: {m['n_layers'] - rec} attention "
+                          f"layers' KV + {rec} recurrent layers' state {_b(r['recurrent_state'])} (per sequence, any "
+                          f"ctx); all {m['n_layers']} layers attention would need {_b(r['kv_all_attention'])} "
+                          f"(saves {_b(r['kv_all_attention'] - r['kv_cache'])})")
     ben = getattr(tm, "benefits", {})  # the profile's benefit of every item, NPU or not
     hot = sorted((x for x in tm.decisions if ben.get(x.name, x.benefit_us) > 0),
                  key=lambda x: (-ben.get(x.name, x.benefit_us), x.name))[:top]

@@ -95,7 +95,8 @@ class Item:
 
 def cache_bytes(facts: dict, ctx: int, kv_type: str = "f16") -> dict:
     """The runtime's per-sequence cache of a model with these facts (:meth:`Manifest.kv_bytes`): ``kv``, the KV cache
-    of its attention layers for ``ctx`` positions; ``state``, the fixed-size state of a hybrid's recurrent layers
+    of its attention layers for ``ctx`` positions (a parallel hybrid's recurrent layers with attention beside, facts
+    ``parallel_layers``, included: archs.kv_layers); ``state``, the fixed-size state of a hybrid's recurrent layers
     (float32); ``all_attention``, the KV cache the same shape would need with every layer attention."""
     if kv_type not in KV_TYPES:
         raise OrkError(f"--kv-type {escape_name(str(kv_type))!r} is not supported; use one of {', '.join(KV_TYPES)}")
@@ -108,9 +109,9 @@ def cache_bytes(facts: dict, ctx: int, kv_type: str = "f16") -> dict:
     per = row(facts["kv_k"]) + row(facts["kv_v"])
     swa = set(facts.get("swa_layers") or ())
     win = facts.get("swa_window") or 0
-    rec = set(facts.get("recurrent_layers") or ())
+    kv = set(archs.kv_layers(facts))  # the attention layers, and the recurrent ones with attention beside
     span = [min(ctx, win) if (i in swa and win) else ctx for i in range(facts["n_layers"])]
-    return {"kv": per * sum(p for i, p in enumerate(span) if i not in rec),
+    return {"kv": per * sum(p for i, p in enumerate(span) if i in kv),
             "state": state_bytes(facts), "all_attention": per * sum(span)}
 
 
@@ -140,7 +141,8 @@ class Manifest:
         each; MLA: the compressed latent kv_lora_rank + qk_rope_head_dim, no separate V).
         Sliding-window layers (``swa_layers``) hold at most ``swa_window`` positions. A hybrid's recurrent
         layers (``recurrent_layers``: LFM2's short convolutions) hold no KV cache but a state of ``state``
-        float32 elements for the sequence, whatever ``ctx`` (llama.cpp keeps recurrent state in f32).
+        float32 elements for the sequence, whatever ``ctx`` (llama.cpp keeps recurrent state in f32); those that
+        run attention beside the recurrence (``parallel_layers``: Falcon-H1's) hold both.
         f16: 2 bytes an element; q8_0: blocks of 32 elements in 34 bytes (fp16 scale + 32 int8),
         each of K and V padded to whole blocks.
         """
@@ -163,6 +165,8 @@ class Manifest:
             f.pop("recurrent_layers", None)
             f.pop("state", None)
             f.pop("recurrent_flops", None)
+        if not f.get("parallel_layers"):
+            f.pop("parallel_layers", None)
         return f
 
     def summary(self) -> dict:
