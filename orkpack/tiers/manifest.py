@@ -108,10 +108,11 @@ def cache_bytes(facts: dict, ctx: int, kv_type: str = "f16") -> dict:
     per = row(facts["kv_k"]) + row(facts["kv_v"])
     swa = set(facts.get("swa_layers") or ())
     win = facts.get("swa_window") or 0
-    rec = set(facts.get("recurrent_layers") or ())
+    rec, ffn = set(facts.get("recurrent_layers") or ()), set(facts.get("ffn_layers") or ())
     span = [min(ctx, win) if (i in swa and win) else ctx for i in range(facts["n_layers"])]
-    return {"kv": per * sum(p for i, p in enumerate(span) if i not in rec),
-            "state": state_bytes(facts), "all_attention": per * sum(span)}
+    # an FFN-only layer (Nemotron-H's MLP / MoE blocks) holds neither KV nor state, and would not with attention
+    return {"kv": per * sum(p for i, p in enumerate(span) if i not in rec and i not in ffn),
+            "state": state_bytes(facts), "all_attention": per * sum(p for i, p in enumerate(span) if i not in ffn)}
 
 
 @dataclass
@@ -140,7 +141,8 @@ class Manifest:
         each; MLA: the compressed latent kv_lora_rank + qk_rope_head_dim, no separate V).
         Sliding-window layers (``swa_layers``) hold at most ``swa_window`` positions. A hybrid's recurrent
         layers (``recurrent_layers``: LFM2's short convolutions) hold no KV cache but a state of ``state``
-        float32 elements for the sequence, whatever ``ctx`` (llama.cpp keeps recurrent state in f32).
+        float32 elements for the sequence, whatever ``ctx`` (llama.cpp keeps recurrent state in f32); its FFN-only
+        layers (``ffn_layers``: Nemotron-H's MLP and MoE blocks) hold neither.
         f16: 2 bytes an element; q8_0: blocks of 32 elements in 34 bytes (fp16 scale + 32 int8),
         each of K and V padded to whole blocks.
         """
@@ -163,6 +165,8 @@ class Manifest:
             f.pop("recurrent_layers", None)
             f.pop("state", None)
             f.pop("recurrent_flops", None)
+        if not f.get("ffn_layers"):
+            f.pop("ffn_layers", None)
         return f
 
     def summary(self) -> dict:

@@ -269,9 +269,9 @@ def _attention_s(manifest: Manifest, rows: int, pos: float, board: Board) -> flo
     f = manifest.facts
     width = f.get("heads", 0) * f.get("head_dim", 0)
     swa, win = set(f.get("swa_layers") or ()), f.get("swa_window") or 0
-    rec = set(f.get("recurrent_layers") or ())
+    rec, ffn = set(f.get("recurrent_layers") or ()), set(f.get("ffn_layers") or ())  # FFN-only layers attend to nothing
     span = sum(min(pos, win) if (layer in swa and win) else pos for layer in range(f.get("n_layers", 0))
-               if layer not in rec)
+               if layer not in rec and layer not in ffn)
     recurrence = rows * len(rec) * float(f.get("recurrent_flops") or 0)
     return (4.0 * rows * span * width + recurrence) / board.cpu_float_ops_per_s
 
