@@ -974,8 +974,9 @@ def _nemotron_dims(cfg: Mapping, d: dict, where: str) -> dict:
     if cfg.get("moe_latent_size") is not None:
         raise SourceError(f"{where}: 'moe_latent_size' is set: the latent MoE projections (Nemotron 3 Super) are not "
                           "supported yet")
-    kinds = {_NH_NAMES.get(x) for x in (cfg.get("layers_block_type") or cfg.get("hybrid_override_pattern") or ())
-             if isinstance(x, str)}
+    lt, pat = cfg.get("layers_block_type"), cfg.get("hybrid_override_pattern")
+    items = lt if isinstance(lt, list) else (pat if isinstance(pat, str) else ())  # other types: _layer_blocks says
+    kinds = {_NH_NAMES.get(x) for x in items if isinstance(x, str)}
     if "moe" in kinds and "mlp" in kinds:
         raise SourceError(f"{where}: the layer pattern mixes MLP ('-', mlp) and MoE ('E', moe) blocks: llama.cpp's "
                           "nemotron_h_moe builds every FFN block as MoE; fix the config")
