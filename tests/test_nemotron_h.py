@@ -187,12 +187,10 @@ def test_build_verify_eval(variant, request, tmp_path):
     hf, gg, _, _ = request.getfixturevalue(variant)
     # every tensor float: the pack is the source model; its eval is the reference's
     build_verify_eval(hf, gg, tmp_path / "f.orkpack", ("--keep", "*"), max_kld=1e-6)
-    # the default mixed int8 / NF4 pack (bound: see the report in docs; these unit-gain random models, int8
-    # activations on every matrix, measure ~0.1 nats)
-    build_verify_eval(hf, gg, tmp_path / "t.orkpack", max_kld=DEFAULT_KLD)
-
-
-DEFAULT_KLD = 0.3
+    # the default mixed int8 / NF4 pack: these unit-gain random models measure a mean KLD of 0.049 (dense) and 0.070
+    # (MoE) nats on both paths (the float pack: 1.0e-8); LFM2's bound of 0.2 holds them with room, and a mishandled
+    # block (a wrong norm, an FFN run as a mixer, a dropped residual) costs whole nats
+    build_verify_eval(hf, gg, tmp_path / "t.orkpack", max_kld=0.2)
 
 
 # ------------------------------------------------------------------------------------------------------- planning
