@@ -39,9 +39,10 @@ layers whose cache holds only the last ``swa_window`` positions); and for hybrid
 ``blocks``) recurrent_layers (the layers whose block keeps a fixed-size state per sequence instead of a KV
 cache: LFM2's short convolutions) and state (the float32 elements of that state per recurrent layer and
 sequence, llama.cpp's ``n_embd_r() + n_embd_s()``), recurrent_flops (the float operations a token costs a recurrent
-layer besides its matrices: the convolution, the scan or delta rule) and parallel_layers (the recurrent layers that run
-attention beside their recurrence, so hold a KV cache as well as the state: Falcon-H1's, every one; :func:`kv_layers`);
-[], 0, 0 and [] for every other family.
+layer besides its matrices: the convolution, the scan or delta rule), parallel_layers (the recurrent layers that run
+attention beside their recurrence, so hold a KV cache as well as the state: Falcon-H1's, every one; :func:`kv_layers`)
+and ffn_layers (the layers that are an FFN alone, no mixer: no KV cache and no state; Nemotron-H's MLP and MoE
+blocks); [], 0, 0, [] and [] for every other family.
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ FACT_KEYS = (
     "arch", "n_layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab",
     "n_experts", "n_experts_used", "moe_intermediate", "tie_word_embeddings",
     "attention", "kv_k", "kv_v", "swa_window", "swa_layers", "recurrent_layers", "state", "recurrent_flops",
-    "parallel_layers",
+    "parallel_layers", "ffn_layers",
 )
 
 # Sanity caps (a hostile config must not make a plan enumerate billions of items): far above any real model.
@@ -177,7 +178,8 @@ class Forward:
     ffn_norm: str = "ffn_norm"  # the pre-FFN norm's GGUF name (gpt-oss: post_attention_norm)
     rope: str = "neox"  # neox (rotate the halves of each head) | interleaved (rotate pairs (2i, 2i+1))
     rope_ratio: bool = False  # chatglm: the RoPE base is 10000 x the config's rope_ratio (default 1)
-    rope_layers: str = "all"  # all | no_rope_layers (smollm3: the config's per-layer list, 1 = RoPE)
+    rope_layers: str = "all"  # all | no_rope_layers (smollm3: the config's per-layer list, 1 = RoPE) | none (NoPE:
+    # Nemotron-H's attention has no positions but the Mamba2 layers')
     rope_switch: str = ""  # a config key whose value "rope" turns RoPE on, anything else (None, "nope") off
     # (granitemoehybrid: position_embedding_type); from a GGUF rope.scaling.finetuned (llama.cpp's granite-hybrid
     # switch, default true)
@@ -224,13 +226,20 @@ class Blocks:
     interval: str = ""  # a config key: every n-th layer is attention, the others recurrent (full_attention_interval)
     interval_default: int = 0  # its value when the config gives none of the keys (Qwen3_5TextConfig: 4)
     record: str = "kv_heads"  # how the converter's GGUF names the recurrent layers: kv_heads (a per-layer
-    # head_count_kv, 0 for recurrent layers: LFM2) | recurrent_layers (one bool per layer, attention.recurrent_layers,
-    # beside full_attention_interval: Qwen3.5 / Qwen3-Next) | all (every layer is of the one type ``default``, the GGUF
-    # says nothing per layer: Falcon-H1)
+    # head_count_kv, 0 for recurrent layers: LFM2) | kv_heads_ffn (per-layer head_count_kv and feed_forward_length:
+    # neither is a recurrent layer, an FFN length alone an FFN layer: Nemotron-H, llama.cpp's is_recr) |
+    # recurrent_layers (one bool per layer, attention.recurrent_layers, beside full_attention_interval: Qwen3.5 /
+    # Qwen3-Next) | all (every layer is of the one type ``default``, the GGUF says nothing per layer: Falcon-H1)
     state: str = "0"  # float32 state elements per recurrent layer and sequence (an expression over the dims)
     gguf_dims: tuple[tuple[str, str], ...] = ()  # (dim, GGUF key after "{arch}.") the state needs from a GGUF
     flops: str = "0"  # float ops a token costs a recurrent layer besides its matrices (an expression over the dims;
     # the planner's prefill term, docs/TIERMAP.md): its convolution and its recurrence
+    pattern: str = ""  # a config key holding one letter per layer (Nemotron-H's hybrid_override_pattern "M-M*-"),
+    # read when ``key`` is absent; ``names`` maps its letters too. It and ``key`` give the layer count when the config
+    # has none (transformers 5 derives num_hidden_layers from the list and saves none)
+    parts: Mapping[str, str] = field(default_factory=dict)  # block type -> "mixer" | "ffn": a layer that is that one
+    # block alone, with its own pre-norm (attn_norm) and residual (Nemotron-H: mamba2 / attn mixers, mlp / moe FFNs);
+    # a block type not listed is a mixer followed by the FFN, each with its norm and residual (every other hybrid)
 
 
 ATTN = "attn"  # the block type of an attention layer
@@ -242,10 +251,12 @@ def mixers(block: str) -> tuple[str, ...]:
 
 
 def kv_layers(facts: Mapping[str, Any]) -> list[int]:
-    """The layers with a KV cache: every layer but the recurrent ones, and the recurrent ones that run attention
-    beside their recurrence (``parallel_layers``: Falcon-H1's)."""
+    """The layers with a KV cache: every layer but the recurrent ones and the FFN-only ones (``ffn_layers``:
+    Nemotron-H's MLP / MoE blocks), and the recurrent ones that run attention beside their recurrence
+    (``parallel_layers``: Falcon-H1's)."""
     rec, par = set(facts.get("recurrent_layers") or ()), set(facts.get("parallel_layers") or ())
-    return [i for i in range(int(facts.get("n_layers") or 0)) if i not in rec or i in par]
+    ffn = set(facts.get("ffn_layers") or ())
+    return [i for i in range(int(facts.get("n_layers") or 0)) if (i not in rec or i in par) and i not in ffn]
 
 
 @dataclass(frozen=True)
@@ -318,6 +329,8 @@ class Family:
     # same elements (Mamba2's A and D (H,) -> (H, 1); its grouped norm (D,) -> (G, D / G))
     skip: tuple[tuple[str, str], ...] = ()  # (regex on the HF name, why): tensors a build leaves out, by name
     # (a multimodal release's vision tower, which llama.cpp's converter writes to a separate mmproj GGUF)
+    variant: Callable[[Mapping], str | None] | None = None  # config -> the entry it reads as instead, or None
+    # (nemotron_h: nemotron_h_moe when its layer pattern holds MoE blocks, as llama.cpp has two GGUF architectures)
 
 
 # --------------------------------------------------------------------------------------- shared templates
@@ -895,6 +908,13 @@ _MAMBA2 = (
     t(P + "mamba.out_proj.weight", "H", "di", when="mamba2"),
     t(P + "mamba.out_proj.bias", "H", when="mamba2 proj_bias"),
 )
+# a Mamba2 layer's state per sequence (llama.cpp's n_embd_r + n_embd_s: the conv's last ck - 1 inputs of the di + 2 ng ds
+# channels, one ds x (di / heads) state per head) and its float work a token besides ssm_in / ssm_out: the depthwise
+# conv (a multiply-add per tap and channel) and the scan (per state element: decay, + dt x B, . C: 5 ops; docs/TIERMAP.md)
+_MAMBA2_STATE = "(ck-1)*(di+2*ng*ds)+ds*di"
+_MAMBA2_FLOPS = "2*ck*(di+2*ng*ds)+5*ds*di"
+_MAMBA2_GGUF_DIMS = (("ck", "ssm.conv_kernel"), ("ds", "ssm.state_size"), ("ng", "ssm.group_count"),
+                     ("di", "ssm.inner_size"))
 _GRANITE_HYBRID_ATTN = tuple(replace(x, when=x.when + ("attn",)) for x in _QKVO + _QKV_BIAS + _O_BIAS)
 _GRANITE_HYBRID_FFN = (
     t(P + "block_sparse_moe.router.layer.weight", "E", "H", when="moe"),
@@ -931,9 +951,7 @@ _F.append(
            reshape=(("blk.*.ssm_a", ("nm", 1)), ("blk.*.ssm_d", ("nm", 1)), ("blk.*.ssm_norm.weight", ("ng", "gs"))),
            blocks=Blocks("layer_types", {"mamba": "mamba2", "attention": ATTN, "linear_attention": "mamba2",
                                          "full_attention": ATTN}, indices="attn_layer_indices", default="mamba2",
-                         state="(ck-1)*(di+2*ng*ds)+ds*di",
-                         gguf_dims=(("ck", "ssm.conv_kernel"), ("ds", "ssm.state_size"), ("ng", "ssm.group_count"),
-                                    ("di", "ssm.inner_size"))),
+                         state=_MAMBA2_STATE, flops=_MAMBA2_FLOPS, gguf_dims=_MAMBA2_GGUF_DIMS),
            more_dims=_granite_hybrid_dims, conv_kernels=("blk.*.ssm_conv1d.weight",),
            squeeze=(("blk.*.ssm_conv1d.weight", 1),), convert=(Convert("blk.*.ssm_a", "neg_exp"),),
            forward=Forward(router_norm="always", rope_switch="position_embedding_type", **_FWD_GRANITE)),
@@ -1076,6 +1094,132 @@ _F.append(
            forward=Forward(smooth=(Smooth(("attn_q", "attn_k", "attn_v", "ssm_in"), norm="attn_norm"), SMOOTH_DOWN))),
 )
 
+
+# Nemotron-H's layer letters (hybrid_override_pattern) and transformers 5's names (layers_block_type) -> block types
+_NH_NAMES = {"M": "mamba2", "*": ATTN, "-": "mlp", "E": "moe", "linear_attention": "mamba2", "full_attention": ATTN,
+             "mlp": "mlp", "moe": "moe"}
+
+
+def _nemotron_variant(cfg: Mapping) -> str | None:
+    """nemotron_h_moe when the layer pattern holds an MoE block (llama.cpp's second GGUF architecture); else None.
+    (llama.cpp's converter asks whether num_experts_per_tok is in the config, which transformers 5's NemotronHConfig
+    always fills in: the pattern is what says it.)"""
+    lt, pat = cfg.get("layers_block_type"), cfg.get("hybrid_override_pattern")
+    items = lt if isinstance(lt, list) else (pat if isinstance(pat, str) else ())
+    return "nemotron_h_moe" if any(isinstance(x, str) and _NH_NAMES.get(x) == "moe" for x in items) else None
+
+
+def _nemotron_dims(cfg: Mapping, d: dict, where: str) -> dict:
+    """Nemotron-H's Mamba2 mixer (transformers' NemotronHMamba2Mixer): ``nm`` heads (mamba_num_heads) of ``pd``
+    (mamba_head_dim), d_inner ``di`` = nm x pd (not expand x hidden: llama.cpp's converter takes the heads too),
+    ``ng`` groups (n_groups) of B and C of ``ds`` (ssm_state_size), the conv kernel ``ck`` (conv_kernel) over
+    ``cc`` = di + 2 ng ds channels, the gated norm's group ``gs`` = di / ng. An MoE model's FFN blocks are all MoE
+    (llama.cpp's nemotron_h_moe builds every FFN block as one); the latent MoE (moe_latent_size) is not supported."""
+    def get(key: str, default: Any, cap: int = MAX_WIDTH) -> int:
+        v = cfg.get(key)
+        return _int(default if v is None else v, key, where, cap=cap)
+
+    if cfg.get("layers_block_type") is None and cfg.get("hybrid_override_pattern") is None:
+        raise SourceError(f"{where}: neither 'hybrid_override_pattern' nor 'layers_block_type' is given: the layer "
+                          "pattern of a Nemotron-H model is its config's; fix the config")
+    nm, pd = get("mamba_num_heads", 128, 1 << 16), get("mamba_head_dim", 64)
+    ng, ds, ck = get("n_groups", 8, 1 << 16), get("ssm_state_size", 128), get("conv_kernel", 4, 1024)
+    for key, v in (("mamba_num_heads", nm), ("mamba_head_dim", pd), ("n_groups", ng), ("ssm_state_size", ds)):
+        if v == 0:
+            raise SourceError(f"{where}: '{key}' is 0; fix the config")
+    di = nm * pd
+    if di + 2 * ng * ds > MAX_WIDTH:
+        raise SourceError(f"{where}: the Mamba2 width ('mamba_num_heads' x 'mamba_head_dim' + 2 x 'n_groups' x "
+                          f"'ssm_state_size' = {di + 2 * ng * ds}) is beyond any real model (cap {MAX_WIDTH}); "
+                          "fix the config")
+    if ck < 2:
+        raise SourceError(f"{where}: 'conv_kernel' = {ck}: the convolution needs at least 2 taps; fix the config")
+    if nm % ng:
+        raise SourceError(f"{where}: 'n_groups' = {ng} does not divide 'mamba_num_heads' = {nm} (each group serves "
+                          "whole heads); fix the config")
+    if cfg.get("moe_latent_size") is not None:
+        raise SourceError(f"{where}: 'moe_latent_size' is set: the latent MoE projections (Nemotron 3 Super) are not "
+                          "supported yet")
+    lt, pat = cfg.get("layers_block_type"), cfg.get("hybrid_override_pattern")
+    items = lt if isinstance(lt, list) else (pat if isinstance(pat, str) else ())  # other types: _layer_blocks says
+    kinds = {_NH_NAMES.get(x) for x in items if isinstance(x, str)}
+    if "moe" in kinds and "mlp" in kinds:
+        raise SourceError(f"{where}: the layer pattern mixes MLP ('-', mlp) and MoE ('E', moe) blocks: llama.cpp's "
+                          "nemotron_h_moe builds every FFN block as MoE; fix the config")
+    if "moe" in kinds and not (d["E"] and d["Im"] and d["Is"]):
+        raise SourceError(f"{where}: MoE blocks ('E') need 'n_routed_experts', 'moe_intermediate_size' and "
+                          "'moe_shared_expert_intermediate_size'; fix the config")
+    return {"nm": nm, "pd": pd, "di": di, "ng": ng, "ds": ds, "ck": ck, "cc": di + 2 * ng * ds, "gs": di // ng}
+
+
+NB = "backbone.layers.{i}."
+_NEMOTRON_LAYER = (
+    t(NB + "norm.weight", "H"),  # the one pre-norm of every block (GGUF attn_norm)
+    t(NB + "mixer.in_proj.weight", "2*di+2*ng*ds+nm", "H", when="mamba2"),  # z, x B C, dt
+    t(NB + "mixer.in_proj.bias", "2*di+2*ng*ds+nm", when="mamba2 proj_bias"),
+    t(NB + "mixer.conv1d.weight", "cc", 1, "ck", when="mamba2"),  # depthwise Conv1d; GGUF {ck, cc}
+    t(NB + "mixer.conv1d.bias", "cc", when="mamba2 conv_bias"),
+    t(NB + "mixer.dt_bias", "nm", when="mamba2", kind="bias"),
+    t(NB + "mixer.A_log", "nm", when="mamba2", kind="bias"),
+    t(NB + "mixer.D", "nm", when="mamba2", kind="norm"),
+    t(NB + "mixer.norm.weight", "di", when="mamba2"),
+    t(NB + "mixer.out_proj.weight", "H", "di", when="mamba2"),
+    t(NB + "mixer.out_proj.bias", "H", when="mamba2 proj_bias"),
+    t(NB + "mixer.q_proj.weight", "nh*hd", "H", when="attn"), t(NB + "mixer.k_proj.weight", "nkv*hd", "H", when="attn"),
+    t(NB + "mixer.v_proj.weight", "nkv*hd", "H", when="attn"), t(NB + "mixer.o_proj.weight", "H", "nh*hd", when="attn"),
+    t(NB + "mixer.up_proj.weight", "I", "H", when="mlp"), t(NB + "mixer.up_proj.bias", "I", when="mlp mlp_bias"),
+    t(NB + "mixer.down_proj.weight", "H", "I", when="mlp"), t(NB + "mixer.down_proj.bias", "H", when="mlp mlp_bias"),
+    t(NB + "mixer.gate.weight", "E", "H", when="moe"),
+    t(NB + "mixer.gate.e_score_correction_bias", "E", when="moe", kind="bias"),
+    t(NB + "mixer.experts.{e}.up_proj.weight", "Im", "H", when="moe", experts=True),
+    t(NB + "mixer.experts.{e}.down_proj.weight", "H", "Im", when="moe", experts=True),
+    t(NB + "mixer.shared_experts.up_proj.weight", "Is", "H", when="moe"),
+    t(NB + "mixer.shared_experts.down_proj.weight", "H", "Is", when="moe"),
+)
+_NEMOTRON_DEFAULTS = {"tie_word_embeddings": False, "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 21504,
+                      "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                      "layer_norm_epsilon": 1e-5}  # NemotronHConfig's
+_F.append(
+    # NVIDIA Nemotron-H (NemotronHForCausalLM; Nemotron-H-8B, Nemotron-Nano-9B/12B-v2): every layer ONE block, chosen by
+    # hybrid_override_pattern (M Mamba2, * NoPE GQA attention, - a squared-ReLU MLP of up / down) or transformers 5's
+    # layers_block_type, each block with its own pre-norm and residual. llama.cpp's converter (NemotronHModel, a
+    # GraniteHybridModel) names them as Granite-4.0-H's: conv squeezed, A = -exp(A_log), A and D (H, 1), the gated norm
+    # (G, D / G); per-layer head_count_kv and feed_forward_length (neither: a Mamba2 layer)
+    Family("nemotron_h", "NEMOTRON_H", _NEMOTRON_LAYER,
+           (t("backbone.embeddings.weight", "V", "H", kind="w"), t("backbone.norm_f.weight", "H"),
+            t("lm_head.weight", "V", "H", when="!tied")),
+           keys={"n_experts": (), "n_experts_used": (), "moe_intermediate": ()},  # NemotronHConfig's MoE defaults
+           # are in every config transformers 5 saves: a model without MoE blocks has no experts
+           defaults=_NEMOTRON_DEFAULTS,
+           flags=lambda cfg, d: {"conv_bias": cfg.get("use_conv_bias") is not False,
+                                 "proj_bias": bool(cfg.get("use_bias")), "mlp_bias": bool(cfg.get("mlp_bias"))},
+           classes=("NemotronHForCausalLM",),
+           renames=((r"\.mixer\.dt_bias$", ".mixer.dt.bias"),
+                    (r"^backbone\.layers\.(\d+)\.mixer\.gate\.e_score_correction_bias$", r"blk.\1.exp_probs_b.bias")),
+           reshape=(("blk.*.ssm_a", ("nm", 1)), ("blk.*.ssm_d", ("nm", 1)), ("blk.*.ssm_norm.weight", ("ng", "gs"))),
+           blocks=Blocks("layers_block_type", _NH_NAMES, pattern="hybrid_override_pattern", record="kv_heads_ffn",
+                         parts={"mamba2": "mixer", ATTN: "mixer", "mlp": "ffn", "moe": "ffn"},
+                         state=_MAMBA2_STATE, flops=_MAMBA2_FLOPS, gguf_dims=_MAMBA2_GGUF_DIMS),
+           more_dims=_nemotron_dims, conv_kernels=("blk.*.ssm_conv1d.weight",),
+           squeeze=(("blk.*.ssm_conv1d.weight", 1),), convert=(Convert("blk.*.ssm_a", "neg_exp"),),
+           variant=_nemotron_variant,
+           forward=Forward(act="relu2", act_key="mlp_hidden_act", mlp="plain", rope_layers="none",
+                           router="sigmoid", router_groups="top2sum", router_scale=True,
+                           # a layer's one norm feeds its one block's input matrices (relu2 leaves down alone)
+                           smooth=(Smooth(("attn_q", "attn_k", "attn_v", "ssm_in", "ffn_up"), norm="attn_norm",
+                                          blockers=_MOE),))),
+)
+_NEMOTRON = _F[-1]
+_F.append(
+    # Nemotron-H MoE (NVIDIA-Nemotron-3-Nano-30B-A3B: 'E' blocks): the FFN blocks are a DeepSeek-V3-style sigmoid router
+    # (e_score_correction_bias, GGUF exp_probs_b; top-k normalised, times routed_scaling_factor) over squared-ReLU
+    # up / down experts, plus an always-on shared expert; llama.cpp's architecture nemotron_h_moe
+    replace(_NEMOTRON, name="nemotron_h_moe", gguf="NEMOTRON_H_MOE", variant=None, classes=(),
+            keys={"n_experts": ("n_routed_experts",), "intermediate": ("moe_intermediate_size",),
+                  "shared_intermediate": ("moe_shared_expert_intermediate_size",)},
+            defaults={**_NEMOTRON_DEFAULTS, "norm_topk_prob": True, "routed_scaling_factor": 1.0}),
+)
+
 FAMILIES: dict[str, Family] = {f.name: f for f in _F}
 _BY_MODEL_TYPE: dict[str, Family] = {mt: f for f in _F for mt in (f.name, *f.model_types)}
 SUPPORTED = tuple(sorted(_BY_MODEL_TYPE))
@@ -1093,11 +1237,14 @@ def config_family(cfg: Mapping[str, Any]) -> Family | None:
     """The entry for a config.json: by ``model_type``, else (no model_type) by its ``architectures`` class."""
     mt = cfg.get("model_type")
     if mt is not None:
-        return family(mt)
-    arch = cfg.get("architectures")
-    if isinstance(arch, list) and arch and isinstance(arch[0], str):
-        return _BY_CLASS.get(arch[0])
-    return None
+        fam = family(mt)
+    else:
+        arch = cfg.get("architectures")
+        fam = _BY_CLASS.get(arch[0]) if isinstance(arch, list) and arch and isinstance(arch[0], str) else None
+    if fam is not None and fam.variant is not None:
+        other = fam.variant(cfg)
+        fam = FAMILIES[other] if other else fam
+    return fam
 
 
 # ------------------------------------------------------------------------------------------- config -> facts
@@ -1209,7 +1356,8 @@ def _dims(cfg: Mapping, fam: Family, where: str) -> dict:
             return default
         return _int(v, k or fact, where, cap=cap or CAPS.get(fact, CAP_DEFAULT))
 
-    d["L"] = get("n_layers")
+    listed = _listed_layers(fam.blocks, tc) if fam.blocks is not None and fam.blocks.pattern else None
+    d["L"] = listed if listed is not None and _lookup(tc, fam, "n_layers")[1] is None else get("n_layers")
     d["H"] = get("hidden")
     d["nh"] = get("heads")
     d["V"] = get("vocab")
@@ -1280,6 +1428,16 @@ def _dims(cfg: Mapping, fam: Family, where: str) -> dict:
     return d
 
 
+def _listed_layers(b: Blocks, tc: Mapping) -> int | None:
+    """The layer count a hybrid's layer list or pattern gives (transformers 5 saves no num_hidden_layers for
+    Nemotron-H: the list is the count); None when it gives none (its type is checked in :func:`_layer_blocks`)."""
+    lt = tc.get(b.key)
+    if isinstance(lt, list) and len(lt) <= CAPS["n_layers"]:
+        return len(lt)
+    pat = tc.get(b.pattern)
+    return len(pat) if isinstance(pat, str) and len(pat) <= CAPS["n_layers"] else None
+
+
 def layer_blocks(cfg: Mapping[str, Any], where: str = "config.json") -> list[str]:
     """Each layer's block type (:class:`Blocks`; ``attn`` for every layer of a family without ``blocks``),
     checked against the layer count (SourceError: one line naming the key)."""
@@ -1299,22 +1457,32 @@ def _layer_blocks(fam: Family, cfg: Mapping, d: dict, where: str) -> list[str]:
     tc = _text_config(cfg, fam, where)
     nl = _lookup(tc, fam, "n_layers")[0]
     known = ", ".join(repr(x) for x in b.names)
-    lt = tc.get(b.key)
+    lt, key = tc.get(b.key), b.key
+    if lt is not None and (not isinstance(lt, list) or len(lt) > CAPS["n_layers"] or
+                           not all(isinstance(x, str) for x in lt)):
+        raise SourceError(f"{where}: '{b.key}' must be a list of layer types ({known}); fix the config")
+    pat = tc.get(b.pattern) if b.pattern else None
+    if pat is not None:  # one letter per layer (Nemotron-H); with the list too, the two must agree
+        if not isinstance(pat, str) or len(pat) > CAPS["n_layers"]:
+            raise SourceError(f"{where}: '{b.pattern}' must be a string of one letter per layer ({known}); "
+                              "fix the config")
+        if lt is not None and [b.names.get(x, x) for x in lt] != [b.names.get(x, x) for x in pat]:
+            raise SourceError(f"{where}: '{b.pattern}' = {escape_name(repr(pat), 60)} contradicts '{b.key}'; "
+                              "fix the config")
+        lt, key = (list(pat), b.pattern) if lt is None else (lt, key)
     if lt is not None:
-        if not isinstance(lt, list) or len(lt) > CAPS["n_layers"] or not all(isinstance(x, str) for x in lt):
-            raise SourceError(f"{where}: '{b.key}' must be a list of layer types ({known}); fix the config")
         if len(lt) != L:
-            raise SourceError(f"{where}: '{b.key}' lists {len(lt)} layers but '{nl}' is {L}; fix the config")
+            raise SourceError(f"{where}: '{key}' lists {len(lt)} layers but '{nl}' is {L}; fix the config")
         for i, x in enumerate(lt):
             if x not in b.names:
-                raise SourceError(f"{where}: '{b.key}'[{i}] = {escape_name(repr(x), 40)} is not a layer type "
+                raise SourceError(f"{where}: '{key}'[{i}] = {escape_name(repr(x), 40)} is not a layer type "
                                   f"orkpack knows ({known}); fix the config")
         out = [b.names[x] for x in lt]
         if b.interval and tc.get(b.interval) is not None:
             n = _interval(b, tc, where)
             bad = next((i for i, x in enumerate(out) if (x == ATTN) != ((i + 1) % n == 0)), None)
             if bad is not None:
-                raise SourceError(f"{where}: '{b.key}'[{bad}] = {escape_name(repr(lt[bad]), 40)} contradicts "
+                raise SourceError(f"{where}: '{key}'[{bad}] = {escape_name(repr(lt[bad]), 40)} contradicts "
                                   f"'{b.interval}' = {n}; fix the config")
         return out
     idx = tc.get(b.indices) if b.indices else None
@@ -1348,7 +1516,14 @@ def recurrent_block(fam: Family) -> str | None:
     """The block type of a hybrid's recurrent layers (what a GGUF's layers without KV heads run)."""
     if fam.blocks is None:
         return None
-    return next((v for v in fam.blocks.names.values() if v != ATTN), None)
+    return next((v for v in fam.blocks.names.values() if v != ATTN and fam.blocks.parts.get(v) != "ffn"), None)
+
+
+def ffn_block(fam: Family) -> str | None:
+    """The block type a hybrid GGUF's FFN-only layers run (Blocks.parts "ffn"; MoE or not by their tensors)."""
+    if fam.blocks is None:
+        return None
+    return next((v for v in fam.blocks.names.values() if fam.blocks.parts.get(v) == "ffn"), None)
 
 
 def converter_shape(arch: str | None, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -1467,8 +1642,8 @@ def facts_from_config(cfg: Mapping[str, Any], where: str = "config.json") -> dic
 
 def _facts(fam: Family, cfg: Mapping, d: dict, where: str) -> dict:
     k, v = _kv(fam, d)
-    blocks = _layer_blocks(fam, cfg, d, where)
-    rec = [i for i, b in enumerate(blocks) if b != ATTN]
+    blocks, parts = _layer_blocks(fam, cfg, d, where), (fam.blocks.parts if fam.blocks is not None else {})
+    rec = [i for i, b in enumerate(blocks) if b != ATTN and parts.get(b) != "ffn"]
     return {
         "arch": fam.name, "n_layers": d["L"], "hidden": d["H"], "intermediate": d["I"], "heads": d["nh"],
         "kv_heads": d["nkv"] if fam.attention != "mla" else 1, "head_dim": d["hd"], "vocab": d["V"],
@@ -1480,6 +1655,7 @@ def _facts(fam: Family, cfg: Mapping, d: dict, where: str) -> dict:
         "recurrent_layers": rec, "state": _eval(fam.blocks.state, d) if rec else 0,
         "recurrent_flops": _eval(fam.blocks.flops, d) if rec else 0,
         "parallel_layers": [i for i in rec if ATTN in mixers(blocks[i])],
+        "ffn_layers": [i for i, b in enumerate(blocks) if parts.get(b) == "ffn"],
     }
 
 
@@ -1562,8 +1738,10 @@ def hf_tensors(cfg: Mapping[str, Any], where: str = "config.json") -> tuple[dict
     for i in range(d["L"] + d["n_nextn"]):
         moe = _moe_layer(fam, d, cfg, i)
         blk = blocks[i] if i < len(blocks) else ATTN
-        flags = dict(base, moe=moe, dense=not moe, nextn=i >= d["L"],
-                     **{k: k == blk or k in mixers(blk) for k in kinds})
+        flags = dict(base, moe=moe, dense=not moe, nextn=i >= d["L"])
+        # after the base flags: a block type named moe (Nemotron-H) says which layers are; a parallel block
+        # (Falcon-H1's attn+mamba2) sets the flags of each of its mixers
+        flags.update({k: k == blk or k in mixers(blk) for k in kinds})
         for tpl in layer_tpls:
             emit(tpl, flags, i)
     if base["vision"]:
@@ -1689,6 +1867,7 @@ def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
         swa = list(range(L))
     rec: list[int] = []
     par: list[int] = []
+    ffn: list[int] = []
     state = flops = 0
     if fam.blocks is not None:  # a hybrid: the layers without KV heads are recurrent (llama.cpp's is_recr)
         per = kv.get(f"{garch}.attention.head_count_kv")
@@ -1700,6 +1879,13 @@ def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
                 raise SourceError(f"{where}: GGUF key '{escape_name(str(garch))}.attention.head_count_kv' lists "
                                   f"{len(per)} layers but block_count is {L}; the file is damaged")
             rec = [i for i, n in enumerate(per) if int(n) == 0]
+            ffl = kv.get(f"{garch}.feed_forward_length")
+            if fam.blocks.record == "kv_heads_ffn" and isinstance(ffl, (list, tuple)):  # llama.cpp's is_recr: neither
+                if len(ffl) != L:
+                    raise SourceError(f"{where}: GGUF key '{escape_name(str(garch))}.feed_forward_length' lists "
+                                      f"{len(ffl)} layers but block_count is {L}; the file is damaged")
+                ffn = [i for i in rec if int(ffl[i]) > 0]
+                rec = [i for i in rec if int(ffl[i]) == 0]
         elif fam.blocks.record == "recurrent_layers":  # llama.cpp: the list, else every interval-th is attention
             flags = kv.get(f"{garch}.attention.recurrent_layers")
             if isinstance(flags, (list, tuple)):
@@ -1722,6 +1908,7 @@ def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
         "moe_intermediate": moe if E else 0, "tie_word_embeddings": "output.weight" not in shapes,
         "attention": fam.attention, "kv_k": k_dim, "kv_v": v_dim, "swa_window": window if swa else 0,
         "swa_layers": swa, "recurrent_layers": rec, "state": state, "recurrent_flops": flops, "parallel_layers": par,
+        "ffn_layers": ffn,
     }
 
 
@@ -1764,7 +1951,7 @@ def generic_facts(cfg: Mapping[str, Any] | None, names: list[str], where: str) -
         "kv_heads": nkv, "head_dim": hd, "vocab": opt("vocab_size"), "n_experts": 0, "n_experts_used": 0,
         "moe_intermediate": 0, "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "attention": "gqa" if kk else "unknown", "kv_k": kk, "kv_v": kk, "swa_window": 0, "swa_layers": [],
-        "recurrent_layers": [], "state": 0, "recurrent_flops": 0, "parallel_layers": [],
+        "recurrent_layers": [], "state": 0, "recurrent_flops": 0, "parallel_layers": [], "ffn_layers": [],
     }, warnings
 
 

@@ -190,6 +190,26 @@ TINY: dict[str, dict] = {
                   "ssm_out_multiplier": 0.7, "mlp_multipliers": [0.9, 1.4], "ssm_multipliers": [0.5, 1.5, 0.8, 1.25, 0.6],
                   "rms_norm_eps": 1e-5, "vocab_size": 128, "max_position_embeddings": 4096,
                   "tie_word_embeddings": False, "rope_theta": 10000.0, "torch_dtype": "bfloat16"},
+    # Nemotron-H as released (hybrid_override_pattern, time_step_limit [0, Infinity]): M Mamba2, * attention, - MLP
+    "nemotron_h": {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 64,
+                   "intermediate_size": 96, "num_hidden_layers": 6, "hybrid_override_pattern": "M*-M-*",
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "mamba_num_heads": 8,
+                   "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 16, "conv_kernel": 4, "expand": 2,
+                   "use_conv_bias": True, "use_bias": False, "mlp_bias": False, "mlp_hidden_act": "relu2",
+                   "mamba_hidden_act": "silu", "layer_norm_epsilon": 1e-5, "time_step_limit": [0.0, float("inf")],
+                   "vocab_size": 128, "max_position_embeddings": 4096, "tie_word_embeddings": False,
+                   "torch_dtype": "bfloat16"},
+    # its MoE form (Nemotron-3-Nano-30B-A3B style: E blocks; llama.cpp's nemotron_h_moe)
+    "nemotron_h_moe": {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 64,
+                       "intermediate_size": 96, "num_hidden_layers": 6, "hybrid_override_pattern": "M*EME*",
+                       "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "mamba_num_heads": 8,
+                       "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 16, "conv_kernel": 4,
+                       "use_conv_bias": True, "use_bias": False, "mlp_bias": False, "mlp_hidden_act": "relu2",
+                       "layer_norm_epsilon": 1e-5, "time_step_limit": [0.0, float("inf")], "n_routed_experts": 4,
+                       "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                       "moe_shared_expert_intermediate_size": 48, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+                       "norm_topk_prob": True, "routed_scaling_factor": 1.0, "vocab_size": 128,
+                       "max_position_embeddings": 4096, "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
 }
 
 
@@ -455,10 +475,13 @@ def _gguf_header(w, cfg: dict, f: dict, name: str, extra: dict | None = None) ->
     w.add_block_count(f["n_layers"])
     w.add_context_length(4096)
     w.add_embedding_length(f["hidden"])
-    w.add_feed_forward_length(f["intermediate"])
+    if not f.get("ffn_layers"):
+        w.add_feed_forward_length(f["intermediate"])
     w.add_head_count(f["heads"])
-    rec, kv = set(f.get("recurrent_layers") or ()), set(archs.kv_layers(f))
-    if rec:  # a hybrid: per-layer KV heads, 0 for the recurrent layers (llama.cpp's is_recr), and the state's sizes
+    rec, kv, ffn = set(f.get("recurrent_layers") or ()), set(archs.kv_layers(f)), set(f.get("ffn_layers") or ())
+    if ffn:  # FFN-only layers (Nemotron-H): their FFN width per layer, 0 for the others (llama.cpp's n_ff(il))
+        w.add_feed_forward_length([f["intermediate"] if i in ffn else 0 for i in range(f["n_layers"])])
+    if rec:  # a hybrid: per-layer KV heads, 0 for the layers without a KV cache (llama.cpp's is_recr), and the state's sizes
         w.add_head_count_kv([f["kv_heads"] if i in kv else 0 for i in range(f["n_layers"])])
         d = archs.dims(cfg)
         for dim, key in archs.FAMILIES[f["arch"]].blocks.gguf_dims:

@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 from scipy.special import erf, expit  # exact GELU; a sigmoid that does not overflow
 
+from .. import archs
 from ..archs import mixers
 from ..errors import SourceError, escape_name
 from ..sources import open_source
@@ -60,6 +61,9 @@ def _source_hparams(source, where: str) -> Hparams:
 def _act(x: np.ndarray, kind: str) -> np.ndarray:
     if kind == "silu":
         return x * expit(x)
+    if kind == "relu2":  # squared ReLU (Nemotron-H's MLPs and experts)
+        r = np.maximum(x, np.float32(0))
+        return r * r
     if kind == "gelu_tanh":
         c = np.float32(np.sqrt(2.0 / np.pi))
         return np.float32(0.5) * x * (np.float32(1) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
@@ -294,6 +298,8 @@ def _ffn(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     return out
 
 
+# each family's layers that are one block alone (archs Blocks.parts): block type -> "mixer" | "ffn"
+_PARTS = {name: dict(f.blocks.parts) for name, f in archs.FAMILIES.items() if f.blocks is not None and f.blocks.parts}
 # the mixer of each block type (orkpack/archs.py Blocks; Hparams.blocks): attention, or a hybrid's recurrent block;
 # a block type naming several ("attn+mamba2": archs.mixers) runs them in parallel on the same normed input, summed
 _MIXERS: dict[str, Callable[[int, np.ndarray, Hparams, Weights], np.ndarray]] = {
@@ -307,15 +313,20 @@ _MIXERS: dict[str, Callable[[int, np.ndarray, Hparams, Weights], np.ndarray]] = 
 def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     p = f"blk.{i}."
     sandwich = hp.fwd.block == "sandwich"
-    h = _norm(x, w, p + "attn_norm", hp)
-    a = sum(_MIXERS[m](i, h, hp, w) for m in mixers(hp.blocks[i] if hp.blocks else "attn"))
-    if sandwich:
-        a = _norm(a, w, p + "post_attention_norm", hp)
-    x = x + a * np.float32(hp.residual_scale)
-    m = _ffn(i, _norm(x, w, p + hp.fwd.ffn_norm, hp), hp, w)
-    if sandwich:
-        m = _norm(m, w, p + "post_ffw_norm", hp)
-    return x + m * np.float32(hp.residual_scale)
+    blk = hp.blocks[i] if hp.blocks else "attn"
+    part = _PARTS.get(hp.arch, {}).get(blk)  # "mixer" | "ffn": the layer is that one block (archs Blocks.parts)
+    if part != "ffn":
+        h = _norm(x, w, p + "attn_norm", hp)
+        a = sum(_MIXERS[m](i, h, hp, w) for m in mixers(blk))
+        if sandwich:
+            a = _norm(a, w, p + "post_attention_norm", hp)
+        x = x + a * np.float32(hp.residual_scale)
+    if part != "mixer":  # an FFN alone is normed by the layer's one norm (GGUF attn_norm)
+        m = _ffn(i, _norm(x, w, p + (hp.fwd.ffn_norm if part is None else "attn_norm"), hp), hp, w)
+        if sandwich:
+            m = _norm(m, w, p + "post_ffw_norm", hp)
+        x = x + m * np.float32(hp.residual_scale)
+    return x
 
 
 # ----------------------------------------------------------------------------------------------- entry

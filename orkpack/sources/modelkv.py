@@ -148,10 +148,13 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
 
     if fam.more_dims is not None:
         put(G.FEED_FORWARD_LENGTH, G.FEED_FORWARD_LENGTH.type, d["I"])
-    if fam.blocks is not None and fam.blocks.record == "kv_heads":
+    if fam.blocks is not None and fam.blocks.record in ("kv_heads", "kv_heads_ffn"):
         put(G.HEAD_COUNT_KV, G.HEAD_COUNT_KV_PER_LAYER, [d["nkv"] if b == archs.ATTN else 0 for b in blocks])
-        if "di" in d:  # Mamba2's d_inner (GraniteHybridModel: mamba_expand x hidden)
+        if "di" in d:  # Mamba2's d_inner (GraniteHybridModel: mamba_expand x hidden; NemotronHModel: heads x head dim)
             put(G.SSM_INNER_SIZE, G.SSM_INNER_SIZE.type, d["di"])
+        if fam.blocks.record == "kv_heads_ffn":  # NemotronHModel: the FFN width on the FFN-only layers, else 0
+            put(G.FEED_FORWARD_LENGTH, G.HEAD_COUNT_KV_PER_LAYER,
+                [d["I"] if fam.blocks.parts.get(b) == "ffn" else 0 for b in blocks])
     elif fam.blocks is not None and fam.blocks.record == "all":  # FalconH1Model: one KV head count, Mamba2's sizes
         for key, dim in ((G.SSM_CONV_KERNEL, "ck"), (G.SSM_INNER_SIZE, "di"), (G.SSM_STATE_SIZE, "ds"),
                          (G.SSM_TIME_STEP_RANK, "nm"), (G.SSM_GROUP_COUNT, "ng")):
@@ -169,9 +172,11 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
             (list(sec) + [0] * 4)[:4] if isinstance(sec, list) and all(_valid("uint32", x) for x in sec)
             else [11, 11, 10, 0])  # _Qwen35MRopeMixin's default
     switch = fam.forward.rope_switch if fam.forward is not None else ""
-    if switch:  # granite-hybrid's RoPE switch; a NoPE model's context is unbounded (GraniteHybridModel: 2**20)
+    nope = fam.forward is not None and fam.forward.rope_layers == "none"
+    if switch or nope:  # granite-hybrid's RoPE switch (Nemotron-H: always NoPE); a NoPE model's context is unbounded
+        # (GraniteHybridModel: 2**20)
         tc = cfg.get("text_config") if fam.text_config and isinstance(cfg.get("text_config"), Mapping) else cfg
-        rope = tc.get(switch) == "rope"
+        rope = not nope and tc.get(switch) == "rope"
         put(G.ROPE_SCALING_FINETUNED, G.ROPE_SCALING_FINETUNED.type, rope)
         if not rope:
             put(G.CONTEXT_LENGTH, G.CONTEXT_LENGTH.type, 2 ** 20)

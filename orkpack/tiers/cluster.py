@@ -114,10 +114,13 @@ def parse_cluster(boards: str, network: str | None = None, runtime: str | None =
 def _shim_facts(facts: dict, layers: list[int]) -> dict:
     """The model facts of a model made of ``layers`` only (sliding-window and recurrent layers renumbered)."""
     swa, rec = set(facts.get("swa_layers") or ()), set(facts.get("recurrent_layers") or ())
-    par = set(facts.get("parallel_layers") or ())
-    return {**facts, "n_layers": len(layers), "swa_layers": [j for j, l in enumerate(layers) if l in swa],
-            "recurrent_layers": [j for j, l in enumerate(layers) if l in rec],
-            "parallel_layers": [j for j, l in enumerate(layers) if l in par]}
+    par, ffn = set(facts.get("parallel_layers") or ()), set(facts.get("ffn_layers") or ())
+    out = {**facts, "n_layers": len(layers), "swa_layers": [j for j, l in enumerate(layers) if l in swa],
+           "recurrent_layers": [j for j, l in enumerate(layers) if l in rec],
+           "parallel_layers": [j for j, l in enumerate(layers) if l in par]}
+    if "ffn_layers" in facts:
+        out["ffn_layers"] = [j for j, l in enumerate(layers) if l in ffn]
+    return out
 
 
 def sub_manifest(man: Manifest, layers: list[int], client: bool) -> tuple[Manifest, list[int]]:

@@ -209,10 +209,12 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
                           f"{_b(r['kv_cache'] - r['kv_all_attention'])} more than all {m['n_layers']} layers attention "
                           f"alone ({_b(r['kv_all_attention'])})")
         else:
-            console.print(f"KV cache {_b(r['kv_cache'])} at ctx {d['options']['ctx']}: {m['n_layers'] - rec} attention "
+            ffn = len(m.get("ffn_layers") or ())  # FFN-only layers (Nemotron-H) hold neither KV nor state
+            mixers = m["n_layers"] - ffn
+            console.print(f"KV cache {_b(r['kv_cache'])} at ctx {d['options']['ctx']}: {mixers - rec} attention "
                           f"layers' KV + {rec} recurrent layers' state {_b(r['recurrent_state'])} (per sequence, any "
-                          f"ctx); all {m['n_layers']} layers attention would need {_b(r['kv_all_attention'])} "
-                          f"(saves {_b(r['kv_all_attention'] - r['kv_cache'])})")
+                          f"ctx); all {mixers} {'mixer ' if ffn else ''}layers attention would need "
+                          f"{_b(r['kv_all_attention'])} (saves {_b(r['kv_all_attention'] - r['kv_cache'])})")
     ben = getattr(tm, "benefits", {})  # the profile's benefit of every item, NPU or not
     hot = sorted((x for x in tm.decisions if ben.get(x.name, x.benefit_us) > 0),
                  key=lambda x: (-ben.get(x.name, x.benefit_us), x.name))[:top]

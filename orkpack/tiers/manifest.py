@@ -109,10 +109,11 @@ def cache_bytes(facts: dict, ctx: int, kv_type: str = "f16") -> dict:
     per = row(facts["kv_k"]) + row(facts["kv_v"])
     swa = set(facts.get("swa_layers") or ())
     win = facts.get("swa_window") or 0
-    kv = set(archs.kv_layers(facts))  # the attention layers, and the recurrent ones with attention beside
+    kv, ffn = set(archs.kv_layers(facts)), set(facts.get("ffn_layers") or ())  # the layers with a KV cache
     span = [min(ctx, win) if (i in swa and win) else ctx for i in range(facts["n_layers"])]
+    # an FFN-only layer (Nemotron-H's MLP / MoE blocks) holds neither KV nor state, and would not with attention
     return {"kv": per * sum(p for i, p in enumerate(span) if i in kv),
-            "state": state_bytes(facts), "all_attention": per * sum(span)}
+            "state": state_bytes(facts), "all_attention": per * sum(p for i, p in enumerate(span) if i not in ffn)}
 
 
 @dataclass
@@ -142,7 +143,8 @@ class Manifest:
         Sliding-window layers (``swa_layers``) hold at most ``swa_window`` positions. A hybrid's recurrent
         layers (``recurrent_layers``: LFM2's short convolutions) hold no KV cache but a state of ``state``
         float32 elements for the sequence, whatever ``ctx`` (llama.cpp keeps recurrent state in f32); those that
-        run attention beside the recurrence (``parallel_layers``: Falcon-H1's) hold both.
+        run attention beside the recurrence (``parallel_layers``: Falcon-H1's) hold both; its FFN-only layers
+        (``ffn_layers``: Nemotron-H's MLP and MoE blocks) hold neither.
         f16: 2 bytes an element; q8_0: blocks of 32 elements in 34 bytes (fp16 scale + 32 int8),
         each of K and V padded to whole blocks.
         """
@@ -167,6 +169,8 @@ class Manifest:
             f.pop("recurrent_flops", None)
         if not f.get("parallel_layers"):
             f.pop("parallel_layers", None)
+        if not f.get("ffn_layers"):
+            f.pop("ffn_layers", None)
         return f
 
     def summary(self) -> dict:
