@@ -307,3 +307,16 @@ def test_an_fp8_release_reads_in_the_converters_layout_too(tmp_path):
     finally:
         src.close()
         plain.close()
+
+
+def test_a_hybrid_plans_across_two_boards():
+    """The cluster's decode per layer counts the recurrent state written back, as the one-board plan does (it
+    stopped with 'internal: the cluster decode_s_per_token ... differs' when only one of them did)."""
+    from typer.testing import CliRunner
+
+    from orkpack.cli import app
+
+    r = CliRunner().invoke(app, ["plan", str(FIXTURES / "qwen3_5_moe_text.json"), "--boards", "rk3588-32g,rk3588-32g",
+                                 "--json"])
+    assert r.exit_code == 0, r.output[-2000:]
+    assert "internal" not in r.output
