@@ -194,6 +194,10 @@ class Forward:
     gguf_permuted_qk: bool = False  # llama.cpp's converter permutes q/k rows: the GGUF rotates pairs
     attn_gate: bool = False  # Qwen3.5 / Qwen3-Next: attn_q holds per head [q | gate]; the attention output is
     # multiplied by sigmoid(gate) before attn_output
+    vheads: str = "tiled"  # a Gated DeltaNet's value heads as the converter lays them out: tiled (Qwen3.5's
+    # _LinearAttentionVReorderBase: value head h reads key head h % ng) | grouped (Qwen3-Next, HF's order: h // (nv/ng))
+    beta_alpha: str = "split"  # split: ssm_beta and ssm_alpha | fused: one ssm_ba, per key head [beta of its value
+    # heads | alpha of them] (Qwen3-Next's in_proj_ba, which the converter keeps as it is)
     refuse: tuple[tuple[str, str], ...] = ()  # (config key, what is missing) when that key is set and truthy
     smooth: tuple[Smooth, ...] = SMOOTH_GATED  # where activation smoothing may fold its scales
     output_norm: str = "output_norm"  # the final norm's GGUF name (lfm2: token_embd_norm, applied after the layers)
@@ -246,6 +250,24 @@ class Convert:
 
 
 @dataclass(frozen=True)
+class Split:
+    """One fused HF tensor llama.cpp's converter writes as several tensors (Qwen3NextModel.modify_tensors:
+    ``in_proj_qkvz`` -> ``attn_qkv`` + ``attn_gate``), which an HF reader splits alike (:func:`converter_split`).
+
+    The tensor's rows (axis 0) are ``groups`` groups (one per key head), each the ``pieces`` blocks of rows in turn
+    (row counts: expressions over the family's dims). Output ``(name, picks)`` is, for each piece in ``picks``, that
+    piece of every group in group order, then the next piece: a pure row gather, so every output is byte ranges of
+    the stored tensor, in its stored dtype (the safetensors reader lists them as the output's parts).
+
+    ``glob``: the fused tensor's canonical name (gguf-py's: ``blk.*.ssm_in.weight``); an output's ``name`` replaces
+    its last two dotted parts (``attn_qkv.weight``)."""
+    glob: str
+    groups: str
+    pieces: tuple[str, ...]
+    outputs: tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True)
 class Family:
     name: str  # our id: the HF model_type
     gguf: str  # gguf-py MODEL_ARCH member whose TensorNameMap names the tensors
@@ -269,6 +291,7 @@ class Family:
     conv_kernels: tuple[str, ...] = ()  # canonical-name globs of convolution kernels (always float: keepfloat.py)
     squeeze: tuple[tuple[str, int], ...] = ()  # (canonical glob, axis): a size-1 HF axis the converter drops
     convert: tuple["Convert", ...] = ()  # value changes llama.cpp's converter makes (orkpack/sources/convlayout.py)
+    split: tuple["Split", ...] = ()  # fused HF tensors the converter writes as several (archs.converter_split)
     skip: tuple[tuple[str, str], ...] = ()  # (regex on the HF name, why): tensors a build leaves out, by name
     # (a multimodal release's vision tower, which llama.cpp's converter writes to a separate mmproj GGUF)
 
@@ -792,6 +815,38 @@ _F.append(
 _QWEN35_MOE = _F[-1]
 _F.append(_multimodal(_QWEN35_MOE, "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration"))
 
+# Qwen3-Next's Gated DeltaNet (transformers' Qwen3NextGatedDeltaNet): q, k, v and the gate z in one projection, beta
+# and alpha in another, both per key head ([q, k, v, z] and [b, a] groups: fix_query_key_value_ordering)
+_DELTANET_FUSED = (
+    t(P + "linear_attn.in_proj_qkvz.weight", "cc+di", "H", when="deltanet"),
+    t(P + "linear_attn.in_proj_ba.weight", "2*nv", "H", when="deltanet"),
+) + tuple(x for x in _DELTANET if ".in_proj_" not in x.name)
+# the converter's layout (Qwen3NextModel.modify_tensors; not a _LinearAttentionVReorderBase, so no value head moves):
+# in_proj_qkvz split into attn_qkv (every key head's q rows, then every k, then every v: value heads stay grouped) and
+# attn_gate (z); in_proj_ba kept fused (ssm_ba); A negated
+_QKVZ_SPLIT = Split("blk.*.ssm_in.weight", groups="nk", pieces=("dk", "dk", "vper*dv", "vper*dv"),
+                    outputs=(("attn_qkv.weight", (0, 1, 2)), ("attn_gate.weight", (3,))))
+_F.append(
+    # Qwen3-Next: Gated DeltaNet and gated-attention layers (layer_types, or every full_attention_interval-th), each
+    # FFN a softmax top-k MoE (norm_topk_prob) with a sigmoid-gated shared expert, or a SwiGLU MLP on the layers
+    # mlp_only_layers / decoder_sparse_step leave dense (transformers builds them; llama.cpp's converter maps no dense
+    # FFN for qwen3next, and its loader wants a router in every layer); (1 + w) norms as Qwen3.5's
+    Family("qwen3_next", "QWEN3NEXT", _NORMS + _DELTANET_FUSED + _GATED_ATTN + _Q35_MOE_FFN + _MLP, _llama_top(),
+           moe="qwen", classes=("Qwen3NextForCausalLM",), renames=_Q35_RENAMES,
+           defaults={"tie_word_embeddings": False, "vocab_size": 151936, "hidden_size": 2048,
+                     "intermediate_size": 5632, "num_hidden_layers": 48, "num_attention_heads": 16,
+                     "num_key_value_heads": 2, "head_dim": 256, "moe_intermediate_size": 512,
+                     "shared_expert_intermediate_size": 512, "num_experts": 512, "num_experts_per_tok": 10,
+                     "norm_topk_prob": True, "partial_rotary_factor": 0.25},  # Qwen3NextConfig's
+           blocks=_DELTANET_BLOCKS, more_dims=_qwen35_dims, conv_kernels=("blk.*.ssm_conv1d.weight",),
+           squeeze=(("blk.*.ssm_conv1d.weight", 1),), convert=(Convert("blk.*.ssm_a", "neg_exp"),),
+           split=(_QKVZ_SPLIT,),
+           forward=replace(_FWD_QWEN35, vheads="grouped", beta_alpha="fused", shared_gate=True,
+                           router_norm_gguf="always",  # qwen3next.cpp normalises; the converter writes no key
+                           smooth=(Smooth(("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_gate", "ssm_ba"),
+                                          norm="attn_norm"),) + _FWD_QWEN35.smooth[1:])),
+)
+
 FAMILIES: dict[str, Family] = {f.name: f for f in _F}
 _BY_MODEL_TYPE: dict[str, Family] = {mt: f for f in _F for mt in (f.name, *f.model_types)}
 SUPPORTED = tuple(sorted(_BY_MODEL_TYPE))
@@ -1058,6 +1113,34 @@ def converter_shape(arch: str | None, name: str, shape: tuple[int, ...]) -> tupl
         if matches(name, glob) and len(shape) > axis and shape[axis] == 1:
             return tuple(shape[:axis]) + tuple(shape[axis + 1:])
     return tuple(shape)
+
+
+def converter_split(arch: str | None, d: Mapping[str, int] | None, name: str, shape: tuple[int, ...]) \
+        -> list[tuple[str, tuple[int, ...], list[tuple[int, int]]]] | None:
+    """The tensors llama.cpp's converter writes for one fused checkpoint tensor (:class:`Split`), in order:
+    [(canonical name, numpy shape, its rows of the fused tensor as (first row, count) runs)]; None when the family
+    splits no tensor of that name. ``d``: the config's dims (:func:`dims`). ValueError when ``shape`` is not the
+    declared rows (a checkpoint its config does not describe)."""
+    fam = FAMILIES.get(arch) if arch else None
+    if fam is None or not fam.split or d is None:
+        return None
+    from .globs import matches
+
+    for sp in fam.split:
+        if not matches(name, sp.glob):
+            continue
+        groups, pieces = _eval(sp.groups, d), [_eval(x, d) for x in sp.pieces]
+        width = sum(pieces)
+        if not shape or shape[0] != groups * width:
+            raise ValueError(f"{shape[0] if shape else 0} rows are not {groups} groups of {width}")
+        starts = [sum(pieces[:j]) for j in range(len(pieces))]
+        stem = name.rsplit(".", 2)[0]
+        out = []
+        for suffix, picks in sp.outputs:
+            runs = [(g * width + starts[j], pieces[j]) for j in picks for g in range(groups)]
+            out.append((f"{stem}.{suffix}", (sum(n for _, n in runs), *shape[1:]), runs))
+        return out
+    return None
 
 
 def _moe_layer(fam: Family, d: dict, cfg: Mapping, i: int) -> bool:

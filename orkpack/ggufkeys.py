@@ -94,10 +94,12 @@ LEADING_DENSE_BLOCK_COUNT = Key("leading_dense_block_count", "uint32",
 Q_LORA_RANK = Key("attention.q_lora_rank", "uint32", family=_fam((_DEEPSEEK, ("q_lora_rank",))), default=0)
 KV_LORA_RANK = Key("attention.kv_lora_rank", "uint32", family=_fam((_DEEPSEEK, ("kv_lora_rank",))), default=0)
 EXPERT_FEED_FORWARD_LENGTH = Key("expert_feed_forward_length", "uint32", family=_fam(
-    (("qwen2_moe", "qwen3_moe", "lfm2_moe", "qwen3_5_moe_text", "qwen3_5_moe") + _DEEPSEEK, ("moe_intermediate_size",)),
+    (("qwen2_moe", "qwen3_moe", "lfm2_moe", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next") + _DEEPSEEK,
+     ("moe_intermediate_size",)),
     (("granitemoe", "gpt_oss"), ("intermediate_size",))))
 EXPERT_SHARED_FEED_FORWARD_LENGTH = Key("expert_shared_feed_forward_length", "uint32",
-                                        family=_fam((("qwen2_moe", "qwen3_5_moe_text", "qwen3_5_moe"), ("shared_expert_intermediate_size",))))
+                                        family=_fam((("qwen2_moe", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next"),
+                                                     ("shared_expert_intermediate_size",))))
 EXPERT_SHARED_COUNT = Key("expert_shared_count", "uint32", family=_fam((_DEEPSEEK, ("n_shared_experts",))))
 EXPERT_WEIGHTS_SCALE = Key("expert_weights_scale", "float32", family=_fam((_DEEPSEEK, ("routed_scaling_factor",))),
                            default=1.0)
@@ -106,7 +108,7 @@ SHORTCONV_L_CACHE = Key("shortconv.l_cache", "uint32", family=_fam((("lfm2", "lf
 NEXTN_PREDICT_LAYERS = Key("nextn_predict_layers", "uint32",
                            family=_fam((("deepseek_v3",), ("num_nextn_predict_layers",))))
 # Gated DeltaNet (Qwen3NextModel.set_gguf_parameters): in llama.cpp's SSM terms
-_DELTANET = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
+_DELTANET = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next")
 SSM_CONV_KERNEL = Key("ssm.conv_kernel", "uint32", family=_fam((_DELTANET, ("linear_conv_kernel_dim",))))
 SSM_STATE_SIZE = Key("ssm.state_size", "uint32", family=_fam((_DELTANET, ("linear_key_head_dim",))))
 SSM_GROUP_COUNT = Key("ssm.group_count", "uint32", family=_fam((_DELTANET, ("linear_num_key_heads",))))
@@ -120,6 +122,7 @@ RECURRENT_LAYERS = Key("attention.recurrent_layers", "array[bool]")
 FULL_ATTENTION_INTERVAL = Key("full_attention_interval", "uint32", default=4)
 SSM_INNER_SIZE = Key("ssm.inner_size", "uint32")  # value heads x value head dim (Qwen3.5), d_inner (Mamba2)
 ROPE_DIMENSION_SECTIONS = Key("rope.dimension_sections", "array[int32]")  # Qwen3.5's MRoPE sections, 4 entries
+# (_Qwen35MRopeMixin; Qwen3-Next's converter writes none)
 
 # ---------------------------------------------------------------------------- derived (modelkv: head dim x partial
 # rotary factor, MLA: qk_rope_head_dim; a reader's default: the head dim)

@@ -246,6 +246,7 @@ class SafetensorsSource(FileSource):
         raw, self._skipped, self._recipes = q.raw, q.skipped, q.recipes
         self._entries: dict[str, _Entry] = {}
         groups: dict[tuple[int, str], dict[int, tuple]] = {}
+        split_dims = archs.dims(self.config) if fam is not None and fam.split else None  # archs.Split needs them
         for r in raw:
             t, dtype, shape, fi, off, nb = r
             ex = hf_expert(t)
@@ -254,7 +255,10 @@ class SafetensorsSource(FileSource):
                 groups.setdefault((layer, proj), {})[e] = r
                 continue
             cname = canonical_name(t, name_arch, n_layers)  # the shape as the converter lays it out (squeezed)
-            self._add(cname, t, dtype, archs.converter_shape(name_arch, cname, tuple(shape)), [_Part(fi, off, nb)])
+            cshape = archs.converter_shape(name_arch, cname, tuple(shape))
+            if split_dims is not None and self._split(t, cname, cshape, dtype, fi, off, nb, name_arch, split_dims):
+                continue
+            self._add(cname, t, dtype, cshape, [_Part(fi, off, nb)])
         for (layer, proj), experts in groups.items():
             name = f"blk.{layer}.ffn_{proj}_exps.weight"
             first = experts[min(experts)]
@@ -281,6 +285,27 @@ class SafetensorsSource(FileSource):
             if dt != stored:
                 self._entries[name] = _Entry(replace(info, dtype=dt, nbytes=math.prod(info.shape) * 4),
                                              self._entries[name].parts)
+
+    def _split(self, hf: str, cname: str, shape: tuple[int, ...], dtype: str, fi: int, off: int, nb: int,
+               arch: str, d: dict) -> bool:
+        """A fused tensor the converter writes as several (archs.Split: Qwen3-Next's in_proj_qkvz -> attn_qkv +
+        attn_gate) listed as those tensors, each the byte ranges of its rows in the stored tensor (its parts,
+        read in order: no copy, no change of a bit); False when the family splits no tensor of this name."""
+        try:
+            outs = archs.converter_split(arch, d, cname, shape)
+        except ValueError as e:
+            raise SourceError(f"{_fname(self.root)}: tensor {escape_name(hf)} {tuple(shape)}: {e}, as config.json "
+                              "describes it; the checkpoint and its config disagree") from None
+        if outs is None:
+            return False
+        if dtype in quantized.DEQUANTIZED_DTYPES or dtype not in FLOAT_DTYPES:
+            raise SourceError(f"{_fname(self.root)}: tensor {escape_name(hf)} is {escape_name(dtype)}: orkpack splits "
+                              "this fused tensor as llama.cpp's converter does only from F32, F16 or BF16; "
+                              f"{quantized.DEQUANTIZE_FIRST}")
+        row = nb // shape[0]
+        for name, oshape, runs in outs:
+            self._add(name, hf, dtype, oshape, [_Part(fi, off + r0 * row, n * row) for r0, n in runs])
+        return True
 
     def _add(self, name: str, src: str, dtype: str, shape: tuple[int, ...], parts: list[_Part]) -> None:
         if name in self._entries:

@@ -209,6 +209,7 @@ def manifest_from_config(cfg: dict, source: str = "config.json") -> Manifest:
     stacked: dict[str, dict[int, tuple[int, ...]]] = {}
     tensors: list[TensorEntry] = []
     per_expert: dict[tuple[str, str], str | None] = {}  # (before, after the expert index) -> stacked name
+    split_dims = archs.dims(cfg, source) if archs.FAMILIES[facts["arch"]].split else None
     for hf_name, shape in hf:
         # a per-expert HF name (``...experts.E.gate_proj.weight``): its stacked tensor and index, exactly as
         # canonical_name + split_expert give them, parsed once per projection rather than once per expert
@@ -228,8 +229,12 @@ def manifest_from_config(cfg: dict, source: str = "config.json") -> Manifest:
         if sp is not None:
             stacked.setdefault(sp[0], {})[sp[1]] = (shape, hf_name)
         else:
-            tensors.append(TensorEntry(name, archs.converter_shape(facts["arch"], name, tuple(shape)),
-                                       archs.converted_dtype(facts["arch"], name, archs.stored_dtype(cfg, hf_name, dtype))))
+            cshape = archs.converter_shape(facts["arch"], name, tuple(shape))
+            stored = archs.stored_dtype(cfg, hf_name, dtype)
+            # a fused tensor the converter writes as several (archs.Split): those, as the safetensors reader lists them
+            outs = archs.converter_split(facts["arch"], split_dims, name, cshape) if split_dims else None
+            for oname, oshape, _ in outs or [(name, cshape, None)]:
+                tensors.append(TensorEntry(oname, oshape, archs.converted_dtype(facts["arch"], oname, stored)))
     for name, per in stacked.items():
         shape, hf_name = per[0]
         tensors.append(TensorEntry(name, (len(per),) + tuple(shape), archs.stored_dtype(cfg, hf_name, dtype)))
