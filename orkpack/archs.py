@@ -28,7 +28,11 @@ Fused tensors stay fused (one matmul, one NPU call): phi3 ``qkv_proj`` and
 ``gate_up_proj``, internlm2 ``wqkv``, chatglm ``query_key_value`` and
 ``dense_h_to_4h``, gpt-oss and granitemoe expert ``gate_up`` (stacked
 ``blk.N.ffn_gate_up_exps.weight``). llama.cpp's converter splits some of them;
-orkpack keeps the checkpoint's own matrices.
+orkpack keeps the checkpoint's own matrices, except where a family's entry
+declares the converter's split (:class:`Split`): Qwen3-Next's ``in_proj_qkvz``
+reads as the converter's ``attn_qkv`` + ``attn_gate`` (llama.cpp still loads
+the fused legacy ``ssm_in``, but its converter writes the split form and a
+qwen3next GGUF holds it), rows of the stored tensor, no value changed.
 
 Facts every source gives (:data:`FACT_KEYS`): arch, n_layers, hidden,
 intermediate, heads, kv_heads, head_dim, vocab, n_experts, n_experts_used,

@@ -15,6 +15,11 @@ Quantized releases (FP8 weights with their scales, gpt-oss MXFP4 blocks and
 scales) are listed under the weight's name with the source dtype (F8_E4M3, ...,
 MXFP4) and read as float32, dequantized exactly: orkpack/sources/quantized.py.
 
+A fused tensor llama.cpp's converter writes as several (a family's ``archs.Split``: Qwen3-Next's
+``in_proj_qkvz`` -> ``attn_qkv`` + ``attn_gate``) is listed as those tensors, each with the HF name as its
+``source_name`` and, as its parts, the byte ranges of its rows in the stored tensor (read in order, like an
+expert stack: the stored bits, no copy of the whole, never mapped).
+
 Derivable buffers (``position_ids``, ``rotary_emb.inv_freq``, GPT-2 causal
 masks; the table is :mod:`orkpack.sources.derivable`) are left out of
 ``tensors()`` and listed by ``skipped()`` instead, from the header alone.
