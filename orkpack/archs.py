@@ -29,10 +29,9 @@ Fused tensors stay fused (one matmul, one NPU call): phi3 ``qkv_proj`` and
 ``dense_h_to_4h``, gpt-oss and granitemoe expert ``gate_up`` (stacked
 ``blk.N.ffn_gate_up_exps.weight``). llama.cpp's converter splits some of them;
 orkpack keeps the checkpoint's own matrices, except where a family's entry
-declares the converter's split (:class:`Split`): Qwen3-Next's ``in_proj_qkvz``
-reads as the converter's ``attn_qkv`` + ``attn_gate`` (llama.cpp still loads
-the fused legacy ``ssm_in``, but its converter writes the split form and a
-qwen3next GGUF holds it), rows of the stored tensor, no value changed.
+declares the converter's split (:class:`Split`: Granite-4.0-H's ``input_linear``,
+Qwen3-Next's ``in_proj_qkvz`` read as the converter's ``attn_qkv`` +
+``attn_gate``), byte ranges of the stored tensor, no value changed.
 
 Facts every source gives (:data:`FACT_KEYS`): arch, n_layers, hidden,
 intermediate, heads, kv_heads, head_dim, vocab, n_experts, n_experts_used,
@@ -42,7 +41,8 @@ moe_intermediate, tie_word_embeddings, and the KV cache layout the runtime
 layers whose cache holds only the last ``swa_window`` positions); and for hybrids (a family with
 ``blocks``) recurrent_layers (the layers whose block keeps a fixed-size state per sequence instead of a KV
 cache: LFM2's short convolutions) and state (the float32 elements of that state per recurrent layer and
-sequence, llama.cpp's ``n_embd_r() + n_embd_s()``); [] and 0 for every other family.
+sequence, llama.cpp's ``n_embd_r() + n_embd_s()``), recurrent_flops (the float operations a token costs a recurrent
+layer besides its matrices: the convolution, the scan or delta rule); [], 0 and 0 for every other family.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ from .errors import SourceError, escape_name
 FACT_KEYS = (
     "arch", "n_layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab",
     "n_experts", "n_experts_used", "moe_intermediate", "tie_word_embeddings",
-    "attention", "kv_k", "kv_v", "swa_window", "swa_layers", "recurrent_layers", "state",
+    "attention", "kv_k", "kv_v", "swa_window", "swa_layers", "recurrent_layers", "state", "recurrent_flops",
 )
 
 # Sanity caps (a hostile config must not make a plan enumerate billions of items): far above any real model.
@@ -178,6 +178,9 @@ class Forward:
     rope: str = "neox"  # neox (rotate the halves of each head) | interleaved (rotate pairs (2i, 2i+1))
     rope_ratio: bool = False  # chatglm: the RoPE base is 10000 x the config's rope_ratio (default 1)
     rope_layers: str = "all"  # all | no_rope_layers (smollm3: the config's per-layer list, 1 = RoPE)
+    rope_switch: str = ""  # a config key whose value "rope" turns RoPE on, anything else (None, "nope") off
+    # (granitemoehybrid: position_embedding_type); from a GGUF rope.scaling.finetuned (llama.cpp's granite-hybrid
+    # switch, default true)
     qk_norm: str = ""  # "" | head (RMS over head_dim, one gain for every head) | full (RMS over all heads)
     window: str = "facts"  # facts: the layers archs lists (swa_layers) | config: sliding_window on every layer
     swa_rope_base: float = 0.0  # gemma3: sliding layers use their own RoPE base (this default), never scaled
@@ -226,7 +229,8 @@ class Blocks:
     # beside full_attention_interval: Qwen3.5 / Qwen3-Next)
     state: str = "0"  # float32 state elements per recurrent layer and sequence (an expression over the dims)
     gguf_dims: tuple[tuple[str, str], ...] = ()  # (dim, GGUF key after "{arch}.") the state needs from a GGUF
-    mixers: tuple[str, ...] = ()  # the recurrent block types the forward pass runs (default: every non-attention one)
+    flops: str = "0"  # float ops a token costs a recurrent layer besides its matrices (an expression over the dims;
+    # the planner's prefill term, docs/TIERMAP.md): its convolution and its recurrence
 
 
 ATTN = "attn"  # the block type of an attention layer
@@ -255,20 +259,24 @@ class Convert:
 
 @dataclass(frozen=True)
 class Split:
-    """One fused HF tensor llama.cpp's converter writes as several tensors (Qwen3NextModel.modify_tensors:
-    ``in_proj_qkvz`` -> ``attn_qkv`` + ``attn_gate``), which an HF reader splits alike (:func:`converter_split`).
+    """One checkpoint tensor llama.cpp's converter writes as ``len(parts)`` tensors of equal size along ``axis`` (numpy
+    order of the checkpoint's shape), named by replacing ``old`` in its canonical name with each part in turn; one
+    part is a rename. ``when``: model-level flags that must hold (``!flag``: must not), as the templates' ``when``.
+    The parts are byte ranges of the stored tensor (orkpack/sources/safetensors.py reads them as such), so a split
+    changes no value. Granite-4.0-H: the fused gate/up ``input_linear`` of the experts and of the shared MLP.
 
-    The tensor's rows (axis 0) are ``groups`` groups (one per key head), each the ``pieces`` blocks of rows in turn
-    (row counts: expressions over the family's dims). Output ``(name, picks)`` is, for each piece in ``picks``, that
-    piece of every group in group order, then the next piece: a pure row gather, so every output is byte ranges of
-    the stored tensor, in its stored dtype (the safetensors reader lists them as the output's parts).
-
-    ``glob``: the fused tensor's canonical name (gguf-py's: ``blk.*.ssm_in.weight``); an output's ``name`` replaces
-    its last two dotted parts (``attn_qkv.weight``)."""
-    glob: str
-    groups: str
-    pieces: tuple[str, ...]
-    outputs: tuple[tuple[str, tuple[int, ...]], ...]
+    A grouped split (``groups`` set): the axis holds ``groups`` groups, each the ``blocks`` in turn (sizes: expressions
+    over the dims); part ``k`` gathers blocks ``picks[k]`` of every group, block by block (each block of group 0, then
+    of group 1, ...; then the next block). Qwen3-Next's ``in_proj_qkvz``: per key head [q, k, v, z] -> ``attn_qkv``
+    (every head's q, then every k, then every v) and ``attn_gate`` (every z), as Qwen3NextModel.modify_tensors cuts it."""
+    glob: str  # canonical name (after ``renames``)
+    old: str
+    parts: tuple[str, ...]
+    axis: int = 0
+    when: tuple[str, ...] = ()
+    groups: str = ""
+    blocks: tuple[str, ...] = ()
+    picks: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -295,7 +303,9 @@ class Family:
     conv_kernels: tuple[str, ...] = ()  # canonical-name globs of convolution kernels (always float: keepfloat.py)
     squeeze: tuple[tuple[str, int], ...] = ()  # (canonical glob, axis): a size-1 HF axis the converter drops
     convert: tuple["Convert", ...] = ()  # value changes llama.cpp's converter makes (orkpack/sources/convlayout.py)
-    split: tuple["Split", ...] = ()  # fused HF tensors the converter writes as several (archs.converter_split)
+    split: tuple[Split, ...] = ()  # checkpoint tensors the converter cuts into several (or renames): :class:`Split`
+    reshape: tuple[tuple[str, tuple], ...] = ()  # (canonical glob, shape over dims): the converter's reshape of the
+    # same elements (Mamba2's A and D (H,) -> (H, 1); its grouped norm (D,) -> (G, D / G))
     skip: tuple[tuple[str, str], ...] = ()  # (regex on the HF name, why): tensors a build leaves out, by name
     # (a multimodal release's vision tower, which llama.cpp's converter writes to a separate mmproj GGUF)
 
@@ -658,7 +668,7 @@ _F.append(
            flags=lambda cfg, d: {"conv_bias": bool(cfg.get("conv_bias"))},
            classes=("Lfm2ForCausalLM", "LFM2ForCausalLM"),
            blocks=Blocks("layer_types", {"conv": "shortconv", "full_attention": ATTN}, indices="full_attn_idxs",
-                         state="H*(Lc-1)", gguf_dims=(("Lc", "shortconv.l_cache"),)),
+                         state="H*(Lc-1)", gguf_dims=(("Lc", "shortconv.l_cache"),), flops="2*H*Lc+2*H"),
            more_dims=_lfm2_dims, conv_kernels=("blk.*.shortconv.conv.weight",),
            squeeze=(("blk.*.shortconv.conv.weight", 1),),
            forward=Forward(qk_norm="head", output_norm="token_embd_norm",
@@ -761,7 +771,7 @@ _DELTANET_CONVERT = (
 )
 _DELTANET_BLOCKS = Blocks("layer_types", {"linear_attention": "deltanet", "full_attention": ATTN},
                           interval="full_attention_interval", interval_default=4, record="recurrent_layers",
-                          state="(ck-1)*(di+2*ng*ds)+ds*di",
+                          state="(ck-1)*(di+2*ng*ds)+ds*di", flops="2*ck*(di+2*ng*ds)+7*ds*di",
                           gguf_dims=(("ck", "ssm.conv_kernel"), ("ds", "ssm.state_size"), ("ng", "ssm.group_count"),
                                      ("di", "ssm.inner_size")))
 _Q35_RENAMES = ((r"\.linear_attn\.dt_bias$", ".linear_attn.dt_proj.bias"),)
@@ -819,6 +829,102 @@ _F.append(
 _QWEN35_MOE = _F[-1]
 _F.append(_multimodal(_QWEN35_MOE, "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration"))
 
+
+
+def _granite_hybrid_dims(cfg: Mapping, d: dict, where: str) -> dict:
+    """Granite-4.0-H's Mamba2 mixer (transformers' GraniteMoeHybridMambaLayer): ``nm`` heads of ``pd`` channels
+    (mamba_n_heads, mamba_d_head: "auto" is d_inner / heads), d_inner ``di`` = mamba_expand x hidden, ``ng`` groups
+    (mamba_n_groups) of B and C of ``ds`` = mamba_d_state each, the conv kernel ``ck`` (mamba_d_conv) over the
+    ``cc`` = di + 2 ng ds channels, the gated norm's group size ``gs`` = di / ng; llama.cpp's ssm.* are these."""
+    def get(key: str, default: Any, cap: int = MAX_WIDTH) -> int:
+        v = cfg.get(key)
+        return _int(default if v is None else v, key, where, cap=cap)
+
+    H = d["H"]
+    expand, nm = get("mamba_expand", 2, 64), get("mamba_n_heads", 128, 1 << 16)
+    ng, ds, ck = get("mamba_n_groups", 1, 1 << 16), get("mamba_d_state", 256), get("mamba_d_conv", 4, 1024)
+    di = expand * H
+    for key, v in (("mamba_expand", expand), ("mamba_n_heads", nm), ("mamba_n_groups", ng), ("mamba_d_state", ds)):
+        if v == 0:
+            raise SourceError(f"{where}: '{key}' is 0; fix the config")
+    if di > MAX_WIDTH or di + 2 * ng * ds > MAX_WIDTH:
+        raise SourceError(f"{where}: the Mamba2 width ('mamba_expand' x 'hidden_size' + 2 x 'mamba_n_groups' x "
+                          f"'mamba_d_state' = {di + 2 * ng * ds}) is beyond any real model (cap {MAX_WIDTH}); fix the config")
+    if ck < 2:
+        raise SourceError(f"{where}: 'mamba_d_conv' = {ck}: the convolution needs at least 2 taps; fix the config")
+    if di % nm:
+        raise SourceError(f"{where}: 'mamba_n_heads' = {nm} does not divide 'mamba_expand' x 'hidden_size' = {di}; "
+                          "fix the config")
+    pd = cfg.get("mamba_d_head")
+    pd = di // nm if pd is None or pd == "auto" else _int(pd, "mamba_d_head", where)
+    if pd * nm != di:
+        raise SourceError(f"{where}: 'mamba_d_head' = {pd} x 'mamba_n_heads' = {nm} is not 'mamba_expand' x "
+                          f"'hidden_size' = {di}; fix the config")
+    if nm % ng:
+        raise SourceError(f"{where}: 'mamba_n_groups' = {ng} does not divide 'mamba_n_heads' = {nm} (each group serves "
+                          "whole heads); fix the config")
+    if not d["E"] and not d["Is"]:
+        raise SourceError(f"{where}: 'shared_intermediate_size' is 0 and there are no experts: the layers would have no "
+                          "FFN; fix the config")
+    return {"nm": nm, "pd": pd, "di": di, "ng": ng, "ds": ds, "ck": ck, "cc": di + 2 * ng * ds, "gs": di // ng}
+
+
+_MAMBA2 = (
+    t(P + "mamba.in_proj.weight", "2*di+2*ng*ds+nm", "H", when="mamba2"),  # z, x B C, dt
+    t(P + "mamba.in_proj.bias", "2*di+2*ng*ds+nm", when="mamba2 proj_bias"),
+    t(P + "mamba.conv1d.weight", "cc", 1, "ck", when="mamba2"),  # depthwise Conv1d; GGUF {ck, cc}
+    t(P + "mamba.conv1d.bias", "cc", when="mamba2 conv_bias"),
+    t(P + "mamba.dt_bias", "nm", when="mamba2", kind="bias"),
+    t(P + "mamba.A_log", "nm", when="mamba2", kind="bias"),
+    t(P + "mamba.D", "nm", when="mamba2", kind="norm"),
+    t(P + "mamba.norm.weight", "di", when="mamba2"),
+    t(P + "mamba.out_proj.weight", "H", "di", when="mamba2"),
+    t(P + "mamba.out_proj.bias", "H", when="mamba2 proj_bias"),
+)
+_GRANITE_HYBRID_ATTN = tuple(replace(x, when=x.when + ("attn",)) for x in _QKVO + _QKV_BIAS + _O_BIAS)
+_GRANITE_HYBRID_FFN = (
+    t(P + "block_sparse_moe.router.layer.weight", "E", "H", when="moe"),
+    t(P + "block_sparse_moe.input_linear.weight", "E", "2*Im", "H", when="moe"),  # per expert [gate; up]
+    t(P + "block_sparse_moe.output_linear.weight", "E", "H", "Im", when="moe"),
+    t(P + "shared_mlp.input_linear.weight", "2*Is", "H"),  # [gate; up]: the shared expert, or the dense FFN
+    t(P + "shared_mlp.output_linear.weight", "H", "Is"),
+)
+_F.append(
+    # IBM Granite-4.0-H (GraniteMoeHybrid): Mamba2 layers and NoPE GQA layers (layer_types "mamba" / "attention",
+    # transformers 5: "linear_attention" / "full_attention"; or attn_layer_indices), each with a softmax top-k MoE
+    # (normalised) plus an always-on shared SwiGLU MLP, or the shared MLP alone (num_local_experts 0: H-Micro); the
+    # granite multipliers. llama.cpp's converter (GraniteHybridModel) splits both fused input_linear into gate and up
+    # (ffn_{gate,up}_exps, ffn_{gate,up}_shexp; without experts the shared MLP is ffn_gate / ffn_up / ffn_down),
+    # squeezes the conv kernel, writes A = -exp(A_log) and A, D as (H, 1) and the gated norm as (G, D / G)
+    Family("granitemoehybrid", "GRANITE_HYBRID", _NORMS + _GRANITE_HYBRID_ATTN + _MAMBA2 + _GRANITE_HYBRID_FFN,
+           _llama_top(),
+           keys={"moe_intermediate": ("intermediate_size",), "shared_intermediate": ("shared_intermediate_size",),
+                 "n_experts": ("num_local_experts",)},
+           defaults={"tie_word_embeddings": False, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+                     "num_hidden_layers": 32, "num_attention_heads": 32, "num_local_experts": 8,
+                     "num_experts_per_tok": 2, "shared_intermediate_size": 1024},  # GraniteMoeHybridConfig's
+           flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("attention_bias")), "o_bias": bool(cfg.get("attention_bias")),
+                                 "conv_bias": cfg.get("mamba_conv_bias") is not False,
+                                 "proj_bias": bool(cfg.get("mamba_proj_bias")), "experts": d["E"] > 0},
+           classes=("GraniteMoeHybridForCausalLM",),
+           renames=((r"^model\.layers\.(\d+)\.block_sparse_moe\.input_linear\.weight$", r"blk.\1.ffn_gate_up_exps.weight"),
+                    (r"^model\.layers\.(\d+)\.shared_mlp\.input_linear\.weight$", r"blk.\1.ffn_gate_up_shexp.weight"),
+                    (r"\.mamba\.dt_bias$", ".mamba.dt_proj.bias")),
+           split=(Split("blk.*.ffn_gate_up_exps.weight", "gate_up", ("gate", "up"), axis=1),
+                  Split("blk.*.ffn_gate_up_shexp.weight", "gate_up", ("gate", "up"), when=("experts",)),
+                  Split("blk.*.ffn_gate_up_shexp.weight", "gate_up_shexp", ("gate", "up"), when=("!experts",)),
+                  Split("blk.*.ffn_down_shexp.weight", "down_shexp", ("down",), when=("!experts",))),
+           reshape=(("blk.*.ssm_a", ("nm", 1)), ("blk.*.ssm_d", ("nm", 1)), ("blk.*.ssm_norm.weight", ("ng", "gs"))),
+           blocks=Blocks("layer_types", {"mamba": "mamba2", "attention": ATTN, "linear_attention": "mamba2",
+                                         "full_attention": ATTN}, indices="attn_layer_indices", default="mamba2",
+                         state="(ck-1)*(di+2*ng*ds)+ds*di",
+                         gguf_dims=(("ck", "ssm.conv_kernel"), ("ds", "ssm.state_size"), ("ng", "ssm.group_count"),
+                                    ("di", "ssm.inner_size"))),
+           more_dims=_granite_hybrid_dims, conv_kernels=("blk.*.ssm_conv1d.weight",),
+           squeeze=(("blk.*.ssm_conv1d.weight", 1),), convert=(Convert("blk.*.ssm_a", "neg_exp"),),
+           forward=Forward(router_norm="always", rope_switch="position_embedding_type", **_FWD_GRANITE)),
+)
+
 # Qwen3-Next's Gated DeltaNet (transformers' Qwen3NextGatedDeltaNet): q, k, v and the gate z in one projection, beta
 # and alpha in another, both per key head ([q, k, v, z] and [b, a] groups: fix_query_key_value_ordering)
 _DELTANET_FUSED = (
@@ -828,8 +934,8 @@ _DELTANET_FUSED = (
 # the converter's layout (Qwen3NextModel.modify_tensors; not a _LinearAttentionVReorderBase, so no value head moves):
 # in_proj_qkvz split into attn_qkv (every key head's q rows, then every k, then every v: value heads stay grouped) and
 # attn_gate (z); in_proj_ba kept fused (ssm_ba); A negated
-_QKVZ_SPLIT = Split("blk.*.ssm_in.weight", groups="nk", pieces=("dk", "dk", "vper*dv", "vper*dv"),
-                    outputs=(("attn_qkv.weight", (0, 1, 2)), ("attn_gate.weight", (3,))))
+_QKVZ_SPLIT = Split("blk.*.ssm_in.weight", "ssm_in", ("attn_qkv", "attn_gate"), groups="nk",
+                    blocks=("dk", "dk", "vper*dv", "vper*dv"), picks=((0, 1, 2), (3,)))
 _F.append(
     # Qwen3-Next: Gated DeltaNet and gated-attention layers (layer_types, or every full_attention_interval-th), each
     # FFN a softmax top-k MoE (norm_topk_prob) with a sigmoid-gated shared expert, or a SwiGLU MLP on the layers
@@ -913,23 +1019,41 @@ def _text_config(cfg: Mapping, fam: Family, where: str) -> Mapping:
 
 # keys the entries read as true/false, as lists of layer numbers, as names
 BOOL_KEYS = ("attention_bias", "mlp_bias", "bias", "add_qkv_bias", "use_bias", "multi_query_attention",
-             "tie_word_embeddings", "conv_bias")
+             "tie_word_embeddings", "conv_bias", "mamba_conv_bias", "mamba_proj_bias")
 LAYER_LIST_KEYS = ("mlp_only_layers",)
 STR_KEYS = ("topk_method",)
 
 
+# keys whose Infinity means "no limit", as released configs write them (Nemotron-H / Mamba2's time_step_limit
+# [0.0, Infinity]: dt unclamped); a pack's header holds them as the strings "Infinity" / "-Infinity" (header_config)
+NO_LIMIT_KEYS = ("time_step_limit",)
+
+
 def _finite(cfg: Any, where: str) -> None:
-    """No NaN or Infinity anywhere in a config (Python's json reads them; a pack header cannot hold them)."""
-    stack: list[tuple[str, Any]] = [("", cfg)]
+    """No NaN anywhere in a config, and no Infinity but under :data:`NO_LIMIT_KEYS` (Python's json reads them;
+    a pack header cannot hold them)."""
+    stack: list[tuple[str, str, Any]] = [("", "", cfg)]
     while stack:
-        path, v = stack.pop()
-        if isinstance(v, float) and not math.isfinite(v):
+        path, key, v = stack.pop()
+        if isinstance(v, float) and not math.isfinite(v) and not (math.isinf(v) and key in NO_LIMIT_KEYS):
             raise SourceError(f"{where}: '{escape_name(path, 80)}' = {v!r} is not a finite number (NaN and Infinity "
                               "are not JSON); fix the config")
         if isinstance(v, Mapping):
-            stack.extend((f"{path}.{k}" if path else str(k), x) for k, x in v.items())
+            stack.extend((f"{path}.{k}" if path else str(k), str(k), x) for k, x in v.items())
         elif isinstance(v, list):
-            stack.extend((f"{path}[{i}]", x) for i, x in enumerate(v))
+            stack.extend((f"{path}[{i}]", key, x) for i, x in enumerate(v))
+
+
+def header_config(cfg: Any) -> Any:
+    """A config as a pack's header holds it: an Infinity (a "no limit", :data:`NO_LIMIT_KEYS`) as the string
+    "Infinity" / "-Infinity", every other value as it is."""
+    if isinstance(cfg, float) and math.isinf(cfg):
+        return "Infinity" if cfg > 0 else "-Infinity"
+    if isinstance(cfg, Mapping):
+        return {k: header_config(v) for k, v in cfg.items()}
+    if isinstance(cfg, list):
+        return [header_config(v) for v in cfg]
+    return cfg
 
 
 def _check_keys(cfg: Mapping, where: str) -> None:
@@ -1119,32 +1243,80 @@ def converter_shape(arch: str | None, name: str, shape: tuple[int, ...]) -> tupl
     return tuple(shape)
 
 
-def converter_split(arch: str | None, d: Mapping[str, int] | None, name: str, shape: tuple[int, ...]) \
-        -> list[tuple[str, tuple[int, ...], list[tuple[int, int]]]] | None:
-    """The tensors llama.cpp's converter writes for one fused checkpoint tensor (:class:`Split`), in order:
-    [(canonical name, numpy shape, its rows of the fused tensor as (first row, count) runs)]; None when the family
-    splits no tensor of that name. ``d``: the config's dims (:func:`dims`). ValueError when ``shape`` is not the
-    declared rows (a checkpoint its config does not describe)."""
-    fam = FAMILIES.get(arch) if arch else None
-    if fam is None or not fam.split or d is None:
-        return None
+@dataclass(frozen=True)
+class Piece:
+    """One tensor as llama.cpp's converter writes it from one checkpoint tensor (:func:`converter_layout`): its canonical
+    name and shape (numpy order), and where its elements lie in the stored tensor: part ``part`` of ``of`` equal parts
+    along ``axis`` of the stored shape (``of`` 1: all of it), or, for a grouped split, the ``gather`` runs
+    (first index, count) along that axis, in order."""
+    name: str
+    shape: tuple[int, ...]
+    axis: int = 0
+    part: int = 0
+    of: int = 1
+    gather: tuple[tuple[int, int], ...] = ()
+
+    def runs(self) -> tuple[tuple[int, int], ...]:
+        """(first index, count) along ``axis`` of the stored tensor, in order, that make this piece."""
+        n = self.shape[self.axis]
+        return self.gather or ((self.part * n, n),)
+
+
+def converter_layout(cfg: Mapping[str, Any] | None, name: str, shape: tuple[int, ...],
+                     where: str = "config.json") -> list[Piece]:
+    """The tensors llama.cpp's converter writes for the checkpoint tensor ``name`` (canonical) of ``shape``, of a model
+    with config ``cfg``: its size-1 axes dropped (``squeeze``), reshaped (``reshape``), cut or renamed (``split``);
+    one :class:`Piece` of the same name and shape for every tensor of a family that declares none of them."""
+    fam = config_family(cfg) if isinstance(cfg, Mapping) else None
+    shape = converter_shape(fam.name if fam is not None else None, name, tuple(shape))
+    if fam is None or not (fam.split or fam.reshape):
+        return [Piece(name, shape)]
     from .globs import matches
 
+    d = _dims(cfg, fam, where)
+    for glob, sh in fam.reshape:
+        if matches(name, glob):
+            new = tuple(_eval(x, d) for x in sh)
+            if math.prod(new) != math.prod(shape):
+                raise SourceError(f"{where}: {escape_name(name)} {shape} does not hold {new}, the shape llama.cpp's "
+                                  "converter gives it; the checkpoint does not match its config")
+            shape = new
+    flags = _model_flags(fam, cfg, d)
     for sp in fam.split:
-        if not matches(name, sp.glob):
-            continue
-        groups, pieces = _eval(sp.groups, d), [_eval(x, d) for x in sp.pieces]
-        width = sum(pieces)
-        if not shape or shape[0] != groups * width:
-            raise ValueError(f"{shape[0] if shape else 0} rows are not {groups} groups of {width}")
-        starts = [sum(pieces[:j]) for j in range(len(pieces))]
-        stem = name.rsplit(".", 2)[0]
-        out = []
-        for suffix, picks in sp.outputs:
-            runs = [(g * width + starts[j], pieces[j]) for j in picks for g in range(groups)]
-            out.append((f"{stem}.{suffix}", (sum(n for _, n in runs), *shape[1:]), runs))
-        return out
-    return None
+        if matches(name, sp.glob) and _holds(sp.when, flags):
+            n, ax = len(sp.parts), sp.axis
+            if sp.groups:
+                return _grouped_split(sp, d, name, shape, where)
+            if len(shape) <= ax or shape[ax] % n:
+                raise SourceError(f"{where}: {escape_name(name)} {shape} does not split in {n} along axis {ax} as "
+                                  "llama.cpp's converter splits it; the checkpoint does not match its config")
+            sub = shape[:ax] + (shape[ax] // n,) + shape[ax + 1:]
+            return [Piece(name.replace(sp.old, part), sub, ax, k, n) for k, part in enumerate(sp.parts)]
+    return [Piece(name, shape)]
+
+
+def _grouped_split(sp: Split, d: Mapping, name: str, shape: tuple[int, ...], where: str) -> list[Piece]:
+    """The pieces of a grouped :class:`Split` (Qwen3-Next's in_proj_qkvz), each a row gather of the stored tensor."""
+    ax, groups, blocks = sp.axis, _eval(sp.groups, d), [_eval(x, d) for x in sp.blocks]
+    width = sum(blocks)
+    if len(shape) <= ax or shape[ax] != groups * width:
+        raise SourceError(f"{where}: {escape_name(name)} {shape} is not {groups} groups of {width} along axis {ax} as "
+                          "llama.cpp's converter splits it; the checkpoint does not match its config")
+    starts = [sum(blocks[:j]) for j in range(len(blocks))]
+    out = []
+    for part, picks in zip(sp.parts, sp.picks):
+        runs = tuple((g * width + starts[j], blocks[j]) for j in picks for g in range(groups))
+        sub = shape[:ax] + (sum(c for _, c in runs),) + shape[ax + 1:]
+        out.append(Piece(name.replace(sp.old, part), sub, ax, gather=runs))
+    return out
+
+
+def _model_flags(fam: Family, cfg: Mapping, d: dict) -> dict:
+    """The model-level template flags (``tied``, ``vision`` and the family's own ``flags``)."""
+    base = {"tied": d["tied"] and not fam.head_stored_when_tied, "vision": fam.name == "gemma3"}
+    if fam.flags is not None:
+        base.update(fam.flags(cfg, d))
+    return base
 
 
 def _moe_layer(fam: Family, d: dict, cfg: Mapping, i: int) -> bool:
@@ -1208,6 +1380,7 @@ def _facts(fam: Family, cfg: Mapping, d: dict, where: str) -> dict:
         "attention": fam.attention, "kv_k": k, "kv_v": v,
         "swa_window": d["window"] if fam.swa else 0, "swa_layers": _swa_layers(fam, d, cfg, where),
         "recurrent_layers": rec, "state": _eval(fam.blocks.state, d) if rec else 0,
+        "recurrent_flops": _eval(fam.blocks.flops, d) if rec else 0,
     }
 
 
@@ -1265,9 +1438,7 @@ def hf_tensors(cfg: Mapping[str, Any], where: str = "config.json") -> tuple[dict
     facts = facts_from_config(cfg, where)
     fam = FAMILIES[facts["arch"]]
     d = _dims(cfg, fam, where)
-    base = {"tied": d["tied"] and not fam.head_stored_when_tied, "vision": fam.name == "gemma3"}
-    if fam.flags is not None:
-        base.update(fam.flags(cfg, d))
+    base = _model_flags(fam, cfg, d)
     out: list[tuple[str, tuple[int, ...], T]] = []
 
     def emit(tpl: T, flags: Mapping[str, bool], i: int | None) -> None:
@@ -1416,7 +1587,7 @@ def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
     else:
         swa = list(range(L))
     rec: list[int] = []
-    state = 0
+    state = flops = 0
     if fam.blocks is not None:  # a hybrid: the layers without KV heads are recurrent (llama.cpp's is_recr)
         per = kv.get(f"{garch}.attention.head_count_kv")
         if isinstance(per, (list, tuple)):
@@ -1439,13 +1610,13 @@ def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
                 rec = [i for i in range(L) if (i + 1) % n]
         if rec:
             sd = {"H": H, **{dim: num(key) for dim, key in fam.blocks.gguf_dims}}
-            state = _eval(fam.blocks.state, sd)
+            state, flops = _eval(fam.blocks.state, sd), _eval(fam.blocks.flops, sd)
     return {
         "arch": fam.name, "n_layers": L, "hidden": H, "intermediate": ff, "heads": nh, "kv_heads": nkv_f,
         "head_dim": hd, "vocab": vocab, "n_experts": E, "n_experts_used": used if E else 0,
         "moe_intermediate": moe if E else 0, "tie_word_embeddings": "output.weight" not in shapes,
         "attention": fam.attention, "kv_k": k_dim, "kv_v": v_dim, "swa_window": window if swa else 0,
-        "swa_layers": swa, "recurrent_layers": rec, "state": state,
+        "swa_layers": swa, "recurrent_layers": rec, "state": state, "recurrent_flops": flops,
     }
 
 
@@ -1488,7 +1659,7 @@ def generic_facts(cfg: Mapping[str, Any] | None, names: list[str], where: str) -
         "kv_heads": nkv, "head_dim": hd, "vocab": opt("vocab_size"), "n_experts": 0, "n_experts_used": 0,
         "moe_intermediate": 0, "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "attention": "gqa" if kk else "unknown", "kv_k": kk, "kv_v": kk, "swa_window": 0, "swa_layers": [],
-        "recurrent_layers": [], "state": 0,
+        "recurrent_layers": [], "state": 0, "recurrent_flops": 0,
     }, warnings
 
 

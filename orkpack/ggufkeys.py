@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3")
-_GRANITE = ("granite", "granitemoe")
+_GRANITE = ("granite", "granitemoe", "granitemoehybrid")
 _GEMMA3 = ("gemma3_text", "gemma3")
 _SCALED = ("linear", "yarn", "longrope", "dynamic")  # rope_scaling types written with their factor
 
@@ -99,7 +99,8 @@ EXPERT_FEED_FORWARD_LENGTH = Key("expert_feed_forward_length", "uint32", family=
     (("granitemoe", "gpt_oss"), ("intermediate_size",))))
 EXPERT_SHARED_FEED_FORWARD_LENGTH = Key("expert_shared_feed_forward_length", "uint32",
                                         family=_fam((("qwen2_moe", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next"),
-                                                     ("shared_expert_intermediate_size",))))
+                                                     ("shared_expert_intermediate_size",)),
+                                                    (("granitemoehybrid",), ("shared_intermediate_size",))))
 EXPERT_SHARED_COUNT = Key("expert_shared_count", "uint32", family=_fam((_DEEPSEEK, ("n_shared_experts",))))
 EXPERT_WEIGHTS_SCALE = Key("expert_weights_scale", "float32", family=_fam((_DEEPSEEK, ("routed_scaling_factor",))),
                            default=1.0)
@@ -109,10 +110,17 @@ NEXTN_PREDICT_LAYERS = Key("nextn_predict_layers", "uint32",
                            family=_fam((("deepseek_v3",), ("num_nextn_predict_layers",))))
 # Gated DeltaNet (Qwen3NextModel.set_gguf_parameters): in llama.cpp's SSM terms
 _DELTANET = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next")
-SSM_CONV_KERNEL = Key("ssm.conv_kernel", "uint32", family=_fam((_DELTANET, ("linear_conv_kernel_dim",))))
-SSM_STATE_SIZE = Key("ssm.state_size", "uint32", family=_fam((_DELTANET, ("linear_key_head_dim",))))
-SSM_GROUP_COUNT = Key("ssm.group_count", "uint32", family=_fam((_DELTANET, ("linear_num_key_heads",))))
-SSM_TIME_STEP_RANK = Key("ssm.time_step_rank", "uint32", family=_fam((_DELTANET, ("linear_num_value_heads",))))
+# Mamba2 (GraniteHybridModel.set_gguf_parameters: conv kernel, state size, groups, heads as the time-step rank;
+# d_inner = mamba_expand x hidden is derived: modelkv)
+_MAMBA2 = ("granitemoehybrid",)
+SSM_CONV_KERNEL = Key("ssm.conv_kernel", "uint32", family=_fam((_DELTANET, ("linear_conv_kernel_dim",)),
+                                                               (_MAMBA2, ("mamba_d_conv",))))
+SSM_STATE_SIZE = Key("ssm.state_size", "uint32", family=_fam((_DELTANET, ("linear_key_head_dim",)),
+                                                             (_MAMBA2, ("mamba_d_state",))))
+SSM_GROUP_COUNT = Key("ssm.group_count", "uint32", family=_fam((_DELTANET, ("linear_num_key_heads",)),
+                                                               (_MAMBA2, ("mamba_n_groups",))))
+SSM_TIME_STEP_RANK = Key("ssm.time_step_rank", "uint32", family=_fam((_DELTANET, ("linear_num_value_heads",)),
+                                                                     (_MAMBA2, ("mamba_n_heads",))))
 
 # ---------------------------------------------------------------------------- per layer (modelkv, for a hybrid: a family
 # with archs ``blocks``): head_count_kv as one count per layer, 0 for the recurrent layers (llama.cpp's is_recr)
@@ -145,6 +153,8 @@ ROPE_SCALING_YARN_LOG_MUL = Key("rope.scaling.yarn_log_multiplier", "float32", r
                                 kinds=("yarn",))
 ROPE_SCALING_ATTN_FACTOR = Key("rope.scaling.attn_factor", "float32")
 ROPE_SCALING_YARN_TRUNCATE = Key("rope.scaling.yarn_truncate", "bool", llama_cpp=False)  # ggml always truncates
+# llama.cpp's granite-hybrid reads it as its RoPE switch (default true): false for a NoPE model (modelkv)
+ROPE_SCALING_FINETUNED = Key("rope.scaling.finetuned", "bool", default=True)
 
 # ---------------------------------------------------------------------------- read or written from the numbers only
 EXPERT_GATING_FUNC = Key("expert_gating_func", "uint32")  # 1 softmax, 2 sigmoid

@@ -37,6 +37,11 @@ CONV_KERNELS: tuple[str, ...] = tuple(dict.fromkeys(g for f in FAMILIES.values()
 CONV_GLOBS: tuple[str, ...] = tuple(dict.fromkeys(("*conv1d.weight", "*ssm_conv1d_?.weight", "*shortconv.conv.weight",
                                                   "*.conv.conv.weight") + CONV_KERNELS))
 CONV = "a convolution kernel"
+# Mamba2's per-head A (blk.N.ssm_a, the converter's -exp(A_log)) and D (ssm_d), (H, 1) in a GGUF, and its grouped
+# gated norm (ssm_norm.weight, (G, D / G)): 2-D as the converter lays them out, but gains and per-head scalars, not
+# matrices; llama.cpp's quantizer never quantizes them either (only names ending in "weight", never "_norm.weight")
+SSM = "a state-space parameter (A, D, the gated norm)"
+SSM_GLOBS: tuple[str, ...] = ("*.ssm_a", "*.ssm_d", "*.ssm_norm.weight")
 ROUTER = "an MoE router"  # the planner still prices a router's matmul at prefill (tiers/solver.py)
 
 # (what it is, canonical-name globs; None: by rank). A tensor stays float when any row matches; the first
@@ -53,12 +58,13 @@ ALWAYS_FLOAT: tuple[tuple[str, tuple[str, ...] | None], ...] = (
     # MoE routers (and Qwen2-MoE's shared-expert gate): tiny, and a quantized router can pick other
     # experts; llama.cpp never quantizes ffn_gate_inp either
     (ROUTER, ("*.ffn_gate_inp.*", "*.ffn_gate_inp_*")),
+    (SSM, SSM_GLOBS),
 )
 
 # the globs recorded in every tier map's options ("default_keep"); tensors that are not a matrix or a stack
 # of expert matrices besides. The convolution kernels' globs are recorded by the maps of models that have
 # one (:func:`recorded_globs`), so that the map of any other model reads as it did before they were a row
-FLOAT_GLOBS: tuple[str, ...] = tuple(g for what, gl in ALWAYS_FLOAT if gl and what != CONV for g in gl)
+FLOAT_GLOBS: tuple[str, ...] = tuple(g for what, gl in ALWAYS_FLOAT if gl and what not in (CONV, SSM) for g in gl)
 
 
 def is_expert_stack(name: str, shape) -> bool:
@@ -79,11 +85,15 @@ def why_float(name: str, shape) -> str | None:
     return None
 
 
-def recorded_globs(names) -> tuple[str, ...]:
+def recorded_globs(names, shapes=None) -> tuple[str, ...]:
     """The globs a tier map of the model with these tensor ``names`` records as its options' "default_keep":
-    FLOAT_GLOBS, and the convolution kernels' when a tensor is one."""
+    FLOAT_GLOBS, the convolution kernels' when a tensor is one, and the state-space parameters' when one of them
+    is 2-D (``shapes``: the tensors' shapes in the same order; a 1-D one stays float by its rank alone)."""
+    names = list(names)
     conv = any(globs.matches(n, g) for n in names for g in CONV_GLOBS)
-    return FLOAT_GLOBS + (CONV_GLOBS if conv else ())
+    ssm = shapes is not None and any(len(s) == 2 and any(globs.matches(n, g) for g in SSM_GLOBS)
+                                     for n, s in zip(names, shapes))
+    return FLOAT_GLOBS + (CONV_GLOBS if conv else ()) + (SSM_GLOBS if ssm else ())
 
 
 def stays_float(name: str, shape) -> bool:

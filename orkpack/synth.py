@@ -171,6 +171,18 @@ TINY: dict[str, dict] = {
     "qwen3_5_moe": {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
                     "text_config": {k: v for k, v in _Q35_MOE.items() if k != "architectures"}
                     | {"model_type": "qwen3_5_moe_text"}, "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    # a hybrid: Mamba2 and NoPE attention layers (the published configs' names), 2 groups of B/C, an MoE FFN of 4
+    # experts plus the shared MLP, the granite multipliers
+    "granitemoehybrid": {"architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid",
+                         "hidden_size": 64, "intermediate_size": 32, "shared_intermediate_size": 48,
+                         "num_hidden_layers": 4, "layer_types": ["mamba", "attention", "mamba", "attention"],
+                         "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+                         "num_experts_per_tok": 2, "mamba_n_heads": 8, "mamba_d_head": 16, "mamba_n_groups": 2,
+                         "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_conv_bias": True,
+                         "mamba_proj_bias": False, "embedding_multiplier": 12.0, "residual_multiplier": 0.22,
+                         "attention_multiplier": 0.0625, "logits_scaling": 6.0, "position_embedding_type": "nope",
+                         "rms_norm_eps": 1e-5, "vocab_size": 128, "max_position_embeddings": 4096,
+                         "tie_word_embeddings": True, "rope_theta": 10000.0, "torch_dtype": "bfloat16"},
 }
 
 

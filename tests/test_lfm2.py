@@ -59,10 +59,12 @@ def redraw(m, g, torch) -> None:
             p.copy_(torch.randn(p.shape, generator=g) / max(p.shape[-1], 1) ** 0.5)
 
 
-def tiny_model(root: Path, model_cls: str, config_cls: str, cfg: dict, redraw=redraw, convert_args: tuple = ()):
+def tiny_model(root: Path, model_cls: str, config_cls: str, cfg: dict, redraw=redraw, convert_args: tuple = (),
+               edit=None):
     """A seeded tiny transformers model saved to ``root``/hf with a tokenizer, converted by llama.cpp's converter to
     ``root``/conv.gguf (f32; ``convert_args``: more converter options): (HF folder, the converter's GGUF, tokens,
-    transformers' logits on them)."""
+    transformers' logits on them). ``edit``: a function of the saved config.json's dict, returning the one to write
+    before converting (e.g. a release's own spellings where transformers saves its newer ones)."""
     torch = pytest.importorskip("torch", reason="the reference model needs torch (test extra)")
     transformers = pytest.importorskip("transformers", reason="the reference model needs transformers (test extra)")
     if not (LLAMA_CPP / "convert_hf_to_gguf.py").is_file():
@@ -75,6 +77,8 @@ def tiny_model(root: Path, model_cls: str, config_cls: str, cfg: dict, redraw=re
         m.tie_weights()
     m.save_pretrained(hf)
     synth.write_tokenizer(hf, n_merges=61)
+    if edit is not None:
+        (hf / "config.json").write_text(json.dumps(edit(json.loads((hf / "config.json").read_text())), indent=2))
     env = dict(os.environ, PYTHONPATH=str(LLAMA_CPP / "gguf-py"))
     r = subprocess.run([sys.executable, "-c", _RUN_CONVERTER, str(LLAMA_CPP), str(hf), "--outtype", "f32",
                         "--outfile", str(gg), *convert_args], env=env, capture_output=True, text=True, timeout=600)

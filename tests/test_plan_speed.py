@@ -181,8 +181,11 @@ def test_per_expert_names_parse_as_canonical_then_split(cfg):
         if sp is not None:
             stacked.setdefault(sp[0], {})[sp[1]] = (shape, hf_name)
         else:
-            # a family's size-1 axes the converter drops (LFM2's conv kernel): archs.converter_shape
-            want.add((name, archs.converter_shape(facts["arch"], name, tuple(shape)), archs.stored_dtype(data, hf_name, dtype)))
+            # as the converter lays it out (LFM2's conv kernel squeezed, Granite-4.0-H's input_linear split):
+            # archs.converter_layout
+            want.update((pc.name, pc.shape,
+                         archs.converted_dtype(facts["arch"], pc.name, archs.stored_dtype(data, hf_name, dtype)))
+                        for pc in archs.converter_layout(data, name, tuple(shape)))
     for name, per in stacked.items():
         shape, hf_name = per[0]
         want.add((name, (len(per),) + tuple(shape), archs.stored_dtype(data, hf_name, dtype)))

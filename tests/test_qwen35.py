@@ -228,6 +228,11 @@ def test_fixture_parameter_counts_and_plan(name):
     state = len(f["recurrent_layers"]) * f["state"] * 4
     assert tm.budget["ram"]["kv_cache"] == man.kv_bytes(32768) == attn + state
     assert 4 * attn > 3 * (attn + state)  # the hybrid's saving at 32k
+    assert tm.budget["ram"]["recurrent_state"] == state
+    assert tm.budget["ram"]["kv_all_attention"] == man.kv_bytes_all_attention(32768) == 4 * attn
+    if name == "qwen3_5_text":  # docs/TIERMAP.md's worked figure
+        assert f["state"] == 548_864 and attn + state == 8 * 32768 * 4096 + 24 * 548_864 * 4
+        assert f["recurrent_flops"] == 2 * 4 * (4096 + 2 * 16 * 128) + 7 * 128 * 4096
 
 
 def test_fixture_counts_are_what_transformers_builds():

@@ -19,6 +19,8 @@ the largest tensor as float32 queued for writing: under 2x the largest tensor as
 """
 from __future__ import annotations
 
+from .. import archs
+
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,7 +71,8 @@ def write_pack(inp: Inputs, infos: list[TensorInfo], placed: Placed, tr: Transfo
         # (reused from tensor to tensor) can hold that plus one tensor's parts (<= 2 bytes per element)
         write_behind = max(16 << 20, 2 * max(i.numel for i in infos))
         model = src.model_metadata(placed.warnings.append)
-        with PackWriter(out_path, provenance=None, config=src.config, tiermap=placed.tiermap, write_behind=write_behind,
+        with PackWriter(out_path, provenance=None, config=archs.header_config(src.config), tiermap=placed.tiermap,
+                        write_behind=write_behind,
                         pool_bytes=2 * write_behind + (64 << 20), model=model) as w:
             for info, arr in read_ahead(src, infos, io, tr.untied):
                 slices = encode_tensor(info, arr, placed, tr, threads=threads, alloc=w.alloc)

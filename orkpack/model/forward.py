@@ -22,6 +22,7 @@ from ..sources import open_source
 from . import hparams as _hp
 from .hparams import Hparams, NotEvaluable, Rope
 from .deltanet import deltanet
+from .mamba2 import mamba2
 from .shortconv import shortconv
 from .weights import SourceWeights, Weights
 
@@ -296,6 +297,7 @@ _MIXERS: dict[str, Callable[[int, np.ndarray, Hparams, Weights], np.ndarray]] = 
     "attn": lambda i, x, hp, w: _attention(i, x, hp, w),
     "shortconv": shortconv,
     "deltanet": deltanet,
+    "mamba2": mamba2,
 }
 
 

@@ -242,6 +242,8 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
         every = int(get("no_rope_layer_interval", 4))
         rope_layers = {i for i, u in enumerate(nrl) if u} if isinstance(nrl, list) else \
             {i for i in range(L) if (i + 1) % every != 0}
+    if f.rope_switch and tc.get(f.rope_switch) != "rope":  # granitemoehybrid: RoPE only when "rope"
+        rope_layers = set()
     window = int(get("sliding_window", 0) or 0)
     if f.window == "config":
         swa_window, swa_layers = window, set(range(L)) if window else set()
@@ -358,6 +360,8 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
         nrl = get(G.NO_ROPE_LAYERS)  # not a llama.cpp key: llama.cpp's smollm3 skips RoPE on every 4th layer
         rope_layers = {i for i, u in enumerate(nrl) if u} if isinstance(nrl, list) else \
             {i for i in range(L) if (i + 1) % 4 != 0}
+    if f.rope_switch and get(G.ROPE_SCALING_FINETUNED) is False:  # llama.cpp's granite-hybrid: no RoPE
+        rope_layers = set()
     window = int(get(G.SLIDING_WINDOW) or 0)
     if f.window == "config":
         swa_window, swa_layers = window, set(range(L)) if window else set()
@@ -457,6 +461,8 @@ def to_gguf(hp: Hparams) -> dict[str, Any]:
         put(G.NO_ROPE_LAYERS, [int(i in hp.rope_layers) for i in range(hp.n_layers)])
     if f.window == "config" and hp.swa_window:
         put(G.SLIDING_WINDOW, hp.swa_window)
+    if f.rope_switch:
+        put(G.ROPE_SCALING_FINETUNED, bool(hp.rope_layers))
     return out
 
 

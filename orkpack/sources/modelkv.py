@@ -150,6 +150,8 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
         put(G.FEED_FORWARD_LENGTH, G.FEED_FORWARD_LENGTH.type, d["I"])
     if fam.blocks is not None and fam.blocks.record == "kv_heads":
         put(G.HEAD_COUNT_KV, G.HEAD_COUNT_KV_PER_LAYER, [d["nkv"] if b == archs.ATTN else 0 for b in blocks])
+        if "di" in d:  # Mamba2's d_inner (GraniteHybridModel: mamba_expand x hidden)
+            put(G.SSM_INNER_SIZE, G.SSM_INNER_SIZE.type, d["di"])
     elif fam.blocks is not None:  # Qwen3NextModel: the list, the interval (its default 4 when absent), d_inner
         put(G.RECURRENT_LAYERS, G.RECURRENT_LAYERS.type, [b != archs.ATTN for b in blocks])
         tc = cfg.get("text_config") if fam.text_config and isinstance(cfg.get("text_config"), Mapping) else cfg
@@ -167,6 +169,13 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
         hd, dflt = d["hd"], fam.defaults.get("partial_rotary_factor")
         if frac is None and dflt is not None:  # Qwen3NextModel: the rotary share defaults to 0.25, as transformers'
             put(G.ROPE_DIMENSION_COUNT, G.ROPE_DIMENSION_COUNT.type, int(hd * dflt))
+    switch = fam.forward.rope_switch if fam.forward is not None else ""
+    if switch:  # granite-hybrid's RoPE switch; a NoPE model's context is unbounded (GraniteHybridModel: 2**20)
+        tc = cfg.get("text_config") if fam.text_config and isinstance(cfg.get("text_config"), Mapping) else cfg
+        rope = tc.get(switch) == "rope"
+        put(G.ROPE_SCALING_FINETUNED, G.ROPE_SCALING_FINETUNED.type, rope)
+        if not rope:
+            put(G.CONTEXT_LENGTH, G.CONTEXT_LENGTH.type, 2 ** 20)
     if fam.name in _GATING_WRITTEN and d["E"]:
         put(G.EXPERT_GATING_FUNC, G.EXPERT_GATING_FUNC.type, 2 if fam.forward.router == "sigmoid" else 1)
 

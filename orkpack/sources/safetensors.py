@@ -15,10 +15,10 @@ Quantized releases (FP8 weights with their scales, gpt-oss MXFP4 blocks and
 scales) are listed under the weight's name with the source dtype (F8_E4M3, ...,
 MXFP4) and read as float32, dequantized exactly: orkpack/sources/quantized.py.
 
-A fused tensor llama.cpp's converter writes as several (a family's ``archs.Split``: Qwen3-Next's
-``in_proj_qkvz`` -> ``attn_qkv`` + ``attn_gate``) is listed as those tensors, each with the HF name as its
-``source_name`` and, as its parts, the byte ranges of its rows in the stored tensor (read in order, like an
-expert stack: the stored bits, no copy of the whole, never mapped).
+A fused tensor llama.cpp's converter writes as several (a family's ``archs.Split``: Granite-4.0-H's gate/up,
+Qwen3-Next's ``in_proj_qkvz`` -> ``attn_qkv`` + ``attn_gate``) is listed as those tensors, each with the HF name as
+its ``source_name`` and, as its parts, the byte ranges of its elements in the stored tensor (read in order, like an
+expert stack: the stored bits, never mapped).
 
 Derivable buffers (``position_ids``, ``rotary_emb.inv_freq``, GPT-2 causal
 masks; the table is :mod:`orkpack.sources.derivable`) are left out of
@@ -251,7 +251,6 @@ class SafetensorsSource(FileSource):
         raw, self._skipped, self._recipes = q.raw, q.skipped, q.recipes
         self._entries: dict[str, _Entry] = {}
         groups: dict[tuple[int, str], dict[int, tuple]] = {}
-        split_dims = archs.dims(self.config) if fam is not None and fam.split else None  # archs.Split needs them
         for r in raw:
             t, dtype, shape, fi, off, nb = r
             ex = hf_expert(t)
@@ -259,11 +258,21 @@ class SafetensorsSource(FileSource):
                 layer, e, proj = ex
                 groups.setdefault((layer, proj), {})[e] = r
                 continue
-            cname = canonical_name(t, name_arch, n_layers)  # the shape as the converter lays it out (squeezed)
-            cshape = archs.converter_shape(name_arch, cname, tuple(shape))
-            if split_dims is not None and self._split(t, cname, cshape, dtype, fi, off, nb, name_arch, split_dims):
+            cname = canonical_name(t, name_arch, n_layers)
+            # the tensors as the converter lays them out: squeezed, reshaped, cut into parts (byte ranges) or renamed
+            pieces = archs.converter_layout(self.config, cname, tuple(shape), _fname(self.root))
+            if len(pieces) == 1 and pieces[0].of == 1:
+                self._add(pieces[0].name, t, dtype, pieces[0].shape, [_Part(fi, off, nb)])
                 continue
-            self._add(cname, t, dtype, cshape, [_Part(fi, off, nb)])
+            if dtype in quantized.DEQUANTIZED_DTYPES or dtype not in _NP_DTYPE:
+                raise SourceError(f"{_fname(self.root)}: {escape_name(t)} is {dtype}: llama.cpp's converter splits it, "
+                                  "and orkpack splits float tensors only; convert the checkpoint to BF16 first")
+            rows = sum(pc.shape[pc.axis] for pc in pieces)  # the pieces cover the stored tensor along their axis
+            for pc in pieces:
+                outer = math.prod(pc.shape[:pc.axis])
+                inner = math.prod(pc.shape[pc.axis + 1:]) * _NP_DTYPE[dtype].itemsize
+                self._add(pc.name, t, dtype, pc.shape, [_Part(fi, off + (o * rows + r0) * inner, n * inner)
+                                                        for o in range(outer) for r0, n in pc.runs()])
         for (layer, proj), experts in groups.items():
             name = f"blk.{layer}.ffn_{proj}_exps.weight"
             first = experts[min(experts)]
@@ -290,27 +299,6 @@ class SafetensorsSource(FileSource):
             if dt != stored:
                 self._entries[name] = _Entry(replace(info, dtype=dt, nbytes=math.prod(info.shape) * 4),
                                              self._entries[name].parts)
-
-    def _split(self, hf: str, cname: str, shape: tuple[int, ...], dtype: str, fi: int, off: int, nb: int,
-               arch: str, d: dict) -> bool:
-        """A fused tensor the converter writes as several (archs.Split: Qwen3-Next's in_proj_qkvz -> attn_qkv +
-        attn_gate) listed as those tensors, each the byte ranges of its rows in the stored tensor (its parts,
-        read in order: no copy, no change of a bit); False when the family splits no tensor of this name."""
-        try:
-            outs = archs.converter_split(arch, d, cname, shape)
-        except ValueError as e:
-            raise SourceError(f"{_fname(self.root)}: tensor {escape_name(hf)} {tuple(shape)}: {e}, as config.json "
-                              "describes it; the checkpoint and its config disagree") from None
-        if outs is None:
-            return False
-        if dtype in quantized.DEQUANTIZED_DTYPES or dtype not in FLOAT_DTYPES:
-            raise SourceError(f"{_fname(self.root)}: tensor {escape_name(hf)} is {escape_name(dtype)}: orkpack splits "
-                              "this fused tensor as llama.cpp's converter does only from F32, F16 or BF16; "
-                              f"{quantized.DEQUANTIZE_FIRST}")
-        row = nb // shape[0]
-        for name, oshape, runs in outs:
-            self._add(name, hf, dtype, oshape, [_Part(fi, off + r0 * row, n * row) for r0, n in runs])
-        return True
 
     def _add(self, name: str, src: str, dtype: str, shape: tuple[int, ...], parts: list[_Part]) -> None:
         if name in self._entries:

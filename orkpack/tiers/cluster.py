@@ -615,7 +615,8 @@ def node_tiermap(plan: ClusterPlan, j: int):
     prediction = {**ph, "prefill_m": o["prefill_m"], "prompt": o["prompt"], "baselines": {},
                   "model": "this node's part by the board's cost model (docs/TIERMAP.md); the cluster's totals, "
                            "network included: options.cluster.prediction (docs/CLUSTER.md)"}
-    options = {**o, "profile": profs[t].source, "default_keep": list(recorded_globs(x.name for x in sub.tensors)),
+    keep = recorded_globs([x.name for x in sub.tensors], [x.shape for x in sub.tensors])
+    options = {**o, "profile": profs[t].source, "default_keep": list(keep),
                "cluster": cluster_block(plan) | {"node": j, "layers": [a, b]}}
     objective = {"goal": plan.goal.to_json(), "order": [f"{s['metric']} ({s['sense']})" for s in plan.stages],
                  "stages": plan.stages, "status": "optimal" if all(s["status"] == "optimal" for s in plan.stages) else "gap",

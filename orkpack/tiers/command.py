@@ -198,6 +198,12 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
               f"NPU {_b(r['npu_weights'])}, host copies {_b(r['host_copy_nf4'])}, int8 {_b(r['host_int8'])}, "
               f"NF4 {_b(r['host_nf4'])}, float {_b(r['host_float'])}, KV {_b(r['kv_cache'])}, reserve {_b(r['reserve'])}")
     console.print(t)
+    if "recurrent_state" in r:  # a hybrid: the KV of its attention layers, its fixed state, the saving
+        rec = len(m.get("recurrent_layers") or ())
+        console.print(f"KV cache {_b(r['kv_cache'])} at ctx {d['options']['ctx']}: {m['n_layers'] - rec} attention "
+                      f"layers' KV + {rec} recurrent layers' state {_b(r['recurrent_state'])} (per sequence, any "
+                      f"ctx); all {m['n_layers']} layers attention would need {_b(r['kv_all_attention'])} "
+                      f"(saves {_b(r['kv_all_attention'] - r['kv_cache'])})")
     ben = getattr(tm, "benefits", {})  # the profile's benefit of every item, NPU or not
     hot = sorted((x for x in tm.decisions if ben.get(x.name, x.benefit_us) > 0),
                  key=lambda x: (-ben.get(x.name, x.benefit_us), x.name))[:top]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import OrkError, escape_name
@@ -93,6 +93,27 @@ class Item:
         return self.numel * _itemsize(self.dtype)
 
 
+def cache_bytes(facts: dict, ctx: int, kv_type: str = "f16") -> dict:
+    """The runtime's per-sequence cache of a model with these facts (:meth:`Manifest.kv_bytes`): ``kv``, the KV cache
+    of its attention layers for ``ctx`` positions; ``state``, the fixed-size state of a hybrid's recurrent layers
+    (float32); ``all_attention``, the KV cache the same shape would need with every layer attention."""
+    if kv_type not in KV_TYPES:
+        raise OrkError(f"--kv-type {escape_name(str(kv_type))!r} is not supported; use one of {', '.join(KV_TYPES)}")
+    if ctx <= 0:
+        raise OrkError(f"--ctx must be a positive number of tokens (got {ctx})")
+
+    def row(n: int) -> int:
+        return 2 * n if kv_type == "f16" else 34 * (-(-n // 32))
+
+    per = row(facts["kv_k"]) + row(facts["kv_v"])
+    swa = set(facts.get("swa_layers") or ())
+    win = facts.get("swa_window") or 0
+    rec = set(facts.get("recurrent_layers") or ())
+    span = [min(ctx, win) if (i in swa and win) else ctx for i in range(facts["n_layers"])]
+    return {"kv": per * sum(p for i, p in enumerate(span) if i not in rec),
+            "state": state_bytes(facts), "all_attention": per * sum(span)}
+
+
 @dataclass
 class Manifest:
     facts: dict
@@ -123,21 +144,16 @@ class Manifest:
         f16: 2 bytes an element; q8_0: blocks of 32 elements in 34 bytes (fp16 scale + 32 int8),
         each of K and V padded to whole blocks.
         """
-        if kv_type not in KV_TYPES:
-            raise OrkError(f"--kv-type {escape_name(str(kv_type))!r} is not supported; use one of {', '.join(KV_TYPES)}")
-        if ctx <= 0:
-            raise OrkError(f"--ctx must be a positive number of tokens (got {ctx})")
-        f = self.facts
+        c = cache_bytes(self.facts, ctx, kv_type)
+        return c["kv"] + c["state"]
 
-        def row(n: int) -> int:
-            return 2 * n if kv_type == "f16" else 34 * (-(-n // 32))
+    def state_bytes(self) -> int:
+        return state_bytes(self.facts)
 
-        per = row(f["kv_k"]) + row(f["kv_v"])
-        swa = set(f.get("swa_layers") or ())
-        win = f.get("swa_window") or 0
-        rec = set(f.get("recurrent_layers") or ())
-        positions = sum(min(ctx, win) if (i in swa and win) else ctx for i in range(f["n_layers"]) if i not in rec)
-        return per * positions + 4 * int(f.get("state") or 0) * len(rec)
+    def kv_bytes_all_attention(self, ctx: int, kv_type: str = "f16") -> int:
+        """What :meth:`kv_bytes` would be if every layer were an attention layer (a hybrid's saving is the
+        difference)."""
+        return cache_bytes(self.facts, ctx, kv_type)["all_attention"]
 
     def recorded_facts(self) -> dict:
         """The facts as a tier map records them: a hybrid's (``recurrent_layers``, ``state``) only for a hybrid,
@@ -146,6 +162,7 @@ class Manifest:
         if not f.get("recurrent_layers") and not f.get("state"):
             f.pop("recurrent_layers", None)
             f.pop("state", None)
+            f.pop("recurrent_flops", None)
         return f
 
     def summary(self) -> dict:
@@ -201,6 +218,12 @@ def hf_tensor_list(cfg: dict, where: str = "config.json") -> tuple[dict, list[tu
     return facts, [(name, shape) for name, shape, _ in tensors]
 
 
+def state_bytes(facts: dict) -> int:
+    """A hybrid's recurrent state for one sequence: ``state`` float32 elements per recurrent layer (0 for every
+    other model); part of :meth:`Manifest.kv_bytes`, whatever the context."""
+    return 4 * int(facts.get("state") or 0) * len(facts.get("recurrent_layers") or ())
+
+
 def manifest_from_config(cfg: dict, source: str = "config.json") -> Manifest:
     """The manifest an HF checkpoint with this config.json would give, from the config alone."""
     facts, hf = hf_tensor_list(cfg, source)
@@ -209,7 +232,6 @@ def manifest_from_config(cfg: dict, source: str = "config.json") -> Manifest:
     stacked: dict[str, dict[int, tuple[int, ...]]] = {}
     tensors: list[TensorEntry] = []
     per_expert: dict[tuple[str, str], str | None] = {}  # (before, after the expert index) -> stacked name
-    split_dims = archs.dims(cfg, source) if archs.FAMILIES[facts["arch"]].split else None
     for hf_name, shape in hf:
         # a per-expert HF name (``...experts.E.gate_proj.weight``): its stacked tensor and index, exactly as
         # canonical_name + split_expert give them, parsed once per projection rather than once per expert
@@ -229,12 +251,11 @@ def manifest_from_config(cfg: dict, source: str = "config.json") -> Manifest:
         if sp is not None:
             stacked.setdefault(sp[0], {})[sp[1]] = (shape, hf_name)
         else:
-            cshape = archs.converter_shape(facts["arch"], name, tuple(shape))
-            stored = archs.stored_dtype(cfg, hf_name, dtype)
-            # a fused tensor the converter writes as several (archs.Split): those, as the safetensors reader lists them
-            outs = archs.converter_split(facts["arch"], split_dims, name, cshape) if split_dims else None
-            for oname, oshape, _ in outs or [(name, cshape, None)]:
-                tensors.append(TensorEntry(oname, oshape, archs.converted_dtype(facts["arch"], oname, stored)))
+            # as the converter lays it out: squeezed, reshaped, cut or renamed (archs.converter_layout), its value
+            # changes' dtype (archs.converted_dtype)
+            tensors.extend(TensorEntry(pc.name, pc.shape,
+                                       archs.converted_dtype(facts["arch"], pc.name, archs.stored_dtype(cfg, hf_name, dtype)))
+                           for pc in archs.converter_layout(cfg, name, tuple(shape), source))
     for name, per in stacked.items():
         shape, hf_name = per[0]
         tensors.append(TensorEntry(name, (len(per),) + tuple(shape), archs.stored_dtype(cfg, hf_name, dtype)))

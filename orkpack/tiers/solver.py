@@ -32,7 +32,7 @@ from ..keepfloat import FLOAT_GLOBS, ROUTER, pin_warnings, recorded_globs, why_f
 from ..sources import names as _names
 from . import cost, milp
 from .board import Board
-from .manifest import NON_FLOAT_DTYPES, Item, Manifest
+from .manifest import NON_FLOAT_DTYPES, Item, Manifest, state_bytes
 from .profile import Profile
 from .tiermap import Decision, TierMap
 
@@ -263,14 +263,17 @@ def _pinned_choices(r: _Row) -> tuple[str, ...]:
 
 def _attention_s(manifest: Manifest, rows: int, pos: float, board: Board) -> float:
     """Attention score and value products of ``rows`` tokens at average position ``pos``, on the CPU;
-    a sliding-window layer attends to at most its window; a hybrid's recurrent layers attend to nothing."""
+    a sliding-window layer attends to at most its window; a hybrid's recurrent layers attend to nothing but
+    run their own recurrence instead (``recurrent_flops`` a token and layer: the convolution, the scan or the
+    delta rule), on the CPU in float."""
     f = manifest.facts
     width = f.get("heads", 0) * f.get("head_dim", 0)
     swa, win = set(f.get("swa_layers") or ()), f.get("swa_window") or 0
     rec = set(f.get("recurrent_layers") or ())
     span = sum(min(pos, win) if (layer in swa and win) else pos for layer in range(f.get("n_layers", 0))
                if layer not in rec)
-    return 4.0 * rows * span * width / board.cpu_float_ops_per_s
+    recurrence = rows * len(rec) * float(f.get("recurrent_flops") or 0)
+    return (4.0 * rows * span * width + recurrence) / board.cpu_float_ops_per_s
 
 
 def _float_enc(it: Item) -> str:
@@ -365,7 +368,9 @@ def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row],
         out.klass.append(got)
     for j, lst in enumerate((out.allowed, out.ram, out.npu, out.dec, out.pre, out.qual, out.share, out.kld)):
         lst.extend([classes[c][j] for c in out.klass])
-    dec_bytes = sum(t.float_bytes for t in manifest.floats) + manifest.kv_bytes(max(prompt, 1), kv_type)
+    # the KV cache read, and a hybrid's recurrent state read (in kv_bytes) and written back, every token
+    dec_bytes = sum(t.float_bytes for t in manifest.floats) + manifest.kv_bytes(max(prompt, 1), kv_type) \
+        + state_bytes(manifest.facts)
     out.dec_const = board.decode_token_s + dec_bytes / board.decode_bandwidth
     out.pre_const = board.decode_token_s + _attention_s(manifest, m, m / 2.0, board) + _float_matmuls_s(manifest, m, board)
     return out
@@ -596,10 +601,14 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
                 "host_copy_nf4": host_w["host_copy_nf4"], "host_float": host_w["float"], "kv_cache": kv,
                 "reserve": board.reserve_bytes},
     }
+    if manifest.facts.get("recurrent_layers"):  # a hybrid: its state (part of kv_cache) and what it saves
+        budget["ram"]["recurrent_state"] = state_bytes(manifest.facts)
+        budget["ram"]["kv_all_attention"] = manifest.kv_bytes_all_attention(ctx, kv_type)
     prediction = _prediction(manifest, board, profile, md, idx, choice, prompt, rows)
     options = {"ctx": ctx, "kv_type": kv_type, "prefill_m": m, "prompt": prompt, "profile": profile.source,
                "pins": {k: list((pins or {}).get(k) or []) for k in PIN_KINDS},
-               "default_keep": list(recorded_globs(t.name for t in manifest.tensors))}
+               "default_keep": list(recorded_globs([t.name for t in manifest.tensors],
+                                                   [t.shape for t in manifest.tensors]))}
     model = {"source": manifest.source, "origin": manifest.origin, **manifest.recorded_facts(),
              "tensors": len(manifest.tensors), "items": len(items), "assumptions": list(manifest.warnings)}
     tm = TierMap(decisions, model=model, board=board.to_json(), options=options, objective=objective,

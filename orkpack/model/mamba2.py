@@ -1,0 +1,83 @@
+"""The Mamba2 mixer (transformers' ``GraniteMoeHybridMambaLayer`` / ``Mamba2Mixer`` torch path; llama.cpp's
+``build_mamba2_layer``), the mixer of a hybrid's ``mamba2`` layers (orkpack/archs.py ``Blocks``) in the reference
+forward pass.
+
+    z, xBC, dt = split(ssm_in(h), [D, D + 2*G*N, H])     # (T, .) each, in that order
+    xBC = silu(causal_depthwise_conv(xBC, kernel) + bias)  # kernel (D + 2GN, K), as shortconv's taps
+    x, B, C = split(xBC, [D, G*N, G*N])                   # x: H heads of P = D / H; B, C: G groups of N
+    dt = softplus(dt + dt_bias)                           # (T, H)
+    S_h = exp(dt_h * A_h) * S_h + dt_h * x_h B_g^T          # per head h of group g = h // (H / G): S_h (P, N)
+    y_h = S_h C_g + D_h * x_h
+    y = grouped_rms_norm(y * silu(z)) * norm_weight       # RMS over each group's D / G channels
+    out = ssm_out(y)
+
+The tensors are read by their canonical GGUF names as llama.cpp's converter lays them out (numpy order):
+``ssm_in.weight`` (2D + 2GN + H, E), ``ssm_conv1d.weight`` (D + 2GN, K) with ``ssm_conv1d.bias``,
+``ssm_dt.bias`` (H,), ``ssm_a`` (H, 1) = -exp(A_log), ``ssm_d`` (H, 1), ``ssm_norm.weight`` (G, D / G) and
+``ssm_out.weight`` (E, D); every size (D, G, N, H, K) is read off those shapes. The scan runs token by token
+from a zero state (a fresh sequence: llama.cpp's states start at zero), in float64, all heads at once; the
+recurrence runs in float on the CPU whatever the pack's numerics (only ssm_in and ssm_out are matrices).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .hparams import Hparams
+from .weights import Weights
+
+
+def _lin(w: Weights, name: str, x: np.ndarray) -> np.ndarray:
+    y = w.matmul(name + ".weight", x)
+    return y + w.tensor(name + ".bias") if w.has(name + ".bias") else y
+
+
+def _silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def mamba2(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
+    """The Mamba2 block of layer ``i`` on the normed hidden states ``x`` (T, E) -> (T, E)."""
+    p = f"blk.{i}."
+    T = x.shape[0]
+    a = np.asarray(w.tensor(p + "ssm_a"), dtype=np.float64).reshape(-1)  # (H,)
+    d_skip = np.asarray(w.tensor(p + "ssm_d"), dtype=np.float64).reshape(-1)
+    gain = np.asarray(w.tensor(p + "ssm_norm.weight"), dtype=np.float32)
+    G = gain.shape[0] if gain.ndim == 2 else 1
+    gain = gain.reshape(-1)
+    D, H = gain.size, a.size
+    k = np.asarray(w.tensor(p + "ssm_conv1d.weight"), dtype=np.float64)
+    k = k.reshape(k.shape[0], -1)  # (C, K)
+    C_dim, K = k.shape
+    N = (C_dim - D) // (2 * G)
+    P = D // H
+
+    zxbcdt = _lin(w, p + "ssm_in", x).astype(np.float64)
+    z, xbc, dt = zxbcdt[:, :D], zxbcdt[:, D: D + C_dim], zxbcdt[:, D + C_dim: D + C_dim + H]
+
+    conv = np.zeros((T, C_dim))
+    for j in range(K):  # tap j reads the input K - 1 - j positions back
+        back = K - 1 - j
+        if back < T:
+            conv[back:] += xbc[: T - back] * k[:, j]
+    if w.has(p + "ssm_conv1d.bias"):
+        conv += w.tensor(p + "ssm_conv1d.bias")
+    xbc = _silu(conv)
+    xs = xbc[:, :D].reshape(T, H, P)
+    group = np.arange(H) // (H // G)  # each head's group
+    B = xbc[:, D: D + G * N].reshape(T, G, N)[:, group]  # (T, H, N)
+    C = xbc[:, D + G * N: D + 2 * G * N].reshape(T, G, N)[:, group]
+
+    dt = np.logaddexp(0.0, dt + np.asarray(w.tensor(p + "ssm_dt.bias"), dtype=np.float64))  # softplus, (T, H)
+    decay = np.exp(dt * a)  # (T, H)
+    state = np.zeros((H, P, N))
+    y = np.empty((T, H, P))
+    for t in range(T):
+        state *= decay[t][:, None, None]
+        state += (dt[t][:, None] * xs[t])[:, :, None] * B[t][:, None, :]
+        y[t] = np.einsum("hpn,hn->hp", state, C[t])
+    y += xs * d_skip[:, None]
+
+    g = (y.reshape(T, D) * _silu(z)).reshape(T, G, D // G)
+    g = g / np.sqrt((g * g).mean(-1, keepdims=True) + hp.eps)
+    out = (g.reshape(T, D).astype(np.float32) * gain)
+    return _lin(w, p + "ssm_out", out)
