@@ -204,6 +204,8 @@ def test_published_config_parameter_count_and_kv():
     attn, state = 12 * 32768 * 2 * 2 * 256 * 2, 36 * f["state"] * 4
     assert man.kv_bytes(32768) == attn + state
     assert 4 * attn > 3 * (attn + state)  # the hybrid's saving at 32k against 48 attention layers
+    assert man.kv_bytes_all_attention(32768) == 4 * attn
+    assert f["recurrent_flops"] == 2 * 4 * (4096 + 2 * 16 * 128) + 7 * 128 * 4096  # as Qwen3.5's (same mixer)
     names = {i.tensor for i in man.items}
     assert "blk.0.attn_qkv.weight" in names and "blk.3.attn_q.weight" in names and "blk.3.attn_qkv.weight" not in names
 
@@ -230,6 +232,19 @@ def test_plan_of_the_published_config_counts_the_attention_kv_and_the_state():
     for (a, b), got in zip((n["layers"] for n in d["nodes"]), kv):
         n_attn = sum(1 for i in range(a, b) if (i + 1) % 4 == 0)
         assert got == n_attn * 32768 * 2048 + (b - a - n_attn) * state
+
+
+def test_plan_prints_the_attention_kv_the_state_and_the_all_attention_figure(tmp_path):
+    from typer.testing import CliRunner
+
+    from orkpack.cli import app
+
+    (tmp_path / "config.json").write_text(json.dumps(synth.TINY["qwen3_next"]))
+    r = CliRunner().invoke(app, ["plan", str(tmp_path / "config.json"), "--ctx", "32768"])
+    assert r.exit_code == 0, r.output
+    text = " ".join(r.output.split())
+    assert "KV cache 4.0 MiB at ctx 32768: 1 attention layers' KV + 3 recurrent layers' state" in text, text
+    assert "all 4 layers attention would need 16.0 MiB" in text, text
 
 
 def test_the_published_config_does_not_fit_one_board_in_one_line():
