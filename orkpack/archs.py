@@ -28,7 +28,10 @@ Fused tensors stay fused (one matmul, one NPU call): phi3 ``qkv_proj`` and
 ``gate_up_proj``, internlm2 ``wqkv``, chatglm ``query_key_value`` and
 ``dense_h_to_4h``, gpt-oss and granitemoe expert ``gate_up`` (stacked
 ``blk.N.ffn_gate_up_exps.weight``). llama.cpp's converter splits some of them;
-orkpack keeps the checkpoint's own matrices.
+orkpack keeps the checkpoint's own matrices, except where a family's entry
+declares the converter's split (:class:`Split`: Granite-4.0-H's ``input_linear``,
+Qwen3-Next's ``in_proj_qkvz`` read as the converter's ``attn_qkv`` +
+``attn_gate``), byte ranges of the stored tensor, no value changed.
 
 Facts every source gives (:data:`FACT_KEYS`): arch, n_layers, hidden,
 intermediate, heads, kv_heads, head_dim, vocab, n_experts, n_experts_used,
@@ -203,6 +206,10 @@ class Forward:
     gguf_permuted_qk: bool = False  # llama.cpp's converter permutes q/k rows: the GGUF rotates pairs
     attn_gate: bool = False  # Qwen3.5 / Qwen3-Next: attn_q holds per head [q | gate]; the attention output is
     # multiplied by sigmoid(gate) before attn_output
+    vheads: str = "tiled"  # a Gated DeltaNet's value heads as the converter lays them out: tiled (Qwen3.5's
+    # _LinearAttentionVReorderBase: value head h reads key head h % ng) | grouped (Qwen3-Next, HF's order: h // (nv/ng))
+    beta_alpha: str = "split"  # split: ssm_beta and ssm_alpha | fused: one ssm_ba, per key head [beta of its value
+    # heads | alpha of them] (Qwen3-Next's in_proj_ba, which the converter keeps as it is)
     refuse: tuple[tuple[str, str], ...] = ()  # (config key, what is missing) when that key is set and truthy
     smooth: tuple[Smooth, ...] = SMOOTH_GATED  # where activation smoothing may fold its scales
     output_norm: str = "output_norm"  # the final norm's GGUF name (lfm2: token_embd_norm, applied after the layers)
@@ -292,12 +299,20 @@ class Split:
     order of the checkpoint's shape), named by replacing ``old`` in its canonical name with each part in turn; one
     part is a rename. ``when``: model-level flags that must hold (``!flag``: must not), as the templates' ``when``.
     The parts are byte ranges of the stored tensor (orkpack/sources/safetensors.py reads them as such), so a split
-    changes no value. Granite-4.0-H: the fused gate/up ``input_linear`` of the experts and of the shared MLP."""
+    changes no value. Granite-4.0-H: the fused gate/up ``input_linear`` of the experts and of the shared MLP.
+
+    A grouped split (``groups`` set): the axis holds ``groups`` groups, each the ``blocks`` in turn (sizes: expressions
+    over the dims); part ``k`` gathers blocks ``picks[k]`` of every group, block by block (each block of group 0, then
+    of group 1, ...; then the next block). Qwen3-Next's ``in_proj_qkvz``: per key head [q, k, v, z] -> ``attn_qkv``
+    (every head's q, then every k, then every v) and ``attn_gate`` (every z), as Qwen3NextModel.modify_tensors cuts it."""
     glob: str  # canonical name (after ``renames``)
     old: str
     parts: tuple[str, ...]
     axis: int = 0
     when: tuple[str, ...] = ()
+    groups: str = ""
+    blocks: tuple[str, ...] = ()
+    picks: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -1220,6 +1235,38 @@ _F.append(
             defaults={**_NEMOTRON_DEFAULTS, "norm_topk_prob": True, "routed_scaling_factor": 1.0}),
 )
 
+# Qwen3-Next's Gated DeltaNet (transformers' Qwen3NextGatedDeltaNet): q, k, v and the gate z in one projection, beta
+# and alpha in another, both per key head ([q, k, v, z] and [b, a] groups: fix_query_key_value_ordering)
+_DELTANET_FUSED = (
+    t(P + "linear_attn.in_proj_qkvz.weight", "cc+di", "H", when="deltanet"),
+    t(P + "linear_attn.in_proj_ba.weight", "2*nv", "H", when="deltanet"),
+) + tuple(x for x in _DELTANET if ".in_proj_" not in x.name)
+# the converter's layout (Qwen3NextModel.modify_tensors; not a _LinearAttentionVReorderBase, so no value head moves):
+# in_proj_qkvz split into attn_qkv (every key head's q rows, then every k, then every v: value heads stay grouped) and
+# attn_gate (z); in_proj_ba kept fused (ssm_ba); A negated
+_QKVZ_SPLIT = Split("blk.*.ssm_in.weight", "ssm_in", ("attn_qkv", "attn_gate"), groups="nk",
+                    blocks=("dk", "dk", "vper*dv", "vper*dv"), picks=((0, 1, 2), (3,)))
+_F.append(
+    # Qwen3-Next: Gated DeltaNet and gated-attention layers (layer_types, or every full_attention_interval-th), each
+    # FFN a softmax top-k MoE (norm_topk_prob) with a sigmoid-gated shared expert, or a SwiGLU MLP on the layers
+    # mlp_only_layers / decoder_sparse_step leave dense (transformers builds them; llama.cpp's converter maps no dense
+    # FFN for qwen3next, and its loader wants a router in every layer); (1 + w) norms as Qwen3.5's
+    Family("qwen3_next", "QWEN3NEXT", _NORMS + _DELTANET_FUSED + _GATED_ATTN + _Q35_MOE_FFN + _MLP, _llama_top(),
+           moe="qwen", classes=("Qwen3NextForCausalLM",), renames=_Q35_RENAMES,
+           defaults={"tie_word_embeddings": False, "vocab_size": 151936, "hidden_size": 2048,
+                     "intermediate_size": 5632, "num_hidden_layers": 48, "num_attention_heads": 16,
+                     "num_key_value_heads": 2, "head_dim": 256, "moe_intermediate_size": 512,
+                     "shared_expert_intermediate_size": 512, "num_experts": 512, "num_experts_per_tok": 10,
+                     "norm_topk_prob": True, "partial_rotary_factor": 0.25},  # Qwen3NextConfig's
+           blocks=_DELTANET_BLOCKS, more_dims=_qwen35_dims, conv_kernels=("blk.*.ssm_conv1d.weight",),
+           squeeze=(("blk.*.ssm_conv1d.weight", 1),), convert=(Convert("blk.*.ssm_a", "neg_exp"),),
+           split=(_QKVZ_SPLIT,),
+           forward=replace(_FWD_QWEN35, vheads="grouped", beta_alpha="fused", shared_gate=True,
+                           router_norm_gguf="always",  # qwen3next.cpp normalises; the converter writes no key
+                           smooth=(Smooth(("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_gate", "ssm_ba"),
+                                          norm="attn_norm"),) + _FWD_QWEN35.smooth[1:])),
+)
+
 FAMILIES: dict[str, Family] = {f.name: f for f in _F}
 _BY_MODEL_TYPE: dict[str, Family] = {mt: f for f in _F for mt in (f.name, *f.model_types)}
 SUPPORTED = tuple(sorted(_BY_MODEL_TYPE))
@@ -1544,12 +1591,19 @@ def converter_shape(arch: str | None, name: str, shape: tuple[int, ...]) -> tupl
 class Piece:
     """One tensor as llama.cpp's converter writes it from one checkpoint tensor (:func:`converter_layout`): its canonical
     name and shape (numpy order), and where its elements lie in the stored tensor: part ``part`` of ``of`` equal parts
-    along ``axis`` of the stored shape (``of`` 1: all of it)."""
+    along ``axis`` of the stored shape (``of`` 1: all of it), or, for a grouped split, the ``gather`` runs
+    (first index, count) along that axis, in order."""
     name: str
     shape: tuple[int, ...]
     axis: int = 0
     part: int = 0
     of: int = 1
+    gather: tuple[tuple[int, int], ...] = ()
+
+    def runs(self) -> tuple[tuple[int, int], ...]:
+        """(first index, count) along ``axis`` of the stored tensor, in order, that make this piece."""
+        n = self.shape[self.axis]
+        return self.gather or ((self.part * n, n),)
 
 
 def converter_layout(cfg: Mapping[str, Any] | None, name: str, shape: tuple[int, ...],
@@ -1575,12 +1629,30 @@ def converter_layout(cfg: Mapping[str, Any] | None, name: str, shape: tuple[int,
     for sp in fam.split:
         if matches(name, sp.glob) and _holds(sp.when, flags):
             n, ax = len(sp.parts), sp.axis
+            if sp.groups:
+                return _grouped_split(sp, d, name, shape, where)
             if len(shape) <= ax or shape[ax] % n:
                 raise SourceError(f"{where}: {escape_name(name)} {shape} does not split in {n} along axis {ax} as "
                                   "llama.cpp's converter splits it; the checkpoint does not match its config")
             sub = shape[:ax] + (shape[ax] // n,) + shape[ax + 1:]
             return [Piece(name.replace(sp.old, part), sub, ax, k, n) for k, part in enumerate(sp.parts)]
     return [Piece(name, shape)]
+
+
+def _grouped_split(sp: Split, d: Mapping, name: str, shape: tuple[int, ...], where: str) -> list[Piece]:
+    """The pieces of a grouped :class:`Split` (Qwen3-Next's in_proj_qkvz), each a row gather of the stored tensor."""
+    ax, groups, blocks = sp.axis, _eval(sp.groups, d), [_eval(x, d) for x in sp.blocks]
+    width = sum(blocks)
+    if len(shape) <= ax or shape[ax] != groups * width:
+        raise SourceError(f"{where}: {escape_name(name)} {shape} is not {groups} groups of {width} along axis {ax} as "
+                          "llama.cpp's converter splits it; the checkpoint does not match its config")
+    starts = [sum(blocks[:j]) for j in range(len(blocks))]
+    out = []
+    for part, picks in zip(sp.parts, sp.picks):
+        runs = tuple((g * width + starts[j], blocks[j]) for j in picks for g in range(groups))
+        sub = shape[:ax] + (sum(c for _, c in runs),) + shape[ax + 1:]
+        out.append(Piece(name.replace(sp.old, part), sub, ax, gather=runs))
+    return out
 
 
 def _model_flags(fam: Family, cfg: Mapping, d: dict) -> dict:

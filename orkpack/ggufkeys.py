@@ -96,11 +96,11 @@ LEADING_DENSE_BLOCK_COUNT = Key("leading_dense_block_count", "uint32",
 Q_LORA_RANK = Key("attention.q_lora_rank", "uint32", family=_fam((_DEEPSEEK, ("q_lora_rank",))), default=0)
 KV_LORA_RANK = Key("attention.kv_lora_rank", "uint32", family=_fam((_DEEPSEEK, ("kv_lora_rank",))), default=0)
 EXPERT_FEED_FORWARD_LENGTH = Key("expert_feed_forward_length", "uint32", family=_fam(
-    (("qwen2_moe", "qwen3_moe", "lfm2_moe", "qwen3_5_moe_text", "qwen3_5_moe") + _DEEPSEEK + _NEMOTRON_MOE,
+    (("qwen2_moe", "qwen3_moe", "lfm2_moe", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next") + _DEEPSEEK + _NEMOTRON_MOE,
      ("moe_intermediate_size",)),
     (("granitemoe", "gpt_oss"), ("intermediate_size",))))
 EXPERT_SHARED_FEED_FORWARD_LENGTH = Key("expert_shared_feed_forward_length", "uint32",
-                                        family=_fam((("qwen2_moe", "qwen3_5_moe_text", "qwen3_5_moe"),
+                                        family=_fam((("qwen2_moe", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next"),
                                                      ("shared_expert_intermediate_size",)),
                                                     (("granitemoehybrid",), ("shared_intermediate_size",)),
                                                     (_NEMOTRON_MOE, ("moe_shared_expert_intermediate_size",))))
@@ -114,7 +114,7 @@ SHORTCONV_L_CACHE = Key("shortconv.l_cache", "uint32", family=_fam((("lfm2", "lf
 NEXTN_PREDICT_LAYERS = Key("nextn_predict_layers", "uint32",
                            family=_fam((("deepseek_v3",), ("num_nextn_predict_layers",))))
 # Gated DeltaNet (Qwen3NextModel.set_gguf_parameters): in llama.cpp's SSM terms
-_DELTANET = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
+_DELTANET = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next")
 # Mamba2 (GraniteHybridModel.set_gguf_parameters: conv kernel, state size, groups, heads as the time-step rank;
 # d_inner = mamba_expand x hidden is derived: modelkv)
 _MAMBA2 = ("granitemoehybrid", "falcon_h1")  # falcon_h1's are rewritten from the dims (modelkv)
@@ -138,6 +138,7 @@ RECURRENT_LAYERS = Key("attention.recurrent_layers", "array[bool]")
 FULL_ATTENTION_INTERVAL = Key("full_attention_interval", "uint32", default=4)
 SSM_INNER_SIZE = Key("ssm.inner_size", "uint32")  # value heads x value head dim (Qwen3.5), d_inner (Mamba2)
 ROPE_DIMENSION_SECTIONS = Key("rope.dimension_sections", "array[int32]")  # Qwen3.5's MRoPE sections, 4 entries
+# (_Qwen35MRopeMixin; Qwen3-Next's converter writes none)
 
 # ---------------------------------------------------------------------------- derived (modelkv: head dim x partial
 # rotary factor, MLA: qk_rope_head_dim; a reader's default: the head dim)

@@ -76,6 +76,11 @@ _Q35 = {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "
                             "mrope_section": [1, 1, 0], "mrope_interleaved": True}, "torch_dtype": "bfloat16"}
 _Q35_MOE = {**_Q35, "architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text", "num_experts": 4,
             "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48}
+# Qwen3-Next: the Qwen3.5-MoE tiny shape with Qwen3NextConfig's keys (no MRoPE sections; every layer MoE)
+_Q3N = {**{k: v for k, v in _Q35_MOE.items() if k != "rope_parameters"}, "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next", "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+        "layer_types": ["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        "rope_parameters": {"rope_theta": 10000000.0, "rope_type": "default", "partial_rotary_factor": 0.25}}
 TINY: dict[str, dict] = {
     "llama": _tiny("llama", "LlamaForCausalLM", tie_word_embeddings=False, attention_bias=False, mlp_bias=False),
     "mistral": _tiny("mistral", "MistralForCausalLM", tie_word_embeddings=False, sliding_window=None),
@@ -158,6 +163,7 @@ TINY: dict[str, dict] = {
     # Qwen3.5: Gated DeltaNet and gated-attention layers (2 value heads per key head: the converter tiles them)
     "qwen3_5_text": _Q35,
     "qwen3_5_moe_text": _Q35_MOE,
+    "qwen3_next": _Q3N,
     # the releases' multimodal form: the text model in text_config (its vision tower is left out of a build)
     "qwen3_5": {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
                 "text_config": {k: v for k, v in _Q35.items() if k != "architectures"} | {"model_type": "qwen3_5_text"},

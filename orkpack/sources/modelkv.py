@@ -167,10 +167,15 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
             n if _valid("uint32", n) else G.FULL_ATTENTION_INTERVAL.default)
         put(G.SSM_INNER_SIZE, G.SSM_INNER_SIZE.type, d["di"])
         rp = tc.get("rope_parameters")
-        sec = rp.get("mrope_section") if isinstance(rp, Mapping) else None
-        put(G.ROPE_DIMENSION_SECTIONS, G.ROPE_DIMENSION_SECTIONS.type,
-            (list(sec) + [0] * 4)[:4] if isinstance(sec, list) and all(_valid("uint32", x) for x in sec)
-            else [11, 11, 10, 0])  # _Qwen35MRopeMixin's default
+        if fam.name in _MROPE_WRITTEN:
+            sec = rp.get("mrope_section") if isinstance(rp, Mapping) else None
+            put(G.ROPE_DIMENSION_SECTIONS, G.ROPE_DIMENSION_SECTIONS.type,
+                (list(sec) + [0] * 4)[:4] if isinstance(sec, list) and all(_valid("uint32", x) for x in sec)
+                else [11, 11, 10, 0])  # _Qwen35MRopeMixin's default
+        frac = tc.get("partial_rotary_factor", rp.get("partial_rotary_factor") if isinstance(rp, Mapping) else None)
+        hd, dflt = d["hd"], fam.defaults.get("partial_rotary_factor")
+        if frac is None and dflt is not None:  # Qwen3NextModel: the rotary share defaults to 0.25, as transformers'
+            put(G.ROPE_DIMENSION_COUNT, G.ROPE_DIMENSION_COUNT.type, int(hd * dflt))
     switch = fam.forward.rope_switch if fam.forward is not None else ""
     nope = fam.forward is not None and fam.forward.rope_layers == "none"
     if switch or nope:  # granite-hybrid's RoPE switch (Nemotron-H: always NoPE); a NoPE model's context is unbounded
@@ -183,6 +188,9 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
     if fam.name in _GATING_WRITTEN and d["E"]:
         put(G.EXPERT_GATING_FUNC, G.EXPERT_GATING_FUNC.type, 2 if fam.forward.router == "sigmoid" else 1)
 
+
+# families whose converter writes rope.dimension_sections (_Qwen35MRopeMixin)
+_MROPE_WRITTEN = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
 
 # families whose converter writes expert_gating_func from the router alone (LFM2MoeModel: always sigmoid, 2);
 # it writes neither expert_weights_norm nor expert_weights_scale for them (llama.cpp always normalises)

@@ -15,6 +15,11 @@ Quantized releases (FP8 weights with their scales, gpt-oss MXFP4 blocks and
 scales) are listed under the weight's name with the source dtype (F8_E4M3, ...,
 MXFP4) and read as float32, dequantized exactly: orkpack/sources/quantized.py.
 
+A fused tensor llama.cpp's converter writes as several (a family's ``archs.Split``: Granite-4.0-H's gate/up,
+Qwen3-Next's ``in_proj_qkvz`` -> ``attn_qkv`` + ``attn_gate``) is listed as those tensors, each with the HF name as
+its ``source_name`` and, as its parts, the byte ranges of its elements in the stored tensor (read in order, like an
+expert stack: the stored bits, never mapped).
+
 Derivable buffers (``position_ids``, ``rotary_emb.inv_freq``, GPT-2 causal
 masks; the table is :mod:`orkpack.sources.derivable`) are left out of
 ``tensors()`` and listed by ``skipped()`` instead, from the header alone.
@@ -262,12 +267,12 @@ class SafetensorsSource(FileSource):
             if dtype in quantized.DEQUANTIZED_DTYPES or dtype not in _NP_DTYPE:
                 raise SourceError(f"{_fname(self.root)}: {escape_name(t)} is {dtype}: llama.cpp's converter splits it, "
                                   "and orkpack splits float tensors only; convert the checkpoint to BF16 first")
+            rows = sum(pc.shape[pc.axis] for pc in pieces)  # the pieces cover the stored tensor along their axis
             for pc in pieces:
-                outer = math.prod(pc.shape[:pc.axis])  # the whole tensor is `of` such pieces along the axis
-                rows, inner = pc.shape[pc.axis] * pc.of, math.prod(pc.shape[pc.axis + 1:]) * _NP_DTYPE[dtype].itemsize
-                step = rows // pc.of * inner
-                self._add(pc.name, t, dtype, pc.shape,
-                          [_Part(fi, off + o * rows * inner + pc.part * step, step) for o in range(outer)])
+                outer = math.prod(pc.shape[:pc.axis])
+                inner = math.prod(pc.shape[pc.axis + 1:]) * _NP_DTYPE[dtype].itemsize
+                self._add(pc.name, t, dtype, pc.shape, [_Part(fi, off + (o * rows + r0) * inner, n * inner)
+                                                        for o in range(outer) for r0, n in pc.runs()])
         for (layer, proj), experts in groups.items():
             name = f"blk.{layer}.ffn_{proj}_exps.weight"
             first = experts[min(experts)]
