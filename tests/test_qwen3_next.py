@@ -210,10 +210,6 @@ def test_published_config_parameter_count_and_kv():
     assert "blk.0.attn_qkv.weight" in names and "blk.3.attn_q.weight" in names and "blk.3.attn_qkv.weight" not in names
 
 
-@pytest.mark.xfail(strict=True, reason="main 5a59105: orkpack plan --boards of any hybrid stops with 'internal: the "
-                   "cluster decode_s_per_token ... differs from the program's' (qwen3_5_moe_text's fixture too; the decode "
-                   "term of a hybrid's recurrent state, 82ee4ae, as the cluster program and its nodes count it; not "
-                   "investigated further)")
 def test_plan_of_the_published_config_counts_the_attention_kv_and_the_state():
     """80B at NF4 (~42 GB) does not fit one 32 GB board: planned over two (llama.cpp RPC); each board's KV is its
     attention layers' cache plus its DeltaNet layers' state, and the two add up to the model's."""
