@@ -292,7 +292,7 @@ def test_experts_stored_in_by_out_refuse(tmp_path):
     ("olmoe", {"clip_qkv": 8.0}, "clip_qkv"),
     ("phi3", {"rope_scaling": {"type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}},
      "RoPE scaling 'longrope' is not evaluable yet"),
-    ("llama", {"hidden_act": "relu2"}, "activation 'relu2' is not evaluable yet"),
+    ("llama", {"hidden_act": "quick_gelu"}, "activation 'quick_gelu' is not evaluable yet"),
 ])
 def test_options_not_implemented_refuse_in_one_line(family, over, what, tmp_path):
     folder = _tiny(tmp_path, family, **over)
