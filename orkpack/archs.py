@@ -278,6 +278,7 @@ class Family:
     attention: str = "gqa"  # gqa | mla
     swa: str | None = None  # None | "all" | "even" (every other, from layer 0) | "pattern" (gemma3) | "layer_types"
     moe: str = "all"  # which layers are MoE when n_experts > 0: all | qwen (sparse step, mlp_only_layers) | deepseek
+    # | interval (ernie4_5_moe: every moe_freq-th from first_dense to the dims' moe_last)
     text_config: bool = False  # facts live in config["text_config"] (multimodal wrappers)
     classes: tuple[str, ...] = ()  # HF ``architectures`` class names, for configs without a model_type
     head_stored_when_tied: bool = False  # the release stores lm_head.weight even with tied embeddings
@@ -291,6 +292,8 @@ class Family:
     split: tuple[Split, ...] = ()  # checkpoint tensors the converter cuts into several (or renames): :class:`Split`
     reshape: tuple[tuple[str, tuple], ...] = ()  # (canonical glob, shape over dims): the converter's reshape of the
     # same elements (Mamba2's A and D (H,) -> (H, 1); its grouped norm (D,) -> (G, D / G))
+    record: tuple[tuple[str, str, str], ...] = ()  # (GGUF key after "{arch}.", expression over the dims, model
+    # flags that must hold): a value the converter writes from its own arithmetic (modelkv; :func:`record_values`)
     skip: tuple[tuple[str, str], ...] = ()  # (regex on the HF name, why): tensors a build leaves out, by name
     # (a multimodal release's vision tower, which llama.cpp's converter writes to a separate mmproj GGUF)
 
@@ -573,6 +576,50 @@ _F = [
         flags=lambda cfg, d: {"use_bias": bool(cfg.get("use_bias", True))}, defaults={"tie_word_embeddings": True},
         forward=Forward(norm="layer", mlp="plain", act="gelu_tanh", window="config",
                         smooth=(SMOOTH_ATTN, SMOOTH_FFN))),  # down(act(up)): no linear carrier for down
+]
+
+# ------------------------------------------------------------------------------ the families of 2025/26 (issue 24)
+
+_USE_BIAS = lambda cfg, d: {k: bool(cfg.get("use_bias")) for k in ("qkv_bias", "o_bias", "mlp_bias")}  # noqa: E731
+
+
+def _ernie_moe_dims(cfg: Mapping, d: dict, where: str) -> dict:
+    """ERNIE-4.5-MoE: the last MoE layer (moe_layer_end_index; -1 or absent: the last layer), and the shared
+    experts' width as llama.cpp's converter writes it (Ernie4_5MoeModel: intermediate_size // num_key_value_heads;
+    the model's own is moe_num_shared_experts x moe_intermediate_size, ``Is``)."""
+    v = cfg.get("moe_layer_end_index")
+    return {"moe_last": d["L"] - 1 if v is None or v == -1 else _int(v, "moe_layer_end_index", where),
+            "Is_conv": d["I"] // d["nkv"] if d["nkv"] else 0}
+
+
+# ERNIE-4.5-MoE's multi-token-prediction layers (model.mtp_*), which llama.cpp's converter filters out
+_ERNIE_MTP_SKIP = ((r"^model\.mtp_(?:block|emb_norm|hidden_norm|linear_proj)\.", "the multi-token-prediction layers "
+                    "(model.mtp_*): left out as llama.cpp's converter leaves them out; this pack holds the main model"),)
+
+_F += [
+    # ERNIE-4.5 dense (0.3B): llama's layout (use_bias on every projection), RoPE on pairs (2i, 2i+1) as the
+    # checkpoint stores q/k: llama.cpp's converter writes them unpermuted (rope type NORM)
+    Family("ernie4_5", "ERNIE4_5", _LLAMA_LAYER, _llama_top(), flags=_USE_BIAS,
+           defaults={"tie_word_embeddings": True}, classes=("Ernie4_5ForCausalLM", "Ernie4_5_ForCausalLM"),
+           forward=Forward(rope="interleaved")),
+    # ERNIE-4.5-MoE (21B-A3B, 300B-A47B): a softmax top-k MoE on every moe_layer_interval-th layer from
+    # moe_layer_start_index to moe_layer_end_index (dense before), experts chosen on the scores plus
+    # moe_statics.e_score_correction_bias (GGUF exp_probs_b), always normalised; moe_num_shared_experts shared
+    # experts as one MLP of n_shared x moe_intermediate_size
+    Family("ernie4_5_moe", "ERNIE4_5_MOE", _LLAMA_LAYER + _EXPERTS + (
+        t(P + "mlp.moe_statics.e_score_correction_bias", 1, "E", when="moe", kind="bias"),
+        t(P + "mlp.shared_experts.gate_proj.weight", "Is", "H", when="moe shared"),
+        t(P + "mlp.shared_experts.up_proj.weight", "Is", "H", when="moe shared"),
+        t(P + "mlp.shared_experts.down_proj.weight", "H", "Is", when="moe shared"),
+    ), _llama_top(), moe="interval",
+        keys={"n_experts": ("moe_num_experts",), "n_experts_used": ("moe_k",), "n_shared": ("moe_num_shared_experts",),
+              "first_dense": ("moe_layer_start_index",), "moe_freq": ("moe_layer_interval",)},
+        defaults={"tie_word_embeddings": True, "moe_num_experts": 64, "moe_k": 6, "moe_num_shared_experts": 2,
+                  "moe_layer_start_index": 1, "moe_layer_interval": 1, "moe_intermediate_size": 1536},
+        renames=((r"^model\.layers\.(\d+)\.mlp\.moe_statics\.e_score_correction_bias$", r"blk.\1.exp_probs_b.bias"),),
+        flags=lambda cfg, d: {**_USE_BIAS(cfg, d), "shared": d["n_shared"] > 0}, more_dims=_ernie_moe_dims,
+        classes=("Ernie4_5_MoeForCausalLM",), skip=_ERNIE_MTP_SKIP, record=(("expert_shared_feed_forward_length", "Is_conv", "shared"),),
+        forward=Forward(rope="interleaved", router_norm="always", router_norm_gguf="always")),
 ]
 
 # ------------------------------------------------------------------------------------------------ hybrids
@@ -1259,6 +1306,8 @@ def _moe_layer(fam: Family, d: dict, cfg: Mapping, i: int) -> bool:
         return i not in mlp_only and (i + 1) % d["sparse_step"] == 0
     if fam.moe == "deepseek":
         return i >= d["first_dense"] and i % d["moe_freq"] == 0
+    if fam.moe == "interval":  # ernie4_5_moe: every moe_freq-th layer (counting from 1) in first_dense..moe_last
+        return (i + 1) % d["moe_freq"] == 0 and d["first_dense"] <= i <= d.get("moe_last", d["L"] - 1)
     return True
 
 
@@ -1649,6 +1698,16 @@ def stored_dtype(cfg: Mapping[str, Any], hf_name: str, default: str) -> str:
         fmt = qc.get("fmt", "e4m3")
         return "F8_E5M2" if fmt == "e5m2" else "F8_E4M3"
     return default
+
+
+def record_values(cfg: Mapping[str, Any], where: str = "config.json") -> list[tuple[str, int]]:
+    """The family's ``record`` entries of a config: [(GGUF key after "{arch}.", value)] whose flags hold."""
+    fam = config_family(cfg)
+    if fam is None or not fam.record:
+        return []
+    d = _dims(cfg, fam, where)
+    flags = _model_flags(fam, cfg, d)
+    return [(key, _eval(expr, d)) for key, expr, when in fam.record if _holds(tuple(when.split()), flags)]
 
 
 def dims(cfg: Mapping[str, Any], where: str = "config.json") -> dict:

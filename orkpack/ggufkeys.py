@@ -29,6 +29,7 @@ from typing import Any, Mapping
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3")
 _GRANITE = ("granite", "granitemoe", "granitemoehybrid")
 _GEMMA3 = ("gemma3_text", "gemma3")
+_ERNIE_MOE = ("ernie4_5_moe",)
 _SCALED = ("linear", "yarn", "longrope", "dynamic")  # rope_scaling types written with their factor
 
 
@@ -68,9 +69,11 @@ RMS_EPS = Key("attention.layer_norm_rms_epsilon", "float32", ("rms_norm_eps",),
 LAYER_NORM_EPS = Key("attention.layer_norm_epsilon", "float32",
                      ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"),
                      family=_fam((("starcoder2",), ("norm_epsilon",))), default=1e-6)
-EXPERT_COUNT = Key("expert_count", "uint32", ("num_local_experts", "num_experts", "n_routed_experts"))
+EXPERT_COUNT = Key("expert_count", "uint32", ("num_local_experts", "num_experts", "n_routed_experts"),
+                   family=_fam((_ERNIE_MOE, ("moe_num_experts",))))
 EXPERT_USED_COUNT = Key("expert_used_count", "uint32",
-                        ("num_experts_per_tok", "num_experts_per_token", "top_k_experts"))
+                        ("num_experts_per_tok", "num_experts_per_token", "top_k_experts"),
+                        family=_fam((_ERNIE_MOE, ("moe_k",))))
 KEY_LENGTH = Key("attention.key_length", "uint32", ("head_dim",))
 VALUE_LENGTH = Key("attention.value_length", "uint32", ("head_dim",))  # default: the key length
 VOCAB_SIZE = Key("vocab_size", "uint32", ("vocab_size", "padded_vocab_size"))
@@ -90,17 +93,22 @@ ATTENTION_SCALE = Key("attention.scale", "float32", family=_fam((_GRANITE, ("att
 LOGIT_SCALE = Key("logit_scale", "float32", family=_fam((_GRANITE, ("logits_scaling",))), default=1.0)
 LEADING_DENSE_BLOCK_COUNT = Key("leading_dense_block_count", "uint32",
                                 family=_fam((_DEEPSEEK, ("first_k_dense_replace",)),
-                                           (("lfm2_moe",), ("num_dense_layers",))))
+                                           (("lfm2_moe",), ("num_dense_layers",)),
+                                           (_ERNIE_MOE, ("moe_layer_start_index",))))
+INTERLEAVE_MOE_LAYER_STEP = Key("interleave_moe_layer_step", "uint32",
+                                family=_fam((_ERNIE_MOE, ("moe_layer_interval",))))
 Q_LORA_RANK = Key("attention.q_lora_rank", "uint32", family=_fam((_DEEPSEEK, ("q_lora_rank",))), default=0)
 KV_LORA_RANK = Key("attention.kv_lora_rank", "uint32", family=_fam((_DEEPSEEK, ("kv_lora_rank",))), default=0)
 EXPERT_FEED_FORWARD_LENGTH = Key("expert_feed_forward_length", "uint32", family=_fam(
-    (("qwen2_moe", "qwen3_moe", "lfm2_moe", "qwen3_5_moe_text", "qwen3_5_moe") + _DEEPSEEK, ("moe_intermediate_size",)),
+    (("qwen2_moe", "qwen3_moe", "lfm2_moe", "qwen3_5_moe_text", "qwen3_5_moe") + _DEEPSEEK + _ERNIE_MOE,
+     ("moe_intermediate_size",)),
     (("granitemoe", "gpt_oss"), ("intermediate_size",))))
 EXPERT_SHARED_FEED_FORWARD_LENGTH = Key("expert_shared_feed_forward_length", "uint32",
                                         family=_fam((("qwen2_moe", "qwen3_5_moe_text", "qwen3_5_moe"),
                                                      ("shared_expert_intermediate_size",)),
                                                     (("granitemoehybrid",), ("shared_intermediate_size",))))
-EXPERT_SHARED_COUNT = Key("expert_shared_count", "uint32", family=_fam((_DEEPSEEK, ("n_shared_experts",))))
+EXPERT_SHARED_COUNT = Key("expert_shared_count", "uint32", family=_fam((_DEEPSEEK, ("n_shared_experts",)),
+                                                                      (_ERNIE_MOE, ("moe_num_shared_experts",))))
 EXPERT_WEIGHTS_SCALE = Key("expert_weights_scale", "float32", family=_fam((_DEEPSEEK, ("routed_scaling_factor",))),
                            default=1.0)
 EXPERT_WEIGHTS_NORM = Key("expert_weights_norm", "bool", family=_fam((_DEEPSEEK, ("norm_topk_prob",))), default=False)

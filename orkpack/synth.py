@@ -177,6 +177,14 @@ TINY: dict[str, dict] = {
                          "attention_multiplier": 0.0625, "logits_scaling": 6.0, "position_embedding_type": "nope",
                          "rms_norm_eps": 1e-5, "vocab_size": 128, "max_position_embeddings": 4096,
                          "tie_word_embeddings": True, "rope_theta": 10000.0, "torch_dtype": "bfloat16"},
+    # the families of 2025/26 (issue 24)
+    "ernie4_5": _tiny("ernie4_5", "Ernie4_5ForCausalLM", use_bias=False, rms_norm_eps=1e-5, rope_theta=500000.0,
+                      tie_word_embeddings=True),
+    # layer 0 dense, layers 1-2 MoE: 4 experts, top 2, one shared expert
+    "ernie4_5_moe": _tiny("ernie4_5_moe", "Ernie4_5_MoeForCausalLM", num_hidden_layers=3, use_bias=False,
+                          moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1,
+                          moe_layer_start_index=1, moe_layer_end_index=2, moe_layer_interval=1, moe_norm_min=1e-12,
+                          rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False),
 }
 
 

@@ -123,7 +123,7 @@ def _hparams(cfg: Mapping, fam_name: str | None, garch: str, kv: list, warn: Cal
         rot = int(hd * frac) if _valid("float32", frac) and 0 < frac <= 1 else hd
         kv.append([G.ROPE_DIMENSION_COUNT.at(garch), G.ROPE_DIMENSION_COUNT.type, rot])
     _rope_scaling(c, garch, kv, warn)
-    if fam is not None and (fam.blocks is not None or fam.more_dims is not None):
+    if fam is not None and (fam.blocks is not None or fam.more_dims is not None or fam.record):
         _derived(cfg, fam, garch, kv)
 
 
@@ -148,6 +148,9 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
 
     if fam.more_dims is not None:
         put(G.FEED_FORWARD_LENGTH, G.FEED_FORWARD_LENGTH.type, d["I"])
+    for name, v in archs.record_values(cfg):  # the converter's own arithmetic (archs Family.record)
+        key = G.BY_NAME[name]
+        put(key, key.type, v)
     if fam.blocks is not None and fam.blocks.record == "kv_heads":
         put(G.HEAD_COUNT_KV, G.HEAD_COUNT_KV_PER_LAYER, [d["nkv"] if b == archs.ATTN else 0 for b in blocks])
         if "di" in d:  # Mamba2's d_inner (GraniteHybridModel: mamba_expand x hidden)

@@ -1,0 +1,176 @@
+"""The dense and MoE families of 2025/26 that are variations of families orkpack has (issue 24), end to end against
+llama.cpp's converter and transformers 5.
+
+For each family a tiny random transformers model (seeded; orkpack.synth.TINY's config with the tokenizer's 320
+tokens) is saved and converted by llama.cpp's own ``convert_hf_to_gguf.py --outtype f32`` (tests/test_lfm2.py's
+helpers). Then orkpack's readers of the folder and of the converter's GGUF must give the converter's tensors (names,
+shapes, values; the q/k rows of a family whose converter permutes them as llama's does, ``Forward.gguf_permuted_qk``,
+compared through that permutation), the model record the converter's ``{arch}.*`` keys, the same facts, transformers'
+logits within 1e-4, and packs that build, verify and evaluate alike from both; the published config of each family
+(tests/fixtures/configs) plans with its parameter count.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from orkpack import archs, synth
+from orkpack.sources import model_facts, open_source
+from orkpack.tiers.manifest import manifest_from_config
+
+from test_lfm2 import FIXTURES, TOL, _converter, _read_all, build_verify_eval, record_matches_converter, tiny_model
+
+
+@dataclass(frozen=True)
+class Spec:
+    fam: str  # the HF model_type (synth.TINY key)
+    model_cls: str
+    config_cls: str
+    garch: str  # the converter's GGUF architecture
+    record: tuple[str, ...]  # keys (after "{garch}.") the converter must have written
+    over: dict = field(default_factory=dict)  # changes to TINY's config
+    n_tensors: int = 0  # the converter's tensor count
+
+
+SPECS = [
+    Spec("ernie4_5", "Ernie4_5ForCausalLM", "Ernie4_5Config", "ernie4_5",
+         ("context_length", "embedding_length", "feed_forward_length", "block_count", "attention.head_count",
+          "attention.head_count_kv", "rope.freq_base", "attention.layer_norm_rms_epsilon", "attention.key_length"),
+         n_tensors=1 + 1 + 2 * 9),  # tied: no output.weight
+    Spec("ernie4_5_moe", "Ernie4_5_MoeForCausalLM", "Ernie4_5_MoeConfig", "ernie4_5-moe",
+         ("expert_count", "expert_used_count", "interleave_moe_layer_step", "leading_dense_block_count",
+          "expert_feed_forward_length", "expert_shared_count", "expert_shared_feed_forward_length"),
+         n_tensors=3 + 9 + 2 * 14),  # layer 0 dense; layers 1, 2: router, 3 stacked experts, bias, 3 shared
+]
+IDS = [s.fam for s in SPECS]
+BY_FAM = {s.fam: s for s in SPECS}
+
+
+def _config(spec: Spec) -> dict:
+    cfg = {k: v for k, v in synth.TINY[spec.fam].items() if k not in ("architectures", "model_type", "torch_dtype")}
+    return dict(cfg, vocab_size=320, **spec.over)  # the tokenizer's 3 + 256 + 61 tokens
+
+
+def _redraw(m, g, torch) -> None:
+    """Every parameter redrawn: norm gains away from 1, unit-gain matrices, routing biases spread (they choose the
+    experts, not their weights)."""
+    for name, p in m.named_parameters():
+        if "norm" in name and p.dim() == 1:
+            p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+        elif name.endswith("e_score_correction_bias"):
+            p.copy_(0.1 * torch.randn(p.shape, generator=g))
+        else:
+            p.copy_(torch.randn(p.shape, generator=g) / max(p.shape[-1], 1) ** 0.5)
+
+
+_MODELS: dict[str, tuple] = {}
+
+
+@pytest.fixture
+def model(request, tmp_path_factory):
+    """(HF folder, the converter's GGUF, tokens, transformers' logits) of one family, made once per session."""
+    spec = BY_FAM[request.param]
+    if spec.fam not in _MODELS:
+        _MODELS[spec.fam] = tiny_model(tmp_path_factory.mktemp(spec.fam), spec.model_cls, spec.config_cls,
+                                       _config(spec), _redraw)
+    return (spec, *_MODELS[spec.fam])
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's LlamaModel.permute: q/k rows from halves to pairs within each head."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+@pytest.mark.parametrize("model", IDS, indirect=True)
+def test_tensors_equal_the_converters(model):
+    spec, hf, gg, _, _ = model
+    conv, _ = _converter(gg)
+    fam = archs.FAMILIES[spec.fam]
+    cfg = _config(spec)
+    for what, ours in (("HF folder", _read_all(hf)), ("converter GGUF", _read_all(gg))):
+        assert sorted(ours) == sorted(conv), (what, sorted(set(ours) ^ set(conv)))
+        for name, (ggml_shape, data) in conv.items():
+            shape, a = ours[name]
+            assert shape == data.shape == ggml_shape[::-1], (what, name, shape, data.shape, ggml_shape)
+            if what == "HF folder" and fam.forward.gguf_permuted_qk and name.endswith(("attn_q.weight",
+                                                                                          "attn_k.weight")):
+                a = _permute(a, cfg["num_attention_heads"] if "attn_q" in name else cfg["num_key_value_heads"])
+            assert np.array_equal(a, data), (what, name)
+    assert len(conv) == spec.n_tensors, len(conv)
+
+
+@pytest.mark.parametrize("model", IDS, indirect=True)
+def test_model_record_has_the_converters_keys(model):
+    spec, hf, gg, _, _ = model
+    record_matches_converter(hf, gg, spec.garch, spec.record)
+
+
+@pytest.mark.parametrize("model", IDS, indirect=True)
+def test_facts_from_the_folder_and_the_converters_gguf_agree(model):
+    spec, hf, gg, _, _ = model
+    a, b = model_facts(open_source(hf)), model_facts(open_source(gg))
+    assert a == b
+    assert a["arch"] == spec.fam
+
+
+@pytest.mark.parametrize("model", IDS, indirect=True)
+def test_logits_match_transformers_from_folder_and_converter_gguf(model):
+    from orkpack.model import logits
+
+    spec, hf, gg, ids, ref = model
+    for path in (hf, gg):
+        ours = logits(path, ids)
+        err = float(np.abs(ours - ref).max())
+        assert err <= TOL * float(np.abs(ref).max()), (spec.fam, path.name, err, float(np.abs(ref).max()))
+
+
+@pytest.mark.parametrize("model", IDS, indirect=True)
+def test_build_verify_eval(model, tmp_path):
+    spec, hf, gg, _, _ = model
+    build_verify_eval(hf, gg, tmp_path / "t.orkpack")
+
+
+# ------------------------------------------------------------------------------------------------------- planning
+
+def _published(name: str) -> dict:
+    return json.loads((FIXTURES / f"{name}.json").read_text())
+
+
+def test_plan_of_the_published_ernie_configs():
+    m = manifest_from_config(_published("ernie4_5"))
+    f = m.facts
+    assert (f["n_layers"], f["hidden"], f["heads"], f["kv_heads"], f["head_dim"], f["tie_word_embeddings"]) == (
+        18, 1024, 16, 2, 128, True)
+    assert m.kv_bytes(4096) == 18 * 4096 * 2 * 2 * 128 * 2  # layers x ctx x (K + V) x 2 KV heads x 128 x f16
+    m = manifest_from_config(_published("ernie4_5_moe"))
+    f = m.facts
+    assert (f["n_experts"], f["n_experts_used"], f["moe_intermediate"]) == (64, 6, 1536)
+    names = {t.name: t.shape for t in m.tensors}
+    # layer 0 dense; 1..27 MoE with 2 shared experts as one MLP of 3072 and the routing bias
+    assert names["blk.0.ffn_gate.weight"] == (12288, 2560) and "blk.0.ffn_gate_inp.weight" not in names
+    assert names["blk.27.ffn_gate_exps.weight"] == (64, 1536, 2560)
+    assert names["blk.1.ffn_up_shexp.weight"] == (3072, 2560) and names["blk.1.exp_probs_b.bias"] == (1, 64)
+    experts = [i for i in m.items if i.role == "expert"]
+    assert len({i.tensor.split(".")[1] for i in experts}) == 27
+    # the routing bias and the router stay float
+    assert {"blk.1.exp_probs_b.bias", "blk.1.ffn_gate_inp.weight"} <= {t.name for t in m.floats}
+
+
+def test_ernie_moe_layer_range_and_mtp_layers_left_out():
+    cfg = dict(synth.TINY["ernie4_5_moe"], num_hidden_layers=4, moe_layer_start_index=1, moe_layer_end_index=2,
+               moe_layer_interval=1)
+    names = {t.name for t in manifest_from_config(cfg).tensors}
+    assert [i for i in range(4) if f"blk.{i}.ffn_gate_exps.weight" in names] == [1, 2]
+    cfg["moe_layer_end_index"], cfg["moe_layer_interval"] = -1, 2  # -1: to the last layer; every 2nd from 1
+    names = {t.name for t in manifest_from_config(cfg).tensors}
+    assert [i for i in range(4) if f"blk.{i}.ffn_gate_exps.weight" in names] == [1, 3]
+    # the release's MTP layers are left out by name, as the converter's filter_tensors leaves them out
+    skip = [rx for rx, _ in archs.FAMILIES["ernie4_5_moe"].skip]
+    for name in ("model.mtp_block.0.mlp.gate.weight", "model.mtp_emb_norm.0.weight", "model.mtp_hidden_norm.0.weight",
+                 "model.mtp_linear_proj.0.weight"):
+        assert any(re.match(rx, name) for rx in skip), name
+    assert not any(re.match(rx, "model.layers.1.mlp.gate.weight") for rx in skip)
