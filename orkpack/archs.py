@@ -164,6 +164,7 @@ class Forward:
     norm: str = "rms"  # rms | layer (LayerNorm; adds the stored bias when there is one)
     norm_offset: float = 0.0  # gemma: the gain is (offset + w); llama.cpp's converter stores w + offset
     block: str = "pre"  # pre: x + f(norm(x)) | sandwich: x + post_norm(f(norm(x))) (gemma2/3, glm4)
+    # | post: x + post_norm(f(x)), no norm before (olmo2/3: post_attention_norm, post_ffw_norm)
     act: str = "silu"  # silu | gelu_tanh | gelu (exact): the activation when the config names none
     # | swiglu_oai (gpt-oss: gate clamped <= limit, up to +-limit, gate * sigmoid(alpha * gate) * (up + 1))
     act_key: str = "hidden_act"  # the config key naming it (gemma: hidden_activation; its hidden_act is ignored)
@@ -181,6 +182,8 @@ class Forward:
     qk_norm: str = ""  # "" | head (RMS over head_dim, one gain for every head) | full (RMS over all heads)
     window: str = "facts"  # facts: the layers archs lists (swa_layers) | config: sliding_window on every layer
     swa_rope_base: float = 0.0  # gemma3: sliding layers use their own RoPE base (this default), never scaled
+    swa_rope_unscaled: bool = False  # olmo3: sliding layers use their own RoPE (rope_parameters' sliding_attention;
+    # a GGUF's rope.freq_base_swa), by default the full layers' base, never scaled (llama.cpp's olmo2 with SWA)
     embed_scale: str = ""  # "" | sqrt_hidden (gemma) | a config key (granite embedding_multiplier, minicpm scale_emb)
     residual_scale: str = ""  # "" | a config key (granite residual_multiplier) | depth (scale_depth / sqrt(L))
     attn_scale: str = ""  # "" (head_dim^-0.5) | a config key (granite attention_multiplier) | qpas (gemma2/3)
@@ -292,6 +295,8 @@ class Family:
     split: tuple[Split, ...] = ()  # checkpoint tensors the converter cuts into several (or renames): :class:`Split`
     reshape: tuple[tuple[str, tuple], ...] = ()  # (canonical glob, shape over dims): the converter's reshape of the
     # same elements (Mamba2's A and D (H,) -> (H, 1); its grouped norm (D,) -> (G, D / G))
+    record_swa: bool = False  # the converter writes attention.sliding_window_pattern, one bool per layer (true:
+    # sliding), whenever the config has sliding_window (Olmo2Model)
     record: tuple[tuple[str, str, str], ...] = ()  # (GGUF key after "{arch}.", expression over the dims, model
     # flags that must hold): a value the converter writes from its own arithmetic (modelkv; :func:`record_values`)
     skip: tuple[tuple[str, str], ...] = ()  # (regex on the HF name, why): tensors a build leaves out, by name
@@ -620,7 +625,22 @@ _F += [
         flags=lambda cfg, d: {**_USE_BIAS(cfg, d), "shared": d["n_shared"] > 0}, more_dims=_ernie_moe_dims,
         classes=("Ernie4_5_MoeForCausalLM",), skip=_ERNIE_MTP_SKIP, record=(("expert_shared_feed_forward_length", "Is_conv", "shared"),),
         forward=Forward(rope="interleaved", router_norm="always", router_norm_gguf="always")),
+    # OLMo 2: post-norm layers (each block's output normed, nothing before it), q and k RMS-normed over all heads
+    # at once; the converter keeps q/k as stored (NeoX RoPE). Smoothing: only down's (no norm feeds q/k/v or gate/up
+    # unchanged by the residual)
+    Family("olmo2", "OLMO2", (
+        t(P + "post_attention_layernorm.weight", "H"), t(P + "post_feedforward_layernorm.weight", "H"),
+    ) + _QKVO + _QKV_BIAS + _O_BIAS + (
+        t(P + "self_attn.q_norm.weight", "nh*hd"), t(P + "self_attn.k_norm.weight", "nkv*hd"),
+    ) + _MLP, _llama_top(), swa="pattern", flags=_qkv_bias_flag, defaults={"tie_word_embeddings": False},
+        classes=("Olmo2ForCausalLM",), record_swa=True,
+        forward=Forward(block="post", qk_norm="full", smooth=(SMOOTH_DOWN,))),
 ]
+# OLMo 3: OLMo 2 with sliding-window layers (layer_types; Olmo3Config's default: every 4th layer full, the others
+# sliding, window 4096); the converter writes it as olmo2 with the window and its per-layer pattern
+_F.append(replace(_F[-1], name="olmo3", classes=("Olmo3ForCausalLM",),
+                  defaults={"tie_word_embeddings": False, "sliding_window": 4096, "sliding_window_pattern": 4},
+                  forward=replace(_F[-1].forward, swa_rope_unscaled=True)))
 
 # ------------------------------------------------------------------------------------------------ hybrids
 

@@ -84,8 +84,14 @@ ATTN_SOFTCAP = Key("attn_logit_softcapping", "float32", family=_fam((("gemma2",)
 FINAL_SOFTCAP = Key("final_logit_softcapping", "float32", family=_fam((("gemma2",), ("final_logit_softcapping",))),
                     default=0.0)
 SLIDING_WINDOW = Key("attention.sliding_window", "uint32",
-                     family=_fam((("gemma2",) + _GEMMA3 + ("gpt_oss",), ("sliding_window",))), default=0)
-ROPE_FREQ_BASE_SWA = Key("rope.freq_base_swa", "float32", family=_fam((_GEMMA3, ("rope_local_base_freq",))))
+                     family=_fam((("gemma2",) + _GEMMA3 + ("gpt_oss", "olmo2", "olmo3"), ("sliding_window",))),
+                     default=0)
+# one bool per layer, true for a sliding one (Olmo2Model; modelkv from archs' swa layers: Family.record_swa)
+SLIDING_WINDOW_PATTERN = Key("attention.sliding_window_pattern", "array[bool]")
+# olmo3 (TextModel): transformers 5's nested rope_parameters.sliding_attention (a dotted key: modelkv follows it)
+ROPE_FREQ_BASE_SWA = Key("rope.freq_base_swa", "float32", family=_fam(
+    (_GEMMA3, ("rope_local_base_freq",)),
+    (("olmo2", "olmo3"), ("rope_parameters.sliding_attention.rope_theta", "rope_local_base_freq"))))
 EMBEDDING_SCALE = Key("embedding_scale", "float32",
                       family=_fam((_GRANITE, ("embedding_multiplier",)), (("minicpm",), ("scale_emb",))), default=1.0)
 RESIDUAL_SCALE = Key("residual_scale", "float32", family=_fam((_GRANITE, ("residual_multiplier",))), default=1.0)

@@ -185,6 +185,11 @@ TINY: dict[str, dict] = {
                           moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1,
                           moe_layer_start_index=1, moe_layer_end_index=2, moe_layer_interval=1, moe_norm_min=1e-12,
                           rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False),
+    "olmo2": _tiny("olmo2", "Olmo2ForCausalLM", attention_bias=False, rms_norm_eps=1e-6, rope_theta=500000.0,
+                   tie_word_embeddings=False),
+    # a sliding layer (window 16: shorter than the tests' 40 tokens) and a full one
+    "olmo3": _tiny("olmo3", "Olmo3ForCausalLM", attention_bias=False, rms_norm_eps=1e-6, rope_theta=500000.0,
+                   sliding_window=16, layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=False),
 }
 
 

@@ -303,13 +303,14 @@ _MIXERS: dict[str, Callable[[int, np.ndarray, Hparams, Weights], np.ndarray]] = 
 
 def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     p = f"blk.{i}."
-    sandwich = hp.fwd.block == "sandwich"
-    a = _MIXERS[hp.blocks[i] if hp.blocks else "attn"](i, _norm(x, w, p + "attn_norm", hp), hp, w)
-    if sandwich:
+    after = hp.fwd.block in ("sandwich", "post")  # the block's output normed
+    before = hp.fwd.block != "post"  # its input normed
+    a = _MIXERS[hp.blocks[i] if hp.blocks else "attn"](i, _norm(x, w, p + "attn_norm", hp) if before else x, hp, w)
+    if after:
         a = _norm(a, w, p + "post_attention_norm", hp)
     x = x + a * np.float32(hp.residual_scale)
-    m = _ffn(i, _norm(x, w, p + hp.fwd.ffn_norm, hp), hp, w)
-    if sandwich:
+    m = _ffn(i, _norm(x, w, p + hp.fwd.ffn_norm, hp) if before else x, hp, w)
+    if after:
         m = _norm(m, w, p + "post_ffw_norm", hp)
     return x + m * np.float32(hp.residual_scale)
 

@@ -232,9 +232,9 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
     rot = d["rope"] if mla else int(hd * _num(prf, "partial_rotary_factor", where))
     rope = _rope_from(params, rot, max_pos, style, where)
     rope_swa = None
-    if f.swa_rope_base:
+    if f.swa_rope_base or f.swa_rope_unscaled:
         p2 = _hf_rope_params(tc, "sliding_attention")
-        p2.setdefault("rope_theta", f.swa_rope_base)
+        p2.setdefault("rope_theta", f.swa_rope_base or params["rope_theta"])
         rope_swa = _rope_from(p2, rot, max_pos, style, where)
     rope_layers = set(range(L))
     if f.rope_layers == "no_rope_layers":  # 1 = RoPE; transformers' default: every no_rope_layer_interval-th has none
@@ -353,8 +353,9 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
                               "ones; the file is damaged")
         rope.inv_freq = (rope.inv_freq / fr).astype(np.float32)
     rope_swa = None
-    if f.swa_rope_base:
-        rope_swa = _rope_from({"rope_theta": get(G.ROPE_FREQ_BASE_SWA, f.swa_rope_base)}, rot, max_pos, style, where)
+    if f.swa_rope_base or f.swa_rope_unscaled:
+        rope_swa = _rope_from({"rope_theta": get(G.ROPE_FREQ_BASE_SWA, f.swa_rope_base or params["rope_theta"])}, rot,
+                              max_pos, style, where)
     rope_layers = set(range(L))
     if f.rope_layers == "no_rope_layers":
         nrl = get(G.NO_ROPE_LAYERS)  # not a llama.cpp key: llama.cpp's smollm3 skips RoPE on every 4th layer

@@ -64,8 +64,11 @@ _TOKEN_TYPES = {"NORMAL": 1, "UNKNOWN": 2, "CONTROL": 3, "USER_DEFINED": 4, "UNU
 
 
 def _first(cfg: Mapping, keys: Iterable[str]) -> Any:
+    """The first key present (not None); a dotted key is a path into nested objects (rope_parameters.x.y)."""
     for k in keys:
-        v = cfg.get(k)
+        v: Any = cfg
+        for part in k.split("."):
+            v = v.get(part) if isinstance(v, Mapping) else None
         if v is not None:
             return v
     return None
@@ -123,7 +126,7 @@ def _hparams(cfg: Mapping, fam_name: str | None, garch: str, kv: list, warn: Cal
         rot = int(hd * frac) if _valid("float32", frac) and 0 < frac <= 1 else hd
         kv.append([G.ROPE_DIMENSION_COUNT.at(garch), G.ROPE_DIMENSION_COUNT.type, rot])
     _rope_scaling(c, garch, kv, warn)
-    if fam is not None and (fam.blocks is not None or fam.more_dims is not None or fam.record):
+    if fam is not None and (fam.blocks is not None or fam.more_dims is not None or fam.record or fam.record_swa):
         _derived(cfg, fam, garch, kv)
 
 
@@ -148,6 +151,10 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
 
     if fam.more_dims is not None:
         put(G.FEED_FORWARD_LENGTH, G.FEED_FORWARD_LENGTH.type, d["I"])
+    tc0 = cfg.get("text_config") if fam.text_config and isinstance(cfg.get("text_config"), Mapping) else cfg
+    if fam.record_swa and "sliding_window" in tc0:  # Olmo2Model: the window's layers, one bool per layer
+        swa = set(archs.facts_from_config(cfg)["swa_layers"])
+        put(G.SLIDING_WINDOW_PATTERN, G.SLIDING_WINDOW_PATTERN.type, [i in swa for i in range(d["L"])])
     for name, v in archs.record_values(cfg):  # the converter's own arithmetic (archs Family.record)
         key = G.BY_NAME[name]
         put(key, key.type, v)
