@@ -176,6 +176,7 @@ class Forward:
     rope: str = "neox"  # neox (rotate the halves of each head) | interleaved (rotate pairs (2i, 2i+1))
     rope_ratio: bool = False  # chatglm: the RoPE base is 10000 x the config's rope_ratio (default 1)
     rope_layers: str = "all"  # all | no_rope_layers (smollm3: the config's per-layer list, 1 = RoPE)
+    # | swa (exaone4: RoPE on the sliding-window layers only when there are any, the full ones NoPE; else every layer)
     rope_switch: str = ""  # a config key whose value "rope" turns RoPE on, anything else (None, "nope") off
     # (granitemoehybrid: position_embedding_type); from a GGUF rope.scaling.finetuned (llama.cpp's granite-hybrid
     # switch, default true)
@@ -641,6 +642,16 @@ _F += [
 _F.append(replace(_F[-1], name="olmo3", classes=("Olmo3ForCausalLM",),
                   defaults={"tie_word_embeddings": False, "sliding_window": 4096, "sliding_window_pattern": 4},
                   forward=replace(_F[-1].forward, swa_rope_unscaled=True)))
+_F.append(
+    # EXAONE 4.0: OLMo 2's post-norm layers with q/k RMS-normed per head; sliding-window layers (layer_types, or
+    # sliding_window_pattern: every n-th full, or a string such as "LLLG"), and then RoPE on those only (the full
+    # layers NoPE); no window (sliding_window null): RoPE everywhere
+    replace(_F[-2], name="exaone4", gguf="EXAONE4", layer=(
+        t(P + "post_attention_layernorm.weight", "H"), t(P + "post_feedforward_layernorm.weight", "H"),
+    ) + _QKVO + _QK_NORM + _MLP, classes=("Exaone4ForCausalLM",), flags=None,
+        defaults={"tie_word_embeddings": False, "sliding_window_pattern": 4},
+        forward=Forward(block="post", qk_norm="head", rope_layers="swa", smooth=(SMOOTH_DOWN,))),
+)
 
 # ------------------------------------------------------------------------------------------------ hybrids
 
@@ -1143,7 +1154,9 @@ def _dims(cfg: Mapping, fam: Family, where: str) -> dict:
     d["sparse_step"] = get("sparse_step", 1) or 1
     d["n_nextn"] = get("n_nextn", 0) if fam.name == "deepseek_v3" else 0
     d["window"] = get("sliding_window", 0) if fam.swa else 0
-    d["swa_pattern"] = get("swa_pattern", 0) if fam.swa == "pattern" else 0
+    pat = _lookup(tc, fam, "swa_pattern")[1] if fam.swa == "pattern" else None
+    # a string pattern ("LLLG": L sliding, G full, repeated; exaone4) is read by _swa_layers
+    d["swa_pattern"] = 0 if pat is None or isinstance(pat, str) else get("swa_pattern", 0)
     if fam.attention == "mla" and not (d["kvlr"] and d["rope"] and d["nope"] + d["rope"] and d["vhd"]):
         raise SourceError(f"{where}: an MLA model needs kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim and "
                           "v_head_dim; fix the config")
@@ -1346,6 +1359,12 @@ def _swa_layers(fam: Family, d: dict, cfg: Mapping, where: str) -> list[int]:
         return [i for i, x in enumerate(lt) if x == "sliding_attention"]
     if fam.swa == "layer_types":  # gpt-oss without layer_types: alternating, sliding first
         return [i for i in range(L) if i % 2 == 0]
+    pat = _lookup(_text_config(cfg, fam, where), fam, "swa_pattern")[1]
+    if isinstance(pat, str):
+        if not pat or set(pat) - {"L", "G"}:
+            raise SourceError(f"{where}: 'sliding_window_pattern' = {escape_name(repr(pat), 40)} is neither a number "
+                              "nor a string of L (sliding) and G (full); fix the config")
+        return [i for i in range(L) if pat[i % len(pat)] == "L"]
     p = d["swa_pattern"]
     return [i for i in range(L) if p and (i + 1) % p != 0]
 

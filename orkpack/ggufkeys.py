@@ -84,7 +84,7 @@ ATTN_SOFTCAP = Key("attn_logit_softcapping", "float32", family=_fam((("gemma2",)
 FINAL_SOFTCAP = Key("final_logit_softcapping", "float32", family=_fam((("gemma2",), ("final_logit_softcapping",))),
                     default=0.0)
 SLIDING_WINDOW = Key("attention.sliding_window", "uint32",
-                     family=_fam((("gemma2",) + _GEMMA3 + ("gpt_oss", "olmo2", "olmo3"), ("sliding_window",))),
+                     family=_fam((("gemma2",) + _GEMMA3 + ("gpt_oss", "olmo2", "olmo3", "exaone4"), ("sliding_window",))),
                      default=0)
 # one bool per layer, true for a sliding one (Olmo2Model; modelkv from archs' swa layers: Family.record_swa)
 SLIDING_WINDOW_PATTERN = Key("attention.sliding_window_pattern", "array[bool]")

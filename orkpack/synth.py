@@ -190,6 +190,10 @@ TINY: dict[str, dict] = {
     # a sliding layer (window 16: shorter than the tests' 40 tokens) and a full one
     "olmo3": _tiny("olmo3", "Olmo3ForCausalLM", attention_bias=False, rms_norm_eps=1e-6, rope_theta=500000.0,
                    sliding_window=16, layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=False),
+    # a sliding layer with RoPE (window 16) and a full NoPE one; tied
+    "exaone4": _tiny("exaone4", "Exaone4ForCausalLM", rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=16,
+                     sliding_window_pattern=2, layer_types=["sliding_attention", "full_attention"],
+                     tie_word_embeddings=True),
 }
 
 

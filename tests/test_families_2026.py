@@ -50,7 +50,10 @@ SPECS = [
          n_tensors=3 + 2 * 11),  # per layer: 2 post norms, q k v o, q/k norms (all heads), gate up down
     Spec("olmo3", "Olmo3ForCausalLM", "Olmo3Config", "olmo2",
          ("attention.sliding_window", "attention.sliding_window_pattern", "attention.layer_norm_rms_epsilon"),
-         n_tensors=3 + 2 * 11),  # layer 0 dense; layers 1, 2: router, 3 stacked experts, bias, 3 shared
+         n_tensors=3 + 2 * 11),
+    Spec("exaone4", "Exaone4ForCausalLM", "Exaone4Config", "exaone4",
+         ("attention.sliding_window", "attention.sliding_window_pattern", "vocab_size", "attention.key_length"),
+         n_tensors=2 + 2 * 11),  # tied  # layer 0 dense; layers 1, 2: router, 3 stacked experts, bias, 3 shared
 ]
 IDS = [s.fam for s in SPECS]
 BY_FAM = {s.fam: s for s in SPECS}
@@ -217,3 +220,32 @@ def test_olmo3_default_layer_pattern_and_record():
     kv = []
     _hparams(synth.TINY["olmo2"], "olmo2", "olmo2", kv, lambda s: None)
     assert not any("sliding_window" in e[0] for e in kv)
+
+
+def test_plan_of_the_published_exaone4_config():
+    m = manifest_from_config(_published("exaone4"))
+    f = m.facts
+    full = list(range(3, 64, 4))
+    assert f["swa_window"] == 4096 and f["swa_layers"] == [i for i in range(64) if i not in full]
+    kv = 2 * 8 * 128 * 2
+    assert m.kv_bytes(32768) == 16 * 32768 * kv + 48 * 4096 * kv
+    names = {t.name for t in m.tensors}
+    assert {"blk.0.post_attention_norm.weight", "blk.0.post_ffw_norm.weight", "blk.0.attn_q_norm.weight"} <= names
+    assert "blk.0.attn_norm.weight" not in names
+
+
+@pytest.mark.parametrize("pattern, layer_types, sliding", [
+    ("LLLG", None, [0, 1, 2, 4, 5, 6]), (4, None, [0, 1, 2, 4, 5, 6]), ("LG", None, [0, 2, 4, 6]),
+    (4, ["full_attention"] * 8, []),
+])
+def test_exaone4_layer_pattern_spellings_and_nope_full_layers(pattern, layer_types, sliding):
+    from orkpack.model.hparams import from_config as hparams_from_config
+
+    cfg = dict(synth.TINY["exaone4"], num_hidden_layers=8, sliding_window_pattern=pattern)
+    cfg.pop("layer_types")
+    if layer_types:
+        cfg["layer_types"] = layer_types
+    assert manifest_from_config(cfg).facts["swa_layers"] == sliding
+    hp = hparams_from_config(cfg)
+    # RoPE on the sliding layers only; with none of them, on every layer
+    assert hp.rope_layers == (set(sliding) or set(range(8)))

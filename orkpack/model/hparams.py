@@ -249,6 +249,8 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
         swa_window, swa_layers = window, set(range(L)) if window else set()
     else:
         swa_window, swa_layers = facts["swa_window"], set(facts["swa_layers"])
+    if f.rope_layers == "swa" and swa_layers:  # exaone4: the full layers are NoPE when there are sliding ones
+        rope_layers = set(swa_layers)
 
     def scale(spec: str, default: float) -> float:
         if not spec:
@@ -368,6 +370,8 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
         swa_window, swa_layers = window, set(range(L)) if window else set()
     else:
         swa_window, swa_layers = facts["swa_window"], set(facts["swa_layers"])
+    if f.rope_layers == "swa" and swa_layers:  # exaone4: the full layers are NoPE when there are sliding ones
+        rope_layers = set(swa_layers)
 
     def scale(spec: str, which: str, default: float) -> float:
         return float(get(_GGUF_SCALE[which], default)) if spec else default

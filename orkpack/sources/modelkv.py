@@ -152,7 +152,7 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
     if fam.more_dims is not None:
         put(G.FEED_FORWARD_LENGTH, G.FEED_FORWARD_LENGTH.type, d["I"])
     tc0 = cfg.get("text_config") if fam.text_config and isinstance(cfg.get("text_config"), Mapping) else cfg
-    if fam.record_swa and "sliding_window" in tc0:  # Olmo2Model: the window's layers, one bool per layer
+    if fam.record_swa and tc0.get("sliding_window") is not None:  # Olmo2Model: the window's layers, one bool per layer
         swa = set(archs.facts_from_config(cfg)["swa_layers"])
         put(G.SLIDING_WINDOW_PATTERN, G.SLIDING_WINDOW_PATTERN.type, [i in swa for i in range(d["L"])])
     for name, v in archs.record_values(cfg):  # the converter's own arithmetic (archs Family.record)
