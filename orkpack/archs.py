@@ -300,6 +300,8 @@ class Family:
     # sliding), whenever the config has sliding_window (Olmo2Model)
     record: tuple[tuple[str, str, str], ...] = ()  # (GGUF key after "{arch}.", expression over the dims, model
     # flags that must hold): a value the converter writes from its own arithmetic (modelkv; :func:`record_values`)
+    nextn: bool = False  # the releases hold num_nextn_predict_layers multi-token-prediction layers after the decoder
+    # layers (model.layers.{L + j}; templates ``when="nextn"``): DeepSeek-V3, GLM-4.5
     skip: tuple[tuple[str, str], ...] = ()  # (regex on the HF name, why): tensors a build leaves out, by name
     # (a multimodal release's vision tower, which llama.cpp's converter writes to a separate mmproj GGUF)
 
@@ -530,7 +532,7 @@ _F = [
            defaults={"tie_word_embeddings": False},
            forward=Forward(rope="interleaved", router_groups="max", router_scale=True)),
     Family("deepseek_v3", "DEEPSEEK2", _NORMS + _MLA + _MLP + _DEEPSEEK_MOE + _NEXTN, _llama_top(), attention="mla",
-           moe="deepseek", flags=_deepseek_flags("noaux_tc"),
+           moe="deepseek", flags=_deepseek_flags("noaux_tc"), nextn=True,
            renames=((r"^model\.layers\.(\d+)\.(embed_tokens|enorm|hnorm|eh_proj)\.", r"blk.\1.nextn.\2."),
                     (r"^model\.layers\.(\d+)\.shared_head\.norm\.", r"blk.\1.nextn.shared_head_norm."),
                     (r"^model\.layers\.(\d+)\.shared_head\.head\.", r"blk.\1.nextn.shared_head_head."),
@@ -651,6 +653,30 @@ _F.append(
     ) + _QKVO + _QK_NORM + _MLP, classes=("Exaone4ForCausalLM",), flags=None,
         defaults={"tie_word_embeddings": False, "sliding_window_pattern": 4},
         forward=Forward(block="post", qk_norm="head", rope_layers="swa", smooth=(SMOOTH_DOWN,))),
+)
+_F.append(
+    # GLM-4.5 / 4.5-Air (Glm4MoeForCausalLM): GQA with q/k/v biases (attention_bias), q/k RMS-normed per head when
+    # use_qk_norm, partial NeoX RoPE (partial_rotary_factor 0.5); DeepSeek-V3's MoE after the first
+    # first_k_dense_replace layers: a sigmoid router with the e_score_correction_bias (GGUF exp_probs_b) choosing
+    # top-k (in groups when n_group > 1), the chosen scores normalised (norm_topk_prob) and scaled
+    # (routed_scaling_factor), plus n_shared_experts shared experts as one MLP; the releases' multi-token-prediction
+    # layers (num_nextn_predict_layers, model.layers.{L + j}: a decoder layer plus DeepSeek-V3's extra tensors), which
+    # llama.cpp's converter writes as extra blocks
+    Family("glm4_moe", "GLM4_MOE", _NORMS + _QKVO + _QKV_BIAS + (
+        t(P + "self_attn.q_norm.weight", "hd", when="qk_norm"), t(P + "self_attn.k_norm.weight", "hd", when="qk_norm"),
+    ) + _MLP + _DEEPSEEK_MOE + _NEXTN, _llama_top(), moe="deepseek", nextn=True,
+        renames=_F[[f.name for f in _F].index("deepseek_v3")].renames,
+        flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("attention_bias")), "qk_norm": bool(cfg.get("use_qk_norm")),
+                              "shared": d["n_shared"] > 0, "noaux": True},
+        defaults={"tie_word_embeddings": False, "partial_rotary_factor": 0.5, "norm_topk_prob": True,
+                  "n_routed_experts": 128, "num_experts_per_tok": 8, "n_shared_experts": 1,
+                  "moe_intermediate_size": 1408, "first_k_dense_replace": 1},
+        classes=("Glm4MoeForCausalLM",),
+        # the converter names the pre-FFN norm post_attention_norm (GLM4_MOE's tensor table)
+        forward=Forward(qk_norm="head", router="sigmoid", router_groups="top2sum", router_scale=True,
+                        ffn_norm="post_attention_norm",
+                        smooth=(SMOOTH_ATTN, replace(SMOOTH_FFN, norm="post_attention_norm"), SMOOTH_DOWN),
+                        refuse=(("use_sliding_window", "sliding-window layers (use_sliding_window)"),))),
 )
 
 # ------------------------------------------------------------------------------------------------ hybrids
@@ -1152,7 +1178,7 @@ def _dims(cfg: Mapping, fam: Family, where: str) -> dict:
     d["first_dense"] = get("first_dense", 0)
     d["moe_freq"] = get("moe_freq", 1) or 1
     d["sparse_step"] = get("sparse_step", 1) or 1
-    d["n_nextn"] = get("n_nextn", 0) if fam.name == "deepseek_v3" else 0
+    d["n_nextn"] = get("n_nextn", 0) if fam.nextn else 0
     d["window"] = get("sliding_window", 0) if fam.swa else 0
     pat = _lookup(tc, fam, "swa_pattern")[1] if fam.swa == "pattern" else None
     # a string pattern ("LLLG": L sliding, G full, repeated; exaone4) is read by _swa_layers

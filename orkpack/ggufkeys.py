@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3")
+_GLM4_MOE = ("glm4_moe",)
 _GRANITE = ("granite", "granitemoe", "granitemoehybrid")
 _GEMMA3 = ("gemma3_text", "gemma3")
 _ERNIE_MOE = ("ernie4_5_moe",)
@@ -98,7 +99,7 @@ RESIDUAL_SCALE = Key("residual_scale", "float32", family=_fam((_GRANITE, ("resid
 ATTENTION_SCALE = Key("attention.scale", "float32", family=_fam((_GRANITE, ("attention_multiplier",))))  # 1/sqrt(hd)
 LOGIT_SCALE = Key("logit_scale", "float32", family=_fam((_GRANITE, ("logits_scaling",))), default=1.0)
 LEADING_DENSE_BLOCK_COUNT = Key("leading_dense_block_count", "uint32",
-                                family=_fam((_DEEPSEEK, ("first_k_dense_replace",)),
+                                family=_fam((_DEEPSEEK + _GLM4_MOE, ("first_k_dense_replace",)),
                                            (("lfm2_moe",), ("num_dense_layers",)),
                                            (_ERNIE_MOE, ("moe_layer_start_index",))))
 INTERLEAVE_MOE_LAYER_STEP = Key("interleave_moe_layer_step", "uint32",
@@ -106,21 +107,23 @@ INTERLEAVE_MOE_LAYER_STEP = Key("interleave_moe_layer_step", "uint32",
 Q_LORA_RANK = Key("attention.q_lora_rank", "uint32", family=_fam((_DEEPSEEK, ("q_lora_rank",))), default=0)
 KV_LORA_RANK = Key("attention.kv_lora_rank", "uint32", family=_fam((_DEEPSEEK, ("kv_lora_rank",))), default=0)
 EXPERT_FEED_FORWARD_LENGTH = Key("expert_feed_forward_length", "uint32", family=_fam(
-    (("qwen2_moe", "qwen3_moe", "lfm2_moe", "qwen3_5_moe_text", "qwen3_5_moe") + _DEEPSEEK + _ERNIE_MOE,
+    (("qwen2_moe", "qwen3_moe", "lfm2_moe", "qwen3_5_moe_text", "qwen3_5_moe") + _DEEPSEEK + _ERNIE_MOE + _GLM4_MOE,
      ("moe_intermediate_size",)),
     (("granitemoe", "gpt_oss"), ("intermediate_size",))))
 EXPERT_SHARED_FEED_FORWARD_LENGTH = Key("expert_shared_feed_forward_length", "uint32",
                                         family=_fam((("qwen2_moe", "qwen3_5_moe_text", "qwen3_5_moe"),
                                                      ("shared_expert_intermediate_size",)),
                                                     (("granitemoehybrid",), ("shared_intermediate_size",))))
-EXPERT_SHARED_COUNT = Key("expert_shared_count", "uint32", family=_fam((_DEEPSEEK, ("n_shared_experts",)),
+EXPERT_SHARED_COUNT = Key("expert_shared_count", "uint32", family=_fam((_DEEPSEEK + _GLM4_MOE, ("n_shared_experts",)),
                                                                       (_ERNIE_MOE, ("moe_num_shared_experts",))))
-EXPERT_WEIGHTS_SCALE = Key("expert_weights_scale", "float32", family=_fam((_DEEPSEEK, ("routed_scaling_factor",))),
+EXPERT_WEIGHTS_SCALE = Key("expert_weights_scale", "float32",
+                           family=_fam((_DEEPSEEK + _GLM4_MOE, ("routed_scaling_factor",))),
                            default=1.0)
-EXPERT_WEIGHTS_NORM = Key("expert_weights_norm", "bool", family=_fam((_DEEPSEEK, ("norm_topk_prob",))), default=False)
+EXPERT_WEIGHTS_NORM = Key("expert_weights_norm", "bool", family=_fam((_DEEPSEEK + _GLM4_MOE, ("norm_topk_prob",))),
+                          default=False)
 SHORTCONV_L_CACHE = Key("shortconv.l_cache", "uint32", family=_fam((("lfm2", "lfm2_moe"), ("conv_L_cache",))))
 NEXTN_PREDICT_LAYERS = Key("nextn_predict_layers", "uint32",
-                           family=_fam((("deepseek_v3",), ("num_nextn_predict_layers",))))
+                           family=_fam((("deepseek_v3",) + _GLM4_MOE, ("num_nextn_predict_layers",))))
 # Gated DeltaNet (Qwen3NextModel.set_gguf_parameters): in llama.cpp's SSM terms
 _DELTANET = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
 # Mamba2 (GraniteHybridModel.set_gguf_parameters: conv kernel, state size, groups, heads as the time-step rank;
@@ -170,8 +173,10 @@ ROPE_SCALING_FINETUNED = Key("rope.scaling.finetuned", "bool", default=True)
 
 # ---------------------------------------------------------------------------- read or written from the numbers only
 EXPERT_GATING_FUNC = Key("expert_gating_func", "uint32")  # 1 softmax, 2 sigmoid
-EXPERT_GROUP_COUNT = Key("expert_group_count", "uint32", default=1)
-EXPERT_GROUP_USED_COUNT = Key("expert_group_used_count", "uint32", default=1)
+# (TextModel writes both from n_group / topk_group for every family; the record has them for glm4_moe so far)
+EXPERT_GROUP_COUNT = Key("expert_group_count", "uint32", family=_fam((_GLM4_MOE, ("n_group",))), default=1)
+EXPERT_GROUP_USED_COUNT = Key("expert_group_used_count", "uint32", family=_fam((_GLM4_MOE, ("topk_group",))),
+                              default=1)
 NO_ROPE_LAYERS = Key("no_rope_layers", "array[int32]", llama_cpp=False)  # 1 = RoPE (llama.cpp: every 4th has none)
 CLAMP_KQV = Key("attention.clamp_kqv", "float32")
 KEY_LENGTH_MLA = Key("attention.key_length_mla", "uint32")

@@ -194,6 +194,13 @@ TINY: dict[str, dict] = {
     "exaone4": _tiny("exaone4", "Exaone4ForCausalLM", rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=16,
                      sliding_window_pattern=2, layer_types=["sliding_attention", "full_attention"],
                      tie_word_embeddings=True),
+    # layer 0 dense, 1-2 MoE (4 experts, top 2, a sigmoid router with the correction bias, one shared expert, scaled
+    # 2.5), q/k/v biases and q/k norms, half the head rotated
+    "glm4_moe": _tiny("glm4_moe", "Glm4MoeForCausalLM", num_hidden_layers=3, attention_bias=True, use_qk_norm=True,
+                      partial_rotary_factor=0.5, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                      moe_intermediate_size=32, first_k_dense_replace=1, norm_topk_prob=True,
+                      routed_scaling_factor=2.5, n_group=1, topk_group=1, rms_norm_eps=1e-5,
+                      tie_word_embeddings=False),
 }
 
 

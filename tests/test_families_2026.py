@@ -34,6 +34,7 @@ class Spec:
     record: tuple[str, ...]  # keys (after "{garch}.") the converter must have written
     over: dict = field(default_factory=dict)  # changes to TINY's config
     n_tensors: int = 0  # the converter's tensor count
+    convert_args: tuple[str, ...] = ()  # more converter options
 
 
 SPECS = [
@@ -53,7 +54,14 @@ SPECS = [
          n_tensors=3 + 2 * 11),
     Spec("exaone4", "Exaone4ForCausalLM", "Exaone4Config", "exaone4",
          ("attention.sliding_window", "attention.sliding_window_pattern", "vocab_size", "attention.key_length"),
-         n_tensors=2 + 2 * 11),  # tied  # layer 0 dense; layers 1, 2: router, 3 stacked experts, bias, 3 shared
+         n_tensors=2 + 2 * 11),  # tied
+    Spec("glm4_moe", "Glm4MoeForCausalLM", "Glm4MoeConfig", "glm4moe",
+         ("expert_count", "expert_used_count", "expert_feed_forward_length", "expert_shared_count",
+          "leading_dense_block_count", "expert_gating_func", "expert_weights_scale", "expert_weights_norm",
+          "rope.dimension_count"),
+         # per layer 2 norms, q k v o, 3 biases, 2 q/k norms; dense 3 or MoE 8. transformers saves
+         # num_nextn_predict_layers 1 but no MTP layer: the converter's --no-mtp (else it counts a block with no tensors)
+         n_tensors=3 + 14 + 2 * 19, convert_args=("--no-mtp",)),  # layer 0 dense; layers 1, 2: router, 3 stacked experts, bias, 3 shared
 ]
 IDS = [s.fam for s in SPECS]
 BY_FAM = {s.fam: s for s in SPECS}
@@ -85,7 +93,7 @@ def model(request, tmp_path_factory):
     spec = BY_FAM[request.param]
     if spec.fam not in _MODELS:
         _MODELS[spec.fam] = tiny_model(tmp_path_factory.mktemp(spec.fam), spec.model_cls, spec.config_cls,
-                                       _config(spec), _redraw)
+                                       _config(spec), _redraw, convert_args=spec.convert_args)
     return (spec, *_MODELS[spec.fam])
 
 
@@ -249,3 +257,19 @@ def test_exaone4_layer_pattern_spellings_and_nope_full_layers(pattern, layer_typ
     hp = hparams_from_config(cfg)
     # RoPE on the sliding layers only; with none of them, on every layer
     assert hp.rope_layers == (set(sliding) or set(range(8)))
+
+
+def test_plan_of_the_published_glm4_moe_config():
+    cfg = _published("glm4_moe")
+    m = manifest_from_config(cfg)
+    f = m.facts
+    assert (f["n_layers"], f["n_experts"], f["n_experts_used"], f["moe_intermediate"], f["kv_heads"]) == (
+        46, 128, 8, 1408, 8)
+    names = {t.name: t.shape for t in m.tensors}
+    assert names["blk.0.ffn_gate.weight"] == (10944, 4096) and "blk.0.ffn_gate_inp.weight" not in names
+    assert names["blk.1.attn_q.bias"] == (96 * 128,) and "blk.1.attn_q_norm.weight" not in names
+    assert names["blk.45.exp_probs_b.bias"] == (128,) and names["blk.45.ffn_up_shexp.weight"] == (1408, 4096)
+    # the release's MTP layer: a MoE decoder layer plus the nextn tensors, after the 46 decoder layers
+    assert names["blk.46.nextn.eh_proj.weight"] == (4096, 8192) and "blk.46.ffn_gate_exps.weight" in names
+    assert archs.param_count({**cfg, "num_nextn_predict_layers": 0}) == 106_852_251_264  # INTELLECT-3's figure
+    assert m.kv_bytes(4096) == 46 * 4096 * 2 * 8 * 128 * 2  # the MTP layer holds no KV in the plan

@@ -212,7 +212,7 @@ def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
         if hp.fwd.attn_gate:  # attn_q holds per head [q | gate]
             qg = q.reshape(T, nh, 2 * d)
             q, gate = np.ascontiguousarray(qg[..., :d]).reshape(T, nh * d), qg[..., d:].reshape(T, nh * d)
-        if hp.fwd.qk_norm:
+        if hp.fwd.qk_norm and w.has(p + "attn_q_norm.weight"):  # (glm4_moe: only with use_qk_norm)
             q, k = _qk_norm(q, w, p + "attn_q_norm", hp), _qk_norm(k, w, p + "attn_k_norm", hp)
         q, k, v = q.reshape(T, nh, d), k.reshape(T, nkv, d), v.reshape(T, nkv, -1)
         if rope is not None:

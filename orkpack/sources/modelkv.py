@@ -126,7 +126,8 @@ def _hparams(cfg: Mapping, fam_name: str | None, garch: str, kv: list, warn: Cal
         rot = int(hd * frac) if _valid("float32", frac) and 0 < frac <= 1 else hd
         kv.append([G.ROPE_DIMENSION_COUNT.at(garch), G.ROPE_DIMENSION_COUNT.type, rot])
     _rope_scaling(c, garch, kv, warn)
-    if fam is not None and (fam.blocks is not None or fam.more_dims is not None or fam.record or fam.record_swa):
+    if fam is not None and (fam.blocks is not None or fam.more_dims is not None or fam.record or fam.record_swa
+                            or fam.name in _GATING_WRITTEN):
         _derived(cfg, fam, garch, kv)
 
 
@@ -185,9 +186,9 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
         put(G.EXPERT_GATING_FUNC, G.EXPERT_GATING_FUNC.type, 2 if fam.forward.router == "sigmoid" else 1)
 
 
-# families whose converter writes expert_gating_func from the router alone (LFM2MoeModel: always sigmoid, 2);
-# it writes neither expert_weights_norm nor expert_weights_scale for them (llama.cpp always normalises)
-_GATING_WRITTEN = ("lfm2_moe",)
+# families whose converter writes expert_gating_func from the router alone (LFM2MoeModel, Glm4MoeModel: always
+# sigmoid, 2; LFM2MoeModel writes neither expert_weights_norm nor expert_weights_scale: llama.cpp always normalises)
+_GATING_WRITTEN = ("lfm2_moe", "glm4_moe")
 
 
 def _rope_scaling(c: Mapping, garch: str, kv: list, warn: Callable[[str], None]) -> None:
