@@ -200,6 +200,11 @@ class Forward:
     router_scale: bool = False  # deepseek: routed_scaling_factor multiplies the routed experts' sum
     shared_gate: bool = False  # qwen2_moe: a sigmoid gate (ffn_gate_inp_shexp) on the shared expert
     gguf_permuted_qk: bool = False  # llama.cpp's converter permutes q/k rows: the GGUF rotates pairs
+    attn_temp: bool = False  # ministral3 (Llama 4's attention temperature): q times 1 + beta log(1 + floor(pos / n)),
+    # beta rope_parameters.llama_4_scaling_beta, n its original_max_position_embeddings (GGUF attention.temperature_scale,
+    # rope.scaling.original_context_length)
+    yarn_log_mul: bool = False  # a GGUF's rope.scaling.yarn_log_multiplier m is llama.cpp's YaRN attention factor
+    # mscale(1) / mscale(m) (llama_context; ministral3's converter writes mscale_all_dim there); without: refused
     attn_gate: bool = False  # Qwen3.5 / Qwen3-Next: attn_q holds per head [q | gate]; the attention output is
     # multiplied by sigmoid(gate) before attn_output
     refuse: tuple[tuple[str, str], ...] = ()  # (config key, what is missing) when that key is set and truthy
@@ -653,6 +658,13 @@ _F.append(
     ) + _QKVO + _QK_NORM + _MLP, classes=("Exaone4ForCausalLM",), flags=None,
         defaults={"tie_word_embeddings": False, "sliding_window_pattern": 4},
         forward=Forward(block="post", qk_norm="head", rope_layers="swa", smooth=(SMOOTH_DOWN,))),
+)
+_F.append(
+    # Ministral 3 (the text model, Ministral3ForCausalLM): Mistral's layout with YaRN RoPE and Llama 4's attention
+    # temperature on q; llama.cpp's converter permutes q/k as llama's
+    Family("ministral3", "MISTRAL3", _LLAMA_LAYER, _llama_top(), flags=_qkv_bias_flag,
+           defaults={"tie_word_embeddings": False}, classes=("Ministral3ForCausalLM",),
+           forward=Forward(gguf_permuted_qk=True, window="config", attn_temp=True, yarn_log_mul=True)),
 )
 _F.append(
     # GLM-4.5 / 4.5-Air (Glm4MoeForCausalLM): GQA with q/k/v biases (attention_bias), q/k RMS-normed per head when

@@ -138,6 +138,10 @@ SSM_GROUP_COUNT = Key("ssm.group_count", "uint32", family=_fam((_DELTANET, ("lin
 SSM_TIME_STEP_RANK = Key("ssm.time_step_rank", "uint32", family=_fam((_DELTANET, ("linear_num_value_heads",)),
                                                                      (_MAMBA2, ("mamba_n_heads",))))
 
+# Llama 4's attention temperature (Ministral3Model: rope_parameters' llama_4_scaling_beta; a dotted key)
+ATTN_TEMPERATURE_SCALE = Key("attention.temperature_scale", "float32",
+                             family=_fam((("ministral3",), ("rope_parameters.llama_4_scaling_beta",))))
+
 # ---------------------------------------------------------------------------- per layer (modelkv, for a hybrid: a family
 # with archs ``blocks``): head_count_kv as one count per layer, 0 for the recurrent layers (llama.cpp's is_recr)
 HEAD_COUNT_KV_PER_LAYER = "array[int32]"

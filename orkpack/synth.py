@@ -194,6 +194,13 @@ TINY: dict[str, dict] = {
     "exaone4": _tiny("exaone4", "Exaone4ForCausalLM", rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=16,
                      sliding_window_pattern=2, layer_types=["sliding_attention", "full_attention"],
                      tie_word_embeddings=True),
+    # YaRN and the attention temperature with an original context of 8 positions: the tests' 40 tokens see it grow
+    "ministral3": {**{k: v for k, v in _tiny("ministral3", "Ministral3ForCausalLM", rms_norm_eps=1e-5,
+                                                tie_word_embeddings=False, sliding_window=None).items()
+                      if k != "rope_theta"},
+                   "rope_parameters": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
+                                       "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
+                                       "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}},
     # layer 0 dense, 1-2 MoE (4 experts, top 2, a sigmoid router with the correction bias, one shared expert, scaled
     # 2.5), q/k/v biases and q/k norms, half the head rotated
     "glm4_moe": _tiny("glm4_moe", "Glm4MoeForCausalLM", num_hidden_layers=3, attention_bias=True, use_qk_norm=True,

@@ -55,6 +55,10 @@ SPECS = [
     Spec("exaone4", "Exaone4ForCausalLM", "Exaone4Config", "exaone4",
          ("attention.sliding_window", "attention.sliding_window_pattern", "vocab_size", "attention.key_length"),
          n_tensors=2 + 2 * 11),  # tied
+    Spec("ministral3", "Ministral3ForCausalLM", "Ministral3Config", "mistral3",
+         ("rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length",
+          "rope.scaling.yarn_log_multiplier", "attention.temperature_scale"),
+         n_tensors=3 + 2 * 9),
     Spec("glm4_moe", "Glm4MoeForCausalLM", "Glm4MoeConfig", "glm4moe",
          ("expert_count", "expert_used_count", "expert_feed_forward_length", "expert_shared_count",
           "leading_dense_block_count", "expert_gating_func", "expert_weights_scale", "expert_weights_norm",
@@ -273,3 +277,15 @@ def test_plan_of_the_published_glm4_moe_config():
     assert names["blk.46.nextn.eh_proj.weight"] == (4096, 8192) and "blk.46.ffn_gate_exps.weight" in names
     assert archs.param_count({**cfg, "num_nextn_predict_layers": 0}) == 106_852_251_264  # INTELLECT-3's figure
     assert m.kv_bytes(4096) == 46 * 4096 * 2 * 8 * 128 * 2  # the MTP layer holds no KV in the plan
+
+
+def test_ministral3_attention_temperature_and_its_gguf_keys():
+    from orkpack.model.hparams import from_config as hparams_from_config
+    from orkpack.model.hparams import to_gguf
+
+    hp = hparams_from_config(_published("ministral3"))
+    assert hp.attn_temp == (0.1, 16384) and hp.rope.params["rope_type"] == "yarn"
+    assert hp.rope.attn_factor == pytest.approx(1.0)  # mscale = mscale_all_dim: transformers' factor is 1
+    kv = to_gguf(hp)  # a test GGUF carries it (synth.write_gguf_from_hf), and reads back the same numbers
+    assert kv["attention.temperature_scale"] == pytest.approx(0.1)
+    assert archs.param_count(_published("ministral3")) == 8_489_553_920

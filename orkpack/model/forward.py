@@ -217,6 +217,9 @@ def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
         q, k, v = q.reshape(T, nh, d), k.reshape(T, nkv, d), v.reshape(T, nkv, -1)
         if rope is not None:
             q, k = _rope(q, rope, pos), _rope(k, rope, pos)
+        if hp.attn_temp[0]:  # Llama 4's attention temperature (ministral3)
+            beta, n = hp.attn_temp
+            q = q * (1 + np.float32(beta) * np.log1p(np.floor(pos / n))).astype(np.float32)[:, None, None]
     sink = next((n for n in (p + "attn_sinks", p + "attn_sinks.weight") if w.has(n)), None)
     sinks = w.tensor(sink) if sink else None
     o = _attend(q, k, v, hp, window, sinks)

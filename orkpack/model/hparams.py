@@ -93,6 +93,7 @@ class Hparams:
     mla: dict = field(default_factory=dict)  # q_lora_rank, kv_lora_rank, nope, rope, v_head_dim
     blocks: tuple[str, ...] = ()  # a hybrid's block type per layer (archs.Blocks: "attn", "shortconv"); (): all attn
     ssm: dict = field(default_factory=dict)  # a hybrid's recurrent dims (archs Blocks.gguf_dims: ck, ds, ng, di ...)
+    attn_temp: tuple[float, int] = (0.0, 0)  # Forward.attn_temp's (beta, length); beta 0: none
 
 
 def _num(v: Any, what: str, where: str) -> float:
@@ -294,7 +295,20 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
              "v_head_dim": d["vhd"]} if mla else {},
         blocks=tuple(archs.layer_blocks(cfg, where)) if fam.blocks is not None else (),
         ssm={dim: int(d[dim]) for dim, _ in fam.blocks.gguf_dims} if fam.blocks is not None else {},
+        attn_temp=_attn_temp(f, params.get("llama_4_scaling_beta"), params.get("original_max_position_embeddings"),
+                             where),
     )
+
+
+def _attn_temp(f: archs.Forward, beta: Any, length: Any, where: str) -> tuple[float, int]:
+    """Forward.attn_temp's (beta, length), (0.0, 0) without one."""
+    if not f.attn_temp or not beta:
+        return 0.0, 0
+    n = int(_num(length, "original_max_position_embeddings", where)) if length else 0
+    if n <= 0:
+        raise SourceError(f"{where}: the attention temperature needs a positive original_max_position_embeddings; "
+                          "fix the config")
+    return float(_num(beta, "llama_4_scaling_beta", where)), n
 
 
 def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.ndarray | None, where: str,
@@ -336,11 +350,15 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
     if kind == "linear":
         params.update(rope_type="linear", factor=get(G.ROPE_SCALING_FACTOR))
     elif kind == "yarn":
-        if get(G.ROPE_SCALING_YARN_LOG_MUL) is not None:
+        log_mul = get(G.ROPE_SCALING_YARN_LOG_MUL)
+        if log_mul is not None and not f.yarn_log_mul:
             raise NotEvaluable(f"{where}: YaRN with yarn_log_multiplier (llama.cpp's DeepSeek form) is not evaluable "
                                "yet")
         params.update(rope_type="yarn", factor=get(G.ROPE_SCALING_FACTOR),
                       original_max_position_embeddings=get(G.ROPE_SCALING_ORIG_CTX_LEN, max_pos))
+        if log_mul is not None:  # llama.cpp (llama_context): mscale 1 over mscale_all_dim = the log multiplier
+            factor = float(params["factor"])
+            params["attention_factor"] = _yarn_mscale(factor) / _yarn_mscale(factor, float(log_mul))
         if get(G.ROPE_SCALING_ATTN_FACTOR) is not None:
             params["attention_factor"] = float(get(G.ROPE_SCALING_ATTN_FACTOR))
         if get(G.ROPE_SCALING_YARN_TRUNCATE) is not None:  # not a llama.cpp key (ggml always truncates)
@@ -402,6 +420,7 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
         blocks=_gguf_blocks(fam, facts),
         ssm={dim: int(kv[f"{garch}.{key}"]) for dim, key in fam.blocks.gguf_dims if kv.get(f"{garch}.{key}") is not None}
         if fam.blocks is not None else {},
+        attn_temp=_attn_temp(f, get(G.ATTN_TEMPERATURE_SCALE), get(G.ROPE_SCALING_ORIG_CTX_LEN), where),
     )
 
 
@@ -444,6 +463,8 @@ def to_gguf(hp: Hparams) -> dict[str, Any]:
         put(G.LAYER_NORM_EPS, hp.eps)
     if hp.rope_swa is not None:
         put(G.ROPE_FREQ_BASE_SWA, hp.rope_swa.params["rope_theta"])
+    if hp.attn_temp[0]:  # its length is the YaRN original context (written with the scaling above)
+        put(G.ATTN_TEMPERATURE_SCALE, hp.attn_temp[0])
     if hp.attn_softcap:
         put(G.ATTN_SOFTCAP, hp.attn_softcap)
     if hp.final_softcap:
