@@ -181,6 +181,7 @@ class Forward:
     # (granitemoehybrid: position_embedding_type); from a GGUF rope.scaling.finetuned (llama.cpp's granite-hybrid
     # switch, default true)
     qk_norm: str = ""  # "" | head (RMS over head_dim, one gain for every head) | full (RMS over all heads)
+    qk_norm_after_rope: bool = False  # hunyuan_v1_dense: q and k normed after RoPE, not before
     window: str = "facts"  # facts: the layers archs lists (swa_layers) | config: sliding_window on every layer
     swa_rope_base: float = 0.0  # gemma3: sliding layers use their own RoPE base (this default), never scaled
     swa_rope_unscaled: bool = False  # olmo3: sliding layers use their own RoPE (rope_parameters' sliding_attention;
@@ -665,6 +666,15 @@ _F.append(
     Family("ministral3", "MISTRAL3", _LLAMA_LAYER, _llama_top(), flags=_qkv_bias_flag,
            defaults={"tie_word_embeddings": False}, classes=("Ministral3ForCausalLM",),
            forward=Forward(gguf_permuted_qk=True, window="config", attn_temp=True, yarn_log_mul=True)),
+)
+_F.append(
+    # Hunyuan dense (HunYuanDenseV1ForCausalLM: Hunyuan-0.5B/1.8B/4B/7B): llama's layout with q/k RMS-normed per head
+    # after RoPE (query_layernorm, key_layernorm); RoPE "dynamic" with an alpha is NTK-alpha (a static base of
+    # rope_theta x alpha^(hd / (hd - 2)), which llama.cpp's converter writes as the base)
+    Family("hunyuan_v1_dense", "HUNYUAN_DENSE", _LLAMA_LAYER + (
+        t(P + "self_attn.query_layernorm.weight", "hd"), t(P + "self_attn.key_layernorm.weight", "hd"),
+    ), _llama_top(), flags=_qkv_bias_flag, defaults={"tie_word_embeddings": False},
+        classes=("HunYuanDenseV1ForCausalLM",), forward=Forward(qk_norm="head", qk_norm_after_rope=True)),
 )
 _F.append(
     # GLM-4.5 / 4.5-Air (Glm4MoeForCausalLM): GQA with q/k/v biases (attention_bias), q/k RMS-normed per head when

@@ -201,6 +201,12 @@ TINY: dict[str, dict] = {
                    "rope_parameters": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
                                        "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
                                        "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}},
+    # q/k normed after RoPE; NTK-alpha RoPE (the converter's assumptions: base 10000, a 32k context)
+    "hunyuan_v1_dense": {**{k: v for k, v in _tiny("hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM", rms_norm_eps=1e-5,
+                                                   attention_bias=False, max_position_embeddings=32768,
+                                                   tie_word_embeddings=False).items() if k != "rope_theta"},
+                         "rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0,
+                                             "factor": 1.0}},
     # layer 0 dense, 1-2 MoE (4 experts, top 2, a sigmoid router with the correction bias, one shared expert, scaled
     # 2.5), q/k/v biases and q/k norms, half the head rotated
     "glm4_moe": _tiny("glm4_moe", "Glm4MoeForCausalLM", num_hidden_layers=3, attention_bias=True, use_qk_norm=True,

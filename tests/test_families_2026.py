@@ -59,6 +59,10 @@ SPECS = [
          ("rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length",
           "rope.scaling.yarn_log_multiplier", "attention.temperature_scale"),
          n_tensors=3 + 2 * 9),
+    Spec("hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", "hunyuan-dense",
+         ("rope.freq_base", "rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length",
+          "context_length"),
+         n_tensors=3 + 2 * 11),
     Spec("glm4_moe", "Glm4MoeForCausalLM", "Glm4MoeConfig", "glm4moe",
          ("expert_count", "expert_used_count", "expert_feed_forward_length", "expert_shared_count",
           "leading_dense_block_count", "expert_gating_func", "expert_weights_scale", "expert_weights_norm",
@@ -289,3 +293,21 @@ def test_ministral3_attention_temperature_and_its_gguf_keys():
     kv = to_gguf(hp)  # a test GGUF carries it (synth.write_gguf_from_hf), and reads back the same numbers
     assert kv["attention.temperature_scale"] == pytest.approx(0.1)
     assert archs.param_count(_published("ministral3")) == 8_489_553_920
+
+
+def test_hunyuan_ntk_alpha_rope_and_record():
+    from orkpack.model.hparams import from_config as hparams_from_config
+    from orkpack.sources.modelkv import _hparams
+
+    cfg = _published("hunyuan_v1_dense")
+    hp = hparams_from_config(cfg)
+    base = 10000 * 1000 ** (128 / 126)
+    assert hp.rope.params["rope_type"] == "ntk_alpha" and hp.rope.params["rope_theta"] == pytest.approx(base)
+    assert hp.fwd.qk_norm_after_rope
+    kv: list = []
+    _hparams(cfg, "hunyuan_v1_dense", "hunyuan-dense", kv, lambda s: None)
+    rec = {e[0]: e[2] for e in kv}
+    assert rec["hunyuan-dense.rope.freq_base"] == pytest.approx(base) and rec["hunyuan-dense.rope.scaling.type"] == "none"
+    assert rec["hunyuan-dense.context_length"] == 256 * 1024
+    names = {t.name for t in manifest_from_config(cfg).tensors}
+    assert {"blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight"} <= names and "output.weight" not in names

@@ -212,11 +212,15 @@ def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
         if hp.fwd.attn_gate:  # attn_q holds per head [q | gate]
             qg = q.reshape(T, nh, 2 * d)
             q, gate = np.ascontiguousarray(qg[..., :d]).reshape(T, nh * d), qg[..., d:].reshape(T, nh * d)
-        if hp.fwd.qk_norm and w.has(p + "attn_q_norm.weight"):  # (glm4_moe: only with use_qk_norm)
+        qk_norm = hp.fwd.qk_norm and w.has(p + "attn_q_norm.weight")  # (glm4_moe: only with use_qk_norm)
+        if qk_norm and not hp.fwd.qk_norm_after_rope:
             q, k = _qk_norm(q, w, p + "attn_q_norm", hp), _qk_norm(k, w, p + "attn_k_norm", hp)
         q, k, v = q.reshape(T, nh, d), k.reshape(T, nkv, d), v.reshape(T, nkv, -1)
         if rope is not None:
             q, k = _rope(q, rope, pos), _rope(k, rope, pos)
+        if qk_norm and hp.fwd.qk_norm_after_rope:  # hunyuan_v1_dense
+            q = _qk_norm(q.reshape(T, -1), w, p + "attn_q_norm", hp).reshape(T, nh, d)
+            k = _qk_norm(k.reshape(T, -1), w, p + "attn_k_norm", hp).reshape(T, nkv, d)
         if hp.attn_temp[0]:  # Llama 4's attention temperature (ministral3)
             beta, n = hp.attn_temp
             q = q * (1 + np.float32(beta) * np.log1p(np.floor(pos / n))).astype(np.float32)[:, None, None]

@@ -132,6 +132,9 @@ def _rope_from(params: Mapping[str, Any], dim: int, max_pos: int, style: str, wh
         return Rope(inv, 1.0, dim, style, p)
     if kind == "linear":
         return Rope((inv / np.float32(_num(factor, "rope factor", where))).astype(np.float32), 1.0, dim, style, p)
+    if kind == "dynamic" and params.get("alpha"):  # HunYuan's NTK-alpha: a static base (transformers' ntk_alpha)
+        base = base * _num(params["alpha"], "rope alpha", where) ** (dim / (dim - 2))
+        return Rope(_inv_freq(base, dim), 1.0, dim, style, dict(p, rope_type="ntk_alpha", rope_theta=base))
     if kind == "dynamic":  # NTK-aware: equals the default within max_position_embeddings (checked per run)
         return Rope(inv, 1.0, dim, style, p)
     if kind == "llama3":
@@ -457,7 +460,8 @@ def to_gguf(hp: Hparams) -> dict[str, Any]:
             put(G.ROPE_SCALING_ATTN_FACTOR, float(hp.rope.attn_factor))
             if not hp.rope.params.get("truncate", True):
                 put(G.ROPE_SCALING_YARN_TRUNCATE, False)
-    elif kind not in ("default", "dynamic", "llama3"):  # llama3: the rope_freqs.weight tensor (rope_factors)
+    elif kind not in ("default", "dynamic", "llama3", "ntk_alpha"):  # llama3: the rope_freqs.weight tensor
+        # (rope_factors); ntk_alpha: its scaled base is the freq_base above
         raise NotEvaluable(f"RoPE scaling {kind} has no GGUF form here")
     if f.norm == "layer":
         put(G.LAYER_NORM_EPS, hp.eps)

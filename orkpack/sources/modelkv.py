@@ -197,6 +197,20 @@ def _rope_scaling(c: Mapping, garch: str, kv: list, warn: Callable[[str], None])
         return
     kind = rs.get("rope_type", rs.get("type"))
     factor = G.ROPE_SCALING_FACTOR
+    alpha, theta = rs.get("alpha"), rs.get("rope_theta", c.get("rope_theta", 10000.0))
+    hd = _first(c, ("head_dim",))
+    if kind == "dynamic" and _valid("float32", alpha) and alpha > 0 and _valid("uint32", hd) and hd > 2 \
+            and _valid("float32", theta):
+        # HunYuan's NTK-alpha (HunYuanModel): the scaled base, no scaling, and a 256k context
+        def put(key: G.Key, v: Any) -> None:
+            name = key.at(garch)
+            kv[:] = [e for e in kv if e[0] != name] + [[name, key.type, v]]
+        put(G.ROPE_FREQ_BASE, float(theta * alpha ** (hd / (hd - 2))))
+        put(G.ROPE_SCALING_TYPE, "none")
+        put(G.ROPE_SCALING_FACTOR, 1.0)
+        put(G.ROPE_SCALING_ORIG_CTX_LEN, 256 * 1024)
+        put(G.CONTEXT_LENGTH, 256 * 1024)
+        return
     # written with a valid factor only; llama3 always (llama.cpp's converter turns llama3 scaling into a
     # rope_freqs tensor; the pack keeps its parameters)
     if kind in G.ROPE_SCALING_TYPE.kinds and (kind == "llama3" or _valid(factor.type, rs.get(factor.rope_scaling))):
