@@ -643,13 +643,13 @@ _F += [
         t(P + "self_attn.q_norm.weight", "nh*hd"), t(P + "self_attn.k_norm.weight", "nkv*hd"),
     ) + _MLP, _llama_top(), swa="pattern", flags=_qkv_bias_flag, defaults={"tie_word_embeddings": False},
         classes=("Olmo2ForCausalLM",), record_swa=True,
-        forward=Forward(block="post", qk_norm="full", smooth=(SMOOTH_DOWN,))),
+        # (a GGUF "olmo2" with a window is an OLMo 3: llama.cpp's olmo2 runs its sliding layers' RoPE unscaled)
+        forward=Forward(block="post", qk_norm="full", swa_rope_unscaled=True, smooth=(SMOOTH_DOWN,))),
 ]
 # OLMo 3: OLMo 2 with sliding-window layers (layer_types; Olmo3Config's default: every 4th layer full, the others
 # sliding, window 4096); the converter writes it as olmo2 with the window and its per-layer pattern
 _F.append(replace(_F[-1], name="olmo3", classes=("Olmo3ForCausalLM",),
-                  defaults={"tie_word_embeddings": False, "sliding_window": 4096, "sliding_window_pattern": 4},
-                  forward=replace(_F[-1].forward, swa_rope_unscaled=True)))
+                  defaults={"tie_word_embeddings": False, "sliding_window": 4096, "sliding_window_pattern": 4}))
 _F.append(
     # EXAONE 4.0: OLMo 2's post-norm layers with q/k RMS-normed per head; sliding-window layers (layer_types, or
     # sliding_window_pattern: every n-th full, or a string such as "LLLG"), and then RoPE on those only (the full

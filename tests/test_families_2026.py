@@ -35,6 +35,11 @@ class Spec:
     over: dict = field(default_factory=dict)  # changes to TINY's config
     n_tensors: int = 0  # the converter's tensor count
     convert_args: tuple[str, ...] = ()  # more converter options
+    name: str = ""  # the test id when a family has variants (default: fam)
+
+    @property
+    def id(self) -> str:
+        return self.name or self.fam
 
 
 SPECS = [
@@ -52,6 +57,15 @@ SPECS = [
     Spec("olmo3", "Olmo3ForCausalLM", "Olmo3Config", "olmo2",
          ("attention.sliding_window", "attention.sliding_window_pattern", "attention.layer_norm_rms_epsilon"),
          n_tensors=3 + 2 * 11),
+    # YaRN on the full layer only (transformers 5 nests the parameters by layer type): the sliding layer's RoPE
+    # unscaled, as llama.cpp's olmo2 runs it
+    Spec("olmo3", "Olmo3ForCausalLM", "Olmo3Config", "olmo2",
+         ("rope.scaling.type", "rope.scaling.factor", "rope.freq_base_swa", "attention.sliding_window_pattern"),
+         over={"rope_parameters": {
+             "sliding_attention": {"rope_type": "default", "rope_theta": 500000.0},
+             "full_attention": {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0,
+                                "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0}}},
+         n_tensors=3 + 2 * 11, name="olmo3_yarn"),
     Spec("exaone4", "Exaone4ForCausalLM", "Exaone4Config", "exaone4",
          ("attention.sliding_window", "attention.sliding_window_pattern", "vocab_size", "attention.key_length"),
          n_tensors=2 + 2 * 11),  # tied
@@ -71,8 +85,8 @@ SPECS = [
          # num_nextn_predict_layers 1 but no MTP layer: the converter's --no-mtp (else it counts a block with no tensors)
          n_tensors=3 + 14 + 2 * 19, convert_args=("--no-mtp",)),  # layer 0 dense; layers 1, 2: router, 3 stacked experts, bias, 3 shared
 ]
-IDS = [s.fam for s in SPECS]
-BY_FAM = {s.fam: s for s in SPECS}
+IDS = [s.id for s in SPECS]
+BY_FAM = {s.id: s for s in SPECS}
 
 
 def _config(spec: Spec) -> dict:
@@ -99,10 +113,10 @@ _MODELS: dict[str, tuple] = {}
 def model(request, tmp_path_factory):
     """(HF folder, the converter's GGUF, tokens, transformers' logits) of one family, made once per session."""
     spec = BY_FAM[request.param]
-    if spec.fam not in _MODELS:
-        _MODELS[spec.fam] = tiny_model(tmp_path_factory.mktemp(spec.fam), spec.model_cls, spec.config_cls,
-                                       _config(spec), _redraw, convert_args=spec.convert_args)
-    return (spec, *_MODELS[spec.fam])
+    if spec.id not in _MODELS:
+        _MODELS[spec.id] = tiny_model(tmp_path_factory.mktemp(spec.id), spec.model_cls, spec.config_cls,
+                                      _config(spec), _redraw, convert_args=spec.convert_args)
+    return (spec, *_MODELS[spec.id])
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
