@@ -50,7 +50,7 @@ SPECS = [
     Spec("ernie4_5_moe", "Ernie4_5_MoeForCausalLM", "Ernie4_5_MoeConfig", "ernie4_5-moe",
          ("expert_count", "expert_used_count", "interleave_moe_layer_step", "leading_dense_block_count",
           "expert_feed_forward_length", "expert_shared_count", "expert_shared_feed_forward_length"),
-         n_tensors=3 + 9 + 2 * 14),
+         n_tensors=3 + 9 + 2 * 14),  # layer 0 dense; layers 1, 2: router, 3 stacked experts, bias, 3 shared
     Spec("olmo2", "Olmo2ForCausalLM", "Olmo2Config", "olmo2",
          ("embedding_length", "feed_forward_length", "attention.head_count_kv", "attention.layer_norm_rms_epsilon"),
          n_tensors=3 + 2 * 11),  # per layer: 2 post norms, q k v o, q/k norms (all heads), gate up down
@@ -83,7 +83,7 @@ SPECS = [
           "rope.dimension_count"),
          # per layer 2 norms, q k v o, 3 biases, 2 q/k norms; dense 3 or MoE 8. transformers saves
          # num_nextn_predict_layers 1 but no MTP layer: the converter's --no-mtp (else it counts a block with no tensors)
-         n_tensors=3 + 14 + 2 * 19, convert_args=("--no-mtp",)),  # layer 0 dense; layers 1, 2: router, 3 stacked experts, bias, 3 shared
+         n_tensors=3 + 14 + 2 * 19, convert_args=("--no-mtp",)),
 ]
 IDS = [s.id for s in SPECS]
 BY_FAM = {s.id: s for s in SPECS}
