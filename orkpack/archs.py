@@ -171,6 +171,7 @@ class Forward:
     norm: str = "rms"  # rms | layer (LayerNorm; adds the stored bias when there is one)
     norm_offset: float = 0.0  # gemma: the gain is (offset + w); llama.cpp's converter stores w + offset
     block: str = "pre"  # pre: x + f(norm(x)) | sandwich: x + post_norm(f(norm(x))) (gemma2/3, glm4)
+    # | post: x + post_norm(f(x)), no norm before (olmo2/3: post_attention_norm, post_ffw_norm)
     act: str = "silu"  # silu | gelu_tanh | gelu (exact): the activation when the config names none
     # | swiglu_oai (gpt-oss: gate clamped <= limit, up to +-limit, gate * sigmoid(alpha * gate) * (up + 1))
     act_key: str = "hidden_act"  # the config key naming it (gemma: hidden_activation; its hidden_act is ignored)
@@ -183,12 +184,16 @@ class Forward:
     rope_ratio: bool = False  # chatglm: the RoPE base is 10000 x the config's rope_ratio (default 1)
     rope_layers: str = "all"  # all | no_rope_layers (smollm3: the config's per-layer list, 1 = RoPE) | none (NoPE:
     # Nemotron-H's attention has no positions but the Mamba2 layers')
+    # | swa (exaone4: RoPE on the sliding-window layers only when there are any, the full ones NoPE; else every layer)
     rope_switch: str = ""  # a config key whose value "rope" turns RoPE on, anything else (None, "nope") off
     # (granitemoehybrid: position_embedding_type); from a GGUF rope.scaling.finetuned (llama.cpp's granite-hybrid
     # switch, default true)
     qk_norm: str = ""  # "" | head (RMS over head_dim, one gain for every head) | full (RMS over all heads)
+    qk_norm_after_rope: bool = False  # hunyuan_v1_dense: q and k normed after RoPE, not before
     window: str = "facts"  # facts: the layers archs lists (swa_layers) | config: sliding_window on every layer
     swa_rope_base: float = 0.0  # gemma3: sliding layers use their own RoPE base (this default), never scaled
+    swa_rope_unscaled: bool = False  # olmo3: sliding layers use their own RoPE (rope_parameters' sliding_attention;
+    # a GGUF's rope.freq_base_swa), by default the full layers' base, never scaled (llama.cpp's olmo2 with SWA)
     embed_scale: str = ""  # "" | sqrt_hidden (gemma) | a config key (granite embedding_multiplier, minicpm scale_emb)
     residual_scale: str = ""  # "" | a config key (granite residual_multiplier) | depth (scale_depth / sqrt(L))
     attn_scale: str = ""  # "" (head_dim^-0.5) | a config key (granite attention_multiplier) | qpas (gemma2/3)
@@ -204,6 +209,11 @@ class Forward:
     router_scale: bool = False  # deepseek: routed_scaling_factor multiplies the routed experts' sum
     shared_gate: bool = False  # qwen2_moe: a sigmoid gate (ffn_gate_inp_shexp) on the shared expert
     gguf_permuted_qk: bool = False  # llama.cpp's converter permutes q/k rows: the GGUF rotates pairs
+    attn_temp: bool = False  # ministral3 (Llama 4's attention temperature): q times 1 + beta log(1 + floor(pos / n)),
+    # beta rope_parameters.llama_4_scaling_beta, n its original_max_position_embeddings (GGUF attention.temperature_scale,
+    # rope.scaling.original_context_length)
+    yarn_log_mul: bool = False  # a GGUF's rope.scaling.yarn_log_multiplier m is llama.cpp's YaRN attention factor
+    # mscale(1) / mscale(m) (llama_context; ministral3's converter writes mscale_all_dim there); without: refused
     attn_gate: bool = False  # Qwen3.5 / Qwen3-Next: attn_q holds per head [q | gate]; the attention output is
     # multiplied by sigmoid(gate) before attn_output
     vheads: str = "tiled"  # a Gated DeltaNet's value heads as the converter lays them out: tiled (Qwen3.5's
@@ -329,6 +339,7 @@ class Family:
     attention: str = "gqa"  # gqa | mla
     swa: str | None = None  # None | "all" | "even" (every other, from layer 0) | "pattern" (gemma3) | "layer_types"
     moe: str = "all"  # which layers are MoE when n_experts > 0: all | qwen (sparse step, mlp_only_layers) | deepseek
+    # | interval (ernie4_5_moe: every moe_freq-th from first_dense to the dims' moe_last)
     text_config: bool = False  # facts live in config["text_config"] (multimodal wrappers)
     classes: tuple[str, ...] = ()  # HF ``architectures`` class names, for configs without a model_type
     head_stored_when_tied: bool = False  # the release stores lm_head.weight even with tied embeddings
@@ -342,6 +353,12 @@ class Family:
     split: tuple[Split, ...] = ()  # checkpoint tensors the converter cuts into several (or renames): :class:`Split`
     reshape: tuple[tuple[str, tuple], ...] = ()  # (canonical glob, shape over dims): the converter's reshape of the
     # same elements (Mamba2's A and D (H,) -> (H, 1); its grouped norm (D,) -> (G, D / G))
+    record_swa: bool = False  # the converter writes attention.sliding_window_pattern, one bool per layer (true:
+    # sliding), whenever the config has sliding_window (Olmo2Model)
+    record: tuple[tuple[str, str, str], ...] = ()  # (GGUF key after "{arch}.", expression over the dims, model
+    # flags that must hold): a value the converter writes from its own arithmetic (modelkv; :func:`record_values`)
+    nextn: bool = False  # the releases hold num_nextn_predict_layers multi-token-prediction layers after the decoder
+    # layers (model.layers.{L + j}; templates ``when="nextn"``): DeepSeek-V3, GLM-4.5
     skip: tuple[tuple[str, str], ...] = ()  # (regex on the HF name, why): tensors a build leaves out, by name
     # (a multimodal release's vision tower, which llama.cpp's converter writes to a separate mmproj GGUF)
     variant: Callable[[Mapping], str | None] | None = None  # config -> the entry it reads as instead, or None
@@ -574,7 +591,7 @@ _F = [
            defaults={"tie_word_embeddings": False},
            forward=Forward(rope="interleaved", router_groups="max", router_scale=True)),
     Family("deepseek_v3", "DEEPSEEK2", _NORMS + _MLA + _MLP + _DEEPSEEK_MOE + _NEXTN, _llama_top(), attention="mla",
-           moe="deepseek", flags=_deepseek_flags("noaux_tc"),
+           moe="deepseek", flags=_deepseek_flags("noaux_tc"), nextn=True,
            renames=((r"^model\.layers\.(\d+)\.(embed_tokens|enorm|hnorm|eh_proj)\.", r"blk.\1.nextn.\2."),
                     (r"^model\.layers\.(\d+)\.shared_head\.norm\.", r"blk.\1.nextn.shared_head_norm."),
                     (r"^model\.layers\.(\d+)\.shared_head\.head\.", r"blk.\1.nextn.shared_head_head."),
@@ -627,6 +644,115 @@ _F = [
         forward=Forward(norm="layer", mlp="plain", act="gelu_tanh", window="config",
                         smooth=(SMOOTH_ATTN, SMOOTH_FFN))),  # down(act(up)): no linear carrier for down
 ]
+
+# ------------------------------------------------------------------------------ the families of 2025/26 (issue 24)
+
+_USE_BIAS = lambda cfg, d: {k: bool(cfg.get("use_bias")) for k in ("qkv_bias", "o_bias", "mlp_bias")}  # noqa: E731
+
+
+def _ernie_moe_dims(cfg: Mapping, d: dict, where: str) -> dict:
+    """ERNIE-4.5-MoE: the last MoE layer (moe_layer_end_index; -1 or absent: the last layer), and the shared
+    experts' width as llama.cpp's converter writes it (Ernie4_5MoeModel: intermediate_size // num_key_value_heads;
+    the model's own is moe_num_shared_experts x moe_intermediate_size, ``Is``)."""
+    v = cfg.get("moe_layer_end_index")
+    return {"moe_last": d["L"] - 1 if v is None or v == -1 else _int(v, "moe_layer_end_index", where),
+            "Is_conv": d["I"] // d["nkv"] if d["nkv"] else 0}
+
+
+# ERNIE-4.5-MoE's multi-token-prediction layers (model.mtp_*), which llama.cpp's converter filters out
+_ERNIE_MTP_SKIP = ((r"^model\.mtp_(?:block|emb_norm|hidden_norm|linear_proj)\.", "the multi-token-prediction layers "
+                    "(model.mtp_*): left out as llama.cpp's converter leaves them out; this pack holds the main model"),)
+
+_F += [
+    # ERNIE-4.5 dense (0.3B): llama's layout (use_bias on every projection), RoPE on pairs (2i, 2i+1) as the
+    # checkpoint stores q/k: llama.cpp's converter writes them unpermuted (rope type NORM)
+    Family("ernie4_5", "ERNIE4_5", _LLAMA_LAYER, _llama_top(), flags=_USE_BIAS,
+           defaults={"tie_word_embeddings": True}, classes=("Ernie4_5ForCausalLM", "Ernie4_5_ForCausalLM"),
+           forward=Forward(rope="interleaved")),
+    # ERNIE-4.5-MoE (21B-A3B, 300B-A47B): a softmax top-k MoE on every moe_layer_interval-th layer from
+    # moe_layer_start_index to moe_layer_end_index (dense before), experts chosen on the scores plus
+    # moe_statics.e_score_correction_bias (GGUF exp_probs_b), always normalised; moe_num_shared_experts shared
+    # experts as one MLP of n_shared x moe_intermediate_size
+    Family("ernie4_5_moe", "ERNIE4_5_MOE", _LLAMA_LAYER + _EXPERTS + (
+        t(P + "mlp.moe_statics.e_score_correction_bias", 1, "E", when="moe", kind="bias"),
+        t(P + "mlp.shared_experts.gate_proj.weight", "Is", "H", when="moe shared"),
+        t(P + "mlp.shared_experts.up_proj.weight", "Is", "H", when="moe shared"),
+        t(P + "mlp.shared_experts.down_proj.weight", "H", "Is", when="moe shared"),
+    ), _llama_top(), moe="interval",
+        keys={"n_experts": ("moe_num_experts",), "n_experts_used": ("moe_k",), "n_shared": ("moe_num_shared_experts",),
+              "first_dense": ("moe_layer_start_index",), "moe_freq": ("moe_layer_interval",)},
+        defaults={"tie_word_embeddings": True, "moe_num_experts": 64, "moe_k": 6, "moe_num_shared_experts": 2,
+                  "moe_layer_start_index": 1, "moe_layer_interval": 1, "moe_intermediate_size": 1536},
+        renames=((r"^model\.layers\.(\d+)\.mlp\.moe_statics\.e_score_correction_bias$", r"blk.\1.exp_probs_b.bias"),),
+        flags=lambda cfg, d: {**_USE_BIAS(cfg, d), "shared": d["n_shared"] > 0}, more_dims=_ernie_moe_dims,
+        classes=("Ernie4_5_MoeForCausalLM",), skip=_ERNIE_MTP_SKIP, record=(("expert_shared_feed_forward_length", "Is_conv", "shared"),),
+        forward=Forward(rope="interleaved", router_norm="always", router_norm_gguf="always")),
+    # OLMo 2: post-norm layers (each block's output normed, nothing before it), q and k RMS-normed over all heads
+    # at once; the converter keeps q/k as stored (NeoX RoPE). Smoothing: only down's (no norm feeds q/k/v or gate/up
+    # unchanged by the residual)
+    Family("olmo2", "OLMO2", (
+        t(P + "post_attention_layernorm.weight", "H"), t(P + "post_feedforward_layernorm.weight", "H"),
+    ) + _QKVO + _QKV_BIAS + _O_BIAS + (
+        t(P + "self_attn.q_norm.weight", "nh*hd"), t(P + "self_attn.k_norm.weight", "nkv*hd"),
+    ) + _MLP, _llama_top(), swa="pattern", flags=_qkv_bias_flag, defaults={"tie_word_embeddings": False},
+        classes=("Olmo2ForCausalLM",), record_swa=True,
+        # (a GGUF "olmo2" with a window is an OLMo 3: llama.cpp's olmo2 runs its sliding layers' RoPE unscaled)
+        forward=Forward(block="post", qk_norm="full", swa_rope_unscaled=True, smooth=(SMOOTH_DOWN,))),
+]
+# OLMo 3: OLMo 2 with sliding-window layers (layer_types; Olmo3Config's default: every 4th layer full, the others
+# sliding, window 4096); the converter writes it as olmo2 with the window and its per-layer pattern
+_F.append(replace(_F[-1], name="olmo3", classes=("Olmo3ForCausalLM",),
+                  defaults={"tie_word_embeddings": False, "sliding_window": 4096, "sliding_window_pattern": 4}))
+_F.append(
+    # EXAONE 4.0: OLMo 2's post-norm layers with q/k RMS-normed per head; sliding-window layers (layer_types, or
+    # sliding_window_pattern: every n-th full, or a string such as "LLLG"), and then RoPE on those only (the full
+    # layers NoPE); no window (sliding_window null): RoPE everywhere
+    replace(_F[-2], name="exaone4", gguf="EXAONE4", layer=(
+        t(P + "post_attention_layernorm.weight", "H"), t(P + "post_feedforward_layernorm.weight", "H"),
+    ) + _QKVO + _QK_NORM + _MLP, classes=("Exaone4ForCausalLM",), flags=None,
+        defaults={"tie_word_embeddings": False, "sliding_window_pattern": 4},
+        forward=Forward(block="post", qk_norm="head", rope_layers="swa", smooth=(SMOOTH_DOWN,))),
+)
+_F.append(
+    # Ministral 3 (the text model, Ministral3ForCausalLM): Mistral's layout with YaRN RoPE and Llama 4's attention
+    # temperature on q; llama.cpp's converter permutes q/k as llama's
+    Family("ministral3", "MISTRAL3", _LLAMA_LAYER, _llama_top(), flags=_qkv_bias_flag,
+           defaults={"tie_word_embeddings": False}, classes=("Ministral3ForCausalLM",),
+           forward=Forward(gguf_permuted_qk=True, window="config", attn_temp=True, yarn_log_mul=True)),
+)
+_F.append(
+    # Hunyuan dense (HunYuanDenseV1ForCausalLM: Hunyuan-0.5B/1.8B/4B/7B): llama's layout with q/k RMS-normed per head
+    # after RoPE (query_layernorm, key_layernorm); RoPE "dynamic" with an alpha is NTK-alpha (a static base of
+    # rope_theta x alpha^(hd / (hd - 2)), which llama.cpp's converter writes as the base)
+    Family("hunyuan_v1_dense", "HUNYUAN_DENSE", _LLAMA_LAYER + (
+        t(P + "self_attn.query_layernorm.weight", "hd"), t(P + "self_attn.key_layernorm.weight", "hd"),
+    ), _llama_top(), flags=_qkv_bias_flag, defaults={"tie_word_embeddings": False},
+        classes=("HunYuanDenseV1ForCausalLM",), forward=Forward(qk_norm="head", qk_norm_after_rope=True)),
+)
+_F.append(
+    # GLM-4.5 / 4.5-Air (Glm4MoeForCausalLM): GQA with q/k/v biases (attention_bias), q/k RMS-normed per head when
+    # use_qk_norm, partial NeoX RoPE (partial_rotary_factor 0.5); DeepSeek-V3's MoE after the first
+    # first_k_dense_replace layers: a sigmoid router with the e_score_correction_bias (GGUF exp_probs_b) choosing
+    # top-k (in groups when n_group > 1), the chosen scores normalised (norm_topk_prob) and scaled
+    # (routed_scaling_factor), plus n_shared_experts shared experts as one MLP; the releases' multi-token-prediction
+    # layers (num_nextn_predict_layers, model.layers.{L + j}: a decoder layer plus DeepSeek-V3's extra tensors), which
+    # llama.cpp's converter writes as extra blocks
+    Family("glm4_moe", "GLM4_MOE", _NORMS + _QKVO + _QKV_BIAS + (
+        t(P + "self_attn.q_norm.weight", "hd", when="qk_norm"), t(P + "self_attn.k_norm.weight", "hd", when="qk_norm"),
+    ) + _MLP + _DEEPSEEK_MOE + _NEXTN, _llama_top(), moe="deepseek", nextn=True,
+        renames=_F[[f.name for f in _F].index("deepseek_v3")].renames,
+        flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("attention_bias")), "qk_norm": bool(cfg.get("use_qk_norm")),
+                              "shared": d["n_shared"] > 0, "noaux": True},
+        defaults={"tie_word_embeddings": False, "partial_rotary_factor": 0.5, "norm_topk_prob": True,
+                  "n_routed_experts": 128, "num_experts_per_tok": 8, "n_shared_experts": 1,
+                  "moe_intermediate_size": 1408, "first_k_dense_replace": 1},
+        classes=("Glm4MoeForCausalLM",),
+        # the converter names the pre-FFN norm post_attention_norm (GLM4_MOE's tensor table)
+        forward=Forward(qk_norm="head", router="sigmoid", router_groups="top2sum", router_scale=True,
+                        ffn_norm="post_attention_norm",
+                        smooth=(SMOOTH_ATTN, replace(SMOOTH_FFN, norm="post_attention_norm"), SMOOTH_DOWN),
+                        refuse=(("use_sliding_window", "sliding-window layers (use_sliding_window)"),))),
+)
 
 # ------------------------------------------------------------------------------------------------ hybrids
 
@@ -1432,9 +1558,11 @@ def _dims(cfg: Mapping, fam: Family, where: str) -> dict:
     d["first_dense"] = get("first_dense", 0)
     d["moe_freq"] = get("moe_freq", 1) or 1
     d["sparse_step"] = get("sparse_step", 1) or 1
-    d["n_nextn"] = get("n_nextn", 0) if fam.name == "deepseek_v3" else 0
+    d["n_nextn"] = get("n_nextn", 0) if fam.nextn else 0
     d["window"] = get("sliding_window", 0) if fam.swa else 0
-    d["swa_pattern"] = get("swa_pattern", 0) if fam.swa == "pattern" else 0
+    pat = _lookup(tc, fam, "swa_pattern")[1] if fam.swa == "pattern" else None
+    # a string pattern ("LLLG": L sliding, G full, repeated; exaone4) is read by _swa_layers
+    d["swa_pattern"] = 0 if pat is None or isinstance(pat, str) else get("swa_pattern", 0)
     if fam.attention == "mla" and not (d["kvlr"] and d["rope"] and d["nope"] + d["rope"] and d["vhd"]):
         raise SourceError(f"{where}: an MLA model needs kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim and "
                           "v_head_dim; fix the config")
@@ -1671,6 +1799,8 @@ def _moe_layer(fam: Family, d: dict, cfg: Mapping, i: int) -> bool:
         return i not in mlp_only and (i + 1) % d["sparse_step"] == 0
     if fam.moe == "deepseek":
         return i >= d["first_dense"] and i % d["moe_freq"] == 0
+    if fam.moe == "interval":  # ernie4_5_moe: every moe_freq-th layer (counting from 1) in first_dense..moe_last
+        return (i + 1) % d["moe_freq"] == 0 and d["first_dense"] <= i <= d.get("moe_last", d["L"] - 1)
     return True
 
 
@@ -1689,6 +1819,12 @@ def _swa_layers(fam: Family, d: dict, cfg: Mapping, where: str) -> list[int]:
         return [i for i, x in enumerate(lt) if x == "sliding_attention"]
     if fam.swa == "layer_types":  # gpt-oss without layer_types: alternating, sliding first
         return [i for i in range(L) if i % 2 == 0]
+    pat = _lookup(_text_config(cfg, fam, where), fam, "swa_pattern")[1]
+    if isinstance(pat, str):
+        if not pat or set(pat) - {"L", "G"}:
+            raise SourceError(f"{where}: 'sliding_window_pattern' = {escape_name(repr(pat), 40)} is neither a number "
+                              "nor a string of L (sliding) and G (full); fix the config")
+        return [i for i in range(L) if pat[i % len(pat)] == "L"]
     p = d["swa_pattern"]
     return [i for i in range(L) if p and (i + 1) % p != 0]
 
@@ -2084,6 +2220,16 @@ def stored_dtype(cfg: Mapping[str, Any], hf_name: str, default: str) -> str:
         fmt = qc.get("fmt", "e4m3")
         return "F8_E5M2" if fmt == "e5m2" else "F8_E4M3"
     return default
+
+
+def record_values(cfg: Mapping[str, Any], where: str = "config.json") -> list[tuple[str, int]]:
+    """The family's ``record`` entries of a config: [(GGUF key after "{arch}.", value)] whose flags hold."""
+    fam = config_family(cfg)
+    if fam is None or not fam.record:
+        return []
+    d = _dims(cfg, fam, where)
+    flags = _model_flags(fam, cfg, d)
+    return [(key, _eval(expr, d)) for key, expr, when in fam.record if _holds(tuple(when.split()), flags)]
 
 
 def dims(cfg: Mapping[str, Any], where: str = "config.json") -> dict:

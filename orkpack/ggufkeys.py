@@ -27,10 +27,12 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3")
+_GLM4_MOE = ("glm4_moe",)
 _GRANITE = ("granite", "granitemoe", "granitemoehybrid")
 _NEMOTRON = ("nemotron_h", "nemotron_h_moe")
 _NEMOTRON_MOE = ("nemotron_h_moe",)
 _GEMMA3 = ("gemma3_text", "gemma3")
+_ERNIE_MOE = ("ernie4_5_moe",)
 _SCALED = ("linear", "yarn", "longrope", "dynamic")  # rope_scaling types written with their factor
 
 
@@ -70,9 +72,11 @@ RMS_EPS = Key("attention.layer_norm_rms_epsilon", "float32", ("rms_norm_eps",),
 LAYER_NORM_EPS = Key("attention.layer_norm_epsilon", "float32",
                      ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"),
                      family=_fam((("starcoder2",), ("norm_epsilon",))), default=1e-6)
-EXPERT_COUNT = Key("expert_count", "uint32", ("num_local_experts", "num_experts", "n_routed_experts"))
+EXPERT_COUNT = Key("expert_count", "uint32", ("num_local_experts", "num_experts", "n_routed_experts"),
+                   family=_fam((_ERNIE_MOE, ("moe_num_experts",))))
 EXPERT_USED_COUNT = Key("expert_used_count", "uint32",
-                        ("num_experts_per_tok", "num_experts_per_token", "top_k_experts"))
+                        ("num_experts_per_tok", "num_experts_per_token", "top_k_experts"),
+                        family=_fam((_ERNIE_MOE, ("moe_k",))))
 KEY_LENGTH = Key("attention.key_length", "uint32", ("head_dim",))
 VALUE_LENGTH = Key("attention.value_length", "uint32", ("head_dim",))  # default: the key length
 VOCAB_SIZE = Key("vocab_size", "uint32", ("vocab_size", "padded_vocab_size"))
@@ -83,20 +87,30 @@ ATTN_SOFTCAP = Key("attn_logit_softcapping", "float32", family=_fam((("gemma2",)
 FINAL_SOFTCAP = Key("final_logit_softcapping", "float32", family=_fam((("gemma2",), ("final_logit_softcapping",))),
                     default=0.0)
 SLIDING_WINDOW = Key("attention.sliding_window", "uint32",
-                     family=_fam((("gemma2",) + _GEMMA3 + ("gpt_oss",), ("sliding_window",))), default=0)
-ROPE_FREQ_BASE_SWA = Key("rope.freq_base_swa", "float32", family=_fam((_GEMMA3, ("rope_local_base_freq",))))
+                     family=_fam((("gemma2",) + _GEMMA3 + ("gpt_oss", "olmo2", "olmo3", "exaone4"), ("sliding_window",))),
+                     default=0)
+# one bool per layer, true for a sliding one (Olmo2Model; modelkv from archs' swa layers: Family.record_swa)
+SLIDING_WINDOW_PATTERN = Key("attention.sliding_window_pattern", "array[bool]")
+# olmo3 (TextModel): transformers 5's nested rope_parameters.sliding_attention (a dotted key: modelkv follows it)
+ROPE_FREQ_BASE_SWA = Key("rope.freq_base_swa", "float32", family=_fam(
+    (_GEMMA3, ("rope_local_base_freq",)),
+    (("olmo2", "olmo3"), ("rope_parameters.sliding_attention.rope_theta", "rope_local_base_freq"))))
 EMBEDDING_SCALE = Key("embedding_scale", "float32",
                       family=_fam((_GRANITE, ("embedding_multiplier",)), (("minicpm",), ("scale_emb",))), default=1.0)
 RESIDUAL_SCALE = Key("residual_scale", "float32", family=_fam((_GRANITE, ("residual_multiplier",))), default=1.0)
 ATTENTION_SCALE = Key("attention.scale", "float32", family=_fam((_GRANITE, ("attention_multiplier",))))  # 1/sqrt(hd)
 LOGIT_SCALE = Key("logit_scale", "float32", family=_fam((_GRANITE, ("logits_scaling",))), default=1.0)
 LEADING_DENSE_BLOCK_COUNT = Key("leading_dense_block_count", "uint32",
-                                family=_fam((_DEEPSEEK, ("first_k_dense_replace",)),
-                                           (("lfm2_moe",), ("num_dense_layers",))))
+                                family=_fam((_DEEPSEEK + _GLM4_MOE, ("first_k_dense_replace",)),
+                                           (("lfm2_moe",), ("num_dense_layers",)),
+                                           (_ERNIE_MOE, ("moe_layer_start_index",))))
+INTERLEAVE_MOE_LAYER_STEP = Key("interleave_moe_layer_step", "uint32",
+                                family=_fam((_ERNIE_MOE, ("moe_layer_interval",))))
 Q_LORA_RANK = Key("attention.q_lora_rank", "uint32", family=_fam((_DEEPSEEK, ("q_lora_rank",))), default=0)
 KV_LORA_RANK = Key("attention.kv_lora_rank", "uint32", family=_fam((_DEEPSEEK, ("kv_lora_rank",))), default=0)
 EXPERT_FEED_FORWARD_LENGTH = Key("expert_feed_forward_length", "uint32", family=_fam(
-    (("qwen2_moe", "qwen3_moe", "lfm2_moe", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next") + _DEEPSEEK + _NEMOTRON_MOE,
+    (("qwen2_moe", "qwen3_moe", "lfm2_moe", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next") + _DEEPSEEK
+     + _NEMOTRON_MOE + _ERNIE_MOE + _GLM4_MOE,
      ("moe_intermediate_size",)),
     (("granitemoe", "gpt_oss"), ("intermediate_size",))))
 EXPERT_SHARED_FEED_FORWARD_LENGTH = Key("expert_shared_feed_forward_length", "uint32",
@@ -105,14 +119,16 @@ EXPERT_SHARED_FEED_FORWARD_LENGTH = Key("expert_shared_feed_forward_length", "ui
                                                     (("granitemoehybrid",), ("shared_intermediate_size",)),
                                                     (_NEMOTRON_MOE, ("moe_shared_expert_intermediate_size",))))
 EXPERT_SHARED_COUNT = Key("expert_shared_count", "uint32",
-                          family=_fam((_DEEPSEEK + _NEMOTRON_MOE, ("n_shared_experts",))))
+                          family=_fam((_DEEPSEEK + _NEMOTRON_MOE + _GLM4_MOE, ("n_shared_experts",)),
+                                      (_ERNIE_MOE, ("moe_num_shared_experts",))))
 EXPERT_WEIGHTS_SCALE = Key("expert_weights_scale", "float32",
-                           family=_fam((_DEEPSEEK + _NEMOTRON_MOE, ("routed_scaling_factor",))), default=1.0)
+                           family=_fam((_DEEPSEEK + _NEMOTRON_MOE + _GLM4_MOE, ("routed_scaling_factor",))),
+                           default=1.0)
 EXPERT_WEIGHTS_NORM = Key("expert_weights_norm", "bool",
-                          family=_fam((_DEEPSEEK + _NEMOTRON_MOE, ("norm_topk_prob",))), default=False)
+                          family=_fam((_DEEPSEEK + _NEMOTRON_MOE + _GLM4_MOE, ("norm_topk_prob",))), default=False)
 SHORTCONV_L_CACHE = Key("shortconv.l_cache", "uint32", family=_fam((("lfm2", "lfm2_moe"), ("conv_L_cache",))))
 NEXTN_PREDICT_LAYERS = Key("nextn_predict_layers", "uint32",
-                           family=_fam((("deepseek_v3",), ("num_nextn_predict_layers",))))
+                           family=_fam((("deepseek_v3",) + _GLM4_MOE, ("num_nextn_predict_layers",))))
 # Gated DeltaNet (Qwen3NextModel.set_gguf_parameters): in llama.cpp's SSM terms
 _DELTANET = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next")
 # Mamba2 (GraniteHybridModel.set_gguf_parameters: conv kernel, state size, groups, heads as the time-step rank;
@@ -129,6 +145,10 @@ SSM_GROUP_COUNT = Key("ssm.group_count", "uint32", family=_fam((_DELTANET, ("lin
 SSM_TIME_STEP_RANK = Key("ssm.time_step_rank", "uint32", family=_fam((_DELTANET, ("linear_num_value_heads",)),
                                                                      (_MAMBA2, ("mamba_n_heads",)),
                                                                      (_NEMOTRON, ("mamba_num_heads",))))
+
+# Llama 4's attention temperature (Ministral3Model: rope_parameters' llama_4_scaling_beta; a dotted key)
+ATTN_TEMPERATURE_SCALE = Key("attention.temperature_scale", "float32",
+                             family=_fam((("ministral3",), ("rope_parameters.llama_4_scaling_beta",))))
 
 # ---------------------------------------------------------------------------- per layer (modelkv, for a hybrid: a family
 # with archs ``blocks``): head_count_kv as one count per layer, 0 for the recurrent layers (llama.cpp's is_recr)
@@ -166,9 +186,11 @@ ROPE_SCALING_FINETUNED = Key("rope.scaling.finetuned", "bool", default=True)
 
 # ---------------------------------------------------------------------------- read or written from the numbers only
 EXPERT_GATING_FUNC = Key("expert_gating_func", "uint32")  # 1 softmax, 2 sigmoid
-# (llama.cpp's TextModel writes them from n_group / topk_group for any config that has them; listed for Nemotron-H)
-EXPERT_GROUP_COUNT = Key("expert_group_count", "uint32", family=_fam((_NEMOTRON, ("n_group",))), default=1)
-EXPERT_GROUP_USED_COUNT = Key("expert_group_used_count", "uint32", family=_fam((_NEMOTRON, ("topk_group",))),
+# (llama.cpp's TextModel writes them from n_group / topk_group for any config that has them; listed for
+# Nemotron-H and glm4_moe so far)
+EXPERT_GROUP_COUNT = Key("expert_group_count", "uint32", family=_fam((_NEMOTRON + _GLM4_MOE, ("n_group",))),
+                         default=1)
+EXPERT_GROUP_USED_COUNT = Key("expert_group_used_count", "uint32", family=_fam((_NEMOTRON + _GLM4_MOE, ("topk_group",))),
                               default=1)
 NO_ROPE_LAYERS = Key("no_rope_layers", "array[int32]", llama_cpp=False)  # 1 = RoPE (llama.cpp: every 4th has none)
 CLAMP_KQV = Key("attention.clamp_kqv", "float32")

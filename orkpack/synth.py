@@ -216,6 +216,43 @@ TINY: dict[str, dict] = {
                        "moe_shared_expert_intermediate_size": 48, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
                        "norm_topk_prob": True, "routed_scaling_factor": 1.0, "vocab_size": 128,
                        "max_position_embeddings": 4096, "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    # the families of 2025/26 (issue 24)
+    "ernie4_5": _tiny("ernie4_5", "Ernie4_5ForCausalLM", use_bias=False, rms_norm_eps=1e-5, rope_theta=500000.0,
+                      tie_word_embeddings=True),
+    # layer 0 dense, layers 1-2 MoE: 4 experts, top 2, one shared expert
+    "ernie4_5_moe": _tiny("ernie4_5_moe", "Ernie4_5_MoeForCausalLM", num_hidden_layers=3, use_bias=False,
+                          moe_num_experts=4, moe_k=2, moe_intermediate_size=32, moe_num_shared_experts=1,
+                          moe_layer_start_index=1, moe_layer_end_index=2, moe_layer_interval=1, moe_norm_min=1e-12,
+                          rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False),
+    "olmo2": _tiny("olmo2", "Olmo2ForCausalLM", attention_bias=False, rms_norm_eps=1e-6, rope_theta=500000.0,
+                   tie_word_embeddings=False),
+    # a sliding layer (window 16: shorter than the tests' 40 tokens) and a full one
+    "olmo3": _tiny("olmo3", "Olmo3ForCausalLM", attention_bias=False, rms_norm_eps=1e-6, rope_theta=500000.0,
+                   sliding_window=16, layer_types=["sliding_attention", "full_attention"], tie_word_embeddings=False),
+    # a sliding layer with RoPE (window 16) and a full NoPE one; tied
+    "exaone4": _tiny("exaone4", "Exaone4ForCausalLM", rms_norm_eps=1e-5, rope_theta=1000000.0, sliding_window=16,
+                     sliding_window_pattern=2, layer_types=["sliding_attention", "full_attention"],
+                     tie_word_embeddings=True),
+    # YaRN and the attention temperature with an original context of 8 positions: the tests' 40 tokens see it grow
+    "ministral3": {**{k: v for k, v in _tiny("ministral3", "Ministral3ForCausalLM", rms_norm_eps=1e-5,
+                                                tie_word_embeddings=False, sliding_window=None).items()
+                      if k != "rope_theta"},
+                   "rope_parameters": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
+                                       "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
+                                       "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}},
+    # q/k normed after RoPE; NTK-alpha RoPE (the converter's assumptions: base 10000, a 32k context)
+    "hunyuan_v1_dense": {**{k: v for k, v in _tiny("hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM", rms_norm_eps=1e-5,
+                                                   attention_bias=False, max_position_embeddings=32768,
+                                                   tie_word_embeddings=False).items() if k != "rope_theta"},
+                         "rope_parameters": {"rope_type": "dynamic", "rope_theta": 10000.0, "alpha": 1000.0,
+                                             "factor": 1.0}},
+    # layer 0 dense, 1-2 MoE (4 experts, top 2, a sigmoid router with the correction bias, one shared expert, scaled
+    # 2.5), q/k/v biases and q/k norms, half the head rotated
+    "glm4_moe": _tiny("glm4_moe", "Glm4MoeForCausalLM", num_hidden_layers=3, attention_bias=True, use_qk_norm=True,
+                      partial_rotary_factor=0.5, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+                      moe_intermediate_size=32, first_k_dense_replace=1, norm_topk_prob=True,
+                      routed_scaling_factor=2.5, n_group=1, topk_group=1, rms_norm_eps=1e-5,
+                      tie_word_embeddings=False),
 }
 
 

@@ -40,6 +40,10 @@ ll = sys.argv[1]
 sys.path.insert(0, ll)
 import conversion.base as base
 base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "gpt-2"
+# a family whose converter reads a SentencePiece tokenizer.model (ERNIE-4.5) reads our tokenizer.json's BPE instead:
+# only the tokenizer.ggml.* keys depend on it
+base.TextModel._set_vocab_sentencepiece = lambda self, *a, **k: self._set_vocab_gpt2()
+base.TextModel._set_vocab_glm = lambda self: self._set_vocab_gpt2()  # GLM's: special tokens ([gMASK]...) ours lacks
 sys.argv = [ll + "/convert_hf_to_gguf.py"] + sys.argv[2:]
 runpy.run_path(ll + "/convert_hf_to_gguf.py", run_name="__main__")
 """

@@ -218,11 +218,18 @@ def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
         if hp.fwd.attn_gate:  # attn_q holds per head [q | gate]
             qg = q.reshape(T, nh, 2 * d)
             q, gate = np.ascontiguousarray(qg[..., :d]).reshape(T, nh * d), qg[..., d:].reshape(T, nh * d)
-        if hp.fwd.qk_norm:
+        qk_norm = hp.fwd.qk_norm and w.has(p + "attn_q_norm.weight")  # (glm4_moe: only with use_qk_norm)
+        if qk_norm and not hp.fwd.qk_norm_after_rope:
             q, k = _qk_norm(q, w, p + "attn_q_norm", hp), _qk_norm(k, w, p + "attn_k_norm", hp)
         q, k, v = q.reshape(T, nh, d), k.reshape(T, nkv, d), v.reshape(T, nkv, -1)
         if rope is not None:
             q, k = _rope(q, rope, pos), _rope(k, rope, pos)
+        if qk_norm and hp.fwd.qk_norm_after_rope:  # hunyuan_v1_dense
+            q = _qk_norm(q.reshape(T, -1), w, p + "attn_q_norm", hp).reshape(T, nh, d)
+            k = _qk_norm(k.reshape(T, -1), w, p + "attn_k_norm", hp).reshape(T, nkv, d)
+        if hp.attn_temp[0]:  # Llama 4's attention temperature (ministral3)
+            beta, n = hp.attn_temp
+            q = q * (1 + np.float32(beta) * np.log1p(np.floor(pos / n))).astype(np.float32)[:, None, None]
     sink = next((n for n in (p + "attn_sinks", p + "attn_sinks.weight") if w.has(n)), None)
     sinks = w.tensor(sink) if sink else None
     o = _attend(q, k, v, hp, window, sinks)
@@ -312,18 +319,19 @@ _MIXERS: dict[str, Callable[[int, np.ndarray, Hparams, Weights], np.ndarray]] = 
 
 def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     p = f"blk.{i}."
-    sandwich = hp.fwd.block == "sandwich"
+    after = hp.fwd.block in ("sandwich", "post")  # the block's output normed
+    before = hp.fwd.block != "post"  # its input normed
     blk = hp.blocks[i] if hp.blocks else "attn"
     part = _PARTS.get(hp.arch, {}).get(blk)  # "mixer" | "ffn": the layer is that one block (archs Blocks.parts)
     if part != "ffn":
-        h = _norm(x, w, p + "attn_norm", hp)
+        h = _norm(x, w, p + "attn_norm", hp) if before else x
         a = sum(_MIXERS[m](i, h, hp, w) for m in mixers(blk))
-        if sandwich:
+        if after:
             a = _norm(a, w, p + "post_attention_norm", hp)
         x = x + a * np.float32(hp.residual_scale)
     if part != "mixer":  # an FFN alone is normed by the layer's one norm (GGUF attn_norm)
-        m = _ffn(i, _norm(x, w, p + (hp.fwd.ffn_norm if part is None else "attn_norm"), hp), hp, w)
-        if sandwich:
+        m = _ffn(i, _norm(x, w, p + (hp.fwd.ffn_norm if part is None else "attn_norm"), hp) if before else x, hp, w)
+        if after:
             m = _norm(m, w, p + "post_ffw_norm", hp)
         x = x + m * np.float32(hp.residual_scale)
     return x

@@ -93,6 +93,7 @@ class Hparams:
     mla: dict = field(default_factory=dict)  # q_lora_rank, kv_lora_rank, nope, rope, v_head_dim
     blocks: tuple[str, ...] = ()  # a hybrid's block type per layer (archs.Blocks: "attn", "shortconv"); (): all attn
     ssm: dict = field(default_factory=dict)  # a hybrid's recurrent dims (archs Blocks.gguf_dims: ck, ds, ng, di ...)
+    attn_temp: tuple[float, int] = (0.0, 0)  # Forward.attn_temp's (beta, length); beta 0: none
 
 
 def _num(v: Any, what: str, where: str) -> float:
@@ -131,6 +132,9 @@ def _rope_from(params: Mapping[str, Any], dim: int, max_pos: int, style: str, wh
         return Rope(inv, 1.0, dim, style, p)
     if kind == "linear":
         return Rope((inv / np.float32(_num(factor, "rope factor", where))).astype(np.float32), 1.0, dim, style, p)
+    if kind == "dynamic" and params.get("alpha"):  # HunYuan's NTK-alpha: a static base (transformers' ntk_alpha)
+        base = base * _num(params["alpha"], "rope alpha", where) ** (dim / (dim - 2))
+        return Rope(_inv_freq(base, dim), 1.0, dim, style, dict(p, rope_type="ntk_alpha", rope_theta=base))
     if kind == "dynamic":  # NTK-aware: equals the default within max_position_embeddings (checked per run)
         return Rope(inv, 1.0, dim, style, p)
     if kind == "llama3":
@@ -232,9 +236,9 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
     rot = d["rope"] if mla else int(hd * _num(prf, "partial_rotary_factor", where))
     rope = _rope_from(params, rot, max_pos, style, where)
     rope_swa = None
-    if f.swa_rope_base:
+    if f.swa_rope_base or f.swa_rope_unscaled:
         p2 = _hf_rope_params(tc, "sliding_attention")
-        p2.setdefault("rope_theta", f.swa_rope_base)
+        p2.setdefault("rope_theta", f.swa_rope_base or params["rope_theta"])
         rope_swa = _rope_from(p2, rot, max_pos, style, where)
     rope_layers = set(range(L))
     if f.rope_layers == "no_rope_layers":  # 1 = RoPE; transformers' default: every no_rope_layer_interval-th has none
@@ -251,6 +255,8 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
         swa_window, swa_layers = window, set(range(L)) if window else set()
     else:
         swa_window, swa_layers = facts["swa_window"], set(facts["swa_layers"])
+    if f.rope_layers == "swa" and swa_layers:  # exaone4: the full layers are NoPE when there are sliding ones
+        rope_layers = set(swa_layers)
 
     def scale(spec: str, default: float) -> float:
         if not spec:
@@ -294,7 +300,20 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
              "v_head_dim": d["vhd"]} if mla else {},
         blocks=tuple(archs.layer_blocks(cfg, where)) if fam.blocks is not None else (),
         ssm={dim: int(d[dim]) for dim, _ in fam.blocks.gguf_dims} if fam.blocks is not None else {},
+        attn_temp=_attn_temp(f, params.get("llama_4_scaling_beta"), params.get("original_max_position_embeddings"),
+                             where),
     )
+
+
+def _attn_temp(f: archs.Forward, beta: Any, length: Any, where: str) -> tuple[float, int]:
+    """Forward.attn_temp's (beta, length), (0.0, 0) without one."""
+    if not f.attn_temp or not beta:
+        return 0.0, 0
+    n = int(_num(length, "original_max_position_embeddings", where)) if length else 0
+    if n <= 0:
+        raise SourceError(f"{where}: the attention temperature needs a positive original_max_position_embeddings; "
+                          "fix the config")
+    return float(_num(beta, "llama_4_scaling_beta", where)), n
 
 
 def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.ndarray | None, where: str,
@@ -336,11 +355,15 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
     if kind == "linear":
         params.update(rope_type="linear", factor=get(G.ROPE_SCALING_FACTOR))
     elif kind == "yarn":
-        if get(G.ROPE_SCALING_YARN_LOG_MUL) is not None:
+        log_mul = get(G.ROPE_SCALING_YARN_LOG_MUL)
+        if log_mul is not None and not f.yarn_log_mul:
             raise NotEvaluable(f"{where}: YaRN with yarn_log_multiplier (llama.cpp's DeepSeek form) is not evaluable "
                                "yet")
         params.update(rope_type="yarn", factor=get(G.ROPE_SCALING_FACTOR),
                       original_max_position_embeddings=get(G.ROPE_SCALING_ORIG_CTX_LEN, max_pos))
+        if log_mul is not None:  # llama.cpp (llama_context): mscale 1 over mscale_all_dim = the log multiplier
+            factor = float(params["factor"])
+            params["attention_factor"] = _yarn_mscale(factor) / _yarn_mscale(factor, float(log_mul))
         if get(G.ROPE_SCALING_ATTN_FACTOR) is not None:
             params["attention_factor"] = float(get(G.ROPE_SCALING_ATTN_FACTOR))
         if get(G.ROPE_SCALING_YARN_TRUNCATE) is not None:  # not a llama.cpp key (ggml always truncates)
@@ -355,8 +378,9 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
                               "ones; the file is damaged")
         rope.inv_freq = (rope.inv_freq / fr).astype(np.float32)
     rope_swa = None
-    if f.swa_rope_base:
-        rope_swa = _rope_from({"rope_theta": get(G.ROPE_FREQ_BASE_SWA, f.swa_rope_base)}, rot, max_pos, style, where)
+    if f.swa_rope_base or f.swa_rope_unscaled:
+        rope_swa = _rope_from({"rope_theta": get(G.ROPE_FREQ_BASE_SWA, f.swa_rope_base or params["rope_theta"])}, rot,
+                              max_pos, style, where)
     rope_layers = set(range(L))
     if f.rope_layers == "no_rope_layers":
         nrl = get(G.NO_ROPE_LAYERS)  # not a llama.cpp key: llama.cpp's smollm3 skips RoPE on every 4th layer
@@ -371,6 +395,8 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
         swa_window, swa_layers = window, set(range(L)) if window else set()
     else:
         swa_window, swa_layers = facts["swa_window"], set(facts["swa_layers"])
+    if f.rope_layers == "swa" and swa_layers:  # exaone4: the full layers are NoPE when there are sliding ones
+        rope_layers = set(swa_layers)
 
     def scale(spec: str, which: str, default: float) -> float:
         return float(get(_GGUF_SCALE[which], default)) if spec else default
@@ -401,6 +427,7 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
         blocks=_gguf_blocks(fam, facts),
         ssm={dim: int(kv[f"{garch}.{key}"]) for dim, key in fam.blocks.gguf_dims if kv.get(f"{garch}.{key}") is not None}
         if fam.blocks is not None else {},
+        attn_temp=_attn_temp(f, get(G.ATTN_TEMPERATURE_SCALE), get(G.ROPE_SCALING_ORIG_CTX_LEN), where),
     )
 
 
@@ -439,12 +466,15 @@ def to_gguf(hp: Hparams) -> dict[str, Any]:
             put(G.ROPE_SCALING_ATTN_FACTOR, float(hp.rope.attn_factor))
             if not hp.rope.params.get("truncate", True):
                 put(G.ROPE_SCALING_YARN_TRUNCATE, False)
-    elif kind not in ("default", "dynamic", "llama3"):  # llama3: the rope_freqs.weight tensor (rope_factors)
+    elif kind not in ("default", "dynamic", "llama3", "ntk_alpha"):  # llama3: the rope_freqs.weight tensor
+        # (rope_factors); ntk_alpha: its scaled base is the freq_base above
         raise NotEvaluable(f"RoPE scaling {kind} has no GGUF form here")
     if f.norm == "layer":
         put(G.LAYER_NORM_EPS, hp.eps)
     if hp.rope_swa is not None:
         put(G.ROPE_FREQ_BASE_SWA, hp.rope_swa.params["rope_theta"])
+    if hp.attn_temp[0]:  # its length is the YaRN original context (written with the scaling above)
+        put(G.ATTN_TEMPERATURE_SCALE, hp.attn_temp[0])
     if hp.attn_softcap:
         put(G.ATTN_SOFTCAP, hp.attn_softcap)
     if hp.final_softcap:

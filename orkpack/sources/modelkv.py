@@ -64,8 +64,11 @@ _TOKEN_TYPES = {"NORMAL": 1, "UNKNOWN": 2, "CONTROL": 3, "USER_DEFINED": 4, "UNU
 
 
 def _first(cfg: Mapping, keys: Iterable[str]) -> Any:
+    """The first key present (not None); a dotted key is a path into nested objects (rope_parameters.x.y)."""
     for k in keys:
-        v = cfg.get(k)
+        v: Any = cfg
+        for part in k.split("."):
+            v = v.get(part) if isinstance(v, Mapping) else None
         if v is not None:
             return v
     return None
@@ -123,7 +126,8 @@ def _hparams(cfg: Mapping, fam_name: str | None, garch: str, kv: list, warn: Cal
         rot = int(hd * frac) if _valid("float32", frac) and 0 < frac <= 1 else hd
         kv.append([G.ROPE_DIMENSION_COUNT.at(garch), G.ROPE_DIMENSION_COUNT.type, rot])
     _rope_scaling(c, garch, kv, warn)
-    if fam is not None and (fam.blocks is not None or fam.more_dims is not None):
+    if fam is not None and (fam.blocks is not None or fam.more_dims is not None or fam.record or fam.record_swa
+                            or fam.name in _GATING_WRITTEN):
         _derived(cfg, fam, garch, kv)
 
 
@@ -148,6 +152,13 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
 
     if fam.more_dims is not None:
         put(G.FEED_FORWARD_LENGTH, G.FEED_FORWARD_LENGTH.type, d["I"])
+    tc0 = cfg.get("text_config") if fam.text_config and isinstance(cfg.get("text_config"), Mapping) else cfg
+    if fam.record_swa and tc0.get("sliding_window") is not None:  # Olmo2Model: the window's layers, one bool per layer
+        swa = set(archs.facts_from_config(cfg)["swa_layers"])
+        put(G.SLIDING_WINDOW_PATTERN, G.SLIDING_WINDOW_PATTERN.type, [i in swa for i in range(d["L"])])
+    for name, v in archs.record_values(cfg):  # the converter's own arithmetic (archs Family.record)
+        key = G.BY_NAME[name]
+        put(key, key.type, v)
     if fam.blocks is not None and fam.blocks.record in ("kv_heads", "kv_heads_ffn"):
         put(G.HEAD_COUNT_KV, G.HEAD_COUNT_KV_PER_LAYER, [d["nkv"] if b == archs.ATTN else 0 for b in blocks])
         if "di" in d:  # Mamba2's d_inner (GraniteHybridModel: mamba_expand x hidden; NemotronHModel: heads x head dim)
@@ -192,9 +203,9 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
 # families whose converter writes rope.dimension_sections (_Qwen35MRopeMixin)
 _MROPE_WRITTEN = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
 
-# families whose converter writes expert_gating_func from the router alone (LFM2MoeModel: always sigmoid, 2);
-# it writes neither expert_weights_norm nor expert_weights_scale for them (llama.cpp always normalises)
-_GATING_WRITTEN = ("lfm2_moe",)
+# families whose converter writes expert_gating_func from the router alone (LFM2MoeModel, Glm4MoeModel: always
+# sigmoid, 2; LFM2MoeModel writes neither expert_weights_norm nor expert_weights_scale: llama.cpp always normalises)
+_GATING_WRITTEN = ("lfm2_moe", "glm4_moe")
 
 
 def _rope_scaling(c: Mapping, garch: str, kv: list, warn: Callable[[str], None]) -> None:
@@ -203,6 +214,20 @@ def _rope_scaling(c: Mapping, garch: str, kv: list, warn: Callable[[str], None])
         return
     kind = rs.get("rope_type", rs.get("type"))
     factor = G.ROPE_SCALING_FACTOR
+    alpha, theta = rs.get("alpha"), rs.get("rope_theta", c.get("rope_theta", 10000.0))
+    hd = _first(c, ("head_dim",))
+    if kind == "dynamic" and _valid("float32", alpha) and alpha > 0 and _valid("uint32", hd) and hd > 2 \
+            and _valid("float32", theta):
+        # HunYuan's NTK-alpha (HunYuanModel): the scaled base, no scaling, and a 256k context
+        def put(key: G.Key, v: Any) -> None:
+            name = key.at(garch)
+            kv[:] = [e for e in kv if e[0] != name] + [[name, key.type, v]]
+        put(G.ROPE_FREQ_BASE, float(theta * alpha ** (hd / (hd - 2))))
+        put(G.ROPE_SCALING_TYPE, "none")
+        put(G.ROPE_SCALING_FACTOR, 1.0)
+        put(G.ROPE_SCALING_ORIG_CTX_LEN, 256 * 1024)
+        put(G.CONTEXT_LENGTH, 256 * 1024)
+        return
     # written with a valid factor only; llama3 always (llama.cpp's converter turns llama3 scaling into a
     # rope_freqs tensor; the pack keeps its parameters)
     if kind in G.ROPE_SCALING_TYPE.kinds and (kind == "llama3" or _valid(factor.type, rs.get(factor.rope_scaling))):
