@@ -133,6 +133,12 @@ ROPE_DIMENSION_SECTIONS = Key("rope.dimension_sections", "array[int32]")  # Qwen
 # ---------------------------------------------------------------------------- derived (modelkv: head dim x partial
 # rotary factor, MLA: qk_rope_head_dim; a reader's default: the head dim)
 ROPE_DIMENSION_COUNT = Key("rope.dimension_count", "uint32")
+# gemma4: the sliding layers' own head size and rotated dims, the KV-sharing layers, the per-layer embedding width
+ROPE_DIMENSION_COUNT_SWA = Key("rope.dimension_count_swa", "uint32")
+KEY_LENGTH_SWA = Key("attention.key_length_swa", "uint32")
+VALUE_LENGTH_SWA = Key("attention.value_length_swa", "uint32")
+SHARED_KV_LAYERS = Key("attention.shared_kv_layers", "uint32", default=0)
+EMBEDDING_LENGTH_PER_LAYER = Key("embedding_length_per_layer_input", "uint32", default=0)
 
 # ---------------------------------------------------------------------------- RoPE scaling (config.json rope_scaling)
 ROPE_SCALING_TYPE = Key("rope.scaling.type", "string", kinds=_SCALED + ("llama3",), default="none")

@@ -175,7 +175,8 @@ def _qk_norm(x: np.ndarray, w: Weights, name: str, hp: Hparams) -> np.ndarray:
     return _norm(x.reshape(T, -1, d), w, name, hp).reshape(T, -1)
 
 
-def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
+def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None = None) -> np.ndarray:
+    """One attention layer; ``kv`` holds the (k, v) of the layers a later KV-sharing layer reads (Hparams.kv_from)."""
     p = f"blk.{i}."
     T = x.shape[0]
     pos = np.arange(T)
@@ -200,23 +201,39 @@ def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
         v = np.ascontiguousarray(kv[..., nope:])
     else:
         nh, nkv, d = hp.heads, hp.kv_heads, hp.head_dim
-        if w.has(p + "attn_qkv.weight"):
+        if hp.head_dim_swa and i in hp.swa_layers:  # gemma4: the sliding layers' own head size and KV heads
+            nkv, d = hp.kv_heads_swa or nkv, hp.head_dim_swa
+        if i in hp.kv_from:  # a KV-sharing layer: its q alone; K/V as the earlier layer left them (normed, turned)
+            q = _lin(w, p + "attn_q", x)
+            if hp.fwd.qk_norm:
+                q = _qk_norm(q, w, p + "attn_q_norm", hp)
+            q = q.reshape(T, nh, d)
+            if rope is not None:
+                q = _rope(q, rope, pos)
+            k, v = kv[hp.kv_from[i]]
+        elif w.has(p + "attn_qkv.weight"):
             qkv = _lin(w, p + "attn_qkv", x)
             if hp.fwd.qkv == "grouped":  # per KV head: its nh / nkv q heads, then k, then v
                 g = qkv.reshape(T, nkv, nh // nkv + 2, d)
                 q, k, v = g[:, :, :-2].reshape(T, nh * d), g[:, :, -2].reshape(T, nkv * d), g[:, :, -1].reshape(T, -1)
             else:
                 q, k, v = qkv[:, : nh * d], qkv[:, nh * d: (nh + nkv) * d], qkv[:, (nh + nkv) * d:]
-        else:
-            q, k, v = _lin(w, p + "attn_q", x), _lin(w, p + "attn_k", x), _lin(w, p + "attn_v", x)
-        if hp.fwd.attn_gate:  # attn_q holds per head [q | gate]
-            qg = q.reshape(T, nh, 2 * d)
-            q, gate = np.ascontiguousarray(qg[..., :d]).reshape(T, nh * d), qg[..., d:].reshape(T, nh * d)
-        if hp.fwd.qk_norm:
-            q, k = _qk_norm(q, w, p + "attn_q_norm", hp), _qk_norm(k, w, p + "attn_k_norm", hp)
-        q, k, v = q.reshape(T, nh, d), k.reshape(T, nkv, d), v.reshape(T, nkv, -1)
-        if rope is not None:
-            q, k = _rope(q, rope, pos), _rope(k, rope, pos)
+        else:  # no attn_v (gemma4's attention_k_eq_v full layers): the keys' projection is the values too
+            q, k = _lin(w, p + "attn_q", x), _lin(w, p + "attn_k", x)
+            v = _lin(w, p + "attn_v", x) if w.has(p + "attn_v.weight") else k
+        if i not in hp.kv_from:
+            if hp.fwd.attn_gate:  # attn_q holds per head [q | gate]
+                qg = q.reshape(T, nh, 2 * d)
+                q, gate = np.ascontiguousarray(qg[..., :d]).reshape(T, nh * d), qg[..., d:].reshape(T, nh * d)
+            if hp.fwd.qk_norm:
+                q, k = _qk_norm(q, w, p + "attn_q_norm", hp), _qk_norm(k, w, p + "attn_k_norm", hp)
+            q, k, v = q.reshape(T, nh, d), k.reshape(T, nkv, d), v.reshape(T, nkv, -1)
+            if hp.fwd.v_norm:  # per head, without a gain
+                v = v / np.sqrt((v * v).mean(-1, keepdims=True, dtype=np.float32) + np.float32(hp.eps))
+            if rope is not None:
+                q, k = _rope(q, rope, pos), _rope(k, rope, pos)
+            if kv is not None and i in set(hp.kv_from.values()):
+                kv[i] = (k, v)
     sink = next((n for n in (p + "attn_sinks", p + "attn_sinks.weight") if w.has(n)), None)
     sinks = w.tensor(sink) if sink else None
     o = _attend(q, k, v, hp, window, sinks)
@@ -293,25 +310,46 @@ def _ffn(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
 
 
 # the mixer of each block type (orkpack/archs.py Blocks; Hparams.blocks): attention, or a hybrid's recurrent block
-_MIXERS: dict[str, Callable[[int, np.ndarray, Hparams, Weights], np.ndarray]] = {
-    "attn": lambda i, x, hp, w: _attention(i, x, hp, w),
+_MIXERS: dict[str, Callable[..., np.ndarray]] = {
+    "attn": _attention,
     "shortconv": shortconv,
     "deltanet": deltanet,
     "mamba2": mamba2,
 }
 
 
-def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
+def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None = None,
+           pli: np.ndarray | None = None) -> np.ndarray:
+    """One decoder layer. ``kv``: the K/V later KV-sharing layers read; ``pli``: the per-layer inputs (T, L, width)."""
     p = f"blk.{i}."
     sandwich = hp.fwd.block == "sandwich"
-    a = _MIXERS[hp.blocks[i] if hp.blocks else "attn"](i, _norm(x, w, p + "attn_norm", hp), hp, w)
+    blk = hp.blocks[i] if hp.blocks else "attn"
+    xn = _norm(x, w, p + "attn_norm", hp)
+    a = _attention(i, xn, hp, w, kv) if blk == "attn" else _MIXERS[blk](i, xn, hp, w)
     if sandwich:
         a = _norm(a, w, p + "post_attention_norm", hp)
     x = x + a * np.float32(hp.residual_scale)
     m = _ffn(i, _norm(x, w, p + hp.fwd.ffn_norm, hp), hp, w)
     if sandwich:
         m = _norm(m, w, p + "post_ffw_norm", hp)
-    return x + m * np.float32(hp.residual_scale)
+    x = x + m * np.float32(hp.residual_scale)
+    if pli is not None:  # gemma4: the layer's per-layer input gates a projection back into the stream
+        g = _act(_lin(w, p + "inp_gate", x), hp.act) * pli[:, i, :]
+        x = x + _norm(_lin(w, p + "proj", g), w, p + "post_norm", hp)
+    if w.has(p + "layer_output_scale.weight"):
+        x = x * w.tensor(p + "layer_output_scale.weight").reshape(-1)[0]
+    return x
+
+
+def _per_layer_inputs(ids: np.ndarray, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
+    """gemma4's per-layer inputs (T, L, width): the rows of per_layer_token_embd (times sqrt(width)) plus the
+    embeddings' projection per_layer_model_proj (times hidden^-1/2, RMS-normed per layer by per_layer_proj_norm),
+    times 2^-1/2 (transformers' get_per_layer_inputs / project_per_layer_inputs)."""
+    T, L, n = ids.size, hp.n_layers, hp.per_layer
+    tab = w.tensor("per_layer_token_embd.weight")[ids].reshape(T, L, n) * np.float32(np.sqrt(n))
+    proj = (w.matmul("per_layer_model_proj.weight", x) * np.float32(hp.hidden ** -0.5)).reshape(T, L, n)
+    proj = _norm(proj, w, "per_layer_proj_norm", hp)
+    return ((proj + tab) * np.float32(2.0 ** -0.5)).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------------------------- entry
@@ -345,8 +383,10 @@ def run(source, tokens, *, weights: Weights | None = None, hp: Hparams | None = 
     T = ids.size
     total = hp.n_layers + -(-T // chunk)
     x = w.embed(ids) * np.float32(hp.embed_scale)
+    pli = _per_layer_inputs(ids, x, hp, w) if hp.per_layer and w.has("per_layer_token_embd.weight") else None
+    kv: dict = {}
     for i in range(hp.n_layers):
-        x = _layer(i, x, hp, w)
+        x = _layer(i, x, hp, w, kv, pli)
         w.release()
         if progress:
             progress(i + 1, total)
