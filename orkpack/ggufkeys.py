@@ -78,10 +78,12 @@ VOCAB_SIZE = Key("vocab_size", "uint32", ("vocab_size", "padded_vocab_size"))
 # ---------------------------------------------------------------------------- a family's own (its converter class)
 ATTN_SOFTCAP = Key("attn_logit_softcapping", "float32", family=_fam((("gemma2",), ("attn_logit_softcapping",))),
                    default=0.0)
-FINAL_SOFTCAP = Key("final_logit_softcapping", "float32", family=_fam((("gemma2",), ("final_logit_softcapping",))),
+FINAL_SOFTCAP = Key("final_logit_softcapping", "float32",
+                    family=_fam((("gemma2", "gemma4_text", "gemma4"), ("final_logit_softcapping",))),
                     default=0.0)
 SLIDING_WINDOW = Key("attention.sliding_window", "uint32",
-                     family=_fam((("gemma2",) + _GEMMA3 + ("gpt_oss",), ("sliding_window",))), default=0)
+                     family=_fam((("gemma2",) + _GEMMA3 + ("gpt_oss", "gemma4_text", "gemma4"), ("sliding_window",))),
+                     default=0)
 ROPE_FREQ_BASE_SWA = Key("rope.freq_base_swa", "float32", family=_fam((_GEMMA3, ("rope_local_base_freq",))))
 EMBEDDING_SCALE = Key("embedding_scale", "float32",
                       family=_fam((_GRANITE, ("embedding_multiplier",)), (("minicpm",), ("scale_emb",))), default=1.0)
@@ -139,6 +141,7 @@ KEY_LENGTH_SWA = Key("attention.key_length_swa", "uint32")
 VALUE_LENGTH_SWA = Key("attention.value_length_swa", "uint32")
 SHARED_KV_LAYERS = Key("attention.shared_kv_layers", "uint32", default=0)
 EMBEDDING_LENGTH_PER_LAYER = Key("embedding_length_per_layer_input", "uint32", default=0)
+SWA_PATTERN = Key("attention.sliding_window_pattern", "array[bool]")  # one per layer: sliding or not
 
 # ---------------------------------------------------------------------------- RoPE scaling (config.json rope_scaling)
 ROPE_SCALING_TYPE = Key("rope.scaling.type", "string", kinds=_SCALED + ("llama3",), default="none")

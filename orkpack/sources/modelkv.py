@@ -148,6 +148,8 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
 
     if fam.more_dims is not None:
         put(G.FEED_FORWARD_LENGTH, G.FEED_FORWARD_LENGTH.type, d["I"])
+    if "kinds" in d:  # gemma4 (Gemma4Model.set_gguf_parameters)
+        _gemma4(cfg, fam, d, put)
     if fam.blocks is not None and fam.blocks.record == "kv_heads":
         put(G.HEAD_COUNT_KV, G.HEAD_COUNT_KV_PER_LAYER, [d["nkv"] if b == archs.ATTN else 0 for b in blocks])
         if "di" in d:  # Mamba2's d_inner (GraniteHybridModel: mamba_expand x hidden)
@@ -173,6 +175,39 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
             put(G.CONTEXT_LENGTH, G.CONTEXT_LENGTH.type, 2 ** 20)
     if fam.name in _GATING_WRITTEN and d["E"]:
         put(G.EXPERT_GATING_FUNC, G.EXPERT_GATING_FUNC.type, 2 if fam.forward.router == "sigmoid" else 1)
+
+
+def _gemma4(cfg: Mapping, fam, d: dict, put: Callable) -> None:
+    """Gemma4Model's keys: each layer type's head size and rotated dims, per-layer KV heads when the full layers have
+    their own, the FFN widths of a double-wide MLP, the KV-sharing layers, the per-layer embedding width, the
+    sliding pattern and the sliding layers' RoPE base."""
+    tc = cfg.get("text_config") if fam.text_config and isinstance(cfg.get("text_config"), Mapping) else cfg
+    L, swa = d["L"], [k == "sliding_attention" for k in d["kinds"]]
+    u = "uint32"
+    put(G.SHARED_KV_LAYERS, u, d["nshared"])
+    put(G.EMBEDDING_LENGTH_PER_LAYER, u, d["hpl"])
+    put(G.SWA_PATTERN, "array[bool]", swa)
+    for key, v in ((G.KEY_LENGTH, d["hf"]), (G.VALUE_LENGTH, d["hf"]), (G.KEY_LENGTH_SWA, d["hs"]),
+                   (G.VALUE_LENGTH_SWA, d["hs"]), (G.ROPE_DIMENSION_COUNT, d["hf"])):
+        put(key, u, v)
+    if d["Iw"] != d["I0"]:
+        put(G.FEED_FORWARD_LENGTH, G.HEAD_COUNT_KV_PER_LAYER, [d["I0"] if i < L - d["nshared"] else d["Iw"]
+                                                              for i in range(L)])
+    else:
+        put(G.FEED_FORWARD_LENGTH, u, d["I0"])
+    plc = tc.get("per_layer_config")
+    own_kv = tc.get("num_global_key_value_heads") is not None or (isinstance(plc, Mapping) and any(
+        isinstance(x, Mapping) and "num_key_value_heads" in x and str(k).isdigit() and int(k) < L and not swa[int(k)]
+        for k, x in plc.items()))
+    if own_kv:  # the converter's condition: the full layers' KV heads are given
+        put(G.HEAD_COUNT_KV, G.HEAD_COUNT_KV_PER_LAYER, [d["nks"] if s else d["nkf"] for s in swa])
+    rp = tc.get("rope_parameters")
+    sl = rp.get("sliding_attention") if isinstance(rp, Mapping) else None
+    sl = sl if isinstance(sl, Mapping) else {}
+    frac = sl.get("partial_rotary_factor", 1.0)
+    put(G.ROPE_DIMENSION_COUNT_SWA, u, int(d["hs"] * frac) if _valid("float32", frac) else d["hs"])
+    if _valid("float32", sl.get("rope_theta")):
+        put(G.ROPE_FREQ_BASE_SWA, "float32", float(sl["rope_theta"]))
 
 
 # families whose converter writes expert_gating_func from the router alone (LFM2MoeModel: always sigmoid, 2);
