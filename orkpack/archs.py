@@ -308,6 +308,9 @@ class Family:
     lookups: tuple[str, ...] = ()  # canonical names of embedding tables besides token_embd (gemma4's per-layer
     # embeddings): row lookups, never matmuls (manifest role "lookup": never an NPU item; decode reads one row)
     kv_shared: str = ""  # a dim: the last that many layers reuse earlier layers' K/V and store none (gemma4)
+    generated: tuple[tuple[str, Callable[[Mapping, dict], Any]], ...] = ()  # (canonical name, (text config, dims)
+    # -> float32 array or None): tensors llama.cpp's converter computes from the config (generate_extra_tensors),
+    # which an HF reader lists too (gemma4's rope_freqs.weight: the full layers' proportional RoPE)
 
 
 # --------------------------------------------------------------------------------------- shared templates
@@ -995,6 +998,23 @@ def _gemma4_kinds(cfg: Mapping, L: int, where: str) -> list[str]:
     return lt
 
 
+def _gemma4_rope_freqs(cfg: Mapping, d: dict):
+    """Gemma4Model.generate_extra_tensors: the full layers' proportional RoPE as llama.cpp's frequency factors, 1 for
+    the partial_rotary_factor of the pairs that turn, 1e30 (frequency 0) for the others."""
+    import numpy as np
+
+    rp = cfg.get("rope_parameters")
+    full = rp.get("full_attention") if isinstance(rp, Mapping) else None
+    if not isinstance(full, Mapping) or full.get("rope_type") != "proportional":
+        return None
+    prf = full.get("partial_rotary_factor", 1.0)
+    if isinstance(prf, bool) or not isinstance(prf, (int, float)) or not 0 <= prf <= 1:
+        raise SourceError("config.json: 'rope_parameters.full_attention.partial_rotary_factor' must be a "
+                          "number in 0..1; fix the config")
+    n = int(d["hf"] * prf / 2)
+    return np.array([1.0] * n + [1e30] * (d["hf"] // 2 - n), dtype=np.float32)
+
+
 def _gemma4_layer(cfg: Mapping, d: dict, i: int) -> dict:
     """Gemma 4's per-layer flags: its attention type, whether it reuses earlier K/V, keys-as-values, the wide MLP."""
     full = d["kinds"][i] == "full_attention"
@@ -1044,9 +1064,25 @@ _F.append(
            classes=("Gemma4ForCausalLM",), more_dims=_gemma4_dims, layer_flags=_gemma4_layer,
            flags=lambda cfg, d: {"ple": d["hpl"] > 0},
            renames=((r"\.layer_scalar$", ".layer_scalar.weight"),),
-           lookups=("per_layer_token_embd.weight",), kv_shared="nshared", forward=_FWD_GEMMA4),
+           lookups=("per_layer_token_embd.weight",), kv_shared="nshared",
+           generated=(("rope_freqs.weight", _gemma4_rope_freqs),), forward=_FWD_GEMMA4),
 )
 _GEMMA4 = _F[-1]
+
+
+def generated_tensors(cfg: Mapping[str, Any], where: str = "config.json") -> dict:
+    """{canonical name: float32 array} of the tensors the converter computes from this config (``Family.generated``)."""
+    fam = config_family(cfg) if isinstance(cfg, Mapping) else None
+    if fam is None or not fam.generated:
+        return {}
+    d = _dims(cfg, fam, where)
+    tc = _text_config(cfg, fam, where)
+    out = {}
+    for name, fn in fam.generated:
+        a = fn(tc, d)
+        if a is not None:
+            out[name] = a
+    return out
 # a release (Gemma4ForConditionalGeneration): the text model under model.language_model., the vision and audio towers
 # and their embedders beside it, which llama.cpp's converter writes to a separate mmproj GGUF: left out by name
 _GEMMA4_MM_SKIP = ((r"^model\.(?:vision_tower|audio_tower|embed_vision|embed_audio)\.",

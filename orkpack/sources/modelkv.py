@@ -229,7 +229,7 @@ def _rope_scaling(c: Mapping, garch: str, kv: list, warn: Callable[[str], None])
             v = rs.get(k.rope_scaling)
             if kind in k.kinds and _valid(k.type, v):
                 kv.append([k.at(garch), k.type, json_value(k.type, v)])
-    elif kind not in (None, "default"):
+    elif kind not in (None, "default", "proportional"):  # proportional (gemma4): the rope_freqs tensor carries it
         warn(f"config.json: rope_scaling type {escape_name(repr(kind), 40)} is not carried into the pack's model "
              "metadata; a runtime will run the model without it")
 

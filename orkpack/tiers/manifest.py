@@ -273,6 +273,8 @@ def manifest_from_config(cfg: dict, source: str = "config.json") -> Manifest:
     for name, per in stacked.items():
         shape, hf_name = per[0]
         tensors.append(TensorEntry(name, (len(per),) + tuple(shape), archs.stored_dtype(cfg, hf_name, dtype)))
+    # what the converter computes from the config (gemma4's rope_freqs), as the reader lists it
+    tensors.extend(TensorEntry(n, tuple(a.shape), "F32") for n, a in archs.generated_tensors(cfg, source).items())
     return Manifest(facts, tensors, "config", source)
 
 
