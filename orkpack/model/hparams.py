@@ -477,12 +477,15 @@ def to_gguf(hp: Hparams) -> dict[str, Any]:
             put(G.ROPE_SCALING_ATTN_FACTOR, float(hp.rope.attn_factor))
             if not hp.rope.params.get("truncate", True):
                 put(G.ROPE_SCALING_YARN_TRUNCATE, False)
-    elif kind not in ("default", "dynamic", "llama3"):  # llama3: the rope_freqs.weight tensor (rope_factors)
+    elif kind not in ("default", "dynamic", "llama3", "proportional"):  # llama3, proportional: the rope_freqs.weight
+        # tensor (rope_factors)
         raise NotEvaluable(f"RoPE scaling {kind} has no GGUF form here")
     if f.norm == "layer":
         put(G.LAYER_NORM_EPS, hp.eps)
     if hp.rope_swa is not None:
         put(G.ROPE_FREQ_BASE_SWA, hp.rope_swa.params["rope_theta"])
+        if hp.rope is not None and hp.rope_swa.dim != hp.rope.dim:  # gemma4: the sliding layers' own rotated dims
+            put(G.ROPE_DIMENSION_COUNT_SWA, hp.rope_swa.dim)
     if hp.attn_softcap:
         put(G.ATTN_SOFTCAP, hp.attn_softcap)
     if hp.final_softcap:
@@ -513,6 +516,8 @@ def to_gguf(hp: Hparams) -> dict[str, Any]:
 
 def rope_factors(hp: Hparams) -> np.ndarray | None:
     """llama.cpp's ``rope_freqs.weight`` for a llama3-style RoPE (each default frequency's divisor), else None."""
+    if hp.rope is not None and hp.rope.params.get("rope_type") == "proportional":  # Gemma4Model's: 1 turns, 1e30 not
+        return np.where(hp.rope.inv_freq == 0, np.float32(1e30), np.float32(1)).astype(np.float32)
     if hp.rope is None or hp.rope.params.get("rope_type") != "llama3":
         return None
     return (_inv_freq(hp.rope.params["rope_theta"], hp.rope.dim) / hp.rope.inv_freq).astype(np.float32)

@@ -177,6 +177,16 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
         put(G.EXPERT_GATING_FUNC, G.EXPERT_GATING_FUNC.type, 2 if fam.forward.router == "sigmoid" else 1)
 
 
+def gemma4_keys(cfg: Mapping) -> dict:
+    """{key after "{arch}.": (GGUF type, value)}: what Gemma4Model writes beyond the common keys (for synthetic GGUFs)."""
+    from .. import archs
+
+    fam = archs.config_family(cfg)
+    out: dict = {}
+    _gemma4(cfg, fam, archs.dims(cfg), lambda key, typ, v: out.__setitem__(key.name, (typ, v)))
+    return out
+
+
 def _gemma4(cfg: Mapping, fam, d: dict, put: Callable) -> None:
     """Gemma4Model's keys: each layer type's head size and rotated dims, per-layer KV heads when the full layers have
     their own, the FFN widths of a double-wide MLP, the KV-sharing layers, the per-layer embedding width, the
