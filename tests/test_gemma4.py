@@ -220,3 +220,19 @@ def test_a_contradictory_config_is_one_line(over, key):
 
     with pytest.raises(SourceError, match=key):
         archs.facts_from_config(dict(synth.TINY["gemma4_text"], **over))
+
+
+def test_fixture_count_is_what_transformers_builds():
+    """The E2B fixture's count: transformers' Gemma4ForCausalLM on the meta device, its parameters plus the
+    layer_scalar buffers its state dict (the checkpoint) holds; the same tensor names as archs lists."""
+    torch = pytest.importorskip("torch", reason="transformers' count needs torch (test extra)")
+    transformers = pytest.importorskip("transformers", reason="transformers' count needs transformers (test extra)")
+    cfg = json.loads((FIXTURES / "gemma4_text.json").read_text())
+    c = transformers.Gemma4TextConfig(**{k: v for k, v in cfg.items()
+                                         if k not in ("architectures", "model_type", "torch_dtype")})
+    with torch.device("meta"):
+        m = transformers.Gemma4ForCausalLM(c)
+    sd = {k: v for k, v in m.state_dict().items() if k != "lm_head.weight"}  # tied
+    assert sum(p.numel() for p in m.parameters()) == 4_628_569_344
+    assert sum(v.numel() for v in sd.values()) == archs.param_count(cfg)
+    assert set(sd) == {n for n, _, _ in archs.hf_tensors(cfg)[1]}
