@@ -191,6 +191,10 @@ class Forward:
     attn_scale: str = ""  # "" (head_dim^-0.5) | a config key (granite attention_multiplier) | qpas (gemma2/3)
     # | unit (1: gemma4, whose q and k are RMS-normed)
     v_norm: bool = False  # gemma4: V RMS-normed per head, without a gain
+    moe_beside_mlp: bool = False  # gemma4 (enable_moe_block): the dense MLP and the experts side by side on the same
+    # input, each with its own norms (ffn_norm -> MLP -> post_ffw_norm_1; pre_ffw_norm_2 -> experts -> post_ffw_norm_2),
+    # summed; the router reads the input RMS-normed without a gain, times ffn_gate_inp.scale / sqrt(hidden); each
+    # chosen expert's weight times its ffn_down_exps.scale
     per_layer_input: bool = False  # gemma4: per-layer embeddings (per_layer_token_embd looked up, plus the projection
     # of the embeddings, per_layer_model_proj, normed per layer) gate each layer's output: x + post_norm(proj(act(
     # inp_gate(x)) * pli_i)); then each layer's output times its layer_output_scale
@@ -978,10 +982,11 @@ def _gemma4_dims(cfg: Mapping, d: dict, where: str) -> dict:
                           "reuse; fix the config")
     wide = cfg.get("use_double_wide_mlp") is True and nshared > 0
     I0 = d["I"]
+    moe = {} if cfg.get("enable_moe_block") is True else {"E": 0, "top_k": 0, "Im": 0}  # experts only in MoE blocks
     return {"hs": hs, "nks": nks, "hf": hf, "nkf": nkf, "hd": hf, "nkv": max(nks, nkf), "nshared": nshared,
             "hpl": hpl, "Vpl": vpl, "plw": L * hpl, "I0": I0, "Iw": 2 * I0 if wide else I0,
             "I": 2 * I0 if wide else I0, "kinds": tuple(kinds), "k_eq_v": k_eq_v,
-            "kv_widths": (nkf * hf, nkf * hf, nks * hs, nks * hs)}
+            "kv_widths": (nkf * hf, nkf * hf, nks * hs, nks * hs), **moe}
 
 
 def _gemma4_kinds(cfg: Mapping, L: int, where: str) -> list[str]:
@@ -1047,6 +1052,13 @@ _GEMMA4_LAYER = (
         t(P + "per_layer_projection.weight", "H", "hpl", when="ple"),
         t(P + "post_per_layer_input_norm.weight", "H", when="ple"),
         t(P + "layer_scalar", 1, kind="norm"),
+        # enable_moe_block (26B-A4B): experts beside the dense MLP, each with its own norms
+        t(P + "router.proj.weight", "E", "H", when="moe"), t(P + "router.scale", "H", when="moe", kind="norm"),
+        t(P + "router.per_expert_scale", "E", when="moe", kind="norm"),
+        t(P + "experts.gate_up_proj", "E", "2*Im", "H", when="moe"), t(P + "experts.down_proj", "E", "H", "Im", when="moe"),
+        t(P + "pre_feedforward_layernorm_2.weight", "H", when="moe"),
+        t(P + "post_feedforward_layernorm_1.weight", "H", when="moe"),
+        t(P + "post_feedforward_layernorm_2.weight", "H", when="moe"),
     ))
 _GEMMA4_TOP = _llama_top() + (
     t("model.embed_tokens_per_layer.weight", "Vpl", "plw", when="ple", kind="w"),
@@ -1055,15 +1067,19 @@ _GEMMA4_TOP = _llama_top() + (
 )
 _FWD_GEMMA4 = Forward(block="sandwich", act="gelu_tanh", act_key="hidden_activation", embed_scale="sqrt_hidden",
                       qk_norm="head", v_norm=True, attn_scale="unit", swa_rope_base=10000.0, per_layer_input=True,
-                      smooth=(SMOOTH_ATTN,))
+                      moe_beside_mlp=True, router_norm="always", smooth=(SMOOTH_ATTN,))
 _GEMMA4_DEFAULTS = {"tie_word_embeddings": True, "vocab_size": 262144, "hidden_size": 2304, "intermediate_size": 9216,
                     "num_hidden_layers": 30, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
                     "sliding_window": 512}  # Gemma4TextConfig's
 _F.append(
     Family("gemma4_text", "GEMMA4", _GEMMA4_LAYER, _GEMMA4_TOP, swa="layer_types", defaults=_GEMMA4_DEFAULTS,
            classes=("Gemma4ForCausalLM",), more_dims=_gemma4_dims, layer_flags=_gemma4_layer,
+           keys={"n_experts_used": ("top_k_experts",)},
            flags=lambda cfg, d: {"ple": d["hpl"] > 0},
-           renames=((r"\.layer_scalar$", ".layer_scalar.weight"),),
+           renames=((r"\.layer_scalar$", ".layer_scalar.weight"),
+                    (r"\.experts\.(gate_up_proj|down_proj)$", r".experts.\1.weight"),
+                    (r"^model\.layers\.(\d+)\.router\.scale$", r"blk.\1.ffn_gate_inp.scale"),
+                    (r"^model\.layers\.(\d+)\.router\.per_expert_scale$", r"blk.\1.ffn_down_exps.scale")),
            lookups=("per_layer_token_embd.weight",), kv_shared="nshared",
            generated=(("rope_freqs.weight", _gemma4_rope_freqs),), forward=_FWD_GEMMA4),
 )

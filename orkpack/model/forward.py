@@ -229,7 +229,7 @@ def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None =
                 q, k = _qk_norm(q, w, p + "attn_q_norm", hp), _qk_norm(k, w, p + "attn_k_norm", hp)
             q, k, v = q.reshape(T, nh, d), k.reshape(T, nkv, d), v.reshape(T, nkv, -1)
             if hp.fwd.v_norm:  # per head, without a gain
-                v = v / np.sqrt((v * v).mean(-1, keepdims=True, dtype=np.float32) + np.float32(hp.eps))
+                v = _rms(v, hp)
             if rope is not None:
                 q, k = _rope(q, rope, pos), _rope(k, rope, pos)
             if kv is not None and i in set(hp.kv_from.values()):
@@ -309,6 +309,27 @@ def _ffn(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     return out
 
 
+def _rms(x: np.ndarray, hp: Hparams) -> np.ndarray:
+    return x / np.sqrt((x * x).mean(-1, keepdims=True, dtype=np.float32) + np.float32(hp.eps))
+
+
+def _mlp_and_experts(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
+    """Forward.moe_beside_mlp (gemma4's enable_moe_block): the dense MLP and the routed experts on the same input,
+    each between its own norms, summed (transformers' Gemma4TextDecoderLayer, Gemma4TextRouter)."""
+    p = f"blk.{i}."
+    dense = _norm(_mlp(_norm(x, w, p + hp.fwd.ffn_norm, hp), w, p, "", hp), w, p + "post_ffw_norm_1", hp)
+    r = _rms(x, hp) * w.tensor(p + "ffn_gate_inp.scale") * np.float32(hp.hidden ** -0.5)
+    idx, wts = _route(_lin(w, p + "ffn_gate_inp", r), p, hp, w)
+    if w.has(p + "ffn_down_exps.scale"):  # each expert's own output scale
+        wts = wts * w.tensor(p + "ffn_down_exps.scale")[idx]
+    xe = _norm(x, w, p + "pre_ffw_norm_2", hp)
+    out = np.zeros_like(x)
+    for e in np.unique(idx):
+        rows, slot = np.nonzero(idx == e)
+        np.add.at(out, rows, _mlp(xe[rows], w, p, "_exps", hp, expert=int(e)) * wts[rows, slot][:, None])
+    return dense + _norm(out, w, p + "post_ffw_norm_2", hp)
+
+
 # the mixer of each block type (orkpack/archs.py Blocks; Hparams.blocks): attention, or a hybrid's recurrent block
 _MIXERS: dict[str, Callable[..., np.ndarray]] = {
     "attn": _attention,
@@ -329,7 +350,10 @@ def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None = Non
     if sandwich:
         a = _norm(a, w, p + "post_attention_norm", hp)
     x = x + a * np.float32(hp.residual_scale)
-    m = _ffn(i, _norm(x, w, p + hp.fwd.ffn_norm, hp), hp, w)
+    if hp.fwd.moe_beside_mlp and w.has(p + "ffn_gate_inp.weight"):
+        m = _mlp_and_experts(i, x, hp, w)
+    else:
+        m = _ffn(i, _norm(x, w, p + hp.fwd.ffn_norm, hp), hp, w)
     if sandwich:
         m = _norm(m, w, p + "post_ffw_norm", hp)
     x = x + m * np.float32(hp.residual_scale)
