@@ -28,7 +28,10 @@ Fused tensors stay fused (one matmul, one NPU call): phi3 ``qkv_proj`` and
 ``gate_up_proj``, internlm2 ``wqkv``, chatglm ``query_key_value`` and
 ``dense_h_to_4h``, gpt-oss and granitemoe expert ``gate_up`` (stacked
 ``blk.N.ffn_gate_up_exps.weight``). llama.cpp's converter splits some of them;
-orkpack keeps the checkpoint's own matrices.
+orkpack keeps the checkpoint's own matrices, except where a family's entry
+declares the converter's split (:class:`Split`: Granite-4.0-H's ``input_linear``,
+Qwen3-Next's ``in_proj_qkvz`` read as the converter's ``attn_qkv`` +
+``attn_gate``), byte ranges of the stored tensor, no value changed.
 
 Facts every source gives (:data:`FACT_KEYS`): arch, n_layers, hidden,
 intermediate, heads, kv_heads, head_dim, vocab, n_experts, n_experts_used,
@@ -39,11 +42,13 @@ layers whose cache holds only the last ``swa_window`` positions); and for hybrid
 ``blocks``) recurrent_layers (the layers whose block keeps a fixed-size state per sequence instead of a KV
 cache: LFM2's short convolutions) and state (the float32 elements of that state per recurrent layer and
 sequence, llama.cpp's ``n_embd_r() + n_embd_s()``), recurrent_flops (the float operations a token costs a recurrent
-layer besides its matrices: the convolution, the scan or delta rule); [], 0 and 0 for every other family;
-swa_kv_k and swa_kv_v (the sliding layers' K and V elements per token when they differ from the other layers':
-Gemma 4's sliding and full layers have their own head sizes and KV heads; 0: the same) and kv_shared_layers (the
-layers that store no K/V but reuse an earlier layer's: Gemma 4's num_kv_shared_layers; llama.cpp allocates no
-cache for them); 0, 0 and [] for every other family.
+layer besides its matrices: the convolution, the scan or delta rule), parallel_layers (the recurrent layers that run
+attention beside their recurrence, so hold a KV cache as well as the state: Falcon-H1's, every one; :func:`kv_layers`)
+and ffn_layers (the layers that are an FFN alone, no mixer: no KV cache and no state; Nemotron-H's MLP and MoE
+blocks); [], 0, 0, [] and [] for every other family; swa_kv_k and swa_kv_v (the sliding layers' K and V elements
+per token when they differ from the other layers': Gemma 4's sliding and full layers have their own head sizes and
+KV heads; 0: the same) and kv_shared_layers (the layers that store no K/V but reuse an earlier layer's: Gemma 4's
+num_kv_shared_layers; llama.cpp allocates no cache for them); 0, 0 and [] for every other family.
 """
 from __future__ import annotations
 
@@ -61,7 +66,7 @@ FACT_KEYS = (
     "arch", "n_layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab",
     "n_experts", "n_experts_used", "moe_intermediate", "tie_word_embeddings",
     "attention", "kv_k", "kv_v", "swa_window", "swa_layers", "recurrent_layers", "state", "recurrent_flops",
-    "swa_kv_k", "swa_kv_v", "kv_shared_layers",
+    "parallel_layers", "ffn_layers", "swa_kv_k", "swa_kv_v", "kv_shared_layers",
 )
 
 # Sanity caps (a hostile config must not make a plan enumerate billions of items): far above any real model.
@@ -179,7 +184,8 @@ class Forward:
     ffn_norm: str = "ffn_norm"  # the pre-FFN norm's GGUF name (gpt-oss: post_attention_norm)
     rope: str = "neox"  # neox (rotate the halves of each head) | interleaved (rotate pairs (2i, 2i+1))
     rope_ratio: bool = False  # chatglm: the RoPE base is 10000 x the config's rope_ratio (default 1)
-    rope_layers: str = "all"  # all | no_rope_layers (smollm3: the config's per-layer list, 1 = RoPE)
+    rope_layers: str = "all"  # all | no_rope_layers (smollm3: the config's per-layer list, 1 = RoPE) | none (NoPE:
+    # Nemotron-H's attention has no positions but the Mamba2 layers')
     rope_switch: str = ""  # a config key whose value "rope" turns RoPE on, anything else (None, "nope") off
     # (granitemoehybrid: position_embedding_type); from a GGUF rope.scaling.finetuned (llama.cpp's granite-hybrid
     # switch, default true)
@@ -212,6 +218,10 @@ class Forward:
     gguf_permuted_qk: bool = False  # llama.cpp's converter permutes q/k rows: the GGUF rotates pairs
     attn_gate: bool = False  # Qwen3.5 / Qwen3-Next: attn_q holds per head [q | gate]; the attention output is
     # multiplied by sigmoid(gate) before attn_output
+    vheads: str = "tiled"  # a Gated DeltaNet's value heads as the converter lays them out: tiled (Qwen3.5's
+    # _LinearAttentionVReorderBase: value head h reads key head h % ng) | grouped (Qwen3-Next, HF's order: h // (nv/ng))
+    beta_alpha: str = "split"  # split: ssm_beta and ssm_alpha | fused: one ssm_ba, per key head [beta of its value
+    # heads | alpha of them] (Qwen3-Next's in_proj_ba, which the converter keeps as it is)
     refuse: tuple[tuple[str, str], ...] = ()  # (config key, what is missing) when that key is set and truthy
     smooth: tuple[Smooth, ...] = SMOOTH_GATED  # where activation smoothing may fold its scales
     output_norm: str = "output_norm"  # the final norm's GGUF name (lfm2: token_embd_norm, applied after the layers)
@@ -224,6 +234,9 @@ class Blocks:
     The block type of layer i is a template flag (``when="attn"``, ``when="shortconv"``) and names the
     mixer the forward pass runs (orkpack.model.forward): ``attn`` is attention, every other block is
     recurrent (no KV cache; a state of ``state`` float32 elements per sequence, whatever the context).
+    A block type naming several mixers joined by ``+`` (``attn+mamba2``: Falcon-H1) runs them in parallel on the
+    same normed input and sums their outputs (:func:`mixers`); with ``attn`` among them the layer is recurrent and
+    holds a KV cache too (facts ``parallel_layers``).
     """
     key: str  # the config key listing one type per layer (transformers' layer_types)
     names: Mapping[str, str]  # config value -> block type ("conv" -> "shortconv", "full_attention" -> "attn")
@@ -232,15 +245,37 @@ class Blocks:
     interval: str = ""  # a config key: every n-th layer is attention, the others recurrent (full_attention_interval)
     interval_default: int = 0  # its value when the config gives none of the keys (Qwen3_5TextConfig: 4)
     record: str = "kv_heads"  # how the converter's GGUF names the recurrent layers: kv_heads (a per-layer
-    # head_count_kv, 0 for recurrent layers: LFM2) | recurrent_layers (one bool per layer, attention.recurrent_layers,
-    # beside full_attention_interval: Qwen3.5 / Qwen3-Next)
+    # head_count_kv, 0 for recurrent layers: LFM2) | kv_heads_ffn (per-layer head_count_kv and feed_forward_length:
+    # neither is a recurrent layer, an FFN length alone an FFN layer: Nemotron-H, llama.cpp's is_recr) |
+    # recurrent_layers (one bool per layer, attention.recurrent_layers, beside full_attention_interval: Qwen3.5 /
+    # Qwen3-Next) | all (every layer is of the one type ``default``, the GGUF says nothing per layer: Falcon-H1)
     state: str = "0"  # float32 state elements per recurrent layer and sequence (an expression over the dims)
     gguf_dims: tuple[tuple[str, str], ...] = ()  # (dim, GGUF key after "{arch}.") the state needs from a GGUF
     flops: str = "0"  # float ops a token costs a recurrent layer besides its matrices (an expression over the dims;
     # the planner's prefill term, docs/TIERMAP.md): its convolution and its recurrence
+    pattern: str = ""  # a config key holding one letter per layer (Nemotron-H's hybrid_override_pattern "M-M*-"),
+    # read when ``key`` is absent; ``names`` maps its letters too. It and ``key`` give the layer count when the config
+    # has none (transformers 5 derives num_hidden_layers from the list and saves none)
+    parts: Mapping[str, str] = field(default_factory=dict)  # block type -> "mixer" | "ffn": a layer that is that one
+    # block alone, with its own pre-norm (attn_norm) and residual (Nemotron-H: mamba2 / attn mixers, mlp / moe FFNs);
+    # a block type not listed is a mixer followed by the FFN, each with its norm and residual (every other hybrid)
 
 
 ATTN = "attn"  # the block type of an attention layer
+
+
+def mixers(block: str) -> tuple[str, ...]:
+    """The mixers a block type runs in parallel (their outputs summed): ``attn+mamba2`` -> (attn, mamba2)."""
+    return tuple(block.split("+"))
+
+
+def kv_layers(facts: Mapping[str, Any]) -> list[int]:
+    """The layers with a KV cache: every layer but the recurrent ones and the FFN-only ones (``ffn_layers``:
+    Nemotron-H's MLP / MoE blocks), and the recurrent ones that run attention beside their recurrence
+    (``parallel_layers``: Falcon-H1's)."""
+    rec, par = set(facts.get("recurrent_layers") or ()), set(facts.get("parallel_layers") or ())
+    ffn = set(facts.get("ffn_layers") or ())
+    return [i for i in range(int(facts.get("n_layers") or 0)) if (i not in rec or i in par) and i not in ffn]
 
 
 @dataclass(frozen=True)
@@ -249,6 +284,10 @@ class Convert:
     folder reads tensor for tensor as the converter's GGUF (orkpack/sources/convlayout.py applies them):
 
     * ``neg_exp``: ``-exp(x)`` (Mamba2 / Gated DeltaNet ``A_log`` -> ``ssm_a``), stored float32;
+    * ``scale``: multiplied by the config numbers ``factors`` in turn (each a config key, or ``key[i]`` for an entry
+      of a list; each product rounded to float32 as the converter's torch multiplies round it), on the rows
+      ``rows`` = (first, end) of axis 0 (expressions over the dims; all rows when empty); stored back in the
+      tensor's own dtype (Falcon-H1's muP multipliers, folded into the weights by its converter);
     * ``vheads``: value heads from grouped order (``groups`` K heads, each followed by its ``per`` V heads) to tiled
       order (V head r of every K head, then r + 1: what ggml's broadcast expects) along ``axis``, on the part of
       that axis after the first ``skip`` entries, in heads of ``head`` entries (the converter's
@@ -256,12 +295,14 @@ class Convert:
 
     ``glob``: canonical names; ``groups``, ``per``, ``head``, ``skip``: expressions over the family's dims."""
     glob: str
-    op: str  # neg_exp | vheads
+    op: str  # neg_exp | scale | vheads
     axis: int = 0
     skip: str = "0"
     head: str = "1"
     groups: str = "1"
     per: str = "1"
+    factors: tuple[str, ...] = ()  # scale: config numbers (key or key[i])
+    rows: tuple[str, str] | tuple = ()  # scale: (first, end) rows of axis 0; () all
 
 
 @dataclass(frozen=True)
@@ -270,12 +311,20 @@ class Split:
     order of the checkpoint's shape), named by replacing ``old`` in its canonical name with each part in turn; one
     part is a rename. ``when``: model-level flags that must hold (``!flag``: must not), as the templates' ``when``.
     The parts are byte ranges of the stored tensor (orkpack/sources/safetensors.py reads them as such), so a split
-    changes no value. Granite-4.0-H: the fused gate/up ``input_linear`` of the experts and of the shared MLP."""
+    changes no value. Granite-4.0-H: the fused gate/up ``input_linear`` of the experts and of the shared MLP.
+
+    A grouped split (``groups`` set): the axis holds ``groups`` groups, each the ``blocks`` in turn (sizes: expressions
+    over the dims); part ``k`` gathers blocks ``picks[k]`` of every group, block by block (each block of group 0, then
+    of group 1, ...; then the next block). Qwen3-Next's ``in_proj_qkvz``: per key head [q, k, v, z] -> ``attn_qkv``
+    (every head's q, then every k, then every v) and ``attn_gate`` (every z), as Qwen3NextModel.modify_tensors cuts it."""
     glob: str  # canonical name (after ``renames``)
     old: str
     parts: tuple[str, ...]
     axis: int = 0
     when: tuple[str, ...] = ()
+    groups: str = ""
+    blocks: tuple[str, ...] = ()
+    picks: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -307,6 +356,8 @@ class Family:
     # same elements (Mamba2's A and D (H,) -> (H, 1); its grouped norm (D,) -> (G, D / G))
     skip: tuple[tuple[str, str], ...] = ()  # (regex on the HF name, why): tensors a build leaves out, by name
     # (a multimodal release's vision tower, which llama.cpp's converter writes to a separate mmproj GGUF)
+    variant: Callable[[Mapping], str | None] | None = None  # config -> the entry it reads as instead, or None
+    # (nemotron_h: nemotron_h_moe when its layer pattern holds MoE blocks, as llama.cpp has two GGUF architectures)
     layer_flags: Callable[[Mapping, dict, int], dict] | None = None  # (text config, dims, layer) -> that layer's
     # template flags (gemma4: its attention type, whether it stores its own K/V)
     lookups: tuple[str, ...] = ()  # canonical names of embedding tables besides token_embd (gemma4's per-layer
@@ -315,7 +366,6 @@ class Family:
     generated: tuple[tuple[str, Callable[[Mapping, dict], Any]], ...] = ()  # (canonical name, (text config, dims)
     # -> float32 array or None): tensors llama.cpp's converter computes from the config (generate_extra_tensors),
     # which an HF reader lists too (gemma4's rope_freqs.weight: the full layers' proportional RoPE)
-
 
 # --------------------------------------------------------------------------------------- shared templates
 
@@ -892,6 +942,13 @@ _MAMBA2 = (
     t(P + "mamba.out_proj.weight", "H", "di", when="mamba2"),
     t(P + "mamba.out_proj.bias", "H", when="mamba2 proj_bias"),
 )
+# a Mamba2 layer's state per sequence (llama.cpp's n_embd_r + n_embd_s: the conv's last ck - 1 inputs of the di + 2 ng ds
+# channels, one ds x (di / heads) state per head) and its float work a token besides ssm_in / ssm_out: the depthwise
+# conv (a multiply-add per tap and channel) and the scan (per state element: decay, + dt x B, . C: 5 ops; docs/TIERMAP.md)
+_MAMBA2_STATE = "(ck-1)*(di+2*ng*ds)+ds*di"
+_MAMBA2_FLOPS = "2*ck*(di+2*ng*ds)+5*ds*di"
+_MAMBA2_GGUF_DIMS = (("ck", "ssm.conv_kernel"), ("ds", "ssm.state_size"), ("ng", "ssm.group_count"),
+                     ("di", "ssm.inner_size"))
 _GRANITE_HYBRID_ATTN = tuple(replace(x, when=x.when + ("attn",)) for x in _QKVO + _QKV_BIAS + _O_BIAS)
 _GRANITE_HYBRID_FFN = (
     t(P + "block_sparse_moe.router.layer.weight", "E", "H", when="moe"),
@@ -928,12 +985,305 @@ _F.append(
            reshape=(("blk.*.ssm_a", ("nm", 1)), ("blk.*.ssm_d", ("nm", 1)), ("blk.*.ssm_norm.weight", ("ng", "gs"))),
            blocks=Blocks("layer_types", {"mamba": "mamba2", "attention": ATTN, "linear_attention": "mamba2",
                                          "full_attention": ATTN}, indices="attn_layer_indices", default="mamba2",
-                         state="(ck-1)*(di+2*ng*ds)+ds*di",
-                         gguf_dims=(("ck", "ssm.conv_kernel"), ("ds", "ssm.state_size"), ("ng", "ssm.group_count"),
-                                    ("di", "ssm.inner_size"))),
+                         state=_MAMBA2_STATE, flops=_MAMBA2_FLOPS, gguf_dims=_MAMBA2_GGUF_DIMS),
            more_dims=_granite_hybrid_dims, conv_kernels=("blk.*.ssm_conv1d.weight",),
            squeeze=(("blk.*.ssm_conv1d.weight", 1),), convert=(Convert("blk.*.ssm_a", "neg_exp"),),
            forward=Forward(router_norm="always", rope_switch="position_embedding_type", **_FWD_GRANITE)),
+)
+
+# FalconH1Config's muP multipliers and their defaults (transformers); llama.cpp's converter (FalconH1Model) folds every
+# one into the weights
+_FALCON_MULT = {"embedding_multiplier": 1.0, "lm_head_multiplier": 1.0, "key_multiplier": 1.0,
+                "attention_in_multiplier": 1.0, "attention_out_multiplier": 1.0, "ssm_in_multiplier": 1.0,
+                "ssm_out_multiplier": 1.0, "mlp_multipliers": [1.0, 1.0], "ssm_multipliers": [1.0] * 5}
+
+
+def _falcon_h1_dims(cfg: Mapping, d: dict, where: str) -> dict:
+    """Falcon-H1's Mamba2 mixer (transformers' FalconH1Mixer): d_inner ``di`` = mamba_d_ssm (FalconH1Config: 1024
+    when absent; mamba_expand x hidden when null), ``nm`` heads of ``pd`` channels (mamba_d_head, "auto": di / heads),
+    ``ng`` groups of B and C of ``ds`` = mamba_d_state, the conv kernel ``ck`` over ``cc`` = di + 2 ng ds channels, the
+    optional gated norm's group size ``gs``; and the multipliers' shapes and the combinations llama.cpp's converter
+    folds differently from transformers (one line naming the key)."""
+    def get(key: str, default: Any, cap: int = MAX_WIDTH) -> int:
+        v = cfg.get(key)
+        return _int(default if v is None else v, key, where, cap=cap)
+
+    H = d["H"]
+    expand, nm = get("mamba_expand", 2, 64), get("mamba_n_heads", 128, 1 << 16)
+    ng, ds, ck = get("mamba_n_groups", 1, 1 << 16), get("mamba_d_state", 256), get("mamba_d_conv", 4, 1024)
+    di = get("mamba_d_ssm", 1024) if cfg.get("mamba_d_ssm", 0) is not None else expand * H
+    for key, v in (("mamba_d_ssm", di), ("mamba_n_heads", nm), ("mamba_n_groups", ng), ("mamba_d_state", ds)):
+        if v == 0:
+            raise SourceError(f"{where}: '{key}' is 0; fix the config")
+    if 2 * di + 2 * ng * ds + nm > MAX_WIDTH:
+        raise SourceError(f"{where}: the Mamba2 projection width (2 x 'mamba_d_ssm' + 2 x 'mamba_n_groups' x "
+                          f"'mamba_d_state' + 'mamba_n_heads' = {2 * di + 2 * ng * ds + nm}) is beyond any real model "
+                          f"(cap {MAX_WIDTH}); fix the config")
+    if ck < 2:
+        raise SourceError(f"{where}: 'mamba_d_conv' = {ck}: the convolution needs at least 2 taps; fix the config")
+    if di % nm:
+        raise SourceError(f"{where}: 'mamba_n_heads' = {nm} does not divide 'mamba_d_ssm' = {di}; fix the config")
+    pd = cfg.get("mamba_d_head")
+    pd = di // nm if pd is None or pd == "auto" else _int(pd, "mamba_d_head", where)
+    if pd * nm != di:
+        raise SourceError(f"{where}: 'mamba_d_head' = {pd} x 'mamba_n_heads' = {nm} is not 'mamba_d_ssm' = {di}; "
+                          "fix the config")
+    if nm % ng:
+        raise SourceError(f"{where}: 'mamba_n_groups' = {ng} does not divide 'mamba_n_heads' = {nm} (each group serves "
+                          "whole heads); fix the config")
+    mult = {}
+    for key, default in _FALCON_MULT.items():
+        v = cfg.get(key)
+        v = default if v is None else v
+        n = len(default) if isinstance(default, list) else 0
+        ok = (isinstance(v, list) and len(v) == n and all(_number(x) for x in v)) if n else _number(v)
+        if not ok:
+            want = f"a list of {n} numbers" if n else "a number"
+            raise SourceError(f"{where}: '{key}' = {escape_name(repr(v), 60)} is not {want}; fix the config")
+        mult[key] = v
+    # where llama.cpp's converter and transformers part: the converter scales the q/k/v and in_proj biases by the
+    # input multipliers (transformers scales the input, not the bias), and a tied head keeps the embedding's multiplier
+    if cfg.get("attention_bias") and (mult["attention_in_multiplier"] != 1 or mult["key_multiplier"] != 1):
+        raise SourceError(f"{where}: 'attention_bias' with 'attention_in_multiplier' / 'key_multiplier' not 1: llama.cpp's "
+                          "converter scales the q/k/v biases by them, transformers does not; not supported")
+    if cfg.get("mamba_proj_bias") and mult["ssm_in_multiplier"] != 1:
+        raise SourceError(f"{where}: 'mamba_proj_bias' with 'ssm_in_multiplier' not 1: llama.cpp's converter scales the "
+                          "in_proj bias by it, transformers does not; not supported")
+    if d["tied"] and mult["embedding_multiplier"] != mult["lm_head_multiplier"]:
+        raise SourceError(f"{where}: 'tie_word_embeddings' with 'embedding_multiplier' != 'lm_head_multiplier': the one "
+                          "stored matrix cannot hold both (llama.cpp's converter folds the embedding's into it and its "
+                          "output head then scales by that); not supported")
+    if cfg.get("mamba_rms_norm") and cfg.get("mamba_norm_before_gate", True):
+        raise SourceError(f"{where}: 'mamba_rms_norm' with 'mamba_norm_before_gate' true (FalconH1Config's default): "
+                          "transformers normalizes before the gate, llama.cpp's graph after it; not supported")
+    return {"nm": nm, "pd": pd, "di": di, "ng": ng, "ds": ds, "ck": ck, "cc": di + 2 * ng * ds, "gs": di // ng}
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+_FALCON_H1_LAYER = (
+    t(P + "input_layernorm.weight", "H"), t(P + "pre_ff_layernorm.weight", "H"),
+) + _QKVO + _QKV_BIAS + _O_BIAS + (
+    t(P + "mamba.in_proj.weight", "2*di+2*ng*ds+nm", "H"),  # z, x B C, dt
+    t(P + "mamba.in_proj.bias", "2*di+2*ng*ds+nm", when="proj_bias"),
+    t(P + "mamba.conv1d.weight", "cc", 1, "ck"),  # depthwise Conv1d; GGUF {ck, cc}
+    t(P + "mamba.conv1d.bias", "cc", when="conv_bias"),
+    t(P + "mamba.dt_bias", "nm", kind="bias"),
+    t(P + "mamba.A_log", "nm", kind="bias"),
+    t(P + "mamba.D", "nm", kind="norm"),
+    t(P + "mamba.norm.weight", "di", when="rms_norm"),
+    t(P + "mamba.out_proj.weight", "H", "di"),
+    t(P + "mamba.out_proj.bias", "H", when="projectors_bias"),
+    t(P + "feed_forward.gate_proj.weight", "I", "H"), t(P + "feed_forward.up_proj.weight", "I", "H"),
+    t(P + "feed_forward.down_proj.weight", "H", "I"),
+    t(P + "feed_forward.gate_proj.bias", "I", when="mlp_bias"), t(P + "feed_forward.up_proj.bias", "I", when="mlp_bias"),
+    t(P + "feed_forward.down_proj.bias", "H", when="mlp_bias"),
+)
+# the converter's folds (FalconH1Model.modify_tensors, after Mamba2Model's A = -exp(A_log)), in its order; each
+# glob covers the bias too, as the converter's name test does
+_ZXBCDT = ("0", "di", "2*di", "2*di+ng*ds", "2*di+2*ng*ds", "2*di+2*ng*ds+nm")
+_FALCON_H1_CONVERT = (
+    Convert("blk.*.ssm_a", "neg_exp"),
+    Convert("blk.*.ffn_down.*", "scale", factors=("mlp_multipliers[1]",)),
+    Convert("blk.*.ffn_gate.*", "scale", factors=("mlp_multipliers[0]",)),
+    Convert("blk.*.attn_k.*", "scale", factors=("key_multiplier", "attention_in_multiplier")),
+    Convert("blk.*.attn_q.*", "scale", factors=("attention_in_multiplier",)),
+    Convert("blk.*.attn_v.*", "scale", factors=("attention_in_multiplier",)),
+    Convert("blk.*.attn_output.*", "scale", factors=("attention_out_multiplier",)),
+    Convert("blk.*.ssm_out.*", "scale", factors=("ssm_out_multiplier",)),
+    Convert("blk.*.ssm_in.*", "scale", factors=("ssm_in_multiplier",)),
+) + tuple(Convert("blk.*.ssm_in.*", "scale", factors=(f"ssm_multipliers[{k}]",), rows=(_ZXBCDT[k], _ZXBCDT[k + 1]))
+          for k in range(5)) + (
+    Convert("output.weight", "scale", factors=("lm_head_multiplier",)),
+    Convert("token_embd.weight", "scale", factors=("embedding_multiplier",)),
+)
+_F.append(
+    # TII Falcon-H1: every layer runs GQA attention and a Mamba2 mixer in parallel on the same normed input (their
+    # outputs summed), then a SwiGLU MLP; the muP multipliers (embedding, lm_head, key, attention in / out, ssm in /
+    # out, mlp gate / down, ssm_multipliers per z / x / B / C / dt segment of in_proj) folded into the weights as
+    # llama.cpp's converter folds them (archs Convert "scale"), so the graph applies none; the gated norm optional
+    # (mamba_rms_norm); the FFN norm named blk.N.ffn_norm, without ".weight", as the converter names it
+    Family("falcon_h1", "FALCON_H1", _FALCON_H1_LAYER,
+           (t("model.embed_tokens.weight", "V", "H", kind="w"), t("model.final_layernorm.weight", "H"),
+            t("lm_head.weight", "V", "H", when="!tied")),
+           defaults={"tie_word_embeddings": False, "vocab_size": 128000, "hidden_size": 4096,
+                     "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+                     "num_key_value_heads": 8, **_FALCON_MULT},  # FalconH1Config's
+           flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("attention_bias")), "o_bias": bool(cfg.get("attention_bias")),
+                                 "mlp_bias": bool(cfg.get("mlp_bias")),
+                                 "conv_bias": cfg.get("mamba_conv_bias") is not False,
+                                 "proj_bias": bool(cfg.get("mamba_proj_bias")),
+                                 "projectors_bias": bool(cfg.get("projectors_bias")),
+                                 "rms_norm": bool(cfg.get("mamba_rms_norm"))},
+           classes=("FalconH1ForCausalLM",), renames=((r"\.mamba\.dt_bias$", ".mamba.dt_proj.bias"),),
+           reshape=(("blk.*.ssm_a", ("nm", 1)), ("blk.*.ssm_d", ("nm", 1)), ("blk.*.ssm_norm.weight", ("ng", "gs"))),
+           blocks=Blocks("layers_block_type", {"hybrid": "attn+mamba2"}, default="attn+mamba2", record="all",
+                         state="(ck-1)*(di+2*ng*ds)+ds*di", flops="2*ck*(di+2*ng*ds)+5*ds*di",
+                         gguf_dims=(("ck", "ssm.conv_kernel"), ("ds", "ssm.state_size"), ("ng", "ssm.group_count"),
+                                    ("di", "ssm.inner_size"))),
+           more_dims=_falcon_h1_dims, conv_kernels=("blk.*.ssm_conv1d.weight",),
+           squeeze=(("blk.*.ssm_conv1d.weight", 1),), convert=_FALCON_H1_CONVERT,
+           forward=Forward(smooth=(Smooth(("attn_q", "attn_k", "attn_v", "ssm_in"), norm="attn_norm"), SMOOTH_DOWN))),
+)
+
+
+# Nemotron-H's layer letters (hybrid_override_pattern) and transformers 5's names (layers_block_type) -> block types
+_NH_NAMES = {"M": "mamba2", "*": ATTN, "-": "mlp", "E": "moe", "linear_attention": "mamba2", "full_attention": ATTN,
+             "mlp": "mlp", "moe": "moe"}
+
+
+def _nemotron_variant(cfg: Mapping) -> str | None:
+    """nemotron_h_moe when the layer pattern holds an MoE block (llama.cpp's second GGUF architecture); else None.
+    (llama.cpp's converter asks whether num_experts_per_tok is in the config, which transformers 5's NemotronHConfig
+    always fills in: the pattern is what says it.)"""
+    lt, pat = cfg.get("layers_block_type"), cfg.get("hybrid_override_pattern")
+    items = lt if isinstance(lt, list) else (pat if isinstance(pat, str) else ())
+    return "nemotron_h_moe" if any(isinstance(x, str) and _NH_NAMES.get(x) == "moe" for x in items) else None
+
+
+def _nemotron_dims(cfg: Mapping, d: dict, where: str) -> dict:
+    """Nemotron-H's Mamba2 mixer (transformers' NemotronHMamba2Mixer): ``nm`` heads (mamba_num_heads) of ``pd``
+    (mamba_head_dim), d_inner ``di`` = nm x pd (not expand x hidden: llama.cpp's converter takes the heads too),
+    ``ng`` groups (n_groups) of B and C of ``ds`` (ssm_state_size), the conv kernel ``ck`` (conv_kernel) over
+    ``cc`` = di + 2 ng ds channels, the gated norm's group ``gs`` = di / ng. An MoE model's FFN blocks are all MoE
+    (llama.cpp's nemotron_h_moe builds every FFN block as one); the latent MoE (moe_latent_size) is not supported."""
+    def get(key: str, default: Any, cap: int = MAX_WIDTH) -> int:
+        v = cfg.get(key)
+        return _int(default if v is None else v, key, where, cap=cap)
+
+    if cfg.get("layers_block_type") is None and cfg.get("hybrid_override_pattern") is None:
+        raise SourceError(f"{where}: neither 'hybrid_override_pattern' nor 'layers_block_type' is given: the layer "
+                          "pattern of a Nemotron-H model is its config's; fix the config")
+    nm, pd = get("mamba_num_heads", 128, 1 << 16), get("mamba_head_dim", 64)
+    ng, ds, ck = get("n_groups", 8, 1 << 16), get("ssm_state_size", 128), get("conv_kernel", 4, 1024)
+    for key, v in (("mamba_num_heads", nm), ("mamba_head_dim", pd), ("n_groups", ng), ("ssm_state_size", ds)):
+        if v == 0:
+            raise SourceError(f"{where}: '{key}' is 0; fix the config")
+    di = nm * pd
+    if di + 2 * ng * ds > MAX_WIDTH:
+        raise SourceError(f"{where}: the Mamba2 width ('mamba_num_heads' x 'mamba_head_dim' + 2 x 'n_groups' x "
+                          f"'ssm_state_size' = {di + 2 * ng * ds}) is beyond any real model (cap {MAX_WIDTH}); "
+                          "fix the config")
+    if ck < 2:
+        raise SourceError(f"{where}: 'conv_kernel' = {ck}: the convolution needs at least 2 taps; fix the config")
+    if nm % ng:
+        raise SourceError(f"{where}: 'n_groups' = {ng} does not divide 'mamba_num_heads' = {nm} (each group serves "
+                          "whole heads); fix the config")
+    if cfg.get("moe_latent_size") is not None:
+        raise SourceError(f"{where}: 'moe_latent_size' is set: the latent MoE projections (Nemotron 3 Super) are not "
+                          "supported yet")
+    lt, pat = cfg.get("layers_block_type"), cfg.get("hybrid_override_pattern")
+    items = lt if isinstance(lt, list) else (pat if isinstance(pat, str) else ())  # other types: _layer_blocks says
+    kinds = {_NH_NAMES.get(x) for x in items if isinstance(x, str)}
+    if "moe" in kinds and "mlp" in kinds:
+        raise SourceError(f"{where}: the layer pattern mixes MLP ('-', mlp) and MoE ('E', moe) blocks: llama.cpp's "
+                          "nemotron_h_moe builds every FFN block as MoE; fix the config")
+    if "moe" in kinds and not (d["E"] and d["Im"] and d["Is"]):
+        raise SourceError(f"{where}: MoE blocks ('E') need 'n_routed_experts', 'moe_intermediate_size' and "
+                          "'moe_shared_expert_intermediate_size'; fix the config")
+    return {"nm": nm, "pd": pd, "di": di, "ng": ng, "ds": ds, "ck": ck, "cc": di + 2 * ng * ds, "gs": di // ng}
+
+
+NB = "backbone.layers.{i}."
+_NEMOTRON_LAYER = (
+    t(NB + "norm.weight", "H"),  # the one pre-norm of every block (GGUF attn_norm)
+    t(NB + "mixer.in_proj.weight", "2*di+2*ng*ds+nm", "H", when="mamba2"),  # z, x B C, dt
+    t(NB + "mixer.in_proj.bias", "2*di+2*ng*ds+nm", when="mamba2 proj_bias"),
+    t(NB + "mixer.conv1d.weight", "cc", 1, "ck", when="mamba2"),  # depthwise Conv1d; GGUF {ck, cc}
+    t(NB + "mixer.conv1d.bias", "cc", when="mamba2 conv_bias"),
+    t(NB + "mixer.dt_bias", "nm", when="mamba2", kind="bias"),
+    t(NB + "mixer.A_log", "nm", when="mamba2", kind="bias"),
+    t(NB + "mixer.D", "nm", when="mamba2", kind="norm"),
+    t(NB + "mixer.norm.weight", "di", when="mamba2"),
+    t(NB + "mixer.out_proj.weight", "H", "di", when="mamba2"),
+    t(NB + "mixer.out_proj.bias", "H", when="mamba2 proj_bias"),
+    t(NB + "mixer.q_proj.weight", "nh*hd", "H", when="attn"), t(NB + "mixer.k_proj.weight", "nkv*hd", "H", when="attn"),
+    t(NB + "mixer.v_proj.weight", "nkv*hd", "H", when="attn"), t(NB + "mixer.o_proj.weight", "H", "nh*hd", when="attn"),
+    t(NB + "mixer.up_proj.weight", "I", "H", when="mlp"), t(NB + "mixer.up_proj.bias", "I", when="mlp mlp_bias"),
+    t(NB + "mixer.down_proj.weight", "H", "I", when="mlp"), t(NB + "mixer.down_proj.bias", "H", when="mlp mlp_bias"),
+    t(NB + "mixer.gate.weight", "E", "H", when="moe"),
+    t(NB + "mixer.gate.e_score_correction_bias", "E", when="moe", kind="bias"),
+    t(NB + "mixer.experts.{e}.up_proj.weight", "Im", "H", when="moe", experts=True),
+    t(NB + "mixer.experts.{e}.down_proj.weight", "H", "Im", when="moe", experts=True),
+    t(NB + "mixer.shared_experts.up_proj.weight", "Is", "H", when="moe"),
+    t(NB + "mixer.shared_experts.down_proj.weight", "H", "Is", when="moe"),
+)
+_NEMOTRON_DEFAULTS = {"tie_word_embeddings": False, "vocab_size": 131072, "hidden_size": 4096, "intermediate_size": 21504,
+                      "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                      "layer_norm_epsilon": 1e-5}  # NemotronHConfig's
+_F.append(
+    # NVIDIA Nemotron-H (NemotronHForCausalLM; Nemotron-H-8B, Nemotron-Nano-9B/12B-v2): every layer ONE block, chosen by
+    # hybrid_override_pattern (M Mamba2, * NoPE GQA attention, - a squared-ReLU MLP of up / down) or transformers 5's
+    # layers_block_type, each block with its own pre-norm and residual. llama.cpp's converter (NemotronHModel, a
+    # GraniteHybridModel) names them as Granite-4.0-H's: conv squeezed, A = -exp(A_log), A and D (H, 1), the gated norm
+    # (G, D / G); per-layer head_count_kv and feed_forward_length (neither: a Mamba2 layer)
+    Family("nemotron_h", "NEMOTRON_H", _NEMOTRON_LAYER,
+           (t("backbone.embeddings.weight", "V", "H", kind="w"), t("backbone.norm_f.weight", "H"),
+            t("lm_head.weight", "V", "H", when="!tied")),
+           keys={"n_experts": (), "n_experts_used": (), "moe_intermediate": ()},  # NemotronHConfig's MoE defaults
+           # are in every config transformers 5 saves: a model without MoE blocks has no experts
+           defaults=_NEMOTRON_DEFAULTS,
+           flags=lambda cfg, d: {"conv_bias": cfg.get("use_conv_bias") is not False,
+                                 "proj_bias": bool(cfg.get("use_bias")), "mlp_bias": bool(cfg.get("mlp_bias"))},
+           classes=("NemotronHForCausalLM",),
+           renames=((r"\.mixer\.dt_bias$", ".mixer.dt.bias"),
+                    (r"^backbone\.layers\.(\d+)\.mixer\.gate\.e_score_correction_bias$", r"blk.\1.exp_probs_b.bias")),
+           reshape=(("blk.*.ssm_a", ("nm", 1)), ("blk.*.ssm_d", ("nm", 1)), ("blk.*.ssm_norm.weight", ("ng", "gs"))),
+           blocks=Blocks("layers_block_type", _NH_NAMES, pattern="hybrid_override_pattern", record="kv_heads_ffn",
+                         parts={"mamba2": "mixer", ATTN: "mixer", "mlp": "ffn", "moe": "ffn"},
+                         state=_MAMBA2_STATE, flops=_MAMBA2_FLOPS, gguf_dims=_MAMBA2_GGUF_DIMS),
+           more_dims=_nemotron_dims, conv_kernels=("blk.*.ssm_conv1d.weight",),
+           squeeze=(("blk.*.ssm_conv1d.weight", 1),), convert=(Convert("blk.*.ssm_a", "neg_exp"),),
+           variant=_nemotron_variant,
+           forward=Forward(act="relu2", act_key="mlp_hidden_act", mlp="plain", rope_layers="none",
+                           router="sigmoid", router_groups="top2sum", router_scale=True,
+                           # a layer's one norm feeds its one block's input matrices (relu2 leaves down alone)
+                           smooth=(Smooth(("attn_q", "attn_k", "attn_v", "ssm_in", "ffn_up"), norm="attn_norm",
+                                          blockers=_MOE),))),
+)
+_NEMOTRON = _F[-1]
+_F.append(
+    # Nemotron-H MoE (NVIDIA-Nemotron-3-Nano-30B-A3B: 'E' blocks): the FFN blocks are a DeepSeek-V3-style sigmoid router
+    # (e_score_correction_bias, GGUF exp_probs_b; top-k normalised, times routed_scaling_factor) over squared-ReLU
+    # up / down experts, plus an always-on shared expert; llama.cpp's architecture nemotron_h_moe
+    replace(_NEMOTRON, name="nemotron_h_moe", gguf="NEMOTRON_H_MOE", variant=None, classes=(),
+            keys={"n_experts": ("n_routed_experts",), "intermediate": ("moe_intermediate_size",),
+                  "shared_intermediate": ("moe_shared_expert_intermediate_size",)},
+            defaults={**_NEMOTRON_DEFAULTS, "norm_topk_prob": True, "routed_scaling_factor": 1.0}),
+)
+
+# Qwen3-Next's Gated DeltaNet (transformers' Qwen3NextGatedDeltaNet): q, k, v and the gate z in one projection, beta
+# and alpha in another, both per key head ([q, k, v, z] and [b, a] groups: fix_query_key_value_ordering)
+_DELTANET_FUSED = (
+    t(P + "linear_attn.in_proj_qkvz.weight", "cc+di", "H", when="deltanet"),
+    t(P + "linear_attn.in_proj_ba.weight", "2*nv", "H", when="deltanet"),
+) + tuple(x for x in _DELTANET if ".in_proj_" not in x.name)
+# the converter's layout (Qwen3NextModel.modify_tensors; not a _LinearAttentionVReorderBase, so no value head moves):
+# in_proj_qkvz split into attn_qkv (every key head's q rows, then every k, then every v: value heads stay grouped) and
+# attn_gate (z); in_proj_ba kept fused (ssm_ba); A negated
+_QKVZ_SPLIT = Split("blk.*.ssm_in.weight", "ssm_in", ("attn_qkv", "attn_gate"), groups="nk",
+                    blocks=("dk", "dk", "vper*dv", "vper*dv"), picks=((0, 1, 2), (3,)))
+_F.append(
+    # Qwen3-Next: Gated DeltaNet and gated-attention layers (layer_types, or every full_attention_interval-th), each
+    # FFN a softmax top-k MoE (norm_topk_prob) with a sigmoid-gated shared expert, or a SwiGLU MLP on the layers
+    # mlp_only_layers / decoder_sparse_step leave dense (transformers builds them; llama.cpp's converter maps no dense
+    # FFN for qwen3next, and its loader wants a router in every layer); (1 + w) norms as Qwen3.5's
+    Family("qwen3_next", "QWEN3NEXT", _NORMS + _DELTANET_FUSED + _GATED_ATTN + _Q35_MOE_FFN + _MLP, _llama_top(),
+           moe="qwen", classes=("Qwen3NextForCausalLM",), renames=_Q35_RENAMES,
+           defaults={"tie_word_embeddings": False, "vocab_size": 151936, "hidden_size": 2048,
+                     "intermediate_size": 5632, "num_hidden_layers": 48, "num_attention_heads": 16,
+                     "num_key_value_heads": 2, "head_dim": 256, "moe_intermediate_size": 512,
+                     "shared_expert_intermediate_size": 512, "num_experts": 512, "num_experts_per_tok": 10,
+                     "norm_topk_prob": True, "partial_rotary_factor": 0.25},  # Qwen3NextConfig's
+           blocks=_DELTANET_BLOCKS, more_dims=_qwen35_dims, conv_kernels=("blk.*.ssm_conv1d.weight",),
+           squeeze=(("blk.*.ssm_conv1d.weight", 1),), convert=(Convert("blk.*.ssm_a", "neg_exp"),),
+           split=(_QKVZ_SPLIT,),
+           forward=replace(_FWD_QWEN35, vheads="grouped", beta_alpha="fused", shared_gate=True,
+                           router_norm_gguf="always",  # qwen3next.cpp normalises; the converter writes no key
+                           smooth=(Smooth(("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_gate", "ssm_ba"),
+                                          norm="attn_norm"),) + _FWD_QWEN35.smooth[1:])),
 )
 
 def _gemma4_dims(cfg: Mapping, d: dict, where: str) -> dict:
@@ -1125,11 +1475,14 @@ def config_family(cfg: Mapping[str, Any]) -> Family | None:
     """The entry for a config.json: by ``model_type``, else (no model_type) by its ``architectures`` class."""
     mt = cfg.get("model_type")
     if mt is not None:
-        return family(mt)
-    arch = cfg.get("architectures")
-    if isinstance(arch, list) and arch and isinstance(arch[0], str):
-        return _BY_CLASS.get(arch[0])
-    return None
+        fam = family(mt)
+    else:
+        arch = cfg.get("architectures")
+        fam = _BY_CLASS.get(arch[0]) if isinstance(arch, list) and arch and isinstance(arch[0], str) else None
+    if fam is not None and fam.variant is not None:
+        other = fam.variant(cfg)
+        fam = FAMILIES[other] if other else fam
+    return fam
 
 
 # ------------------------------------------------------------------------------------------- config -> facts
@@ -1170,7 +1523,8 @@ def _text_config(cfg: Mapping, fam: Family, where: str) -> Mapping:
 
 # keys the entries read as true/false, as lists of layer numbers, as names
 BOOL_KEYS = ("attention_bias", "mlp_bias", "bias", "add_qkv_bias", "use_bias", "multi_query_attention",
-             "tie_word_embeddings", "conv_bias", "mamba_conv_bias", "mamba_proj_bias")
+             "tie_word_embeddings", "conv_bias", "mamba_conv_bias", "mamba_proj_bias", "projectors_bias",
+             "mamba_rms_norm", "mamba_norm_before_gate")
 LAYER_LIST_KEYS = ("mlp_only_layers",)
 STR_KEYS = ("topk_method",)
 
@@ -1240,7 +1594,8 @@ def _dims(cfg: Mapping, fam: Family, where: str) -> dict:
             return default
         return _int(v, k or fact, where, cap=cap or CAPS.get(fact, CAP_DEFAULT))
 
-    d["L"] = get("n_layers")
+    listed = _listed_layers(fam.blocks, tc) if fam.blocks is not None and fam.blocks.pattern else None
+    d["L"] = listed if listed is not None and _lookup(tc, fam, "n_layers")[1] is None else get("n_layers")
     d["H"] = get("hidden")
     d["nh"] = get("heads")
     d["V"] = get("vocab")
@@ -1311,6 +1666,16 @@ def _dims(cfg: Mapping, fam: Family, where: str) -> dict:
     return d
 
 
+def _listed_layers(b: Blocks, tc: Mapping) -> int | None:
+    """The layer count a hybrid's layer list or pattern gives (transformers 5 saves no num_hidden_layers for
+    Nemotron-H: the list is the count); None when it gives none (its type is checked in :func:`_layer_blocks`)."""
+    lt = tc.get(b.key)
+    if isinstance(lt, list) and len(lt) <= CAPS["n_layers"]:
+        return len(lt)
+    pat = tc.get(b.pattern)
+    return len(pat) if isinstance(pat, str) and len(pat) <= CAPS["n_layers"] else None
+
+
 def layer_blocks(cfg: Mapping[str, Any], where: str = "config.json") -> list[str]:
     """Each layer's block type (:class:`Blocks`; ``attn`` for every layer of a family without ``blocks``),
     checked against the layer count (SourceError: one line naming the key)."""
@@ -1325,25 +1690,37 @@ def _layer_blocks(fam: Family, cfg: Mapping, d: dict, where: str) -> list[str]:
     L, b = d["L"], fam.blocks
     if b is None:
         return [ATTN] * L
+    if b.record == "all":  # one block type for every layer, whatever the config (Falcon-H1)
+        return [b.default] * L
     tc = _text_config(cfg, fam, where)
     nl = _lookup(tc, fam, "n_layers")[0]
     known = ", ".join(repr(x) for x in b.names)
-    lt = tc.get(b.key)
+    lt, key = tc.get(b.key), b.key
+    if lt is not None and (not isinstance(lt, list) or len(lt) > CAPS["n_layers"] or
+                           not all(isinstance(x, str) for x in lt)):
+        raise SourceError(f"{where}: '{b.key}' must be a list of layer types ({known}); fix the config")
+    pat = tc.get(b.pattern) if b.pattern else None
+    if pat is not None:  # one letter per layer (Nemotron-H); with the list too, the two must agree
+        if not isinstance(pat, str) or len(pat) > CAPS["n_layers"]:
+            raise SourceError(f"{where}: '{b.pattern}' must be a string of one letter per layer ({known}); "
+                              "fix the config")
+        if lt is not None and [b.names.get(x, x) for x in lt] != [b.names.get(x, x) for x in pat]:
+            raise SourceError(f"{where}: '{b.pattern}' = {escape_name(repr(pat), 60)} contradicts '{b.key}'; "
+                              "fix the config")
+        lt, key = (list(pat), b.pattern) if lt is None else (lt, key)
     if lt is not None:
-        if not isinstance(lt, list) or len(lt) > CAPS["n_layers"] or not all(isinstance(x, str) for x in lt):
-            raise SourceError(f"{where}: '{b.key}' must be a list of layer types ({known}); fix the config")
         if len(lt) != L:
-            raise SourceError(f"{where}: '{b.key}' lists {len(lt)} layers but '{nl}' is {L}; fix the config")
+            raise SourceError(f"{where}: '{key}' lists {len(lt)} layers but '{nl}' is {L}; fix the config")
         for i, x in enumerate(lt):
             if x not in b.names:
-                raise SourceError(f"{where}: '{b.key}'[{i}] = {escape_name(repr(x), 40)} is not a layer type "
+                raise SourceError(f"{where}: '{key}'[{i}] = {escape_name(repr(x), 40)} is not a layer type "
                                   f"orkpack knows ({known}); fix the config")
         out = [b.names[x] for x in lt]
         if b.interval and tc.get(b.interval) is not None:
             n = _interval(b, tc, where)
             bad = next((i for i, x in enumerate(out) if (x == ATTN) != ((i + 1) % n == 0)), None)
             if bad is not None:
-                raise SourceError(f"{where}: '{b.key}'[{bad}] = {escape_name(repr(lt[bad]), 40)} contradicts "
+                raise SourceError(f"{where}: '{key}'[{bad}] = {escape_name(repr(lt[bad]), 40)} contradicts "
                                   f"'{b.interval}' = {n}; fix the config")
         return out
     idx = tc.get(b.indices) if b.indices else None
@@ -1377,7 +1754,14 @@ def recurrent_block(fam: Family) -> str | None:
     """The block type of a hybrid's recurrent layers (what a GGUF's layers without KV heads run)."""
     if fam.blocks is None:
         return None
-    return next((v for v in fam.blocks.names.values() if v != ATTN), None)
+    return next((v for v in fam.blocks.names.values() if v != ATTN and fam.blocks.parts.get(v) != "ffn"), None)
+
+
+def ffn_block(fam: Family) -> str | None:
+    """The block type a hybrid GGUF's FFN-only layers run (Blocks.parts "ffn"; MoE or not by their tensors)."""
+    if fam.blocks is None:
+        return None
+    return next((v for v in fam.blocks.names.values() if fam.blocks.parts.get(v) == "ffn"), None)
 
 
 def converter_shape(arch: str | None, name: str, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -1398,12 +1782,19 @@ def converter_shape(arch: str | None, name: str, shape: tuple[int, ...]) -> tupl
 class Piece:
     """One tensor as llama.cpp's converter writes it from one checkpoint tensor (:func:`converter_layout`): its canonical
     name and shape (numpy order), and where its elements lie in the stored tensor: part ``part`` of ``of`` equal parts
-    along ``axis`` of the stored shape (``of`` 1: all of it)."""
+    along ``axis`` of the stored shape (``of`` 1: all of it), or, for a grouped split, the ``gather`` runs
+    (first index, count) along that axis, in order."""
     name: str
     shape: tuple[int, ...]
     axis: int = 0
     part: int = 0
     of: int = 1
+    gather: tuple[tuple[int, int], ...] = ()
+
+    def runs(self) -> tuple[tuple[int, int], ...]:
+        """(first index, count) along ``axis`` of the stored tensor, in order, that make this piece."""
+        n = self.shape[self.axis]
+        return self.gather or ((self.part * n, n),)
 
 
 def converter_layout(cfg: Mapping[str, Any] | None, name: str, shape: tuple[int, ...],
@@ -1429,12 +1820,30 @@ def converter_layout(cfg: Mapping[str, Any] | None, name: str, shape: tuple[int,
     for sp in fam.split:
         if matches(name, sp.glob) and _holds(sp.when, flags):
             n, ax = len(sp.parts), sp.axis
+            if sp.groups:
+                return _grouped_split(sp, d, name, shape, where)
             if len(shape) <= ax or shape[ax] % n:
                 raise SourceError(f"{where}: {escape_name(name)} {shape} does not split in {n} along axis {ax} as "
                                   "llama.cpp's converter splits it; the checkpoint does not match its config")
             sub = shape[:ax] + (shape[ax] // n,) + shape[ax + 1:]
             return [Piece(name.replace(sp.old, part), sub, ax, k, n) for k, part in enumerate(sp.parts)]
     return [Piece(name, shape)]
+
+
+def _grouped_split(sp: Split, d: Mapping, name: str, shape: tuple[int, ...], where: str) -> list[Piece]:
+    """The pieces of a grouped :class:`Split` (Qwen3-Next's in_proj_qkvz), each a row gather of the stored tensor."""
+    ax, groups, blocks = sp.axis, _eval(sp.groups, d), [_eval(x, d) for x in sp.blocks]
+    width = sum(blocks)
+    if len(shape) <= ax or shape[ax] != groups * width:
+        raise SourceError(f"{where}: {escape_name(name)} {shape} is not {groups} groups of {width} along axis {ax} as "
+                          "llama.cpp's converter splits it; the checkpoint does not match its config")
+    starts = [sum(blocks[:j]) for j in range(len(blocks))]
+    out = []
+    for part, picks in zip(sp.parts, sp.picks):
+        runs = tuple((g * width + starts[j], blocks[j]) for j in picks for g in range(groups))
+        sub = shape[:ax] + (sum(c for _, c in runs),) + shape[ax + 1:]
+        out.append(Piece(name.replace(sp.old, part), sub, ax, gather=runs))
+    return out
 
 
 def _model_flags(fam: Family, cfg: Mapping, d: dict) -> dict:
@@ -1500,7 +1909,8 @@ def facts_from_config(cfg: Mapping[str, Any], where: str = "config.json") -> dic
 
 def _facts(fam: Family, cfg: Mapping, d: dict, where: str) -> dict:
     k, v = _kv(fam, d)
-    rec = [i for i, b in enumerate(_layer_blocks(fam, cfg, d, where)) if b != ATTN]
+    blocks, parts = _layer_blocks(fam, cfg, d, where), (fam.blocks.parts if fam.blocks is not None else {})
+    rec = [i for i, b in enumerate(blocks) if b != ATTN and parts.get(b) != "ffn"]
     return {
         "arch": fam.name, "n_layers": d["L"], "hidden": d["H"], "intermediate": d["I"], "heads": d["nh"],
         "kv_heads": d["nkv"] if fam.attention != "mla" else 1, "head_dim": d["hd"], "vocab": d["V"],
@@ -1511,6 +1921,8 @@ def _facts(fam: Family, cfg: Mapping, d: dict, where: str) -> dict:
         "swa_window": d["window"] if fam.swa else 0, "swa_layers": _swa_layers(fam, d, cfg, where),
         "recurrent_layers": rec, "state": _eval(fam.blocks.state, d) if rec else 0,
         "recurrent_flops": _eval(fam.blocks.flops, d) if rec else 0,
+        "parallel_layers": [i for i in rec if ATTN in mixers(blocks[i])],
+        "ffn_layers": [i for i, b in enumerate(blocks) if parts.get(b) == "ffn"],
         "swa_kv_k": _swa_kv(d, 2), "swa_kv_v": _swa_kv(d, 3),
         "kv_shared_layers": list(range(d["L"] - _eval(fam.kv_shared, d), d["L"])) if fam.kv_shared else [],
     }
@@ -1597,10 +2009,14 @@ def hf_tensors(cfg: Mapping[str, Any], where: str = "config.json") -> tuple[dict
     layer_tpls = [x for x in fam.layer if not x.name.startswith(_SIGLIP)]
     blocks = _layer_blocks(fam, cfg, d, where)
     kinds = {ATTN, *fam.blocks.names.values()} if fam.blocks else {ATTN}
+    kinds |= {m for k in kinds for m in mixers(k)}
     for i in range(d["L"] + d["n_nextn"]):
         moe = _moe_layer(fam, d, cfg, i)
         blk = blocks[i] if i < len(blocks) else ATTN
-        flags = dict(base, moe=moe, dense=not moe, nextn=i >= d["L"], **{k: k == blk for k in kinds})
+        flags = dict(base, moe=moe, dense=not moe, nextn=i >= d["L"])
+        # after the base flags: a block type named moe (Nemotron-H) says which layers are; a parallel block
+        # (Falcon-H1's attn+mamba2) sets the flags of each of its mixers
+        flags.update({k: k == blk or k in mixers(blk) for k in kinds})
         if fam.layer_flags is not None and i < d["L"]:
             flags.update(fam.layer_flags(_text_config(cfg, fam, where), d, i))
         for tpl in layer_tpls:
@@ -1740,14 +2156,26 @@ def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
     n_shared = num("attention.shared_kv_layers", 0, cap=CAPS["n_layers"])
     shared = list(range(max(L - n_shared, 0), L)) if n_shared else []
     rec: list[int] = []
+    par: list[int] = []
+    ffn: list[int] = []
     state = flops = 0
     if fam.blocks is not None:  # a hybrid: the layers without KV heads are recurrent (llama.cpp's is_recr)
         per = kv.get(f"{garch}.attention.head_count_kv")
-        if isinstance(per, (list, tuple)):
+        if fam.blocks.record == "all":  # every layer the one block type (Falcon-H1: attention + Mamba2 in each)
+            rec = list(range(L)) if fam.blocks.default != ATTN else []
+            par = rec if ATTN in mixers(fam.blocks.default) else []
+        elif isinstance(per, (list, tuple)):
             if len(per) != L:
                 raise SourceError(f"{where}: GGUF key '{escape_name(str(garch))}.attention.head_count_kv' lists "
                                   f"{len(per)} layers but block_count is {L}; the file is damaged")
             rec = [i for i, n in enumerate(per) if int(n) == 0]
+            ffl = kv.get(f"{garch}.feed_forward_length")
+            if fam.blocks.record == "kv_heads_ffn" and isinstance(ffl, (list, tuple)):  # llama.cpp's is_recr: neither
+                if len(ffl) != L:
+                    raise SourceError(f"{where}: GGUF key '{escape_name(str(garch))}.feed_forward_length' lists "
+                                      f"{len(ffl)} layers but block_count is {L}; the file is damaged")
+                ffn = [i for i in rec if int(ffl[i]) > 0]
+                rec = [i for i in rec if int(ffl[i]) == 0]
         elif fam.blocks.record == "recurrent_layers":  # llama.cpp: the list, else every interval-th is attention
             flags = kv.get(f"{garch}.attention.recurrent_layers")
             if isinstance(flags, (list, tuple)):
@@ -1769,8 +2197,8 @@ def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
         "head_dim": hd, "vocab": vocab, "n_experts": E, "n_experts_used": used if E else 0,
         "moe_intermediate": moe if E else 0, "tie_word_embeddings": "output.weight" not in shapes,
         "attention": fam.attention, "kv_k": k_dim, "kv_v": v_dim, "swa_window": window if swa else 0,
-        "swa_layers": swa, "recurrent_layers": rec, "state": state, "recurrent_flops": flops,
-        "swa_kv_k": swa_k, "swa_kv_v": swa_v, "kv_shared_layers": shared,
+        "swa_layers": swa, "recurrent_layers": rec, "state": state, "recurrent_flops": flops, "parallel_layers": par,
+        "ffn_layers": ffn, "swa_kv_k": swa_k, "swa_kv_v": swa_v, "kv_shared_layers": shared,
     }
 
 
@@ -1813,7 +2241,7 @@ def generic_facts(cfg: Mapping[str, Any] | None, names: list[str], where: str) -
         "kv_heads": nkv, "head_dim": hd, "vocab": opt("vocab_size"), "n_experts": 0, "n_experts_used": 0,
         "moe_intermediate": 0, "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "attention": "gqa" if kk else "unknown", "kv_k": kk, "kv_v": kk, "swa_window": 0, "swa_layers": [],
-        "recurrent_layers": [], "state": 0, "recurrent_flops": 0,
+        "recurrent_layers": [], "state": 0, "recurrent_flops": 0, "parallel_layers": [], "ffn_layers": [],
         "swa_kv_k": 0, "swa_kv_v": 0, "kv_shared_layers": [],
     }, warnings
 
@@ -1842,7 +2270,10 @@ def layers_in_config(cfg: Mapping[str, Any] | None) -> int:
     return d["L"] + d["n_nextn"]
 
 
-_FP8_SKIP = re.compile(r"(?:norm|embed_tokens|lm_head|\.gate\.weight$|router|e_score_correction_bias|\.bias$|sinks)")
+# FP8 quantizes the linear layers only: not norms, embeddings, the head, routers, biases, convolution kernels
+# (Qwen3.5's linear_attn.conv1d, LFM2's conv.conv, Mamba2's conv1d)
+_FP8_SKIP = re.compile(r"(?:norm|embed_tokens|lm_head|\.gate\.weight$|router|e_score_correction_bias|\.bias$|sinks"
+                       r"|conv1d\.weight$|\.conv\.conv\.weight$)")
 
 
 def converted_dtype(arch: str | None, name: str, dtype: str) -> str:

@@ -28,6 +28,8 @@ from typing import Any, Mapping
 
 _DEEPSEEK = ("deepseek_v2", "deepseek_v3")
 _GRANITE = ("granite", "granitemoe", "granitemoehybrid")
+_NEMOTRON = ("nemotron_h", "nemotron_h_moe")
+_NEMOTRON_MOE = ("nemotron_h_moe",)
 _GEMMA3 = ("gemma3_text", "gemma3")
 _SCALED = ("linear", "yarn", "longrope", "dynamic")  # rope_scaling types written with their factor
 
@@ -96,33 +98,40 @@ LEADING_DENSE_BLOCK_COUNT = Key("leading_dense_block_count", "uint32",
 Q_LORA_RANK = Key("attention.q_lora_rank", "uint32", family=_fam((_DEEPSEEK, ("q_lora_rank",))), default=0)
 KV_LORA_RANK = Key("attention.kv_lora_rank", "uint32", family=_fam((_DEEPSEEK, ("kv_lora_rank",))), default=0)
 EXPERT_FEED_FORWARD_LENGTH = Key("expert_feed_forward_length", "uint32", family=_fam(
-    (("qwen2_moe", "qwen3_moe", "lfm2_moe", "qwen3_5_moe_text", "qwen3_5_moe", "gemma4_text", "gemma4") + _DEEPSEEK,
+    (("qwen2_moe", "qwen3_moe", "lfm2_moe", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next", "gemma4_text", "gemma4")
+     + _DEEPSEEK + _NEMOTRON_MOE,
      ("moe_intermediate_size",)),
     (("granitemoe", "gpt_oss"), ("intermediate_size",))))
 EXPERT_SHARED_FEED_FORWARD_LENGTH = Key("expert_shared_feed_forward_length", "uint32",
-                                        family=_fam((("qwen2_moe", "qwen3_5_moe_text", "qwen3_5_moe"),
+                                        family=_fam((("qwen2_moe", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next"),
                                                      ("shared_expert_intermediate_size",)),
-                                                    (("granitemoehybrid",), ("shared_intermediate_size",))))
-EXPERT_SHARED_COUNT = Key("expert_shared_count", "uint32", family=_fam((_DEEPSEEK, ("n_shared_experts",))))
-EXPERT_WEIGHTS_SCALE = Key("expert_weights_scale", "float32", family=_fam((_DEEPSEEK, ("routed_scaling_factor",))),
-                           default=1.0)
-EXPERT_WEIGHTS_NORM = Key("expert_weights_norm", "bool", family=_fam((_DEEPSEEK, ("norm_topk_prob",))), default=False)
+                                                    (("granitemoehybrid",), ("shared_intermediate_size",)),
+                                                    (_NEMOTRON_MOE, ("moe_shared_expert_intermediate_size",))))
+EXPERT_SHARED_COUNT = Key("expert_shared_count", "uint32",
+                          family=_fam((_DEEPSEEK + _NEMOTRON_MOE, ("n_shared_experts",))))
+EXPERT_WEIGHTS_SCALE = Key("expert_weights_scale", "float32",
+                           family=_fam((_DEEPSEEK + _NEMOTRON_MOE, ("routed_scaling_factor",))), default=1.0)
+EXPERT_WEIGHTS_NORM = Key("expert_weights_norm", "bool",
+                          family=_fam((_DEEPSEEK + _NEMOTRON_MOE, ("norm_topk_prob",))), default=False)
 SHORTCONV_L_CACHE = Key("shortconv.l_cache", "uint32", family=_fam((("lfm2", "lfm2_moe"), ("conv_L_cache",))))
 NEXTN_PREDICT_LAYERS = Key("nextn_predict_layers", "uint32",
                            family=_fam((("deepseek_v3",), ("num_nextn_predict_layers",))))
 # Gated DeltaNet (Qwen3NextModel.set_gguf_parameters): in llama.cpp's SSM terms
-_DELTANET = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
+_DELTANET = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next")
 # Mamba2 (GraniteHybridModel.set_gguf_parameters: conv kernel, state size, groups, heads as the time-step rank;
 # d_inner = mamba_expand x hidden is derived: modelkv)
-_MAMBA2 = ("granitemoehybrid",)
+_MAMBA2 = ("granitemoehybrid", "falcon_h1")  # falcon_h1's are rewritten from the dims (modelkv)
+# Nemotron-H (NemotronHModel, a GraniteHybridModel: the same keys from its own spellings; d_inner = heads x head dim)
 SSM_CONV_KERNEL = Key("ssm.conv_kernel", "uint32", family=_fam((_DELTANET, ("linear_conv_kernel_dim",)),
-                                                               (_MAMBA2, ("mamba_d_conv",))))
+                                                               (_MAMBA2, ("mamba_d_conv",)), (_NEMOTRON, ("conv_kernel",))))
 SSM_STATE_SIZE = Key("ssm.state_size", "uint32", family=_fam((_DELTANET, ("linear_key_head_dim",)),
-                                                             (_MAMBA2, ("mamba_d_state",))))
+                                                             (_MAMBA2, ("mamba_d_state",)),
+                                                             (_NEMOTRON, ("ssm_state_size",))))
 SSM_GROUP_COUNT = Key("ssm.group_count", "uint32", family=_fam((_DELTANET, ("linear_num_key_heads",)),
-                                                               (_MAMBA2, ("mamba_n_groups",))))
+                                                               (_MAMBA2, ("mamba_n_groups",)), (_NEMOTRON, ("n_groups",))))
 SSM_TIME_STEP_RANK = Key("ssm.time_step_rank", "uint32", family=_fam((_DELTANET, ("linear_num_value_heads",)),
-                                                                     (_MAMBA2, ("mamba_n_heads",))))
+                                                                     (_MAMBA2, ("mamba_n_heads",)),
+                                                                     (_NEMOTRON, ("mamba_num_heads",))))
 
 # ---------------------------------------------------------------------------- per layer (modelkv, for a hybrid: a family
 # with archs ``blocks``): head_count_kv as one count per layer, 0 for the recurrent layers (llama.cpp's is_recr)
@@ -132,6 +141,7 @@ RECURRENT_LAYERS = Key("attention.recurrent_layers", "array[bool]")
 FULL_ATTENTION_INTERVAL = Key("full_attention_interval", "uint32", default=4)
 SSM_INNER_SIZE = Key("ssm.inner_size", "uint32")  # value heads x value head dim (Qwen3.5), d_inner (Mamba2)
 ROPE_DIMENSION_SECTIONS = Key("rope.dimension_sections", "array[int32]")  # Qwen3.5's MRoPE sections, 4 entries
+# (_Qwen35MRopeMixin; Qwen3-Next's converter writes none)
 
 # ---------------------------------------------------------------------------- derived (modelkv: head dim x partial
 # rotary factor, MLA: qk_rope_head_dim; a reader's default: the head dim)
@@ -166,8 +176,10 @@ ROPE_SCALING_FINETUNED = Key("rope.scaling.finetuned", "bool", default=True)
 
 # ---------------------------------------------------------------------------- read or written from the numbers only
 EXPERT_GATING_FUNC = Key("expert_gating_func", "uint32")  # 1 softmax, 2 sigmoid
-EXPERT_GROUP_COUNT = Key("expert_group_count", "uint32", default=1)
-EXPERT_GROUP_USED_COUNT = Key("expert_group_used_count", "uint32", default=1)
+# (llama.cpp's TextModel writes them from n_group / topk_group for any config that has them; listed for Nemotron-H)
+EXPERT_GROUP_COUNT = Key("expert_group_count", "uint32", family=_fam((_NEMOTRON, ("n_group",))), default=1)
+EXPERT_GROUP_USED_COUNT = Key("expert_group_used_count", "uint32", family=_fam((_NEMOTRON, ("topk_group",))),
+                              default=1)
 NO_ROPE_LAYERS = Key("no_rope_layers", "array[int32]", llama_cpp=False)  # 1 = RoPE (llama.cpp: every 4th has none)
 CLAMP_KQV = Key("attention.clamp_kqv", "float32")
 KEY_LENGTH_MLA = Key("attention.key_length_mla", "uint32")

@@ -89,6 +89,11 @@ _G4 = {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "hid
        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                               "rope_theta": 1000000.0}}, "torch_dtype": "bfloat16"}
+# Qwen3-Next: the Qwen3.5-MoE tiny shape with Qwen3NextConfig's keys (no MRoPE sections; every layer MoE)
+_Q3N = {**{k: v for k, v in _Q35_MOE.items() if k != "rope_parameters"}, "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next", "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+        "layer_types": ["linear_attention", "linear_attention", "full_attention", "linear_attention"],
+        "rope_parameters": {"rope_theta": 10000000.0, "rope_type": "default", "partial_rotary_factor": 0.25}}
 TINY: dict[str, dict] = {
     "llama": _tiny("llama", "LlamaForCausalLM", tie_word_embeddings=False, attention_bias=False, mlp_bias=False),
     "mistral": _tiny("mistral", "MistralForCausalLM", tie_word_embeddings=False, sliding_window=None),
@@ -171,6 +176,7 @@ TINY: dict[str, dict] = {
     # Qwen3.5: Gated DeltaNet and gated-attention layers (2 value heads per key head: the converter tiles them)
     "qwen3_5_text": _Q35,
     "qwen3_5_moe_text": _Q35_MOE,
+    "qwen3_next": _Q3N,
     # the releases' multimodal form: the text model in text_config (its vision tower is left out of a build)
     "qwen3_5": {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
                 "text_config": {k: v for k, v in _Q35.items() if k != "architectures"} | {"model_type": "qwen3_5_text"},
@@ -195,6 +201,39 @@ TINY: dict[str, dict] = {
                          "attention_multiplier": 0.0625, "logits_scaling": 6.0, "position_embedding_type": "nope",
                          "rms_norm_eps": 1e-5, "vocab_size": 128, "max_position_embeddings": 4096,
                          "tie_word_embeddings": True, "rope_theta": 10000.0, "torch_dtype": "bfloat16"},
+    # attention and Mamba2 in parallel in every layer; d_inner 96 (mamba_d_ssm, not 2 x hidden), 6 heads of 16 in
+    # 2 groups of B/C, no gated norm (as released); every muP multiplier away from 1
+    "falcon_h1": {"architectures": ["FalconH1ForCausalLM"], "model_type": "falcon_h1", "hidden_size": 64,
+                  "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+                  "head_dim": 16, "mamba_d_ssm": 96, "mamba_n_heads": 6, "mamba_d_head": 16, "mamba_n_groups": 2,
+                  "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2, "mamba_conv_bias": True,
+                  "mamba_proj_bias": False, "mamba_rms_norm": False, "mamba_norm_before_gate": False,
+                  "projectors_bias": False, "attention_bias": False, "mlp_bias": False,
+                  "embedding_multiplier": 2.5, "lm_head_multiplier": 0.37, "key_multiplier": 0.6,
+                  "attention_in_multiplier": 1.3, "attention_out_multiplier": 0.8, "ssm_in_multiplier": 1.2,
+                  "ssm_out_multiplier": 0.7, "mlp_multipliers": [0.9, 1.4], "ssm_multipliers": [0.5, 1.5, 0.8, 1.25, 0.6],
+                  "rms_norm_eps": 1e-5, "vocab_size": 128, "max_position_embeddings": 4096,
+                  "tie_word_embeddings": False, "rope_theta": 10000.0, "torch_dtype": "bfloat16"},
+    # Nemotron-H as released (hybrid_override_pattern, time_step_limit [0, Infinity]): M Mamba2, * attention, - MLP
+    "nemotron_h": {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 64,
+                   "intermediate_size": 96, "num_hidden_layers": 6, "hybrid_override_pattern": "M*-M-*",
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "mamba_num_heads": 8,
+                   "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 16, "conv_kernel": 4, "expand": 2,
+                   "use_conv_bias": True, "use_bias": False, "mlp_bias": False, "mlp_hidden_act": "relu2",
+                   "mamba_hidden_act": "silu", "layer_norm_epsilon": 1e-5, "time_step_limit": [0.0, float("inf")],
+                   "vocab_size": 128, "max_position_embeddings": 4096, "tie_word_embeddings": False,
+                   "torch_dtype": "bfloat16"},
+    # its MoE form (Nemotron-3-Nano-30B-A3B style: E blocks; llama.cpp's nemotron_h_moe)
+    "nemotron_h_moe": {"architectures": ["NemotronHForCausalLM"], "model_type": "nemotron_h", "hidden_size": 64,
+                       "intermediate_size": 96, "num_hidden_layers": 6, "hybrid_override_pattern": "M*EME*",
+                       "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "mamba_num_heads": 8,
+                       "mamba_head_dim": 16, "n_groups": 2, "ssm_state_size": 16, "conv_kernel": 4,
+                       "use_conv_bias": True, "use_bias": False, "mlp_bias": False, "mlp_hidden_act": "relu2",
+                       "layer_norm_epsilon": 1e-5, "time_step_limit": [0.0, float("inf")], "n_routed_experts": 4,
+                       "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                       "moe_shared_expert_intermediate_size": 48, "n_shared_experts": 1, "n_group": 1, "topk_group": 1,
+                       "norm_topk_prob": True, "routed_scaling_factor": 1.0, "vocab_size": 128,
+                       "max_position_embeddings": 4096, "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
 }
 
 
@@ -465,12 +504,14 @@ def _gguf_header(w, cfg: dict, f: dict, name: str, extra: dict | None = None) ->
     w.add_block_count(f["n_layers"])
     w.add_context_length(4096)
     w.add_embedding_length(f["hidden"])
-    if "feed_forward_length" not in own:
+    if not f.get("ffn_layers") and "feed_forward_length" not in own:
         w.add_feed_forward_length(f["intermediate"])
     w.add_head_count(f["heads"])
-    rec = set(f.get("recurrent_layers") or ())
-    if rec:  # a hybrid: per-layer KV heads, 0 for the recurrent layers (llama.cpp's is_recr), and the state's sizes
-        w.add_head_count_kv([0 if i in rec else f["kv_heads"] for i in range(f["n_layers"])])
+    rec, kv, ffn = set(f.get("recurrent_layers") or ()), set(archs.kv_layers(f)), set(f.get("ffn_layers") or ())
+    if ffn:  # FFN-only layers (Nemotron-H): their FFN width per layer, 0 for the others (llama.cpp's n_ff(il))
+        w.add_feed_forward_length([f["intermediate"] if i in ffn else 0 for i in range(f["n_layers"])])
+    if rec:  # a hybrid: per-layer KV heads, 0 for the layers without a KV cache (llama.cpp's is_recr), and the state's sizes
+        w.add_head_count_kv([f["kv_heads"] if i in kv else 0 for i in range(f["n_layers"])])
         d = archs.dims(cfg)
         for dim, key in archs.FAMILIES[f["arch"]].blocks.gguf_dims:
             w.add_uint32(f"{w.arch}.{key}", int(d[dim]))

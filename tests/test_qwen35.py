@@ -286,3 +286,37 @@ def test_the_releases_mtp_layer_is_left_out_by_name(tmp_path):
         assert not any("mtp" in i.name for i in src.tensors())
     finally:
         src.close()
+
+
+def test_an_fp8_release_reads_in_the_converters_layout_too(tmp_path):
+    """Qwen3.5's FP8 releases: the value heads move after dequantization (the same float32 the converter sees)."""
+    from orkpack.sources import convlayout
+
+    cfg = {**synth.TINY["qwen3_5_text"], "quantization_config": {"quant_method": "fp8", "fmt": "e4m3",
+                                                                 "weight_block_size": [16, 16]}}
+    folder = synth.write_hf_model(tmp_path / "m", config=cfg, seed=1, shards=1)
+    src, plain = open_source(folder), open_source(folder)
+    try:
+        plain._changes = {}  # the reader without the converter's changes: the release's own order
+        info = {t.name: t for t in src.tensors()}
+        assert info["blk.0.attn_qkv.weight"].dtype == "F8_E4M3"
+        for name in ("blk.0.attn_qkv.weight", "blk.0.attn_gate.weight", "blk.0.ssm_out.weight"):
+            want = convlayout.apply(plain.read(name), src._changes[name][0])
+            assert not np.array_equal(want, plain.read(name))
+            assert np.array_equal(src.read(name), want), name
+    finally:
+        src.close()
+        plain.close()
+
+
+def test_a_hybrid_plans_across_two_boards():
+    """The cluster's decode per layer counts the recurrent state written back, as the one-board plan does (it
+    stopped with 'internal: the cluster decode_s_per_token ... differs' when only one of them did)."""
+    from typer.testing import CliRunner
+
+    from orkpack.cli import app
+
+    r = CliRunner().invoke(app, ["plan", str(FIXTURES / "qwen3_5_moe_text.json"), "--boards", "rk3588-32g,rk3588-32g",
+                                 "--json"])
+    assert r.exit_code == 0, r.output[-2000:]
+    assert "internal" not in r.output

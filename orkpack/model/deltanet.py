@@ -10,8 +10,11 @@ On the normed hidden states x (T, H), with key heads ``ng`` of ``ds`` dims and v
         S = exp(g_t) S;  S += k_t (beta_t (v_t - k_t S));  o_t = q_t S
     out = ssm_out(rmsnorm(o) * ssm_norm * silu(attn_gate(x)))      # the gated RMSNorm per value head
 
-The weights are read in llama.cpp's converter layout (orkpack/sources/convlayout.py makes an HF folder read so):
-value heads tiled, so value head h uses key head ``h % ng`` (transformers' grouped order: ``h // (nv / ng)``).
+The weights are read in llama.cpp's converter layout (orkpack/sources/convlayout.py and the archs ``Split`` make an
+HF folder read so), which the family declares (archs ``Forward``): ``vheads`` tiled (Qwen3.5: value head h uses key
+head ``h % ng``) or grouped (Qwen3-Next, transformers' own order: ``h // (nv / ng)``); ``beta_alpha`` split
+(``ssm_beta``, ``ssm_alpha``) or fused (Qwen3-Next's ``ssm_ba``: per key head its value heads' beta, then their
+alpha).
 The recurrence runs token by token in float32 on the CPU (as the board runs it): only its matrices see the NPU's
 numerics.
 """
@@ -65,10 +68,18 @@ def deltanet(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     k = qkv[:, ng * ds: 2 * ng * ds].reshape(T, ng, ds)
     v = qkv[:, 2 * ng * ds:].reshape(T, nv, dv)
     q, k = _l2norm(q) / np.float32(np.sqrt(ds)), _l2norm(k)
-    rep = nv // ng  # tiled value heads: head h reads key head h % ng
-    q, k = np.tile(q, (1, rep, 1)), np.tile(k, (1, rep, 1))
-    beta = expit(lin(w, p + "ssm_beta", x))
-    g = a * _softplus(lin(w, p + "ssm_alpha", x) + w.tensor(p + "ssm_dt.bias"))
+    rep = nv // ng
+    if hp.fwd.vheads == "grouped":  # head h reads key head h // rep
+        q, k = np.repeat(q, rep, axis=1), np.repeat(k, rep, axis=1)
+    else:  # tiled: head h reads key head h % ng
+        q, k = np.tile(q, (1, rep, 1)), np.tile(k, (1, rep, 1))
+    if hp.fwd.beta_alpha == "fused":  # per key head [beta of its rep value heads | their alpha]
+        ba = lin(w, p + "ssm_ba", x).reshape(T, ng, 2 * rep)
+        b, al = ba[..., :rep].reshape(T, nv), ba[..., rep:].reshape(T, nv)
+    else:
+        b, al = lin(w, p + "ssm_beta", x), lin(w, p + "ssm_alpha", x)
+    beta = expit(b)
+    g = a * _softplus(al + w.tensor(p + "ssm_dt.bias"))
     o = delta_rule(q, k, v, g.astype(np.float32), beta.astype(np.float32))
     z = lin(w, p + "attn_gate", x).reshape(T, nv, dv)
     o = o / np.sqrt((o * o).mean(-1, keepdims=True) + np.float32(hp.eps))

@@ -17,6 +17,8 @@ from typing import Callable
 import numpy as np
 from scipy.special import erf, expit  # exact GELU; a sigmoid that does not overflow
 
+from .. import archs
+from ..archs import mixers
 from ..errors import SourceError, escape_name
 from ..sources import open_source
 from . import hparams as _hp
@@ -59,6 +61,9 @@ def _source_hparams(source, where: str) -> Hparams:
 def _act(x: np.ndarray, kind: str) -> np.ndarray:
     if kind == "silu":
         return x * expit(x)
+    if kind == "relu2":  # squared ReLU (Nemotron-H's MLPs and experts)
+        r = np.maximum(x, np.float32(0))
+        return r * r
     if kind == "gelu_tanh":
         c = np.float32(np.sqrt(2.0 / np.pi))
         return np.float32(0.5) * x * (np.float32(1) + np.tanh(c * (x + np.float32(0.044715) * x * x * x)))
@@ -66,7 +71,8 @@ def _act(x: np.ndarray, kind: str) -> np.ndarray:
 
 
 def _norm(x: np.ndarray, w: Weights, name: str, hp: Hparams) -> np.ndarray:
-    g = w.tensor(name + ".weight")
+    # the gain is NAME.weight, or NAME itself where the converter names it so (Falcon-H1's blk.N.ffn_norm)
+    g = w.tensor(name + ".weight" if w.has(name + ".weight") or not w.has(name) else name)
     if hp.norm_offset:
         g = g + np.float32(hp.norm_offset)
     if hp.fwd.norm == "layer":
@@ -330,9 +336,12 @@ def _mlp_and_experts(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarr
     return dense + _norm(out, w, p + "post_ffw_norm_2", hp)
 
 
-# the mixer of each block type (orkpack/archs.py Blocks; Hparams.blocks): attention, or a hybrid's recurrent block
+# each family's layers that are one block alone (archs Blocks.parts): block type -> "mixer" | "ffn"
+_PARTS = {name: dict(f.blocks.parts) for name, f in archs.FAMILIES.items() if f.blocks is not None and f.blocks.parts}
+# the mixer of each block type (orkpack/archs.py Blocks; Hparams.blocks): attention, or a hybrid's recurrent block;
+# a block type naming several ("attn+mamba2": archs.mixers) runs them in parallel on the same normed input, summed
 _MIXERS: dict[str, Callable[..., np.ndarray]] = {
-    "attn": _attention,
+    "attn": _attention,  # (i, x, hp, w, kv): kv the K/V later KV-sharing layers read (gemma4)
     "shortconv": shortconv,
     "deltanet": deltanet,
     "mamba2": mamba2,
@@ -345,18 +354,21 @@ def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None = Non
     p = f"blk.{i}."
     sandwich = hp.fwd.block == "sandwich"
     blk = hp.blocks[i] if hp.blocks else "attn"
-    xn = _norm(x, w, p + "attn_norm", hp)
-    a = _attention(i, xn, hp, w, kv) if blk == "attn" else _MIXERS[blk](i, xn, hp, w)
-    if sandwich:
-        a = _norm(a, w, p + "post_attention_norm", hp)
-    x = x + a * np.float32(hp.residual_scale)
-    if hp.fwd.moe_beside_mlp and w.has(p + "ffn_gate_inp.weight"):
-        m = _mlp_and_experts(i, x, hp, w)
-    else:
-        m = _ffn(i, _norm(x, w, p + hp.fwd.ffn_norm, hp), hp, w)
-    if sandwich:
-        m = _norm(m, w, p + "post_ffw_norm", hp)
-    x = x + m * np.float32(hp.residual_scale)
+    part = _PARTS.get(hp.arch, {}).get(blk)  # "mixer" | "ffn": the layer is that one block (archs Blocks.parts)
+    if part != "ffn":
+        h = _norm(x, w, p + "attn_norm", hp)
+        a = sum(_MIXERS[m](i, h, hp, w, kv) if m == "attn" else _MIXERS[m](i, h, hp, w) for m in mixers(blk))
+        if sandwich:
+            a = _norm(a, w, p + "post_attention_norm", hp)
+        x = x + a * np.float32(hp.residual_scale)
+    if part != "mixer":  # an FFN alone is normed by the layer's one norm (GGUF attn_norm)
+        if hp.fwd.moe_beside_mlp and w.has(p + "ffn_gate_inp.weight"):
+            m = _mlp_and_experts(i, x, hp, w)
+        else:
+            m = _ffn(i, _norm(x, w, p + (hp.fwd.ffn_norm if part is None else "attn_norm"), hp), hp, w)
+        if sandwich:
+            m = _norm(m, w, p + "post_ffw_norm", hp)
+        x = x + m * np.float32(hp.residual_scale)
     if pli is not None:  # gemma4: the layer's per-layer input gates a projection back into the stream
         g = _act(_lin(w, p + "inp_gate", x), hp.act) * pli[:, i, :]
         x = x + _norm(_lin(w, p + "proj", g), w, p + "post_norm", hp)

@@ -107,7 +107,7 @@ def _num(v: Any, what: str, where: str) -> float:
 
 def _act(name: Any, where: str) -> str:
     table = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
-             "gelu_fast": "gelu_tanh", "gelu_tanh": "gelu_tanh", "gelu": "gelu"}
+             "gelu_fast": "gelu_tanh", "gelu_tanh": "gelu_tanh", "gelu": "gelu", "relu2": "relu2"}
     if name not in table:
         raise NotEvaluable(f"{where}: activation {escape_name(repr(name), 40)} is not evaluable yet "
                            f"(known: {', '.join(sorted(table))})")
@@ -257,6 +257,8 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
             {i for i in range(L) if (i + 1) % every != 0}
     if f.rope_switch and tc.get(f.rope_switch) != "rope":  # granitemoehybrid: RoPE only when "rope"
         rope_layers = set()
+    if f.rope_layers == "none":  # NoPE (Nemotron-H)
+        rope_layers = set()
     window = int(get("sliding_window", 0) or 0)
     if f.window == "config":
         swa_window, swa_layers = window, set(range(L)) if window else set()
@@ -381,6 +383,8 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
             {i for i in range(L) if (i + 1) % 4 != 0}
     if f.rope_switch and get(G.ROPE_SCALING_FINETUNED) is False:  # llama.cpp's granite-hybrid: no RoPE
         rope_layers = set()
+    if f.rope_layers == "none":
+        rope_layers = set()
     window = int(get(G.SLIDING_WINDOW) or 0)
     if f.window == "config":
         swa_window, swa_layers = window, set(range(L)) if window else set()
@@ -445,11 +449,13 @@ def _kv_heads(per: Any, facts: Mapping[str, Any], swa: bool) -> int:
 
 
 def _gguf_blocks(fam: archs.Family, facts: Mapping[str, Any]) -> tuple[str, ...]:
-    """A hybrid GGUF's block type per layer: its recurrent layers (no KV heads) run the family's recurrent block."""
+    """A hybrid GGUF's block type per layer: its recurrent layers (no KV heads) run the family's recurrent block, its
+    FFN-only layers (no KV heads, an FFN length: Nemotron-H) the family's FFN block."""
     if fam.blocks is None:
         return ()
-    rec = set(facts.get("recurrent_layers") or ())
-    return tuple(archs.recurrent_block(fam) if i in rec else archs.ATTN for i in range(facts["n_layers"]))
+    rec, ffn = set(facts.get("recurrent_layers") or ()), set(facts.get("ffn_layers") or ())
+    return tuple(archs.recurrent_block(fam) if i in rec else archs.ffn_block(fam) if i in ffn else archs.ATTN
+                 for i in range(facts["n_layers"]))
 
 
 def to_gguf(hp: Hparams) -> dict[str, Any]:

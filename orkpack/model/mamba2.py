@@ -8,7 +8,8 @@ forward pass.
     dt = softplus(dt + dt_bias)                           # (T, H)
     S_h = exp(dt_h * A_h) * S_h + dt_h * x_h B_g^T          # per head h of group g = h // (H / G): S_h (P, N)
     y_h = S_h C_g + D_h * x_h
-    y = grouped_rms_norm(y * silu(z)) * norm_weight       # RMS over each group's D / G channels
+    y = grouped_rms_norm(y * silu(z)) * norm_weight       # RMS over each group's D / G channels (without an
+                                                          # ssm_norm.weight: y * silu(z), Falcon-H1's default)
     out = ssm_out(y)
 
 The tensors are read by their canonical GGUF names as llama.cpp's converter lays them out (numpy order):
@@ -37,10 +38,14 @@ def mamba2(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     T = x.shape[0]
     a = np.asarray(w.tensor(p + "ssm_a"), dtype=np.float64).reshape(-1)  # (H,)
     d_skip = np.asarray(w.tensor(p + "ssm_d"), dtype=np.float64).reshape(-1)
-    gain = np.asarray(w.tensor(p + "ssm_norm.weight"), dtype=np.float32)
-    G = gain.shape[0] if gain.ndim == 2 else 1
-    gain = gain.reshape(-1)
-    D, H = gain.size, a.size
+    if w.has(p + "ssm_norm.weight"):
+        gain = np.asarray(w.tensor(p + "ssm_norm.weight"), dtype=np.float32)
+        G = gain.shape[0] if gain.ndim == 2 else 1
+        gain = gain.reshape(-1)
+        D = gain.size
+    else:  # no gated norm (Falcon-H1's mamba_rms_norm false): y * silu(z); the sizes from the record
+        gain, G, D = None, int(hp.ssm["ng"]), int(hp.ssm["di"])
+    H = a.size
     k = np.asarray(w.tensor(p + "ssm_conv1d.weight"), dtype=np.float64)
     k = k.reshape(k.shape[0], -1)  # (C, K)
     C_dim, K = k.shape
@@ -69,7 +74,10 @@ def mamba2(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
         y[t] = np.einsum("hpn,hn->hp", state, C[t])
     y += xs * d_skip[:, None]
 
-    g = (y.reshape(T, D) * _silu(z)).reshape(T, G, D // G)
+    g = y.reshape(T, D) * _silu(z)
+    if gain is None:
+        return lin(w, p + "ssm_out", g.astype(np.float32))
+    g = g.reshape(T, G, D // G)
     g = g / np.sqrt((g * g).mean(-1, keepdims=True) + hp.eps)
     out = (g.reshape(T, D).astype(np.float32) * gain)
     return lin(w, p + "ssm_out", out)

@@ -5,6 +5,10 @@ A family declares its changes as :class:`orkpack.archs.Convert` entries; :func:`
 into :class:`Change` lists by canonical name, and :func:`apply` makes them on an array as read:
 
 * ``neg_exp``: ``-exp(A_log)`` (the converter's ``ssm_a``), computed and stored in float32;
+* ``scale``: times config numbers in turn, on all rows or a row range of axis 0 (Falcon-H1's muP multipliers): each
+  product in float32 (``x * float32(m)``, correctly rounded, as the converter's torch multiply of a float32 tensor by a
+  Python number), then back in the tensor's own dtype (BF16 rounded to nearest even, as gguf-py writes BF16); a factor
+  of exactly 1 changes nothing and is skipped;
 * ``vheads``: Qwen3.5 / Qwen3-Next's value heads from grouped order (K head g's V heads g*per .. g*per + per - 1
   together) to tiled order (V head r of every K head, then r + 1), along one axis after its first ``skip`` entries,
   in heads of ``head`` entries: ``reshape(groups, per, head) -> swap the first two -> reshape`` (the converter's
@@ -12,8 +16,9 @@ into :class:`Change` lists by canonical name, and :func:`apply` makes them on an
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -31,6 +36,24 @@ class Change:
     head: int = 1
     groups: int = 1
     per: int = 1
+    factors: tuple[float, ...] = ()
+    rows: tuple[int, ...] = ()
+
+
+_FACTOR = re.compile(r"^([A-Za-z_]\w*)(?:\[(\d+)\])?$")
+
+
+def _factor(expr: str, config: Mapping, defaults: Mapping) -> float:
+    """A config number: ``key`` or ``key[i]`` (the family's defaults for a key the config leaves out)."""
+    m = _FACTOR.match(expr)
+    if m is None:
+        raise ValueError(f"bad factor {expr!r}")
+    v: Any = config.get(m.group(1))
+    if v is None:
+        v = defaults.get(m.group(1))
+    if m.group(2) is not None:
+        v = v[int(m.group(2))]
+    return float(v)
 
 
 def plan(fam: archs.Family | None, config: Mapping | None, tensors, where: str) -> dict[str, list[Change]]:
@@ -52,6 +75,11 @@ def plan(fam: archs.Family | None, config: Mapping | None, tensors, where: str) 
                                       f"value heads config.json describes ({ch.skip} + {ch.groups} key heads x "
                                       f"{ch.per} value heads x {ch.head} on axis {ch.axis}); the checkpoint and "
                                       "its config.json disagree")
+                if ch.op == "scale":
+                    fs = tuple(f for f in (_factor(x, config, fam.defaults) for x in c.factors) if f != 1.0)
+                    if not fs:
+                        continue  # times 1: the same values
+                    ch = Change("scale", factors=fs, rows=tuple(archs.evaluate(x, d) for x in c.rows))
                 out.setdefault(name, []).append(ch)
     return out
 
@@ -60,9 +88,25 @@ def apply(a: np.ndarray, changes: list[Change]) -> np.ndarray:
     for c in changes:
         if c.op == "neg_exp":
             a = (-np.exp(as_float32(a).astype(np.float64))).astype(np.float32)  # correctly rounded
+        elif c.op == "scale":
+            a = _scale(a, c)
         else:
             a = _vheads(a, c)
     return a
+
+
+def _scale(a: np.ndarray, c: Change) -> np.ndarray:
+    stored = a.dtype
+    x = np.array(as_float32(a), dtype=np.float32, copy=True)
+    part = x[c.rows[0]: c.rows[1]] if c.rows else x
+    for f in c.factors:
+        part *= np.float32(f)  # float32 x float32, correctly rounded: torch's float32 multiply
+    if stored == np.float32:
+        return x
+    if stored == np.uint16:  # BF16 bits, round to nearest even (finite values)
+        b = x.view(np.uint32)
+        return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+    return x.astype(stored)
 
 
 def _vheads(a: np.ndarray, c: Change) -> np.ndarray:

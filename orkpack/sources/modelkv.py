@@ -150,10 +150,17 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
         put(G.FEED_FORWARD_LENGTH, G.FEED_FORWARD_LENGTH.type, d["I"])
     if "kinds" in d:  # gemma4 (Gemma4Model.set_gguf_parameters)
         _gemma4(cfg, fam, d, put)
-    if fam.blocks is not None and fam.blocks.record == "kv_heads":
+    if fam.blocks is not None and fam.blocks.record in ("kv_heads", "kv_heads_ffn"):
         put(G.HEAD_COUNT_KV, G.HEAD_COUNT_KV_PER_LAYER, [d["nkv"] if b == archs.ATTN else 0 for b in blocks])
-        if "di" in d:  # Mamba2's d_inner (GraniteHybridModel: mamba_expand x hidden)
+        if "di" in d:  # Mamba2's d_inner (GraniteHybridModel: mamba_expand x hidden; NemotronHModel: heads x head dim)
             put(G.SSM_INNER_SIZE, G.SSM_INNER_SIZE.type, d["di"])
+        if fam.blocks.record == "kv_heads_ffn":  # NemotronHModel: the FFN width on the FFN-only layers, else 0
+            put(G.FEED_FORWARD_LENGTH, G.HEAD_COUNT_KV_PER_LAYER,
+                [d["I"] if fam.blocks.parts.get(b) == "ffn" else 0 for b in blocks])
+    elif fam.blocks is not None and fam.blocks.record == "all":  # FalconH1Model: one KV head count, Mamba2's sizes
+        for key, dim in ((G.SSM_CONV_KERNEL, "ck"), (G.SSM_INNER_SIZE, "di"), (G.SSM_STATE_SIZE, "ds"),
+                         (G.SSM_TIME_STEP_RANK, "nm"), (G.SSM_GROUP_COUNT, "ng")):
+            put(key, key.type, d[dim])  # d_inner // mamba_d_head = the heads; mamba_d_ssm, not expand x hidden
     elif fam.blocks is not None:  # Qwen3NextModel: the list, the interval (its default 4 when absent), d_inner
         put(G.RECURRENT_LAYERS, G.RECURRENT_LAYERS.type, [b != archs.ATTN for b in blocks])
         tc = cfg.get("text_config") if fam.text_config and isinstance(cfg.get("text_config"), Mapping) else cfg
@@ -162,14 +169,21 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
             n if _valid("uint32", n) else G.FULL_ATTENTION_INTERVAL.default)
         put(G.SSM_INNER_SIZE, G.SSM_INNER_SIZE.type, d["di"])
         rp = tc.get("rope_parameters")
-        sec = rp.get("mrope_section") if isinstance(rp, Mapping) else None
-        put(G.ROPE_DIMENSION_SECTIONS, G.ROPE_DIMENSION_SECTIONS.type,
-            (list(sec) + [0] * 4)[:4] if isinstance(sec, list) and all(_valid("uint32", x) for x in sec)
-            else [11, 11, 10, 0])  # _Qwen35MRopeMixin's default
+        if fam.name in _MROPE_WRITTEN:
+            sec = rp.get("mrope_section") if isinstance(rp, Mapping) else None
+            put(G.ROPE_DIMENSION_SECTIONS, G.ROPE_DIMENSION_SECTIONS.type,
+                (list(sec) + [0] * 4)[:4] if isinstance(sec, list) and all(_valid("uint32", x) for x in sec)
+                else [11, 11, 10, 0])  # _Qwen35MRopeMixin's default
+        frac = tc.get("partial_rotary_factor", rp.get("partial_rotary_factor") if isinstance(rp, Mapping) else None)
+        hd, dflt = d["hd"], fam.defaults.get("partial_rotary_factor")
+        if frac is None and dflt is not None:  # Qwen3NextModel: the rotary share defaults to 0.25, as transformers'
+            put(G.ROPE_DIMENSION_COUNT, G.ROPE_DIMENSION_COUNT.type, int(hd * dflt))
     switch = fam.forward.rope_switch if fam.forward is not None else ""
-    if switch:  # granite-hybrid's RoPE switch; a NoPE model's context is unbounded (GraniteHybridModel: 2**20)
+    nope = fam.forward is not None and fam.forward.rope_layers == "none"
+    if switch or nope:  # granite-hybrid's RoPE switch (Nemotron-H: always NoPE); a NoPE model's context is unbounded
+        # (GraniteHybridModel: 2**20)
         tc = cfg.get("text_config") if fam.text_config and isinstance(cfg.get("text_config"), Mapping) else cfg
-        rope = tc.get(switch) == "rope"
+        rope = not nope and tc.get(switch) == "rope"
         put(G.ROPE_SCALING_FINETUNED, G.ROPE_SCALING_FINETUNED.type, rope)
         if not rope:
             put(G.CONTEXT_LENGTH, G.CONTEXT_LENGTH.type, 2 ** 20)
@@ -219,6 +233,8 @@ def _gemma4(cfg: Mapping, fam, d: dict, put: Callable) -> None:
     if _valid("float32", sl.get("rope_theta")):
         put(G.ROPE_FREQ_BASE_SWA, "float32", float(sl["rope_theta"]))
 
+# families whose converter writes rope.dimension_sections (_Qwen35MRopeMixin)
+_MROPE_WRITTEN = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
 
 # families whose converter writes expert_gating_func from the router alone (LFM2MoeModel: always sigmoid, 2);
 # it writes neither expert_weights_norm nor expert_weights_scale for them (llama.cpp always normalises)

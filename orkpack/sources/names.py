@@ -34,7 +34,7 @@ SUPPORTED_ARCHS = _archs.SUPPORTED
 
 _PROJ = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down", "w1": "gate", "w3": "up", "w2": "down"}
 _HF_EXPERT = re.compile(
-    r"^(?:model\.(?:language_model\.)?)?layers\.(\d+)\.(?:mlp|block_sparse_moe|feed_forward)\.experts\.(\d+)\."
+    r"^(?:model\.(?:language_model\.)?|backbone\.)?layers\.(\d+)\.(?:mlp|block_sparse_moe|feed_forward|mixer)\.experts\.(\d+)\."
     r"(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$"
 )
 _SLICE = re.compile(r"^blk\.(\d+)\.ffn_(gate|up|down|gate_up)\.(\d+)\.weight$")

@@ -15,6 +15,11 @@ Quantized releases (FP8 weights with their scales, gpt-oss MXFP4 blocks and
 scales) are listed under the weight's name with the source dtype (F8_E4M3, ...,
 MXFP4) and read as float32, dequantized exactly: orkpack/sources/quantized.py.
 
+A fused tensor llama.cpp's converter writes as several (a family's ``archs.Split``: Granite-4.0-H's gate/up,
+Qwen3-Next's ``in_proj_qkvz`` -> ``attn_qkv`` + ``attn_gate``) is listed as those tensors, each with the HF name as
+its ``source_name`` and, as its parts, the byte ranges of its elements in the stored tensor (read in order, like an
+expert stack: the stored bits, never mapped).
+
 Derivable buffers (``position_ids``, ``rotary_emb.inv_freq``, GPT-2 causal
 masks; the table is :mod:`orkpack.sources.derivable`) are left out of
 ``tensors()`` and listed by ``skipped()`` instead, from the header alone.
@@ -262,12 +267,12 @@ class SafetensorsSource(FileSource):
             if dtype in quantized.DEQUANTIZED_DTYPES or dtype not in _NP_DTYPE:
                 raise SourceError(f"{_fname(self.root)}: {escape_name(t)} is {dtype}: llama.cpp's converter splits it, "
                                   "and orkpack splits float tensors only; convert the checkpoint to BF16 first")
+            rows = sum(pc.shape[pc.axis] for pc in pieces)  # the pieces cover the stored tensor along their axis
             for pc in pieces:
-                outer = math.prod(pc.shape[:pc.axis])  # the whole tensor is `of` such pieces along the axis
-                rows, inner = pc.shape[pc.axis] * pc.of, math.prod(pc.shape[pc.axis + 1:]) * _NP_DTYPE[dtype].itemsize
-                step = rows // pc.of * inner
-                self._add(pc.name, t, dtype, pc.shape,
-                          [_Part(fi, off + o * rows * inner + pc.part * step, step) for o in range(outer)])
+                outer = math.prod(pc.shape[:pc.axis])
+                inner = math.prod(pc.shape[pc.axis + 1:]) * _NP_DTYPE[dtype].itemsize
+                self._add(pc.name, t, dtype, pc.shape, [_Part(fi, off + (o * rows + r0) * inner, n * inner)
+                                                        for o in range(outer) for r0, n in pc.runs()])
         for (layer, proj), experts in groups.items():
             name = f"blk.{layer}.ffn_{proj}_exps.weight"
             first = experts[min(experts)]
@@ -293,8 +298,7 @@ class SafetensorsSource(FileSource):
         # the converter's value changes (A_log -> -exp, value heads tiled): made on read (convlayout)
         self._changes = {n: (ch, self._entries[n].info.dtype)  # (changes, the stored dtype)
                          for n, ch in convlayout.plan(fam, self.config, [(n, self._entries[n].info.shape)
-                                                                          for n in self._order], _fname(self.root)).items()
-                         if self._entries[n].info.dtype not in quantized.DEQUANTIZED_DTYPES}
+                                                                          for n in self._order], _fname(self.root)).items()}
         for name, (ch, stored) in self._changes.items():
             info = self._entries[name].info
             dt = archs.converted_dtype(fam.name, name, stored)
@@ -340,10 +344,17 @@ class SafetensorsSource(FileSource):
             arr[...] = got
             return arr
         info = ent.info
+        changed = self._changes.get(name)
+        if changed and changed[1] in quantized.DEQUANTIZED_DTYPES:  # an FP8 release: the changes on its float32
+            got = convlayout.apply(quantized.dequantize(
+                info.shape, [self._recipes[(p.file, p.offset, p.nbytes)] for p in ent.parts],
+                lambda fi, off, mv: read_into(self._fds[fi], off, mv, self.files[fi]), None), changed[0])
+            arr = array_in(out, info.shape, got.dtype)
+            arr[...] = got
+            return arr
         if info.dtype in quantized.DEQUANTIZED_DTYPES:  # FP8, MXFP4: float32, dequantized in chunks
             return quantized.dequantize(info.shape, [self._recipes[(p.file, p.offset, p.nbytes)] for p in ent.parts],
                                         lambda fi, off, mv: read_into(self._fds[fi], off, mv, self.files[fi]), out)
-        changed = self._changes.get(name)
         stored = changed[1] if changed else info.dtype
         arr = array_in(None if changed else out, info.shape, _NP_DTYPE[stored].newbyteorder("="))
         flat = arr.reshape(-1).view(np.uint8)

@@ -57,7 +57,7 @@ from . import cost, milp, solver
 from .board import Board, load_board
 from .llamacpp import commands, memory_proportional
 from .network import Network, _network_from, _read_toml, load_network
-from .manifest import Manifest, _layer
+from .manifest import Manifest, _layer, state_bytes
 from .profile import Profile, load_profile
 
 STAGE_TOL = 1e-6
@@ -114,8 +114,13 @@ def parse_cluster(boards: str, network: str | None = None, runtime: str | None =
 def _shim_facts(facts: dict, layers: list[int]) -> dict:
     """The model facts of a model made of ``layers`` only (sliding-window and recurrent layers renumbered)."""
     swa, rec = set(facts.get("swa_layers") or ()), set(facts.get("recurrent_layers") or ())
-    return {**facts, "n_layers": len(layers), "swa_layers": [j for j, l in enumerate(layers) if l in swa],
-            "recurrent_layers": [j for j, l in enumerate(layers) if l in rec]}
+    par, ffn = set(facts.get("parallel_layers") or ()), set(facts.get("ffn_layers") or ())
+    out = {**facts, "n_layers": len(layers), "swa_layers": [j for j, l in enumerate(layers) if l in swa],
+           "recurrent_layers": [j for j, l in enumerate(layers) if l in rec],
+           "parallel_layers": [j for j, l in enumerate(layers) if l in par]}
+    if "ffn_layers" in facts:
+        out["ffn_layers"] = [j for j, l in enumerate(layers) if l in ffn]
+    return out
 
 
 def sub_manifest(man: Manifest, layers: list[int], client: bool) -> tuple[Manifest, list[int]]:
@@ -233,7 +238,7 @@ def solve_cluster(man: Manifest, spec: ClusterSpec, *, profile: Path | None = No
     def one(l: int):
         sh = SimpleNamespace(facts=_shim_facts(f, [l]), floats=fl_by_layer.get(l, []))
         kvc = Manifest.kv_bytes(sh, ctx, kv_type)
-        kvp = Manifest.kv_bytes(sh, P, kv_type)
+        kvp = Manifest.kv_bytes(sh, P, kv_type) + state_bytes(sh.facts)  # decode reads KV(P), writes the state back
         per_t = tuple((solver._attention_s(sh, m, m / 2.0, b) + solver._float_matmuls_s(sh, m, b)) for b in types)
         return kvc, kvp, per_t
 

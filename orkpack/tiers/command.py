@@ -199,11 +199,22 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
               f"NF4 {_b(r['host_nf4'])}, float {_b(r['host_float'])}, KV {_b(r['kv_cache'])}, reserve {_b(r['reserve'])}")
     console.print(t)
     if "recurrent_state" in r:  # a hybrid: the KV of its attention layers, its fixed state, the saving
-        rec = len(m.get("recurrent_layers") or ())
-        console.print(f"KV cache {_b(r['kv_cache'])} at ctx {d['options']['ctx']}: {m['n_layers'] - rec} attention "
-                      f"layers' KV + {rec} recurrent layers' state {_b(r['recurrent_state'])} (per sequence, any "
-                      f"ctx); all {m['n_layers']} layers attention would need {_b(r['kv_all_attention'])} "
-                      f"(saves {_b(r['kv_all_attention'] - r['kv_cache'])})")
+        from .. import archs
+
+        rec, par = len(m.get("recurrent_layers") or ()), len(m.get("parallel_layers") or ())
+        if par:  # attention beside the recurrence (Falcon-H1): the state comes on top of the KV
+            console.print(f"KV cache {_b(r['kv_cache'])} at ctx {d['options']['ctx']}: {len(archs.kv_layers(m))} "
+                          f"attention layers' KV + {rec} recurrent layers' state {_b(r['recurrent_state'])} (per "
+                          f"sequence, any ctx); {par} layers run attention and the recurrence in parallel, so hold both: "
+                          f"{_b(r['kv_cache'] - r['kv_all_attention'])} more than all {m['n_layers']} layers attention "
+                          f"alone ({_b(r['kv_all_attention'])})")
+        else:
+            ffn = len(m.get("ffn_layers") or ())  # FFN-only layers (Nemotron-H) hold neither KV nor state
+            mixers = m["n_layers"] - ffn
+            console.print(f"KV cache {_b(r['kv_cache'])} at ctx {d['options']['ctx']}: {mixers - rec} attention "
+                          f"layers' KV + {rec} recurrent layers' state {_b(r['recurrent_state'])} (per sequence, any "
+                          f"ctx); all {mixers} {'mixer ' if ffn else ''}layers attention would need "
+                          f"{_b(r['kv_all_attention'])} (saves {_b(r['kv_all_attention'] - r['kv_cache'])})")
     if "kv_unshared" in r:  # gemma4: the layers that reuse earlier layers' K/V store none
         sh = len(m.get("kv_shared_layers") or ())
         console.print(f"KV cache {_b(r['kv_cache'])} at ctx {d['options']['ctx']}: {sh} of {m['n_layers']} layers reuse "

@@ -95,7 +95,8 @@ class Item:
 
 def cache_bytes(facts: dict, ctx: int, kv_type: str = "f16") -> dict:
     """The runtime's per-sequence cache of a model with these facts (:meth:`Manifest.kv_bytes`): ``kv``, the KV cache
-    of its attention layers for ``ctx`` positions; ``state``, the fixed-size state of a hybrid's recurrent layers
+    of its attention layers for ``ctx`` positions (a parallel hybrid's recurrent layers with attention beside, facts
+    ``parallel_layers``, included: archs.kv_layers); ``state``, the fixed-size state of a hybrid's recurrent layers
     (float32); ``all_attention``, the KV cache the same shape would need with every layer attention."""
     if kv_type not in KV_TYPES:
         raise OrkError(f"--kv-type {escape_name(str(kv_type))!r} is not supported; use one of {', '.join(KV_TYPES)}")
@@ -111,13 +112,16 @@ def cache_bytes(facts: dict, ctx: int, kv_type: str = "f16") -> dict:
     slide = row(facts.get("swa_kv_k") or facts["kv_k"]) + row(facts.get("swa_kv_v") or facts["kv_v"])
     win = facts.get("swa_window") or 0
     rec = set(facts.get("recurrent_layers") or ())
-    shared = set(facts.get("kv_shared_layers") or ())  # they read an earlier layer's K/V and store none
+    kv, ffn = set(archs.kv_layers(facts)), set(facts.get("ffn_layers") or ())  # the layers with a KV cache
+    shared = set(facts.get("kv_shared_layers") or ())  # they read an earlier layer's K/V and store none (gemma4)
     L = facts["n_layers"]
     per = [slide if i in swa else full for i in range(L)]
     span = [min(ctx, win) if (i in swa and win) else ctx for i in range(L)]
-    return {"kv": sum(per[i] * span[i] for i in range(L) if i not in rec and i not in shared),
-            "state": state_bytes(facts), "all_attention": sum(per[i] * span[i] for i in range(L) if i not in shared),
-            "kv_unshared": sum(per[i] * span[i] for i in range(L) if i not in rec)}
+    # an FFN-only layer (Nemotron-H's MLP / MoE blocks) holds neither KV nor state, and would not with attention
+    return {"kv": sum(per[i] * span[i] for i in range(L) if i in kv and i not in shared),
+            "state": state_bytes(facts),
+            "all_attention": sum(per[i] * span[i] for i in range(L) if i not in ffn and i not in shared),
+            "kv_unshared": sum(per[i] * span[i] for i in range(L) if i in kv)}
 
 
 @dataclass
@@ -148,7 +152,9 @@ class Manifest:
         ``swa_kv_v`` elements where the family gives them their own sizes (gemma4); layers that reuse an earlier
         layer's K/V (``kv_shared_layers``: gemma4's num_kv_shared_layers) hold none. A hybrid's recurrent
         layers (``recurrent_layers``: LFM2's short convolutions) hold no KV cache but a state of ``state``
-        float32 elements for the sequence, whatever ``ctx`` (llama.cpp keeps recurrent state in f32).
+        float32 elements for the sequence, whatever ``ctx`` (llama.cpp keeps recurrent state in f32); those that
+        run attention beside the recurrence (``parallel_layers``: Falcon-H1's) hold both; its FFN-only layers
+        (``ffn_layers``: Nemotron-H's MLP and MoE blocks) hold neither.
         f16: 2 bytes an element; q8_0: blocks of 32 elements in 34 bytes (fp16 scale + 32 int8),
         each of K and V padded to whole blocks.
         """
@@ -171,6 +177,10 @@ class Manifest:
             f.pop("recurrent_layers", None)
             f.pop("state", None)
             f.pop("recurrent_flops", None)
+        if not f.get("parallel_layers"):
+            f.pop("parallel_layers", None)
+        if not f.get("ffn_layers"):
+            f.pop("ffn_layers", None)
         for k in ("swa_kv_k", "swa_kv_v", "kv_shared_layers"):  # gemma4's; absent from every other model's map
             if not f.get(k):
                 f.pop(k, None)

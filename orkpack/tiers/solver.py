@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import OrkError, escape_name
-from .. import globs
+from .. import archs, globs
 from ..keepfloat import FLOAT_GLOBS, ROUTER, pin_warnings, recorded_globs, why_float
 from ..sources import names as _names
 from . import cost, milp
@@ -272,9 +272,9 @@ def _attention_s(manifest: Manifest, rows: int, pos: float, board: Board) -> flo
     f = manifest.facts
     width = f.get("heads", 0) * f.get("head_dim", 0)
     swa, win = set(f.get("swa_layers") or ()), f.get("swa_window") or 0
-    rec = set(f.get("recurrent_layers") or ())
+    rec, kv = set(f.get("recurrent_layers") or ()), set(archs.kv_layers(f))
     span = sum(min(pos, win) if (layer in swa and win) else pos for layer in range(f.get("n_layers", 0))
-               if layer not in rec)
+               if layer in kv)
     recurrence = rows * len(rec) * float(f.get("recurrent_flops") or 0)
     return (4.0 * rows * span * width + recurrence) / board.cpu_float_ops_per_s
 
