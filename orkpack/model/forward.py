@@ -341,7 +341,7 @@ _PARTS = {name: dict(f.blocks.parts) for name, f in archs.FAMILIES.items() if f.
 # the mixer of each block type (orkpack/archs.py Blocks; Hparams.blocks): attention, or a hybrid's recurrent block;
 # a block type naming several ("attn+mamba2": archs.mixers) runs them in parallel on the same normed input, summed
 _MIXERS: dict[str, Callable[..., np.ndarray]] = {
-    "attn": _attention,  # (i, x, hp, w, kv): kv the K/V later KV-sharing layers read (gemma4)
+    "attn": _attention,  # (i, x, hp, w[, kv]): kv the K/V later KV-sharing layers read (gemma4)
     "shortconv": shortconv,
     "deltanet": deltanet,
     "mamba2": mamba2,
@@ -357,7 +357,9 @@ def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None = Non
     part = _PARTS.get(hp.arch, {}).get(blk)  # "mixer" | "ffn": the layer is that one block (archs Blocks.parts)
     if part != "ffn":
         h = _norm(x, w, p + "attn_norm", hp)
-        a = sum(_MIXERS[m](i, h, hp, w, kv) if m == "attn" else _MIXERS[m](i, h, hp, w) for m in mixers(blk))
+        # (i, x, hp, w); attention also takes the K/V store where later layers reuse K/V (gemma4's kv_from)
+        a = sum(_MIXERS[m](i, h, hp, w, kv) if m == "attn" and hp.kv_from else _MIXERS[m](i, h, hp, w)
+                for m in mixers(blk))
         if sandwich:
             a = _norm(a, w, p + "post_attention_norm", hp)
         x = x + a * np.float32(hp.residual_scale)
