@@ -294,3 +294,26 @@ def test_fixture_count_is_what_transformers_builds(name, params):
     assert sum(p.numel() for p in m.parameters()) == params
     assert sum(v.numel() for v in sd.values()) == archs.param_count(cfg)
     assert set(sd) == {n for n, _, _ in archs.hf_tensors(cfg)[1]}
+
+
+def test_the_converters_gguf_builds_verifies_and_evaluates(text, tmp_path):
+    """A pack built from the converter's GGUF (its rope_freqs, the converter's layout) verifies and, all float, is
+    the GGUF's model."""
+    import os
+    import subprocess
+    import sys
+
+    _, gg, _, _ = text
+    env = dict(os.environ, PYTHONPATH=str(Path(archs.__file__).parent.parent))
+    run = lambda *a: subprocess.run([sys.executable, "-m", "orkpack", *a], capture_output=True, text=True,  # noqa: E731
+                                    timeout=600, env=env)
+    pack = tmp_path / "g.orkpack"
+    r = run("build", str(gg), "-o", str(pack), "--keep", "*")
+    assert r.returncode == 0, r.stderr[-2000:]
+    r = run("verify", str(pack))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    r = run("eval", str(gg), str(pack), "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    for p in json.loads(r.stdout)["paths"]:
+        if p["path"] in ("prefill", "decode"):
+            assert 0 <= p["kld"]["mean"] < 1e-6, p
