@@ -1374,7 +1374,8 @@ def _gemma4_layer(cfg: Mapping, d: dict, i: int) -> dict:
     """Gemma 4's per-layer flags: its attention type, whether it reuses earlier K/V, keys-as-values, the wide MLP."""
     full = d["kinds"][i] == "full_attention"
     shared = i >= d["L"] - d["nshared"]
-    return {"full": full, "swa_layer": not full, "kv_own": not shared, "v_own": not shared and not (full and d["k_eq_v"]),
+    return {"full": full, "swa_layer": not full, "kv_own": not shared,
+            "v_own": not shared and not (full and d["k_eq_v"]),
             "wide": shared and d["Iw"] != d["I0"]}
 
 
@@ -1405,7 +1406,8 @@ _GEMMA4_LAYER = (
         # enable_moe_block (26B-A4B): experts beside the dense MLP, each with its own norms
         t(P + "router.proj.weight", "E", "H", when="moe"), t(P + "router.scale", "H", when="moe", kind="norm"),
         t(P + "router.per_expert_scale", "E", when="moe", kind="norm"),
-        t(P + "experts.gate_up_proj", "E", "2*Im", "H", when="moe"), t(P + "experts.down_proj", "E", "H", "Im", when="moe"),
+        t(P + "experts.gate_up_proj", "E", "2*Im", "H", when="moe"),
+        t(P + "experts.down_proj", "E", "H", "Im", when="moe"),
         t(P + "pre_feedforward_layernorm_2.weight", "H", when="moe"),
         t(P + "post_feedforward_layernorm_1.weight", "H", when="moe"),
         t(P + "post_feedforward_layernorm_2.weight", "H", when="moe"),

@@ -137,7 +137,8 @@ def _rope_from(params: Mapping[str, Any], dim: int, max_pos: int, style: str, wh
         # head's own frequencies; the others keep frequency 0 (transformers' _compute_proportional_rope_parameters)
         n = int(_num(params.get("partial_rotary_factor", 1.0), "partial_rotary_factor", where) * dim // 2)
         inv = np.concatenate([inv[:n], np.zeros(dim // 2 - n, np.float32)]).astype(np.float32)
-        return Rope((inv / np.float32(_num(factor or 1.0, "rope factor", where))).astype(np.float32), 1.0, dim, style, p)
+        inv = (inv / np.float32(_num(factor or 1.0, "rope factor", where))).astype(np.float32)
+        return Rope(inv, 1.0, dim, style, p)
     if kind == "linear":
         return Rope((inv / np.float32(_num(factor, "rope factor", where))).astype(np.float32), 1.0, dim, style, p)
     if kind == "dynamic":  # NTK-aware: equals the default within max_position_embeddings (checked per run)

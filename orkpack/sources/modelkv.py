@@ -192,7 +192,7 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
 
 
 def gemma4_keys(cfg: Mapping) -> dict:
-    """{key after "{arch}.": (GGUF type, value)}: what Gemma4Model writes beyond the common keys (for synthetic GGUFs)."""
+    """{key after "{arch}.": (GGUF type, value)}: what Gemma4Model writes beyond the common keys (synthetic GGUFs)."""
     from .. import archs
 
     fam = archs.config_family(cfg)

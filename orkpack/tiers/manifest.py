@@ -71,7 +71,8 @@ class Item:
     n: int  # rows = output channels
     k: int  # columns = input features
     dtype: str
-    role: str  # "matmul", "expert", "embedding", "lookup" (another embedding table), "output", "vision" (an image encoder)
+    role: str  # "matmul", "expert", "embedding", "lookup" (another embedding table), "output", "vision" (an image
+    # encoder)
     layer: int | None
     n_experts: int = 0  # experts in this item's layer (role "expert")
     n_experts_used: int = 0
