@@ -45,7 +45,10 @@ sequence, llama.cpp's ``n_embd_r() + n_embd_s()``), recurrent_flops (the float o
 layer besides its matrices: the convolution, the scan or delta rule), parallel_layers (the recurrent layers that run
 attention beside their recurrence, so hold a KV cache as well as the state: Falcon-H1's, every one; :func:`kv_layers`)
 and ffn_layers (the layers that are an FFN alone, no mixer: no KV cache and no state; Nemotron-H's MLP and MoE
-blocks); [], 0, 0, [] and [] for every other family.
+blocks); [], 0, 0, [] and [] for every other family; swa_kv_k and swa_kv_v (the sliding layers' K and V elements
+per token when they differ from the other layers': Gemma 4's sliding and full layers have their own head sizes and
+KV heads; 0: the same) and kv_shared_layers (the layers that store no K/V but reuse an earlier layer's: Gemma 4's
+num_kv_shared_layers; llama.cpp allocates no cache for them); 0, 0 and [] for every other family.
 """
 from __future__ import annotations
 
@@ -63,7 +66,7 @@ FACT_KEYS = (
     "arch", "n_layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab",
     "n_experts", "n_experts_used", "moe_intermediate", "tie_word_embeddings",
     "attention", "kv_k", "kv_v", "swa_window", "swa_layers", "recurrent_layers", "state", "recurrent_flops",
-    "parallel_layers", "ffn_layers",
+    "parallel_layers", "ffn_layers", "swa_kv_k", "swa_kv_v", "kv_shared_layers",
 )
 
 # Sanity caps (a hostile config must not make a plan enumerate billions of items): far above any real model.
@@ -197,6 +200,15 @@ class Forward:
     embed_scale: str = ""  # "" | sqrt_hidden (gemma) | a config key (granite embedding_multiplier, minicpm scale_emb)
     residual_scale: str = ""  # "" | a config key (granite residual_multiplier) | depth (scale_depth / sqrt(L))
     attn_scale: str = ""  # "" (head_dim^-0.5) | a config key (granite attention_multiplier) | qpas (gemma2/3)
+    # | unit (1: gemma4, whose q and k are RMS-normed)
+    v_norm: bool = False  # gemma4: V RMS-normed per head, without a gain
+    moe_beside_mlp: bool = False  # gemma4 (enable_moe_block): the dense MLP and the experts side by side on the same
+    # input, each with its own norms (ffn_norm -> MLP -> post_ffw_norm_1; pre_ffw_norm_2 -> experts -> post_ffw_norm_2),
+    # summed; the router reads the input RMS-normed without a gain, times ffn_gate_inp.scale / sqrt(hidden); each
+    # chosen expert's weight times its ffn_down_exps.scale
+    per_layer_input: bool = False  # gemma4: per-layer embeddings (per_layer_token_embd looked up, plus the projection
+    # of the embeddings, per_layer_model_proj, normed per layer) gate each layer's output: x + post_norm(proj(act(
+    # inp_gate(x)) * pli_i)); then each layer's output times its layer_output_scale
     logit_scale: str = ""  # "" | a config key the logits are divided by (granite logits_scaling) | dim_base (minicpm)
     router: str = "softmax"  # MoE gate scores: softmax | sigmoid (deepseek-v3 noaux_tc)
     router_norm: str = "config"  # always (mixtral, granitemoe) | config (norm_topk_prob, default false)
@@ -363,7 +375,14 @@ class Family:
     # (a multimodal release's vision tower, which llama.cpp's converter writes to a separate mmproj GGUF)
     variant: Callable[[Mapping], str | None] | None = None  # config -> the entry it reads as instead, or None
     # (nemotron_h: nemotron_h_moe when its layer pattern holds MoE blocks, as llama.cpp has two GGUF architectures)
-
+    layer_flags: Callable[[Mapping, dict, int], dict] | None = None  # (text config, dims, layer) -> that layer's
+    # template flags (gemma4: its attention type, whether it stores its own K/V)
+    lookups: tuple[str, ...] = ()  # canonical names of embedding tables besides token_embd (gemma4's per-layer
+    # embeddings): row lookups, never matmuls (manifest role "lookup": never an NPU item; decode reads one row)
+    kv_shared: str = ""  # a dim: the last that many layers reuse earlier layers' K/V and store none (gemma4)
+    generated: tuple[tuple[str, Callable[[Mapping, dict], Any]], ...] = ()  # (canonical name, (text config, dims)
+    # -> float32 array or None): tensors llama.cpp's converter computes from the config (generate_extra_tensors),
+    # which an HF reader lists too (gemma4's rope_freqs.weight: the full layers' proportional RoPE)
 
 # --------------------------------------------------------------------------------------- shared templates
 
@@ -1393,6 +1412,180 @@ _F.append(
                                           norm="attn_norm"),) + _FWD_QWEN35.smooth[1:])),
 )
 
+def _gemma4_dims(cfg: Mapping, d: dict, where: str) -> dict:
+    """Gemma 4 (transformers' Gemma4TextConfig): sliding layers of ``hs`` = head_dim with ``nks`` KV heads, full
+    layers of ``hf`` = global_head_dim with ``nkf`` (num_global_key_value_heads when attention_k_eq_v, else the
+    sliding count); the last ``nshared`` = num_kv_shared_layers layers reuse the K/V of the last earlier layer of
+    their type; per-layer embeddings of ``hpl`` = hidden_size_per_layer_input (0: none) over ``Vpl`` =
+    vocab_size_per_layer_input tokens, ``plw`` = L x hpl wide; the double-wide MLP (``I0`` x 2 = ``Iw`` on the
+    KV-sharing layers). ``hd`` / ``nkv`` become the full layers' (llama.cpp's key_length, the largest head_count_kv)
+    and ``I`` the widest FFN (the largest feed_forward_length), as the converter's GGUF states them."""
+    def get(key: str, default: Any, cap: int = MAX_WIDTH) -> int:
+        v = cfg.get(key)
+        return _int(default if v is None else v, key, where, cap=cap)
+
+    L, nks, hs = d["L"], d["nkv"], d["hd"]
+    kinds = _gemma4_kinds(cfg, L, where)
+    k_eq_v = cfg.get("attention_k_eq_v") is True
+    hf = get("global_head_dim", 512)
+    nkf = get("num_global_key_value_heads", nks, 4096) if k_eq_v else nks
+    plc = cfg.get("per_layer_config")  # as transformers saves it: {layer: {head_dim, num_key_value_heads}}
+    if plc is not None and cfg.get("global_head_dim") is None:
+        if not isinstance(plc, Mapping) or not all(isinstance(v, Mapping) for v in plc.values()):
+            raise SourceError(f"{where}: 'per_layer_config' must map layers to objects; fix the config")
+        full = [plc[k] for k in plc if str(k).isdigit() and int(k) < L and kinds[int(k)] == "full_attention"]
+        if full:  # the converter's reading: the first full layer's
+            hf = _int(full[0].get("head_dim", hf), "per_layer_config.head_dim", where, cap=MAX_WIDTH)
+            nkf = _int(full[0].get("num_key_value_heads", nks), "per_layer_config.num_key_value_heads", where,
+                       cap=4096)
+            if any(x.get("head_dim", hf) != hf or x.get("num_key_value_heads", nkf) != nkf for x in full):
+                raise SourceError(f"{where}: 'per_layer_config' gives the full layers different head sizes; "
+                                  "orkpack (and llama.cpp's converter) take one; fix the config")
+    nshared = get("num_kv_shared_layers", 0, CAPS["n_layers"])
+    if nshared > L:
+        raise SourceError(f"{where}: 'num_kv_shared_layers' = {nshared} is more than the {L} layers; fix the config")
+    hpl = cfg.get("hidden_size_per_layer_input", 256)
+    hpl = _int(hpl or 0, "hidden_size_per_layer_input", where)
+    vpl = get("vocab_size_per_layer_input", 262144, CAP_DEFAULT)
+    if hf == 0 or nkf == 0:
+        raise SourceError(f"{where}: 'global_head_dim' and the full layers' KV heads must be positive; fix the config")
+    if max(d["nh"] * hf, nkf * hf, L * hpl) > MAX_WIDTH:
+        raise SourceError(f"{where}: the full layers' heads x 'global_head_dim' or the layers x "
+                          f"'hidden_size_per_layer_input' is beyond any real model (cap {MAX_WIDTH}); fix the config")
+    first = L - nshared
+    if nshared and set(kinds[first:]) - set(kinds[:first]):
+        raise SourceError(f"{where}: a KV-sharing layer's type ('layer_types') has no earlier layer of that type to "
+                          "reuse; fix the config")
+    wide = cfg.get("use_double_wide_mlp") is True and nshared > 0
+    I0 = d["I"]
+    moe = {} if cfg.get("enable_moe_block") is True else {"E": 0, "top_k": 0, "Im": 0}  # experts only in MoE blocks
+    return {"hs": hs, "nks": nks, "hf": hf, "nkf": nkf, "hd": hf, "nkv": max(nks, nkf), "nshared": nshared,
+            "hpl": hpl, "Vpl": vpl, "plw": L * hpl, "I0": I0, "Iw": 2 * I0 if wide else I0,
+            "I": 2 * I0 if wide else I0, "kinds": tuple(kinds), "k_eq_v": k_eq_v,
+            "kv_widths": (nkf * hf, nkf * hf, nks * hs, nks * hs), **moe}
+
+
+def _gemma4_kinds(cfg: Mapping, L: int, where: str) -> list[str]:
+    """Each layer's attention type (layer_types; Gemma4TextConfig's default: every 6th full, the last full)."""
+    lt = cfg.get("layer_types")
+    if lt is None:
+        lt = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(L)]
+    if not (isinstance(lt, list) and len(lt) == L and all(x in ("sliding_attention", "full_attention") for x in lt)):
+        raise SourceError(f"{where}: 'layer_types' must list 'sliding_attention' or 'full_attention' for each of the "
+                          f"{L} layers; fix the config")
+    lt = list(lt)
+    if L:
+        lt[-1] = "full_attention"  # as Gemma4TextConfig forces it
+    return lt
+
+
+def _gemma4_rope_freqs(cfg: Mapping, d: dict):
+    """Gemma4Model.generate_extra_tensors: the full layers' proportional RoPE as llama.cpp's frequency factors, 1 for
+    the partial_rotary_factor of the pairs that turn, 1e30 (frequency 0) for the others."""
+    import numpy as np
+
+    rp = cfg.get("rope_parameters")
+    full = rp.get("full_attention") if isinstance(rp, Mapping) else None
+    if not isinstance(full, Mapping) or full.get("rope_type") != "proportional":
+        return None
+    prf = full.get("partial_rotary_factor", 1.0)
+    if isinstance(prf, bool) or not isinstance(prf, (int, float)) or not 0 <= prf <= 1:
+        raise SourceError("config.json: 'rope_parameters.full_attention.partial_rotary_factor' must be a "
+                          "number in 0..1; fix the config")
+    n = int(d["hf"] * prf / 2)
+    return np.array([1.0] * n + [1e30] * (d["hf"] // 2 - n), dtype=np.float32)
+
+
+def _gemma4_layer(cfg: Mapping, d: dict, i: int) -> dict:
+    """Gemma 4's per-layer flags: its attention type, whether it reuses earlier K/V, keys-as-values, the wide MLP."""
+    full = d["kinds"][i] == "full_attention"
+    shared = i >= d["L"] - d["nshared"]
+    return {"full": full, "swa_layer": not full, "kv_own": not shared,
+            "v_own": not shared and not (full and d["k_eq_v"]),
+            "wide": shared and d["Iw"] != d["I0"]}
+
+
+def _gemma4_attn(kind: str, hd: str, nkv: str) -> tuple[T, ...]:
+    return (
+        t(P + "self_attn.q_proj.weight", f"nh*{hd}", "H", when=kind),
+        t(P + "self_attn.k_proj.weight", f"{nkv}*{hd}", "H", when=kind + " kv_own"),
+        t(P + "self_attn.v_proj.weight", f"{nkv}*{hd}", "H", when=kind + " v_own"),
+        t(P + "self_attn.o_proj.weight", "H", f"nh*{hd}", when=kind),
+        t(P + "self_attn.q_norm.weight", hd, when=kind), t(P + "self_attn.k_norm.weight", hd, when=kind + " kv_own"),
+    )
+
+
+# Gemma 4: sandwich norms (plain RMS gains: Gemma4RMSNorm has no 1 + w), sliding layers and full layers each with their
+# own head size, KV heads and RoPE (the full layers' proportional RoPE over partial_rotary_factor of the head), q/k/v
+# RMS-normed per head (v without a gain), scores unscaled; full layers without v_proj take the keys as values
+# (attention_k_eq_v); per-layer embeddings; every layer's output times its layer_scalar
+_GEMMA4_LAYER = (
+    _NORMS + _GEMMA2_NORMS + _gemma4_attn("swa_layer", "hs", "nks") + _gemma4_attn("full", "hf", "nkf") + (
+        t(P + "mlp.gate_proj.weight", "I0", "H", when="!wide"), t(P + "mlp.up_proj.weight", "I0", "H", when="!wide"),
+        t(P + "mlp.down_proj.weight", "H", "I0", when="!wide"),
+        t(P + "mlp.gate_proj.weight", "Iw", "H", when="wide"), t(P + "mlp.up_proj.weight", "Iw", "H", when="wide"),
+        t(P + "mlp.down_proj.weight", "H", "Iw", when="wide"),
+        t(P + "per_layer_input_gate.weight", "hpl", "H", when="ple"),
+        t(P + "per_layer_projection.weight", "H", "hpl", when="ple"),
+        t(P + "post_per_layer_input_norm.weight", "H", when="ple"),
+        t(P + "layer_scalar", 1, kind="norm"),
+        # enable_moe_block (26B-A4B): experts beside the dense MLP, each with its own norms
+        t(P + "router.proj.weight", "E", "H", when="moe"), t(P + "router.scale", "H", when="moe", kind="norm"),
+        t(P + "router.per_expert_scale", "E", when="moe", kind="norm"),
+        t(P + "experts.gate_up_proj", "E", "2*Im", "H", when="moe"),
+        t(P + "experts.down_proj", "E", "H", "Im", when="moe"),
+        t(P + "pre_feedforward_layernorm_2.weight", "H", when="moe"),
+        t(P + "post_feedforward_layernorm_1.weight", "H", when="moe"),
+        t(P + "post_feedforward_layernorm_2.weight", "H", when="moe"),
+    ))
+_GEMMA4_TOP = _llama_top() + (
+    t("model.embed_tokens_per_layer.weight", "Vpl", "plw", when="ple", kind="w"),
+    t("model.per_layer_model_projection.weight", "plw", "H", when="ple"),
+    t("model.per_layer_projection_norm.weight", "hpl", when="ple"),
+)
+_FWD_GEMMA4 = Forward(block="sandwich", act="gelu_tanh", act_key="hidden_activation", embed_scale="sqrt_hidden",
+                      qk_norm="head", v_norm=True, attn_scale="unit", swa_rope_base=10000.0, per_layer_input=True,
+                      moe_beside_mlp=True, router_norm="always", smooth=(SMOOTH_ATTN,))
+_GEMMA4_DEFAULTS = {"tie_word_embeddings": True, "vocab_size": 262144, "hidden_size": 2304, "intermediate_size": 9216,
+                    "num_hidden_layers": 30, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                    "sliding_window": 512}  # Gemma4TextConfig's
+_F.append(
+    Family("gemma4_text", "GEMMA4", _GEMMA4_LAYER, _GEMMA4_TOP, swa="layer_types", defaults=_GEMMA4_DEFAULTS,
+           classes=("Gemma4ForCausalLM",), more_dims=_gemma4_dims, layer_flags=_gemma4_layer,
+           keys={"n_experts_used": ("top_k_experts",)},
+           flags=lambda cfg, d: {"ple": d["hpl"] > 0},
+           renames=((r"\.layer_scalar$", ".layer_scalar.weight"),
+                    (r"\.experts\.(gate_up_proj|down_proj)$", r".experts.\1.weight"),
+                    (r"^model\.layers\.(\d+)\.router\.scale$", r"blk.\1.ffn_gate_inp.scale"),
+                    (r"^model\.layers\.(\d+)\.router\.per_expert_scale$", r"blk.\1.ffn_down_exps.scale")),
+           lookups=("per_layer_token_embd.weight",), kv_shared="nshared",
+           generated=(("rope_freqs.weight", _gemma4_rope_freqs),), forward=_FWD_GEMMA4),
+)
+_GEMMA4 = _F[-1]
+
+
+def generated_tensors(cfg: Mapping[str, Any], where: str = "config.json") -> dict:
+    """{canonical name: float32 array} of the tensors the converter computes from this config (``Family.generated``)."""
+    fam = config_family(cfg) if isinstance(cfg, Mapping) else None
+    if fam is None or not fam.generated:
+        return {}
+    d = _dims(cfg, fam, where)
+    tc = _text_config(cfg, fam, where)
+    out = {}
+    for name, fn in fam.generated:
+        a = fn(tc, d)
+        if a is not None:
+            out[name] = a
+    return out
+# a release (Gemma4ForConditionalGeneration): the text model under model.language_model., the vision and audio towers
+# and their embedders beside it, which llama.cpp's converter writes to a separate mmproj GGUF: left out by name
+_GEMMA4_MM_SKIP = ((r"^model\.(?:vision_tower|audio_tower|embed_vision|embed_audio)\.",
+                    "the vision / audio towers and their embedders (model.vision_tower.*, model.audio_tower.*, "
+                    "model.embed_vision.*, model.embed_audio.*): llama.cpp's converter writes them to a separate "
+                    "mmproj GGUF; this pack holds the text model"),)
+_F.append(replace(_multimodal(_GEMMA4, "gemma4", "Gemma4ForConditionalGeneration"),
+                  skip=_GEMMA4_MM_SKIP + _GEMMA4.skip))
+
 FAMILIES: dict[str, Family] = {f.name: f for f in _F}
 _BY_MODEL_TYPE: dict[str, Family] = {mt: f for f in _F for mt in (f.name, *f.model_types)}
 SUPPORTED = tuple(sorted(_BY_MODEL_TYPE))
@@ -1808,6 +2001,8 @@ def _swa_layers(fam: Family, d: dict, cfg: Mapping, where: str) -> list[int]:
     L, w = d["L"], d["window"]
     if not fam.swa or not w:
         return []
+    if "kinds" in d:  # the family's own reading of the layer types (gemma4: its config class's default pattern)
+        return [i for i, k in enumerate(d["kinds"]) if k == "sliding_attention"]
     if fam.swa == "all":
         return list(range(L))
     if fam.swa == "even":
@@ -1832,6 +2027,8 @@ def _swa_layers(fam: Family, d: dict, cfg: Mapping, where: str) -> list[int]:
 def _kv(fam: Family, d: dict) -> tuple[int, int]:
     if fam.attention == "mla":  # the compressed latent: one row of kv_lora_rank + rope dims, no separate V
         return d["kvlr"] + d["rope"], 0
+    if "kv_widths" in d:  # gemma4: the full layers' K, V (then the sliding layers', in _facts)
+        return d["kv_widths"][0], d["kv_widths"][1]
     return d["nkv"] * d["hd"], d["nkv"] * d["hd"]
 
 
@@ -1864,7 +2061,15 @@ def _facts(fam: Family, cfg: Mapping, d: dict, where: str) -> dict:
         "recurrent_flops": _eval(fam.blocks.flops, d) if rec else 0,
         "parallel_layers": [i for i in rec if ATTN in mixers(blocks[i])],
         "ffn_layers": [i for i, b in enumerate(blocks) if parts.get(b) == "ffn"],
+        "swa_kv_k": _swa_kv(d, 2), "swa_kv_v": _swa_kv(d, 3),
+        "kv_shared_layers": list(range(d["L"] - _eval(fam.kv_shared, d), d["L"])) if fam.kv_shared else [],
     }
+
+
+def _swa_kv(d: dict, j: int) -> int:
+    """The sliding layers' K (j 2) or V (j 3) width where it differs from the other layers' (0: the same)."""
+    w = d.get("kv_widths")
+    return w[j] if w and w[j] != w[j - 2] else 0
 
 
 # ------------------------------------------------------------------------------------------ config -> tensors
@@ -1950,6 +2155,8 @@ def hf_tensors(cfg: Mapping[str, Any], where: str = "config.json") -> tuple[dict
         # after the base flags: a block type named moe (Nemotron-H) says which layers are; a parallel block
         # (Falcon-H1's attn+mamba2) sets the flags of each of its mixers
         flags.update({k: k == blk or k in mixers(blk) for k in kinds})
+        if fam.layer_flags is not None and i < d["L"]:
+            flags.update(fam.layer_flags(_text_config(cfg, fam, where), d, i))
         for tpl in layer_tpls:
             emit(tpl, flags, i)
     if base["vision"]:
@@ -2073,6 +2280,19 @@ def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
         swa = [i for i in range(L) if p and (i + 1) % p != 0]
     else:
         swa = list(range(L))
+    swa_k = swa_v = 0
+    if get("attention.key_length_swa") is not None and fam.attention != "mla":  # gemma4: each type its own head size
+        per = kv.get(f"{garch}.attention.head_count_kv")
+        per = [int(x) for x in per] if isinstance(per, (list, tuple)) and len(per) == L else [nkv] * L
+        hs, vs = num("attention.key_length_swa"), num("attention.value_length_swa", num("attention.key_length_swa"))
+        sw = set(swa)
+        full = [per[i] for i in range(L) if i not in sw] or [0]
+        part = [per[i] for i in range(L) if i in sw] or [0]
+        k_dim, v_dim = max(full) * hd, max(full) * vd
+        swa_k, swa_v = max(part) * hs, max(part) * vs
+        swa_k, swa_v = (swa_k if swa_k != k_dim else 0), (swa_v if swa_v != v_dim else 0)
+    n_shared = num("attention.shared_kv_layers", 0, cap=CAPS["n_layers"])
+    shared = list(range(max(L - n_shared, 0), L)) if n_shared else []
     rec: list[int] = []
     par: list[int] = []
     ffn: list[int] = []
@@ -2116,7 +2336,7 @@ def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
         "moe_intermediate": moe if E else 0, "tie_word_embeddings": "output.weight" not in shapes,
         "attention": fam.attention, "kv_k": k_dim, "kv_v": v_dim, "swa_window": window if swa else 0,
         "swa_layers": swa, "recurrent_layers": rec, "state": state, "recurrent_flops": flops, "parallel_layers": par,
-        "ffn_layers": ffn,
+        "ffn_layers": ffn, "swa_kv_k": swa_k, "swa_kv_v": swa_v, "kv_shared_layers": shared,
     }
 
 
@@ -2160,6 +2380,7 @@ def generic_facts(cfg: Mapping[str, Any] | None, names: list[str], where: str) -
         "moe_intermediate": 0, "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "attention": "gqa" if kk else "unknown", "kv_k": kk, "kv_v": kk, "swa_window": 0, "swa_layers": [],
         "recurrent_layers": [], "state": 0, "recurrent_flops": 0, "parallel_layers": [], "ffn_layers": [],
+        "swa_kv_k": 0, "swa_kv_v": 0, "kv_shared_layers": [],
     }, warnings
 
 

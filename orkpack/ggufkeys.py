@@ -84,10 +84,12 @@ VOCAB_SIZE = Key("vocab_size", "uint32", ("vocab_size", "padded_vocab_size"))
 # ---------------------------------------------------------------------------- a family's own (its converter class)
 ATTN_SOFTCAP = Key("attn_logit_softcapping", "float32", family=_fam((("gemma2",), ("attn_logit_softcapping",))),
                    default=0.0)
-FINAL_SOFTCAP = Key("final_logit_softcapping", "float32", family=_fam((("gemma2",), ("final_logit_softcapping",))),
+FINAL_SOFTCAP = Key("final_logit_softcapping", "float32",
+                    family=_fam((("gemma2", "gemma4_text", "gemma4"), ("final_logit_softcapping",))),
                     default=0.0)
 SLIDING_WINDOW = Key("attention.sliding_window", "uint32",
-                     family=_fam((("gemma2",) + _GEMMA3 + ("gpt_oss", "olmo2", "olmo3", "exaone4"), ("sliding_window",))),
+                     family=_fam((("gemma2",) + _GEMMA3 + ("gpt_oss", "olmo2", "olmo3", "exaone4", "gemma4_text",
+                                  "gemma4"), ("sliding_window",))),
                      default=0)
 # one bool per layer, true for a sliding one (Olmo2Model; modelkv from archs' swa layers: Family.record_swa)
 SLIDING_WINDOW_PATTERN = Key("attention.sliding_window_pattern", "array[bool]")
@@ -109,8 +111,8 @@ INTERLEAVE_MOE_LAYER_STEP = Key("interleave_moe_layer_step", "uint32",
 Q_LORA_RANK = Key("attention.q_lora_rank", "uint32", family=_fam((_DEEPSEEK, ("q_lora_rank",))), default=0)
 KV_LORA_RANK = Key("attention.kv_lora_rank", "uint32", family=_fam((_DEEPSEEK, ("kv_lora_rank",))), default=0)
 EXPERT_FEED_FORWARD_LENGTH = Key("expert_feed_forward_length", "uint32", family=_fam(
-    (("qwen2_moe", "qwen3_moe", "lfm2_moe", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next") + _DEEPSEEK
-     + _NEMOTRON_MOE + _ERNIE_MOE + _GLM4_MOE,
+    (("qwen2_moe", "qwen3_moe", "lfm2_moe", "qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next", "gemma4_text", "gemma4")
+     + _DEEPSEEK + _NEMOTRON_MOE + _ERNIE_MOE + _GLM4_MOE,
      ("moe_intermediate_size",)),
     (("granitemoe", "gpt_oss"), ("intermediate_size",))))
 EXPERT_SHARED_FEED_FORWARD_LENGTH = Key("expert_shared_feed_forward_length", "uint32",
@@ -163,6 +165,12 @@ ROPE_DIMENSION_SECTIONS = Key("rope.dimension_sections", "array[int32]")  # Qwen
 # ---------------------------------------------------------------------------- derived (modelkv: head dim x partial
 # rotary factor, MLA: qk_rope_head_dim; a reader's default: the head dim)
 ROPE_DIMENSION_COUNT = Key("rope.dimension_count", "uint32")
+# gemma4: the sliding layers' own head size and rotated dims, the KV-sharing layers, the per-layer embedding width
+ROPE_DIMENSION_COUNT_SWA = Key("rope.dimension_count_swa", "uint32")
+KEY_LENGTH_SWA = Key("attention.key_length_swa", "uint32")
+VALUE_LENGTH_SWA = Key("attention.value_length_swa", "uint32")
+SHARED_KV_LAYERS = Key("attention.shared_kv_layers", "uint32", default=0)
+EMBEDDING_LENGTH_PER_LAYER = Key("embedding_length_per_layer_input", "uint32", default=0)
 
 # ---------------------------------------------------------------------------- RoPE scaling (config.json rope_scaling)
 ROPE_SCALING_TYPE = Key("rope.scaling.type", "string", kinds=_SCALED + ("llama3",), default="none")

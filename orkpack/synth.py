@@ -76,6 +76,19 @@ _Q35 = {"architectures": ["Qwen3_5ForCausalLM"], "model_type": "qwen3_5_text", "
                             "mrope_section": [1, 1, 0], "mrope_interleaved": True}, "torch_dtype": "bfloat16"}
 _Q35_MOE = {**_Q35, "architectures": ["Qwen3_5MoeForCausalLM"], "model_type": "qwen3_5_moe_text", "num_experts": 4,
             "num_experts_per_tok": 2, "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48}
+# Gemma 4: sliding (head 16, 2 KV heads) and full layers (head 32, 1 KV head: attention_k_eq_v, keys as values), the
+# last 2 layers reusing earlier K/V with a double-wide MLP, per-layer embeddings of 8, a proportional RoPE
+_G4 = {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "hidden_size": 64, "intermediate_size": 96,
+       "num_hidden_layers": 6, "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+                                               "sliding_attention", "sliding_attention", "full_attention"],
+       "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "global_head_dim": 32,
+       "num_global_key_value_heads": 1, "attention_k_eq_v": True, "num_kv_shared_layers": 2,
+       "use_double_wide_mlp": True, "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 128,
+       "vocab_size": 128, "sliding_window": 8, "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6,
+       "max_position_embeddings": 4096, "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+       "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                           "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                              "rope_theta": 1000000.0}}, "torch_dtype": "bfloat16"}
 # Qwen3-Next: the Qwen3.5-MoE tiny shape with Qwen3NextConfig's keys (no MRoPE sections; every layer MoE)
 _Q3N = {**{k: v for k, v in _Q35_MOE.items() if k != "rope_parameters"}, "architectures": ["Qwen3NextForCausalLM"],
         "model_type": "qwen3_next", "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
@@ -171,6 +184,11 @@ TINY: dict[str, dict] = {
     "qwen3_5_moe": {"architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
                     "text_config": {k: v for k, v in _Q35_MOE.items() if k != "architectures"}
                     | {"model_type": "qwen3_5_moe_text"}, "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+    "gemma4_text": _G4,
+    # a Gemma 4 release: the text model in text_config (its vision and audio towers are left out of a build)
+    "gemma4": {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
+               "text_config": {k: v for k, v in _G4.items() if k != "architectures"}, "tie_word_embeddings": True,
+               "torch_dtype": "bfloat16"},
     # a hybrid: Mamba2 and NoPE attention layers (the published configs' names), 2 groups of B/C, an MoE FFN of 4
     # experts plus the shared MLP, the granite multipliers
     "granitemoehybrid": {"architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid",
@@ -514,11 +532,16 @@ def _gguf_header(w, cfg: dict, f: dict, name: str, extra: dict | None = None) ->
     (:func:`orkpack.model.hparams.to_gguf`); they replace the fixed epsilon and RoPE base.
     """
     extra = dict(extra or {})
+    own: dict = {}
+    if f["arch"] in ("gemma4_text", "gemma4"):  # Gemma4Model's keys: each layer type's head size, the KV sharing ...
+        from .sources.modelkv import gemma4_keys
+
+        own = {k: v if t != "array[bool]" else [bool(x) for x in v] for k, (t, v) in gemma4_keys(cfg).items()}
     w.add_name(name)
     w.add_block_count(f["n_layers"])
     w.add_context_length(4096)
     w.add_embedding_length(f["hidden"])
-    if not f.get("ffn_layers"):
+    if not f.get("ffn_layers") and "feed_forward_length" not in own:
         w.add_feed_forward_length(f["intermediate"])
     w.add_head_count(f["heads"])
     rec, kv, ffn = set(f.get("recurrent_layers") or ()), set(archs.kv_layers(f)), set(f.get("ffn_layers") or ())
@@ -529,9 +552,10 @@ def _gguf_header(w, cfg: dict, f: dict, name: str, extra: dict | None = None) ->
         d = archs.dims(cfg)
         for dim, key in archs.FAMILIES[f["arch"]].blocks.gguf_dims:
             w.add_uint32(f"{w.arch}.{key}", int(d[dim]))
-    else:
+    elif "attention.head_count_kv" not in own:
         w.add_head_count_kv(f["kv_heads"])
-    w.add_key_length(f["head_dim"])
+    if "attention.key_length" not in own:
+        w.add_key_length(f["head_dim"])
     w.add_layer_norm_rms_eps(float(extra.pop("attention.layer_norm_rms_epsilon", 1e-6)))
     w.add_rope_freq_base(float(extra.pop("rope.freq_base", 10000.0)))
     w.add_vocab_size(f["vocab"])
@@ -543,11 +567,12 @@ def _gguf_header(w, cfg: dict, f: dict, name: str, extra: dict | None = None) ->
             w.add_q_lora_rank(d["qlr"])
         w.add_rope_dimension_count(d["rope"])
         extra.pop("rope.dimension_count", None)
-    else:
+    elif "attention.value_length" not in own:
         w.add_value_length(f["head_dim"])
     if f["swa_window"]:
         w.add_sliding_window(f["swa_window"])
-        w.add_sliding_window_pattern([i in f["swa_layers"] for i in range(f["n_layers"])])
+        if "attention.sliding_window_pattern" not in own:
+            w.add_sliding_window_pattern([i in f["swa_layers"] for i in range(f["n_layers"])])
     if f["n_experts"]:
         w.add_expert_count(f["n_experts"])
         w.add_expert_used_count(f["n_experts_used"])
@@ -555,6 +580,7 @@ def _gguf_header(w, cfg: dict, f: dict, name: str, extra: dict | None = None) ->
     if f["swa_window"]:
         extra.pop("attention.sliding_window", None)
     arch = w.arch
+    extra.update(own)
     for key, v in sorted(extra.items()):
         k = f"{arch}.{key}"
         if isinstance(v, bool):
@@ -673,7 +699,8 @@ def write_gguf_from_hf(folder, path, *, llama_cpp: bool = False) -> Path:
             hp = from_config(cfg)
             extra = to_gguf(hp)
             fix = _llama_cpp_fix(fam, f)
-            if rope_factors(hp) is not None:  # llama3 RoPE: llama.cpp's converter writes the factors as a tensor
+            if rope_factors(hp) is not None and not any(t.name == "rope_freqs.weight" for t in src.tensors()):
+                # llama3 RoPE: llama.cpp's converter writes the factors as a tensor (gemma4's: the reader lists it)
                 added["rope_freqs.weight"] = rope_factors(hp)
         w = gguf.GGUFWriter(Path(path), archs.gguf_arch_name(f["arch"]))
         _gguf_header(w, cfg, f, f"orkpack synthetic {f['arch']}", extra)

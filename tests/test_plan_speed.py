@@ -189,6 +189,8 @@ def test_per_expert_names_parse_as_canonical_then_split(cfg):
     for name, per in stacked.items():
         shape, hf_name = per[0]
         want.add((name, (len(per),) + tuple(shape), archs.stored_dtype(data, hf_name, dtype)))
+    # and what the converter computes from the config (gemma4's rope_freqs: archs.generated_tensors)
+    want.update((n, tuple(a.shape), "F32") for n, a in archs.generated_tensors(data, cfg.name).items())
     assert {(t.name, t.shape, t.dtype) for t in man.tensors} == want
     assert len(man.tensors) == len(want)
 

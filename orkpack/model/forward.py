@@ -181,7 +181,8 @@ def _qk_norm(x: np.ndarray, w: Weights, name: str, hp: Hparams) -> np.ndarray:
     return _norm(x.reshape(T, -1, d), w, name, hp).reshape(T, -1)
 
 
-def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
+def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None = None) -> np.ndarray:
+    """One attention layer; ``kv`` holds the (k, v) of the layers a later KV-sharing layer reads (Hparams.kv_from)."""
     p = f"blk.{i}."
     T = x.shape[0]
     pos = np.arange(T)
@@ -206,27 +207,43 @@ def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
         v = np.ascontiguousarray(kv[..., nope:])
     else:
         nh, nkv, d = hp.heads, hp.kv_heads, hp.head_dim
-        if w.has(p + "attn_qkv.weight"):
+        if hp.head_dim_swa and i in hp.swa_layers:  # gemma4: the sliding layers' own head size and KV heads
+            nkv, d = hp.kv_heads_swa or nkv, hp.head_dim_swa
+        if i in hp.kv_from:  # a KV-sharing layer: its q alone; K/V as the earlier layer left them (normed, turned)
+            q = _lin(w, p + "attn_q", x)
+            if hp.fwd.qk_norm:
+                q = _qk_norm(q, w, p + "attn_q_norm", hp)
+            q = q.reshape(T, nh, d)
+            if rope is not None:
+                q = _rope(q, rope, pos)
+            k, v = kv[hp.kv_from[i]]
+        elif w.has(p + "attn_qkv.weight"):
             qkv = _lin(w, p + "attn_qkv", x)
             if hp.fwd.qkv == "grouped":  # per KV head: its nh / nkv q heads, then k, then v
                 g = qkv.reshape(T, nkv, nh // nkv + 2, d)
                 q, k, v = g[:, :, :-2].reshape(T, nh * d), g[:, :, -2].reshape(T, nkv * d), g[:, :, -1].reshape(T, -1)
             else:
                 q, k, v = qkv[:, : nh * d], qkv[:, nh * d: (nh + nkv) * d], qkv[:, (nh + nkv) * d:]
-        else:
-            q, k, v = _lin(w, p + "attn_q", x), _lin(w, p + "attn_k", x), _lin(w, p + "attn_v", x)
-        if hp.fwd.attn_gate:  # attn_q holds per head [q | gate]
-            qg = q.reshape(T, nh, 2 * d)
-            q, gate = np.ascontiguousarray(qg[..., :d]).reshape(T, nh * d), qg[..., d:].reshape(T, nh * d)
-        qk_norm = hp.fwd.qk_norm and w.has(p + "attn_q_norm.weight")  # (glm4_moe: only with use_qk_norm)
-        if qk_norm and not hp.fwd.qk_norm_after_rope:
-            q, k = _qk_norm(q, w, p + "attn_q_norm", hp), _qk_norm(k, w, p + "attn_k_norm", hp)
-        q, k, v = q.reshape(T, nh, d), k.reshape(T, nkv, d), v.reshape(T, nkv, -1)
-        if rope is not None:
-            q, k = _rope(q, rope, pos), _rope(k, rope, pos)
-        if qk_norm and hp.fwd.qk_norm_after_rope:  # hunyuan_v1_dense
-            q = _qk_norm(q.reshape(T, -1), w, p + "attn_q_norm", hp).reshape(T, nh, d)
-            k = _qk_norm(k.reshape(T, -1), w, p + "attn_k_norm", hp).reshape(T, nkv, d)
+        else:  # no attn_v (gemma4's attention_k_eq_v full layers): the keys' projection is the values too
+            q, k = _lin(w, p + "attn_q", x), _lin(w, p + "attn_k", x)
+            v = _lin(w, p + "attn_v", x) if w.has(p + "attn_v.weight") else k
+        if i not in hp.kv_from:
+            if hp.fwd.attn_gate:  # attn_q holds per head [q | gate]
+                qg = q.reshape(T, nh, 2 * d)
+                q, gate = np.ascontiguousarray(qg[..., :d]).reshape(T, nh * d), qg[..., d:].reshape(T, nh * d)
+            qk_norm = hp.fwd.qk_norm and w.has(p + "attn_q_norm.weight")  # (glm4_moe: only with use_qk_norm)
+            if qk_norm and not hp.fwd.qk_norm_after_rope:
+                q, k = _qk_norm(q, w, p + "attn_q_norm", hp), _qk_norm(k, w, p + "attn_k_norm", hp)
+            q, k, v = q.reshape(T, nh, d), k.reshape(T, nkv, d), v.reshape(T, nkv, -1)
+            if hp.fwd.v_norm:  # per head, without a gain
+                v = _rms(v, hp)
+            if rope is not None:
+                q, k = _rope(q, rope, pos), _rope(k, rope, pos)
+            if qk_norm and hp.fwd.qk_norm_after_rope:  # hunyuan_v1_dense
+                q = _qk_norm(q.reshape(T, -1), w, p + "attn_q_norm", hp).reshape(T, nh, d)
+                k = _qk_norm(k.reshape(T, -1), w, p + "attn_k_norm", hp).reshape(T, nkv, d)
+            if kv is not None and i in set(hp.kv_from.values()):
+                kv[i] = (k, v)
         if hp.attn_temp[0]:  # Llama 4's attention temperature (ministral3)
             beta, n = hp.attn_temp
             q = q * (1 + np.float32(beta) * np.log1p(np.floor(pos / n))).astype(np.float32)[:, None, None]
@@ -305,19 +322,42 @@ def _ffn(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     return out
 
 
+def _rms(x: np.ndarray, hp: Hparams) -> np.ndarray:
+    return x / np.sqrt((x * x).mean(-1, keepdims=True, dtype=np.float32) + np.float32(hp.eps))
+
+
+def _mlp_and_experts(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
+    """Forward.moe_beside_mlp (gemma4's enable_moe_block): the dense MLP and the routed experts on the same input,
+    each between its own norms, summed (transformers' Gemma4TextDecoderLayer, Gemma4TextRouter)."""
+    p = f"blk.{i}."
+    dense = _norm(_mlp(_norm(x, w, p + hp.fwd.ffn_norm, hp), w, p, "", hp), w, p + "post_ffw_norm_1", hp)
+    r = _rms(x, hp) * w.tensor(p + "ffn_gate_inp.scale") * np.float32(hp.hidden ** -0.5)
+    idx, wts = _route(_lin(w, p + "ffn_gate_inp", r), p, hp, w)
+    if w.has(p + "ffn_down_exps.scale"):  # each expert's own output scale
+        wts = wts * w.tensor(p + "ffn_down_exps.scale")[idx]
+    xe = _norm(x, w, p + "pre_ffw_norm_2", hp)
+    out = np.zeros_like(x)
+    for e in np.unique(idx):
+        rows, slot = np.nonzero(idx == e)
+        np.add.at(out, rows, _mlp(xe[rows], w, p, "_exps", hp, expert=int(e)) * wts[rows, slot][:, None])
+    return dense + _norm(out, w, p + "post_ffw_norm_2", hp)
+
+
 # each family's layers that are one block alone (archs Blocks.parts): block type -> "mixer" | "ffn"
 _PARTS = {name: dict(f.blocks.parts) for name, f in archs.FAMILIES.items() if f.blocks is not None and f.blocks.parts}
 # the mixer of each block type (orkpack/archs.py Blocks; Hparams.blocks): attention, or a hybrid's recurrent block;
 # a block type naming several ("attn+mamba2": archs.mixers) runs them in parallel on the same normed input, summed
-_MIXERS: dict[str, Callable[[int, np.ndarray, Hparams, Weights], np.ndarray]] = {
-    "attn": lambda i, x, hp, w: _attention(i, x, hp, w),
+_MIXERS: dict[str, Callable[..., np.ndarray]] = {
+    "attn": _attention,  # (i, x, hp, w[, kv]): kv the K/V later KV-sharing layers read (gemma4)
     "shortconv": shortconv,
     "deltanet": deltanet,
     "mamba2": mamba2,
 }
 
 
-def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
+def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None = None,
+           pli: np.ndarray | None = None) -> np.ndarray:
+    """One decoder layer. ``kv``: the K/V later KV-sharing layers read; ``pli``: the per-layer inputs (T, L, width)."""
     p = f"blk.{i}."
     after = hp.fwd.block in ("sandwich", "post")  # the block's output normed
     before = hp.fwd.block != "post"  # its input normed
@@ -325,16 +365,37 @@ def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     part = _PARTS.get(hp.arch, {}).get(blk)  # "mixer" | "ffn": the layer is that one block (archs Blocks.parts)
     if part != "ffn":
         h = _norm(x, w, p + "attn_norm", hp) if before else x
-        a = sum(_MIXERS[m](i, h, hp, w) for m in mixers(blk))
+        # (i, x, hp, w); attention also takes the K/V store where later layers reuse K/V (gemma4's kv_from)
+        a = sum(_MIXERS[m](i, h, hp, w, kv) if m == "attn" and hp.kv_from else _MIXERS[m](i, h, hp, w)
+                for m in mixers(blk))
         if after:
             a = _norm(a, w, p + "post_attention_norm", hp)
         x = x + a * np.float32(hp.residual_scale)
     if part != "mixer":  # an FFN alone is normed by the layer's one norm (GGUF attn_norm)
-        m = _ffn(i, _norm(x, w, p + (hp.fwd.ffn_norm if part is None else "attn_norm"), hp) if before else x, hp, w)
+        if hp.fwd.moe_beside_mlp and w.has(p + "ffn_gate_inp.weight"):
+            m = _mlp_and_experts(i, x, hp, w)
+        else:
+            m = _ffn(i, _norm(x, w, p + (hp.fwd.ffn_norm if part is None else "attn_norm"), hp) if before else x, hp, w)
         if after:
             m = _norm(m, w, p + "post_ffw_norm", hp)
         x = x + m * np.float32(hp.residual_scale)
+    if pli is not None:  # gemma4: the layer's per-layer input gates a projection back into the stream
+        g = _act(_lin(w, p + "inp_gate", x), hp.act) * pli[:, i, :]
+        x = x + _norm(_lin(w, p + "proj", g), w, p + "post_norm", hp)
+    if w.has(p + "layer_output_scale.weight"):
+        x = x * w.tensor(p + "layer_output_scale.weight").reshape(-1)[0]
     return x
+
+
+def _per_layer_inputs(ids: np.ndarray, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
+    """gemma4's per-layer inputs (T, L, width): the rows of per_layer_token_embd (times sqrt(width)) plus the
+    embeddings' projection per_layer_model_proj (times hidden^-1/2, RMS-normed per layer by per_layer_proj_norm),
+    times 2^-1/2 (transformers' get_per_layer_inputs / project_per_layer_inputs)."""
+    T, L, n = ids.size, hp.n_layers, hp.per_layer
+    tab = w.tensor("per_layer_token_embd.weight")[ids].reshape(T, L, n) * np.float32(np.sqrt(n))
+    proj = (w.matmul("per_layer_model_proj.weight", x) * np.float32(hp.hidden ** -0.5)).reshape(T, L, n)
+    proj = _norm(proj, w, "per_layer_proj_norm", hp)
+    return ((proj + tab) * np.float32(2.0 ** -0.5)).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------------------------- entry
@@ -368,8 +429,10 @@ def run(source, tokens, *, weights: Weights | None = None, hp: Hparams | None = 
     T = ids.size
     total = hp.n_layers + -(-T // chunk)
     x = w.embed(ids) * np.float32(hp.embed_scale)
+    pli = _per_layer_inputs(ids, x, hp, w) if hp.per_layer and w.has("per_layer_token_embd.weight") else None
+    kv: dict = {}
     for i in range(hp.n_layers):
-        x = _layer(i, x, hp, w)
+        x = _layer(i, x, hp, w, kv, pli)
         w.release()
         if progress:
             progress(i + 1, total)

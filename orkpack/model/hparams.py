@@ -94,6 +94,10 @@ class Hparams:
     blocks: tuple[str, ...] = ()  # a hybrid's block type per layer (archs.Blocks: "attn", "shortconv"); (): all attn
     ssm: dict = field(default_factory=dict)  # a hybrid's recurrent dims (archs Blocks.gguf_dims: ck, ds, ng, di ...)
     attn_temp: tuple[float, int] = (0.0, 0)  # Forward.attn_temp's (beta, length); beta 0: none
+    head_dim_swa: int = 0  # gemma4: the sliding layers' own head size and KV heads (0: as the other layers')
+    kv_heads_swa: int = 0
+    kv_from: dict = field(default_factory=dict)  # gemma4: a KV-sharing layer -> the earlier layer whose K/V it reads
+    per_layer: int = 0  # gemma4: the per-layer embedding width (0: none)
 
 
 def _num(v: Any, what: str, where: str) -> float:
@@ -129,6 +133,12 @@ def _rope_from(params: Mapping[str, Any], dim: int, max_pos: int, style: str, wh
     factor = params.get("factor")
     p = dict(params, rope_type=kind, rope_theta=base)
     if kind == "default":
+        return Rope(inv, 1.0, dim, style, p)
+    if kind == "proportional":  # gemma4's full layers: the first partial_rotary_factor of the pairs turn, at the
+        # head's own frequencies; the others keep frequency 0 (transformers' _compute_proportional_rope_parameters)
+        n = int(_num(params.get("partial_rotary_factor", 1.0), "partial_rotary_factor", where) * dim // 2)
+        inv = np.concatenate([inv[:n], np.zeros(dim // 2 - n, np.float32)]).astype(np.float32)
+        inv = (inv / np.float32(_num(factor or 1.0, "rope factor", where))).astype(np.float32)
         return Rope(inv, 1.0, dim, style, p)
     if kind == "linear":
         return Rope((inv / np.float32(_num(factor, "rope factor", where))).astype(np.float32), 1.0, dim, style, p)
@@ -234,12 +244,16 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
         params["rope_theta"] = 10000.0 * _num(get("rope_ratio", 1.0), "rope_ratio", where)
     prf = params.get("partial_rotary_factor") or get("partial_rotary_factor", 1.0)
     rot = d["rope"] if mla else int(hd * _num(prf, "partial_rotary_factor", where))
+    if params.get("rope_type") == "proportional":  # the whole head, unturned pairs at frequency 0
+        rot = hd
     rope = _rope_from(params, rot, max_pos, style, where)
     rope_swa = None
     if f.swa_rope_base or f.swa_rope_unscaled:
         p2 = _hf_rope_params(tc, "sliding_attention")
         p2.setdefault("rope_theta", f.swa_rope_base or params["rope_theta"])
-        rope_swa = _rope_from(p2, rot, max_pos, style, where)
+        rot2 = int(d["hs"] * _num(p2.get("partial_rotary_factor", 1.0), "partial_rotary_factor", where)) \
+            if "hs" in d else rot  # gemma4: the sliding layers' own head size
+        rope_swa = _rope_from(p2, rot2, max_pos, style, where)
     rope_layers = set(range(L))
     if f.rope_layers == "no_rope_layers":  # 1 = RoPE; transformers' default: every no_rope_layer_interval-th has none
         nrl = tc.get("no_rope_layers")
@@ -265,7 +279,9 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
         return default if v is None else _num(v, spec, where)
 
     attn_scale = hd ** -0.5
-    if f.attn_scale == "qpas":
+    if f.attn_scale == "unit":
+        attn_scale = 1.0
+    elif f.attn_scale == "qpas":
         attn_scale = _num(get("query_pre_attn_scalar", hd), "query_pre_attn_scalar", where) ** -0.5
     elif f.attn_scale:
         attn_scale = scale(f.attn_scale, attn_scale)
@@ -283,7 +299,8 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
         logit = scale(f.logit_scale, 1.0)
     groups = f.router_groups and (f.router_groups != "max" or tc.get("topk_method") == "group_limited_greedy")
     return Hparams(
-        arch=fam.name, fwd=f, layout="hf", n_layers=L, hidden=H, heads=d["nh"], kv_heads=d["nkv"], head_dim=hd,
+        arch=fam.name, fwd=f, layout="hf", n_layers=L, hidden=H, heads=d["nh"], kv_heads=d.get("nkf", d["nkv"]),
+        head_dim=hd,
         v_head_dim=d["vhd"] if mla else hd, vocab=d["V"], eps=_num(eps, "rms_norm_eps", where),
         norm_offset=f.norm_offset, act=act, rope=rope, rope_swa=rope_swa, rope_layers=rope_layers,
         swa_window=swa_window, swa_layers=swa_layers, attn_scale=float(attn_scale),
@@ -302,6 +319,8 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
         ssm={dim: int(d[dim]) for dim, _ in fam.blocks.gguf_dims} if fam.blocks is not None else {},
         attn_temp=_attn_temp(f, params.get("llama_4_scaling_beta"), params.get("original_max_position_embeddings"),
                              where),
+        head_dim_swa=int(d.get("hs", 0)), kv_heads_swa=int(d.get("nks", 0)),
+        kv_from=_kv_from(L, facts), per_layer=int(d.get("hpl", 0)) if f.per_layer_input else 0,
     )
 
 
@@ -379,8 +398,8 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
         rope.inv_freq = (rope.inv_freq / fr).astype(np.float32)
     rope_swa = None
     if f.swa_rope_base or f.swa_rope_unscaled:
-        rope_swa = _rope_from({"rope_theta": get(G.ROPE_FREQ_BASE_SWA, f.swa_rope_base or params["rope_theta"])}, rot,
-                              max_pos, style, where)
+        rope_swa = _rope_from({"rope_theta": get(G.ROPE_FREQ_BASE_SWA, f.swa_rope_base or params["rope_theta"])},
+                              int(get(G.ROPE_DIMENSION_COUNT_SWA, rot)), max_pos, style, where)
     rope_layers = set(range(L))
     if f.rope_layers == "no_rope_layers":
         nrl = get(G.NO_ROPE_LAYERS)  # not a llama.cpp key: llama.cpp's smollm3 skips RoPE on every 4th layer
@@ -401,7 +420,7 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
     def scale(spec: str, which: str, default: float) -> float:
         return float(get(_GGUF_SCALE[which], default)) if spec else default
 
-    attn_scale = float(get(G.ATTENTION_SCALE, hd ** -0.5))
+    attn_scale = float(get(G.ATTENTION_SCALE, 1.0 if f.attn_scale == "unit" else hd ** -0.5))  # gemma4: llama.cpp's 1
     embed = math.sqrt(H) if f.embed_scale == "sqrt_hidden" else scale(f.embed_scale, "embed", 1.0)
     E = facts["n_experts"]
     # llama.cpp's expert_gating_func (1 softmax, 2 sigmoid) tells DeepSeek-V3 from V2 (one GGUF architecture)
@@ -410,7 +429,8 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
     groups = ("top2sum" if router == "sigmoid" else "max") if n_group > 1 else ""
     return Hparams(
         arch=fam.name, fwd=f, layout="gguf" if layout == "llama.cpp" else "hf", n_layers=L, hidden=H, heads=nh,
-        kv_heads=facts["kv_heads"], head_dim=hd, v_head_dim=int(get(G.VALUE_LENGTH, hd)),
+        kv_heads=(_kv_heads(kv.get(G.HEAD_COUNT_KV.at(garch)), facts, False) if get(G.KEY_LENGTH_SWA) else 0)
+        or facts["kv_heads"], head_dim=hd, v_head_dim=int(get(G.VALUE_LENGTH, hd)),
         vocab=facts["vocab"], eps=_num(eps, "layer_norm_rms_epsilon", where),
         norm_offset=0.0 if layout == "llama.cpp" else f.norm_offset, act=f.act, rope=rope, rope_swa=rope_swa,
         rope_layers=rope_layers, swa_window=swa_window, swa_layers=swa_layers, attn_scale=attn_scale,
@@ -428,7 +448,31 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
         ssm={dim: int(kv[f"{garch}.{key}"]) for dim, key in fam.blocks.gguf_dims if kv.get(f"{garch}.{key}") is not None}
         if fam.blocks is not None else {},
         attn_temp=_attn_temp(f, get(G.ATTN_TEMPERATURE_SCALE), get(G.ROPE_SCALING_ORIG_CTX_LEN), where),
+        head_dim_swa=int(get(G.KEY_LENGTH_SWA, 0) or 0),
+        kv_heads_swa=_kv_heads(kv.get(G.HEAD_COUNT_KV.at(garch)), facts, True) if get(G.KEY_LENGTH_SWA) else 0,
+        kv_from=_kv_from(L, facts), per_layer=int(get(G.EMBEDDING_LENGTH_PER_LAYER) or 0) if f.per_layer_input else 0,
     )
+
+
+def _kv_from(L: int, facts: Mapping[str, Any]) -> dict:
+    """Each KV-sharing layer (facts kv_shared_layers) -> the last earlier layer of its type (sliding or not), whose K/V
+    it reads (transformers' Gemma4 kv_sharing_modes; llama.cpp's n_layer_kv_from_start)."""
+    shared = set(facts.get("kv_shared_layers") or ())
+    if not shared:
+        return {}
+    swa, first = set(facts.get("swa_layers") or ()), min(shared)
+    own = lambda i: i in swa  # noqa: E731
+    return {i: max(j for j in range(first) if own(j) == own(i)) for i in sorted(shared)
+            if any(own(j) == own(i) for j in range(first))}
+
+
+def _kv_heads(per: Any, facts: Mapping[str, Any], swa: bool) -> int:
+    """The sliding layers' KV heads from a per-layer head_count_kv (0: none given apart)."""
+    if not isinstance(per, (list, tuple)) or len(per) != facts["n_layers"]:
+        return 0
+    sl = set(facts.get("swa_layers") or ())
+    got = [int(per[i]) for i in range(len(per)) if (i in sl) == swa]
+    return max(got) if got else 0
 
 
 def _gguf_blocks(fam: archs.Family, facts: Mapping[str, Any]) -> tuple[str, ...]:
@@ -466,13 +510,15 @@ def to_gguf(hp: Hparams) -> dict[str, Any]:
             put(G.ROPE_SCALING_ATTN_FACTOR, float(hp.rope.attn_factor))
             if not hp.rope.params.get("truncate", True):
                 put(G.ROPE_SCALING_YARN_TRUNCATE, False)
-    elif kind not in ("default", "dynamic", "llama3", "ntk_alpha"):  # llama3: the rope_freqs.weight tensor
-        # (rope_factors); ntk_alpha: its scaled base is the freq_base above
+    elif kind not in ("default", "dynamic", "llama3", "ntk_alpha", "proportional"):  # llama3, proportional: the
+        # rope_freqs.weight tensor (rope_factors); ntk_alpha: its scaled base is the freq_base above
         raise NotEvaluable(f"RoPE scaling {kind} has no GGUF form here")
     if f.norm == "layer":
         put(G.LAYER_NORM_EPS, hp.eps)
     if hp.rope_swa is not None:
         put(G.ROPE_FREQ_BASE_SWA, hp.rope_swa.params["rope_theta"])
+        if hp.rope is not None and hp.rope_swa.dim != hp.rope.dim:  # gemma4: the sliding layers' own rotated dims
+            put(G.ROPE_DIMENSION_COUNT_SWA, hp.rope_swa.dim)
     if hp.attn_temp[0]:  # its length is the YaRN original context (written with the scaling above)
         put(G.ATTN_TEMPERATURE_SCALE, hp.attn_temp[0])
     if hp.attn_softcap:
@@ -505,6 +551,8 @@ def to_gguf(hp: Hparams) -> dict[str, Any]:
 
 def rope_factors(hp: Hparams) -> np.ndarray | None:
     """llama.cpp's ``rope_freqs.weight`` for a llama3-style RoPE (each default frequency's divisor), else None."""
+    if hp.rope is not None and hp.rope.params.get("rope_type") == "proportional":  # Gemma4Model's: 1 turns, 1e30 not
+        return np.where(hp.rope.inv_freq == 0, np.float32(1e30), np.float32(1)).astype(np.float32)
     if hp.rope is None or hp.rope.params.get("rope_type") != "llama3":
         return None
     return (_inv_freq(hp.rope.params["rope_theta"], hp.rope.dim) / hp.rope.inv_freq).astype(np.float32)

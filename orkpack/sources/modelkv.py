@@ -159,6 +159,8 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
     for name, v in archs.record_values(cfg):  # the converter's own arithmetic (archs Family.record)
         key = G.BY_NAME[name]
         put(key, key.type, v)
+    if "kinds" in d:  # gemma4 (Gemma4Model.set_gguf_parameters)
+        _gemma4(cfg, fam, d, put)
     if fam.blocks is not None and fam.blocks.record in ("kv_heads", "kv_heads_ffn"):
         put(G.HEAD_COUNT_KV, G.HEAD_COUNT_KV_PER_LAYER, [d["nkv"] if b == archs.ATTN else 0 for b in blocks])
         if "di" in d:  # Mamba2's d_inner (GraniteHybridModel: mamba_expand x hidden; NemotronHModel: heads x head dim)
@@ -200,6 +202,48 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
         put(G.EXPERT_GATING_FUNC, G.EXPERT_GATING_FUNC.type, 2 if fam.forward.router == "sigmoid" else 1)
 
 
+def gemma4_keys(cfg: Mapping) -> dict:
+    """{key after "{arch}.": (GGUF type, value)}: what Gemma4Model writes beyond the common keys (synthetic GGUFs)."""
+    from .. import archs
+
+    fam = archs.config_family(cfg)
+    out: dict = {}
+    _gemma4(cfg, fam, archs.dims(cfg), lambda key, typ, v: out.__setitem__(key.name, (typ, v)))
+    return out
+
+
+def _gemma4(cfg: Mapping, fam, d: dict, put: Callable) -> None:
+    """Gemma4Model's keys: each layer type's head size and rotated dims, per-layer KV heads when the full layers have
+    their own, the FFN widths of a double-wide MLP, the KV-sharing layers, the per-layer embedding width, the
+    sliding pattern and the sliding layers' RoPE base."""
+    tc = cfg.get("text_config") if fam.text_config and isinstance(cfg.get("text_config"), Mapping) else cfg
+    L, swa = d["L"], [k == "sliding_attention" for k in d["kinds"]]
+    u = "uint32"
+    put(G.SHARED_KV_LAYERS, u, d["nshared"])
+    put(G.EMBEDDING_LENGTH_PER_LAYER, u, d["hpl"])
+    put(G.SLIDING_WINDOW_PATTERN, G.SLIDING_WINDOW_PATTERN.type, swa)
+    for key, v in ((G.KEY_LENGTH, d["hf"]), (G.VALUE_LENGTH, d["hf"]), (G.KEY_LENGTH_SWA, d["hs"]),
+                   (G.VALUE_LENGTH_SWA, d["hs"]), (G.ROPE_DIMENSION_COUNT, d["hf"])):
+        put(key, u, v)
+    if d["Iw"] != d["I0"]:
+        put(G.FEED_FORWARD_LENGTH, G.HEAD_COUNT_KV_PER_LAYER, [d["I0"] if i < L - d["nshared"] else d["Iw"]
+                                                              for i in range(L)])
+    else:
+        put(G.FEED_FORWARD_LENGTH, u, d["I0"])
+    plc = tc.get("per_layer_config")
+    own_kv = tc.get("num_global_key_value_heads") is not None or (isinstance(plc, Mapping) and any(
+        isinstance(x, Mapping) and "num_key_value_heads" in x and str(k).isdigit() and int(k) < L and not swa[int(k)]
+        for k, x in plc.items()))
+    if own_kv:  # the converter's condition: the full layers' KV heads are given
+        put(G.HEAD_COUNT_KV, G.HEAD_COUNT_KV_PER_LAYER, [d["nks"] if s else d["nkf"] for s in swa])
+    rp = tc.get("rope_parameters")
+    sl = rp.get("sliding_attention") if isinstance(rp, Mapping) else None
+    sl = sl if isinstance(sl, Mapping) else {}
+    frac = sl.get("partial_rotary_factor", 1.0)
+    put(G.ROPE_DIMENSION_COUNT_SWA, u, int(d["hs"] * frac) if _valid("float32", frac) else d["hs"])
+    if _valid("float32", sl.get("rope_theta")):
+        put(G.ROPE_FREQ_BASE_SWA, "float32", float(sl["rope_theta"]))
+
 # families whose converter writes rope.dimension_sections (_Qwen35MRopeMixin)
 _MROPE_WRITTEN = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
 
@@ -236,7 +280,7 @@ def _rope_scaling(c: Mapping, garch: str, kv: list, warn: Callable[[str], None])
             v = rs.get(k.rope_scaling)
             if kind in k.kinds and _valid(k.type, v):
                 kv.append([k.at(garch), k.type, json_value(k.type, v)])
-    elif kind not in (None, "default"):
+    elif kind not in (None, "default", "proportional"):  # proportional (gemma4): the rope_freqs tensor carries it
         warn(f"config.json: rope_scaling type {escape_name(repr(kind), 40)} is not carried into the pack's model "
              "metadata; a runtime will run the model without it")
 

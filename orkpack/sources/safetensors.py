@@ -288,6 +288,12 @@ class SafetensorsSource(FileSource):
             src = re.sub(r"\.experts\.\d+\.", ".experts.*.", first[0])
             parts = [_Part(experts[e][3], experts[e][4], experts[e][5]) for e in range(len(experts))]
             self._add(name, src, first[1], (len(experts), *first[2]), parts)
+        # tensors the converter computes from the config (archs Family.generated: gemma4's rope_freqs), listed and
+        # read as it writes them
+        self._generated = archs.generated_tensors(self.config, _fname(self.root)) if fam is not None else {}
+        for name, a in self._generated.items():
+            self._entries[name] = _Entry(TensorInfo(name=name, source_name=f"({name}: from config.json)", shape=a.shape,
+                                                    dtype="F32", file="config.json", nbytes=a.nbytes), [])
         self._order = sorted(self._entries, key=natural_key)
         # the converter's value changes (A_log -> -exp, value heads tiled): made on read (convlayout)
         self._changes = {n: (ch, self._entries[n].info.dtype)  # (changes, the stored dtype)
@@ -332,6 +338,11 @@ class SafetensorsSource(FileSource):
                               "use a name from Source.tensors()")
         if not self._fds:
             raise SourceError(f"{_fname(self.root)}: source is closed; open it again")
+        if name in self._generated:
+            got = self._generated[name]
+            arr = array_in(out, got.shape, got.dtype)
+            arr[...] = got
+            return arr
         info = ent.info
         changed = self._changes.get(name)
         if changed and changed[1] in quantized.DEQUANTIZED_DTYPES:  # an FP8 release: the changes on its float32

@@ -253,7 +253,7 @@ def manifest_of(p: Point) -> Manifest:
 def choices_for(man: Manifest, choice: str) -> list[str]:
     """Per item: the published setup as the cost model's choices (module docstring)."""
     if choice == "npu":
-        return ["int8" if it.role == "embedding" else "npu" for it in man.items]
+        return ["int8" if it.role in ("embedding", "lookup") else "npu" for it in man.items]
     return [choice[4:]] * len(man.items)
 
 

@@ -215,6 +215,14 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
                           f"layers' KV + {rec} recurrent layers' state {_b(r['recurrent_state'])} (per sequence, any "
                           f"ctx); all {mixers} {'mixer ' if ffn else ''}layers attention would need "
                           f"{_b(r['kv_all_attention'])} (saves {_b(r['kv_all_attention'] - r['kv_cache'])})")
+    if "kv_unshared" in r:  # gemma4: the layers that reuse earlier layers' K/V store none
+        sh = len(m.get("kv_shared_layers") or ())
+        console.print(f"KV cache {_b(r['kv_cache'])} at ctx {d['options']['ctx']}: {sh} of {m['n_layers']} layers "
+                      f"reuse earlier layers' K/V and store none (each layer its own would need {_b(r['kv_unshared'])})")
+    for lk in bu.get("lookups") or ():  # embedding tables besides token_embd: row lookups, never NPU items
+        console.print(f"lookup {escape_name(lk['tensor'], 60)}: {lk['rows']} rows x {lk['row']}, host "
+                      f"{escape_name(str(lk['encoding']))} {_b(lk['bytes'])}; decode reads one row a token "
+                      f"({_b(lk['decode_bytes_per_token'])}), never the NPU")
     ben = getattr(tm, "benefits", {})  # the profile's benefit of every item, NPU or not
     hot = sorted((x for x in tm.decisions if ben.get(x.name, x.benefit_us) > 0),
                  key=lambda x: (-ben.get(x.name, x.benefit_us), x.name))[:top]

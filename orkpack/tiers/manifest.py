@@ -71,7 +71,8 @@ class Item:
     n: int  # rows = output channels
     k: int  # columns = input features
     dtype: str
-    role: str  # "matmul", "expert", "embedding", "output", "vision" (an image encoder)
+    role: str  # "matmul", "expert", "embedding", "lookup" (another embedding table), "output", "vision" (an image
+    # encoder)
     layer: int | None
     n_experts: int = 0  # experts in this item's layer (role "expert")
     n_experts_used: int = 0
@@ -106,14 +107,22 @@ def cache_bytes(facts: dict, ctx: int, kv_type: str = "f16") -> dict:
     def row(n: int) -> int:
         return 2 * n if kv_type == "f16" else 34 * (-(-n // 32))
 
-    per = row(facts["kv_k"]) + row(facts["kv_v"])
+    full = row(facts["kv_k"]) + row(facts["kv_v"])
     swa = set(facts.get("swa_layers") or ())
+    # the sliding layers' own K/V widths where they differ (gemma4: 0 = the same as the other layers')
+    slide = row(facts.get("swa_kv_k") or facts["kv_k"]) + row(facts.get("swa_kv_v") or facts["kv_v"])
     win = facts.get("swa_window") or 0
+    rec = set(facts.get("recurrent_layers") or ())
     kv, ffn = set(archs.kv_layers(facts)), set(facts.get("ffn_layers") or ())  # the layers with a KV cache
-    span = [min(ctx, win) if (i in swa and win) else ctx for i in range(facts["n_layers"])]
+    shared = set(facts.get("kv_shared_layers") or ())  # they read an earlier layer's K/V and store none (gemma4)
+    L = facts["n_layers"]
+    per = [slide if i in swa else full for i in range(L)]
+    span = [min(ctx, win) if (i in swa and win) else ctx for i in range(L)]
     # an FFN-only layer (Nemotron-H's MLP / MoE blocks) holds neither KV nor state, and would not with attention
-    return {"kv": per * sum(p for i, p in enumerate(span) if i in kv),
-            "state": state_bytes(facts), "all_attention": per * sum(p for i, p in enumerate(span) if i not in ffn)}
+    return {"kv": sum(per[i] * span[i] for i in range(L) if i in kv and i not in shared),
+            "state": state_bytes(facts),
+            "all_attention": sum(per[i] * span[i] for i in range(L) if i not in ffn and i not in shared),
+            "kv_unshared": sum(per[i] * span[i] for i in range(L) if i in kv)}
 
 
 @dataclass
@@ -140,7 +149,9 @@ class Manifest:
 
         Per layer and position: ``kv_k`` + ``kv_v`` elements (GQA/MQA: kv_heads x head_dim
         each; MLA: the compressed latent kv_lora_rank + qk_rope_head_dim, no separate V).
-        Sliding-window layers (``swa_layers``) hold at most ``swa_window`` positions. A hybrid's recurrent
+        Sliding-window layers (``swa_layers``) hold at most ``swa_window`` positions, of ``swa_kv_k`` +
+        ``swa_kv_v`` elements where the family gives them their own sizes (gemma4); layers that reuse an earlier
+        layer's K/V (``kv_shared_layers``: gemma4's num_kv_shared_layers) hold none. A hybrid's recurrent
         layers (``recurrent_layers``: LFM2's short convolutions) hold no KV cache but a state of ``state``
         float32 elements for the sequence, whatever ``ctx`` (llama.cpp keeps recurrent state in f32); those that
         run attention beside the recurrence (``parallel_layers``: Falcon-H1's) hold both; its FFN-only layers
@@ -171,6 +182,9 @@ class Manifest:
             f.pop("parallel_layers", None)
         if not f.get("ffn_layers"):
             f.pop("ffn_layers", None)
+        for k in ("swa_kv_k", "swa_kv_v", "kv_shared_layers"):  # gemma4's; absent from every other model's map
+            if not f.get(k):
+                f.pop(k, None)
         return f
 
     def summary(self) -> dict:
@@ -181,6 +195,9 @@ class Manifest:
 def _role(name: str, shape: tuple[int, ...], facts: dict) -> str:
     if name == "token_embd.weight":
         return "embedding"
+    fam = archs.FAMILIES.get(facts.get("arch") or "")
+    if fam is not None and name in fam.lookups:
+        return "lookup"  # another embedding table (gemma4's per-layer embeddings): a row lookup, never a matmul
     if name == "output.weight":
         return "output"
     if name.startswith(VISION_PREFIXES):
@@ -267,6 +284,8 @@ def manifest_from_config(cfg: dict, source: str = "config.json") -> Manifest:
     for name, per in stacked.items():
         shape, hf_name = per[0]
         tensors.append(TensorEntry(name, (len(per),) + tuple(shape), archs.stored_dtype(cfg, hf_name, dtype)))
+    # what the converter computes from the config (gemma4's rope_freqs), as the reader lists it
+    tensors.extend(TensorEntry(n, tuple(a.shape), "F32") for n, a in archs.generated_tensors(cfg, source).items())
     return Manifest(facts, tensors, "config", source)
 
 

@@ -108,7 +108,7 @@ def _unknown(unknown: list[str], where: str, ignore: bool, warnings: list[str]) 
 # --------------------------------------------------------------------------------------------- analytic
 
 def _analytic_m(it: Item, prefill_m: int, routing: float | None) -> float:
-    if it.role in ("embedding", "vision"):  # a row lookup; an image encoder that text prefill never runs
+    if it.role in ("embedding", "lookup", "vision"):  # a row lookup; an image encoder that text prefill never runs
         return 0.0
     if it.role == "output":
         return 1.0
@@ -175,7 +175,10 @@ def default_sensitivity(manifest: Manifest, m_eff: list[float], prefill_m: int) 
         share = (m_eff[i] / prefill_m if prefill_m else 0.0) if it.role == "expert" else 1.0
         # an untied embedding is a lookup: a token reads one row, whose error perturbs the hidden state as
         # much as the output error of one hidden x hidden product does; it weighs as that (K x K)
-        w[i] = float(it.k * it.k) if it.role == "embedding" else float(it.numel) * share * _kind_factor(it, gqa)
+        # another embedding table (gemma4's per-layer one, a row of n_layers x width): its row gates every layer's
+        # output through a width x hidden product; it weighs as that row times hidden
+        w[i] = float(it.k * it.k) if it.role == "embedding" else float(it.k * f["hidden"]) if it.role == "lookup" \
+            else float(it.numel) * share * _kind_factor(it, gqa)
     for i in heads:
         w[i] = 0.0
     body = sum(w)

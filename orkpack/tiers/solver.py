@@ -32,7 +32,7 @@ from ..keepfloat import FLOAT_GLOBS, ROUTER, pin_warnings, recorded_globs, why_f
 from ..sources import names as _names
 from . import cost, milp
 from .board import Board
-from .manifest import NON_FLOAT_DTYPES, Item, Manifest, state_bytes
+from .manifest import NON_FLOAT_DTYPES, Item, Manifest, cache_bytes, state_bytes
 from .profile import Profile
 from .tiermap import Decision, TierMap
 
@@ -80,8 +80,9 @@ def match_pins(manifest: Manifest, pins: dict[str, list[str]] | None) -> tuple[d
         for a, b in (("npu", "cpu"), ("npu", "keep"), ("int8", "nf4"), ("int8", "keep"), ("nf4", "keep")):
             if a in ks and b in ks:
                 raise OrkError(f"{escape_name(it.name)}: pinned both --{a} and --{b}; make the globs disjoint")
-        if "npu" in ks and it.role == "embedding":
-            raise OrkError(f"{escape_name(it.name)}: the token embedding is a lookup, not a matmul; it cannot be pinned --npu")
+        if "npu" in ks and it.role in ("embedding", "lookup"):
+            what = "the token embedding" if it.role == "embedding" else "an embedding table"
+            raise OrkError(f"{escape_name(it.name)}: {what} is a lookup, not a matmul; it cannot be pinned --npu")
     return out, warnings
 
 
@@ -127,7 +128,7 @@ def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]], npu_stora
         keep = "keep" in ks
         forced_tier = "npu" if "npu" in ks else ("host" if ("cpu" in ks or keep) else None)
         forced_enc = "float" if keep else ("int8" if "int8" in ks else ("nf4" if "nf4" in ks else None))
-        eligible = has_npu and it.role != "embedding" and forced_tier != "host"
+        eligible = has_npu and it.role not in ("embedding", "lookup") and forced_tier != "host"
         pin = ",".join(f"--{k}" for k in PIN_KINDS if k in ks) or None
         if forced_tier == "npu" and not has_npu:
             raise OrkError(f"{escape_name(it.name)}: pinned --npu but board {board.name} has no NPU")
@@ -237,6 +238,8 @@ def _share(it: Item, m_eff: float, prefill_m: int, tied: bool) -> float:
         return m_eff / prefill_m if prefill_m else 0.0
     if it.role == "embedding":  # one row per token; all of it when it doubles as the output head
         return 1.0 / max(it.n, 1) + (1.0 if tied else 0.0)
+    if it.role == "lookup":  # another embedding table (gemma4's per-layer one): one row per token, never a head
+        return 1.0 / max(it.n, 1)
     if it.role == "vision":
         return 0.0
     return 1.0
@@ -601,6 +604,13 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
                 "host_copy_nf4": host_w["host_copy_nf4"], "host_float": host_w["float"], "kv_cache": kv,
                 "reserve": board.reserve_bytes},
     }
+    lookups = [(it, next(x for x in decisions if x.tensor == it.tensor)) for it in items if it.role == "lookup"]
+    if lookups:  # embedding tables besides token_embd (gemma4's per-layer embeddings): their own line in plan
+        budget["lookups"] = [{"tensor": it.tensor, "rows": it.n, "row": it.k, "encoding": d_.encoding,
+                              "bytes": d_.bytes, "decode_bytes_per_token": -(-d_.bytes // max(it.n, 1))}
+                             for it, d_ in lookups]
+    if manifest.facts.get("kv_shared_layers"):  # gemma4: layers reusing earlier K/V store none
+        budget["ram"]["kv_unshared"] = cache_bytes(manifest.facts, ctx, kv_type)["kv_unshared"]
     if manifest.facts.get("recurrent_layers"):  # a hybrid: its state (part of kv_cache) and what it saves
         budget["ram"]["recurrent_state"] = state_bytes(manifest.facts)
         budget["ram"]["kv_all_attention"] = manifest.kv_bytes_all_attention(ctx, kv_type)
