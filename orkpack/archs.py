@@ -1056,18 +1056,24 @@ def _granite_hybrid_dims(cfg: Mapping, d: dict, where: str) -> dict:
     return {"nm": nm, "pd": pd, "di": di, "ng": ng, "ds": ds, "ck": ck, "cc": di + 2 * ng * ds, "gs": di // ng}
 
 
-_MAMBA2 = (
-    t(P + "mamba.in_proj.weight", "2*di+2*ng*ds+nm", "H", when="mamba2"),  # z, x B C, dt
-    t(P + "mamba.in_proj.bias", "2*di+2*ng*ds+nm", when="mamba2 proj_bias"),
-    t(P + "mamba.conv1d.weight", "cc", 1, "ck", when="mamba2"),  # depthwise Conv1d; GGUF {ck, cc}
-    t(P + "mamba.conv1d.bias", "cc", when="mamba2 conv_bias"),
-    t(P + "mamba.dt_bias", "nm", when="mamba2", kind="bias"),
-    t(P + "mamba.A_log", "nm", when="mamba2", kind="bias"),
-    t(P + "mamba.D", "nm", when="mamba2", kind="norm"),
-    t(P + "mamba.norm.weight", "di", when="mamba2"),
-    t(P + "mamba.out_proj.weight", "H", "di", when="mamba2"),
-    t(P + "mamba.out_proj.bias", "H", when="mamba2 proj_bias"),
-)
+def _mamba2_tensors(prefix: str) -> tuple[T, ...]:
+    """A Mamba2 mixer's tensors under ``prefix`` (Granite-4.0-H's model.layers.N.mamba., Nemotron-H's
+    backbone.layers.N.mixer.), on the layers whose block is mamba2."""
+    return (
+        t(prefix + "in_proj.weight", "2*di+2*ng*ds+nm", "H", when="mamba2"),  # z, x B C, dt
+        t(prefix + "in_proj.bias", "2*di+2*ng*ds+nm", when="mamba2 proj_bias"),
+        t(prefix + "conv1d.weight", "cc", 1, "ck", when="mamba2"),  # depthwise Conv1d; GGUF {ck, cc}
+        t(prefix + "conv1d.bias", "cc", when="mamba2 conv_bias"),
+        t(prefix + "dt_bias", "nm", when="mamba2", kind="bias"),
+        t(prefix + "A_log", "nm", when="mamba2", kind="bias"),
+        t(prefix + "D", "nm", when="mamba2", kind="norm"),
+        t(prefix + "norm.weight", "di", when="mamba2"),
+        t(prefix + "out_proj.weight", "H", "di", when="mamba2"),
+        t(prefix + "out_proj.bias", "H", when="mamba2 proj_bias"),
+    )
+
+
+_MAMBA2 = _mamba2_tensors(P + "mamba.")
 # a Mamba2 layer's state per sequence (llama.cpp's n_embd_r + n_embd_s: the conv's last ck - 1 inputs of the di + 2 ng ds
 # channels, one ds x (di / heads) state per head) and its float work a token besides ssm_in / ssm_out: the depthwise
 # conv (a multiply-add per tap and channel) and the scan (per state element: decay, + dt x B, . C: 5 ops; docs/TIERMAP.md)
@@ -1315,16 +1321,7 @@ def _nemotron_dims(cfg: Mapping, d: dict, where: str) -> dict:
 NB = "backbone.layers.{i}."
 _NEMOTRON_LAYER = (
     t(NB + "norm.weight", "H"),  # the one pre-norm of every block (GGUF attn_norm)
-    t(NB + "mixer.in_proj.weight", "2*di+2*ng*ds+nm", "H", when="mamba2"),  # z, x B C, dt
-    t(NB + "mixer.in_proj.bias", "2*di+2*ng*ds+nm", when="mamba2 proj_bias"),
-    t(NB + "mixer.conv1d.weight", "cc", 1, "ck", when="mamba2"),  # depthwise Conv1d; GGUF {ck, cc}
-    t(NB + "mixer.conv1d.bias", "cc", when="mamba2 conv_bias"),
-    t(NB + "mixer.dt_bias", "nm", when="mamba2", kind="bias"),
-    t(NB + "mixer.A_log", "nm", when="mamba2", kind="bias"),
-    t(NB + "mixer.D", "nm", when="mamba2", kind="norm"),
-    t(NB + "mixer.norm.weight", "di", when="mamba2"),
-    t(NB + "mixer.out_proj.weight", "H", "di", when="mamba2"),
-    t(NB + "mixer.out_proj.bias", "H", when="mamba2 proj_bias"),
+) + _mamba2_tensors(NB + "mixer.") + (
     t(NB + "mixer.q_proj.weight", "nh*hd", "H", when="attn"), t(NB + "mixer.k_proj.weight", "nkv*hd", "H", when="attn"),
     t(NB + "mixer.v_proj.weight", "nkv*hd", "H", when="attn"), t(NB + "mixer.o_proj.weight", "H", "nh*hd", when="attn"),
     t(NB + "mixer.up_proj.weight", "I", "H", when="mlp"), t(NB + "mixer.up_proj.bias", "I", when="mlp mlp_bias"),

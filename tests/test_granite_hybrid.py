@@ -24,7 +24,8 @@ from orkpack.sources import model_facts, open_source
 from orkpack.sources.modelkv import from_hf
 from orkpack.tiers.manifest import manifest_from_config
 
-from test_lfm2 import FIXTURES, TOL, _converter, _read_all, build_verify_eval, record_matches_converter, tiny_model
+from test_lfm2 import (FIXTURES, TOL, _converter, build_verify_eval, record_matches_converter,
+                       tensors_match_converter, tiny_model)
 
 ARCH = "granitemoehybrid"
 _LEGACY = {"linear_attention": "mamba", "full_attention": "attention"}
@@ -136,21 +137,10 @@ def test_tensors_equal_the_converters(variant, request):
         f"blk.{i}.{n}" for i in range(4) for n in ["attn_norm.weight", "ffn_norm.weight"] + ffn + (
             mamba if i % 2 == 0 else attn)}
     assert set(conv) == want
-    for what, ours in (("HF folder", _read_all(hf)), ("converter GGUF", _read_all(gg))):
-        assert sorted(ours) == sorted(conv), what
-        for name, (ggml_shape, data) in conv.items():
-            shape, a = ours[name]
-            assert shape == data.shape == ggml_shape[::-1], (what, name, shape, data.shape, ggml_shape)
-            if what == "HF folder" and name.endswith(("attn_q.weight", "attn_k.weight")):
-                # orkpack keeps the checkpoint's q/k row order (as for every llama-style family; a NoPE attention
-                # does not even see it); the converter's is its permutation
-                a = _permute(a, 4 if "attn_q" in name else 2)
-            if what == "HF folder" and name.endswith(".ssm_a"):
-                # -exp(A_log): orkpack's is correctly rounded (convlayout), the converter's torch float32 exp is not
-                # always: at most one unit in the last place apart
-                np.testing.assert_array_max_ulp(a, data, maxulp=1)
-                continue
-            assert np.array_equal(a, data), (what, name)
+    # orkpack keeps the checkpoint's q/k row order (as for every llama-style family; a NoPE attention does not even
+    # see it); the converter's is its permutation
+    tensors_match_converter(hf, gg, conv, lambda name, a: _permute(a, 4 if "attn_q" in name else 2)
+                            if name.endswith(("attn_q.weight", "attn_k.weight")) else a)
     c = {n: s for n, (s, _) in conv.items()}
     assert c["blk.0.ssm_a"] == c["blk.0.ssm_d"] == (1, 8) and c["blk.0.ssm_norm.weight"] == (64, 2)
     assert c["blk.0.ssm_conv1d.weight"] == (4, 192) and c["blk.0.ssm_in.weight"] == (64, 2 * 128 + 2 * 2 * 16 + 8)

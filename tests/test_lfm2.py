@@ -118,6 +118,24 @@ def _read_all(path) -> dict:
         src.close()
 
 
+def tensors_match_converter(hf: Path, gg: Path, conv: dict, adjust=lambda name, a: a) -> None:
+    """Orkpack's readers of the folder ``hf`` and of the converter's GGUF ``gg`` give the converter's tensors
+    ``conv`` (from :func:`_converter`): the same names, shapes and values. ``adjust(name, a)``: a declared difference
+    applied to the folder's array first (a q/k permutation, a norm offset); ``ssm_a`` = -exp(A_log) within one unit
+    in the last place (orkpack's is correctly rounded, the converter's torch float32 exp not always)."""
+    for what, ours in (("HF folder", _read_all(hf)), ("converter GGUF", _read_all(gg))):
+        assert sorted(ours) == sorted(conv), what
+        for name, (ggml_shape, data) in conv.items():
+            shape, a = ours[name]
+            assert shape == data.shape == ggml_shape[::-1], (what, name, shape, data.shape, ggml_shape)
+            if what == "HF folder":
+                a = adjust(name, a)
+            if name.endswith(".ssm_a"):
+                np.testing.assert_array_max_ulp(a, data, maxulp=1)
+            else:
+                assert np.array_equal(a, data), (what, name)
+
+
 def test_tensors_equal_the_converters(model):
     hf, gg, _, _ = model
     conv, _ = _converter(gg)

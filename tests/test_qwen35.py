@@ -19,8 +19,8 @@ from orkpack.errors import SourceError
 from orkpack.sources import model_facts, open_source
 from orkpack.tiers.manifest import manifest_from_config
 
-from test_lfm2 import (FIXTURES, TOL, _converter, _read_all, build_verify_eval, record_matches_converter,
-                       tiny_model)
+from test_lfm2 import (FIXTURES, TOL, _converter, build_verify_eval, record_matches_converter,
+                       tensors_match_converter, tiny_model)
 
 _TEXT = {k: v for k, v in synth.TINY["qwen3_5_text"].items() if k not in ("architectures", "model_type", "torch_dtype")}
 _TEXT["vocab_size"] = 320  # the tokenizer's 3 + 256 + 61 tokens
@@ -74,18 +74,7 @@ def _same_as_converter(hf: Path, gg: Path, n: int, norm_offset: float = 1.0) -> 
     conv, _ = _converter(gg)
     assert len(conv) == n
     offset = {k for k in conv if k.endswith("norm.weight") and not k.endswith("ssm_norm.weight")}
-    for what, path in (("HF folder", hf), ("converter GGUF", gg)):
-        ours = _read_all(path)
-        assert sorted(ours) == sorted(conv), what
-        for name, (ggml_shape, data) in conv.items():
-            shape, a = ours[name]
-            assert shape == data.shape == ggml_shape[::-1], (what, name, shape, data.shape, ggml_shape)
-            if what == "HF folder" and name in offset:
-                a = a + np.float32(norm_offset)
-            if name.endswith("ssm_a"):
-                np.testing.assert_array_max_ulp(a, data, 1)
-            else:
-                assert np.array_equal(a, data), (what, name)
+    tensors_match_converter(hf, gg, conv, lambda name, a: a + np.float32(norm_offset) if name in offset else a)
     return conv
 
 

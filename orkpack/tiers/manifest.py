@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import OrkError, escape_name
@@ -112,7 +112,6 @@ def cache_bytes(facts: dict, ctx: int, kv_type: str = "f16") -> dict:
     # the sliding layers' own K/V widths where they differ (gemma4: 0 = the same as the other layers')
     slide = row(facts.get("swa_kv_k") or facts["kv_k"]) + row(facts.get("swa_kv_v") or facts["kv_v"])
     win = facts.get("swa_window") or 0
-    rec = set(facts.get("recurrent_layers") or ())
     kv, ffn = set(archs.kv_layers(facts)), set(facts.get("ffn_layers") or ())  # the layers with a KV cache
     shared = set(facts.get("kv_shared_layers") or ())  # they read an earlier layer's K/V and store none (gemma4)
     L = facts["n_layers"]
