@@ -2244,6 +2244,10 @@ def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
         return _int(v, f"{garch}.{key}", where, cap=cap)
 
     L = num("block_count", cap=CAPS["n_layers"])
+    if not fam.nextn and num("nextn_predict_layers", 0):  # the converter's MTP blocks (Qwen3.5 / Qwen3-Next: its default)
+        raise SourceError(f"{where}: the GGUF holds {num('nextn_predict_layers', 0)} multi-token-prediction block(s) "
+                          f"after the decoder layers ({escape_name(str(garch))}.nextn_predict_layers), which orkpack "
+                          "does not pack for this family; convert with llama.cpp's --no-mtp")
     H = num("embedding_length")
     nh = num("attention.head_count")
     nkv = num("attention.head_count_kv", nh)

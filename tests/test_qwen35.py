@@ -309,3 +309,28 @@ def test_a_hybrid_plans_across_two_boards():
                                  "--json"])
     assert r.exit_code == 0, r.output[-2000:]
     assert "internal" not in r.output
+
+
+def test_a_gguf_with_the_converters_mtp_blocks_is_one_line(dense, tmp_path):
+    """The converter's default (no --no-mtp) appends the MTP layer as blocks after the decoder: refused in one line,
+    rather than read as one more decoder layer."""
+    import gguf
+
+    _, gg, _, _ = dense
+    r = gguf.GGUFReader(str(gg))
+    w = gguf.GGUFWriter(str(tmp_path / "mtp.gguf"), "qwen35")
+    for key, f in r.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        w.add_key_value(key, f.contents(), f.types[0], f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None)
+    w.add_uint32("qwen35.nextn_predict_layers", 1)
+    for t in r.tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_shape=None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(SourceError) as e:
+        model_facts(open_source(tmp_path / "mtp.gguf"))
+    msg = str(e.value)
+    assert "multi-token-prediction" in msg and "--no-mtp" in msg and "\n" not in msg, msg

@@ -47,6 +47,7 @@ from gguf import quants as _quants
 from ..errors import SourceError, escape_name
 from ..pack import spec
 from .base import FLOAT_DTYPES, RAW_DTYPES, FileSource, TensorInfo, array_in, is_raw, map_array
+from .. import archs
 from .config import facts_from_gguf_kv
 from .modelkv import from_gguf_fields
 from .names import natural_key
@@ -273,10 +274,13 @@ class GGUFSource(FileSource):
         try:
             self.config = facts_from_gguf_kv(kv, {n: e.info.shape for n, e in self._entries.items()}, name)
             self.arch = self.config["arch"]
-        except (SourceError, TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError):
-            # an architecture we have no facts for, or metadata of the wrong types: tensors still readable
+        except (SourceError, TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as e:
+            # an architecture we have no facts for, or metadata of the wrong types: tensors still readable; a known
+            # family's own refusal (e.g. the converter's MTP blocks) is what asking for the facts says
             self.config = None
             self.arch = garch if isinstance(garch, str) else None
+            known = isinstance(garch, str) and archs.family_for_gguf(garch, bool(kv.get(f"{garch}.expert_count")))
+            self.facts_error = e if isinstance(e, SourceError) and known else None
 
     def tensors(self) -> list[TensorInfo]:
         return [self._entries[n].info for n in self._order]

@@ -118,6 +118,8 @@ def model_facts(source_or_config: Any) -> dict:
     cfg = getattr(obj, "config", None)
     root = escape_name(str(getattr(obj, "root", "source")))
     if getattr(obj, "kind", None) == "gguf":
+        if cfg is None and getattr(obj, "facts_error", None) is not None:
+            raise obj.facts_error
         if cfg is None:
             raise SourceError(f"{root}: GGUF architecture {escape_name(repr(getattr(obj, 'arch', None)), 40)} "
                               "is not a known family")
