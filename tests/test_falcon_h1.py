@@ -22,11 +22,11 @@ import pytest
 from orkpack import archs, keepfloat, synth
 from orkpack.errors import SourceError
 from orkpack.sources import model_facts, open_source
-from orkpack.sources.modelkv import from_gguf_fields, from_hf
 from orkpack.tiers.manifest import manifest_from_config
 
 from test_granite_hybrid import _redraw
-from test_lfm2 import FIXTURES, TOL, _converter, _read_all, build_verify_eval, tiny_model
+from test_lfm2 import (FIXTURES, TOL, _converter, _read_all, build_verify_eval, logits_match, record_matches_converter,
+                       tiny_model)
 
 ARCH = "falcon_h1"
 
@@ -109,19 +109,9 @@ def test_the_folds_are_the_multipliers(model):
 @pytest.mark.parametrize("variant", ["model", "normed"])
 def test_model_record_has_the_converters_keys(variant, request):
     hf, gg, _, _ = request.getfixturevalue(variant)
-    _, fields = _converter(gg)
-    theirs = {e[0]: e for e in from_gguf_fields(fields)["kv"] if e[0].startswith("falcon-h1.")}
-    ours = {e[0]: e for e in from_hf(hf, json.loads((hf / "config.json").read_text()))["kv"]}
-    assert {f"falcon-h1.{k}" for k in ("ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.inner_size",
-                                       "ssm.time_step_rank", "attention.head_count_kv", "context_length",
-                                       "feed_forward_length", "rope.freq_base")} <= set(theirs)
-    for key, (_, typ, v) in theirs.items():
-        assert key in ours, key
-        assert ours[key][1] == typ, (key, ours[key][1], typ)
-        if typ == "float32":
-            assert np.float32(ours[key][2]) == np.float32(v), key
-        else:
-            assert ours[key][2] == v, (key, ours[key][2], v)
+    theirs = record_matches_converter(hf, gg, "falcon-h1", (
+        "ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.inner_size", "ssm.time_step_rank",
+        "attention.head_count_kv", "context_length", "feed_forward_length", "rope.freq_base"))
     assert theirs["falcon-h1.ssm.inner_size"][2] == 96 and theirs["falcon-h1.ssm.time_step_rank"][2] == 6
     assert theirs["falcon-h1.attention.head_count_kv"][2] == 2  # one count: every layer has attention
     # the graph applies no multiplier: the converter writes none (they are in the weights)
@@ -140,13 +130,8 @@ def test_facts_from_the_folder_and_the_converters_gguf_agree(variant, request):
 
 @pytest.mark.parametrize("variant", ["model", "normed"])
 def test_logits_match_transformers_from_folder_and_converter_gguf(variant, request):
-    from orkpack.model import logits
-
     hf, gg, ids, ref = request.getfixturevalue(variant)
-    for path in (hf, gg):
-        ours = logits(path, ids)
-        err = float(np.abs(ours - ref).max())
-        assert err <= TOL * float(np.abs(ref).max()), (path.name, err, float(np.abs(ref).max()))
+    logits_match(hf, gg, ids, ref)
 
 
 def test_both_mixers_matter(model):

@@ -22,7 +22,8 @@ from orkpack import archs, synth
 from orkpack.sources import model_facts, open_source
 from orkpack.tiers.manifest import manifest_from_config
 
-from test_lfm2 import FIXTURES, TOL, _converter, _read_all, build_verify_eval, record_matches_converter, tiny_model
+from test_lfm2 import (FIXTURES, _converter, _read_all, build_verify_eval, logits_match, record_matches_converter,
+                       tiny_model)
 
 
 @dataclass(frozen=True)
@@ -161,13 +162,8 @@ def test_facts_from_the_folder_and_the_converters_gguf_agree(model):
 
 @pytest.mark.parametrize("model", IDS, indirect=True)
 def test_logits_match_transformers_from_folder_and_converter_gguf(model):
-    from orkpack.model import logits
-
     spec, hf, gg, ids, ref = model
-    for path in (hf, gg):
-        ours = logits(path, ids)
-        err = float(np.abs(ours - ref).max())
-        assert err <= TOL * float(np.abs(ref).max()), (spec.fam, path.name, err, float(np.abs(ref).max()))
+    logits_match(hf, gg, ids, ref, spec.fam)
 
 
 @pytest.mark.parametrize("model", IDS, indirect=True)

@@ -26,7 +26,7 @@ from orkpack.sources import model_facts, open_source
 from orkpack.tiers.manifest import manifest_from_config
 
 import test_lfm2
-from test_lfm2 import TOL, _converter, _read_all, build_verify_eval, record_matches_converter, tiny_model
+from test_lfm2 import TOL, _converter, _read_all, build_verify_eval, logits_match, record_matches_converter, tiny_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "configs"
 _TEXT = {k: v for k, v in synth.TINY["gemma4_text"].items() if k not in ("architectures", "model_type", "torch_dtype")}
@@ -151,8 +151,6 @@ def test_moe_model_record_has_the_converters_keys(moe):
 
 @pytest.mark.parametrize("which", ["text", "moe"])
 def test_facts_and_logits_from_folder_and_converter_gguf(which, request):
-    from orkpack.model import logits
-
     hf, gg, ids, ref = request.getfixturevalue(which)
     a, b = model_facts(open_source(hf)), model_facts(open_source(gg))
     assert a == b
@@ -161,10 +159,7 @@ def test_facts_and_logits_from_folder_and_converter_gguf(which, request):
     else:
         assert (a["n_experts"], a["n_experts_used"], a["moe_intermediate"], a["kv_shared_layers"]) == (4, 2, 32, [])
     assert (a["kv_k"], a["kv_v"], a["head_dim"]) == (32, 32, 32)  # the full layers': 1 KV head of 32
-    for path in (hf, gg):
-        ours = logits(path, ids)
-        err = float(np.abs(ours - ref).max())
-        assert err <= TOL * float(np.abs(ref).max()), (path.name, err)
+    logits_match(hf, gg, ids, ref)
 
 
 def test_release_packs_its_text_model_and_names_the_towers(release):

@@ -192,13 +192,18 @@ def test_facts_from_the_folder_and_the_converters_gguf_agree(model):
 
 
 def test_logits_match_transformers_from_folder_and_converter_gguf(model):
+    hf, gg, ids, ref = model
+    logits_match(hf, gg, ids, ref)
+
+
+def logits_match(hf: Path, gg: Path, ids, ref, what: str = "") -> None:
+    """The reference forward pass from the folder ``hf`` and from the converter's GGUF ``gg`` gives transformers'
+    logits ``ref`` on ``ids`` within :data:`TOL`, relative to the largest logit."""
     from orkpack.model import logits
 
-    hf, gg, ids, ref = model
     for path in (hf, gg):
-        ours = logits(path, ids)
-        err = float(np.abs(ours - ref).max())
-        assert err <= TOL * float(np.abs(ref).max()), (path.name, err)
+        err = float(np.abs(logits(path, ids) - ref).max())
+        assert err <= TOL * float(np.abs(ref).max()), (what, path.name, err, float(np.abs(ref).max()))
 
 
 def build_verify_eval(hf: Path, gg: Path, pack: Path, build_args: tuple = (), max_kld: float = 0.2) -> None:

@@ -18,7 +18,7 @@ import pytest
 from orkpack import archs, synth
 from orkpack.sources import model_facts, open_source
 
-from test_lfm2 import _converter, _read_all, build_verify_eval, record_matches_converter, tiny_model
+from test_lfm2 import _converter, _read_all, build_verify_eval, logits_match, record_matches_converter, tiny_model
 
 ARCH = "lfm2_moe"
 
@@ -102,13 +102,8 @@ def test_facts_from_the_folder_and_the_converters_gguf_agree(model):
 
 
 def test_logits_match_transformers_from_folder_and_converter_gguf(model):
-    from orkpack.model import logits
-
     hf, gg, ids, ref = model
-    for path in (hf, gg):
-        ours = logits(path, ids)
-        err = float(np.abs(ours - ref).max())
-        assert err <= 1e-4 * float(np.abs(ref).max()), (path.name, err)
+    logits_match(hf, gg, ids, ref)
 
 
 def test_routing_is_transformers_sigmoid_with_expert_bias():

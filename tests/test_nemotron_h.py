@@ -29,7 +29,7 @@ from orkpack.sources import model_facts, open_source
 from orkpack.sources.modelkv import from_gguf_fields, from_hf
 from orkpack.tiers.manifest import manifest_from_config
 from test_granite_hybrid import _permute, _redraw
-from test_lfm2 import FIXTURES, TOL, _converter, build_verify_eval, tensors_match_converter, tiny_model
+from test_lfm2 import FIXTURES, _converter, build_verify_eval, logits_match, tensors_match_converter, tiny_model
 
 _LETTER = {"linear_attention": "M", "moe": "E", "full_attention": "*", "mlp": "-"}
 _MOE_KEYS = ("n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "moe_shared_expert_intermediate_size",
@@ -162,13 +162,8 @@ def test_facts_from_the_folder_and_the_converters_gguf_agree(variant, request):
 
 @pytest.mark.parametrize("variant", ["dense", "moe"])
 def test_logits_match_transformers_from_folder_and_converter_gguf(variant, request):
-    from orkpack.model import logits
-
     hf, gg, ids, ref = request.getfixturevalue(variant)
-    for path in (hf, gg):
-        ours = logits(path, ids)
-        err = float(np.abs(ours - ref).max())
-        assert err <= TOL * float(np.abs(ref).max()), (path.name, err, float(np.abs(ref).max()))
+    logits_match(hf, gg, ids, ref)
 
 
 @pytest.mark.parametrize("variant", ["dense", "moe"])

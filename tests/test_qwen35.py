@@ -19,7 +19,7 @@ from orkpack.errors import SourceError
 from orkpack.sources import model_facts, open_source
 from orkpack.tiers.manifest import manifest_from_config
 
-from test_lfm2 import (FIXTURES, TOL, _converter, build_verify_eval, record_matches_converter,
+from test_lfm2 import (FIXTURES, _converter, build_verify_eval, logits_match, record_matches_converter,
                        tensors_match_converter, tiny_model)
 
 _TEXT = {k: v for k, v in synth.TINY["qwen3_5_text"].items() if k not in ("architectures", "model_type", "torch_dtype")}
@@ -144,8 +144,6 @@ def test_model_record_has_the_converters_keys(which, request):
 
 @pytest.mark.parametrize("which", ["dense", "moe", "multimodal"])
 def test_facts_and_logits_from_folder_and_converter_gguf(which, request):
-    from orkpack.model import logits
-
     hf, gg, ids, ref = request.getfixturevalue(which)
     a, b = model_facts(open_source(hf)), model_facts(open_source(gg))
     if which == "multimodal":  # the converter's GGUF holds the text model: it reads as the text family
@@ -155,10 +153,7 @@ def test_facts_and_logits_from_folder_and_converter_gguf(which, request):
     lt = (_MOE if which == "moe" else _TEXT)["layer_types"]
     assert a["recurrent_layers"] == [i for i, x in enumerate(lt) if x == "linear_attention"]
     assert a["state"] == 3 * (48 + 2 * 2 * 8) + 8 * 48  # (ck - 1)(di + 2 ng ds) + ds di
-    for path in (hf, gg):
-        ours = logits(path, ids)
-        err = float(np.abs(ours - ref).max())
-        assert err <= TOL * float(np.abs(ref).max()), (which, path.name, err)
+    logits_match(hf, gg, ids, ref, which)
 
 
 @pytest.mark.parametrize("which", ["dense", "moe"])

@@ -22,10 +22,11 @@ import pytest
 from orkpack import archs, keepfloat, synth
 from orkpack.errors import SourceError
 from orkpack.sources import model_facts, open_source
-from orkpack.sources.modelkv import from_gguf_fields, from_hf
+from orkpack.sources.modelkv import from_hf
 from orkpack.tiers.manifest import manifest_from_config
 
-from test_lfm2 import FIXTURES, T, TOL, _converter, _read_all, build_verify_eval, tiny_model
+from test_lfm2 import (FIXTURES, T, TOL, _converter, _read_all, build_verify_eval, logits_match, record_matches_converter,
+                       tiny_model)
 from test_qwen35 import _redraw
 
 _CFG = {k: v for k, v in synth.TINY["qwen3_next"].items() if k not in ("architectures", "model_type", "torch_dtype")}
@@ -100,36 +101,22 @@ def test_the_split_is_the_converters_row_gather(model):
 
 def test_model_record_has_the_converters_keys(model):
     hf, gg, _, _ = model
-    _, fields = _converter(gg)
-    theirs = {e[0]: e for e in from_gguf_fields(fields)["kv"] if e[0].startswith("qwen3next.")}
+    theirs = record_matches_converter(hf, gg, "qwen3next", (
+        "ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size",
+        "attention.recurrent_layers", "full_attention_interval", "rope.dimension_count", "expert_feed_forward_length",
+        "expert_shared_feed_forward_length"))
     ours = {e[0]: e for e in from_hf(hf, json.loads((hf / "config.json").read_text()))["kv"]}
-    for k in ("ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size",
-              "attention.recurrent_layers", "full_attention_interval", "rope.dimension_count",
-              "expert_feed_forward_length", "expert_shared_feed_forward_length"):
-        assert f"qwen3next.{k}" in theirs, k
-    for key, (_, typ, v) in theirs.items():
-        assert key in ours, key
-        assert ours[key][1] == typ, (key, ours[key][1], typ)
-        if typ == "float32":
-            assert np.float32(ours[key][2]) == np.float32(v), key
-        else:
-            assert ours[key][2] == v, key
     assert "qwen3next.rope.dimension_sections" not in ours  # Qwen3.5's MRoPE mixin only
     assert theirs["qwen3next.attention.recurrent_layers"][2] == [True, True, False, True]
 
 
 def test_facts_and_logits_from_folder_and_converter_gguf(model):
-    from orkpack.model import logits
-
     hf, gg, ids, ref = model
     a, b = model_facts(open_source(hf)), model_facts(open_source(gg))
     assert a == b
     assert a["arch"] == "qwen3_next" and a["recurrent_layers"] == [0, 1, 3]
     assert a["state"] == 3 * (48 + 2 * 2 * 8) + 8 * 48  # (ck - 1)(di + 2 ng ds) + ds di
-    for path in (hf, gg):
-        ours = logits(path, ids)
-        err = float(np.abs(ours - ref).max())
-        assert err <= TOL * float(np.abs(ref).max()), (path.name, err)
+    logits_match(hf, gg, ids, ref)
 
 
 def test_a_dense_mlp_layer_matches_transformers(tmp_path):
