@@ -891,6 +891,15 @@ _F.append(
 
 
 
+def _config_int(cfg: Mapping, where: str) -> Callable[..., int]:
+    """``get(key, default, cap=MAX_WIDTH)``: a config key as a checked non-negative integer (its default when absent
+    or null), for a family's ``more_dims``."""
+    def get(key: str, default: Any, cap: int = MAX_WIDTH) -> int:
+        v = cfg.get(key)
+        return _int(default if v is None else v, key, where, cap=cap)
+    return get
+
+
 def _qwen35_dims(cfg: Mapping, d: dict, where: str) -> dict:
     """Qwen3.5 / Qwen3-Next's Gated DeltaNet: key heads ``nk`` of ``dk``, value heads ``nv`` of ``dv`` (``vper`` value
     heads per key head), the conv kernel ``ck`` over the ``cc`` = q + k + v channels; in llama.cpp's terms the SSM
@@ -1023,9 +1032,7 @@ def _granite_hybrid_dims(cfg: Mapping, d: dict, where: str) -> dict:
     (mamba_n_heads, mamba_d_head: "auto" is d_inner / heads), d_inner ``di`` = mamba_expand x hidden, ``ng`` groups
     (mamba_n_groups) of B and C of ``ds`` = mamba_d_state each, the conv kernel ``ck`` (mamba_d_conv) over the
     ``cc`` = di + 2 ng ds channels, the gated norm's group size ``gs`` = di / ng; llama.cpp's ssm.* are these."""
-    def get(key: str, default: Any, cap: int = MAX_WIDTH) -> int:
-        v = cfg.get(key)
-        return _int(default if v is None else v, key, where, cap=cap)
+    get = _config_int(cfg, where)
 
     H = d["H"]
     expand, nm = get("mamba_expand", 2, 64), get("mamba_n_heads", 128, 1 << 16)
@@ -1136,9 +1143,7 @@ def _falcon_h1_dims(cfg: Mapping, d: dict, where: str) -> dict:
     ``ng`` groups of B and C of ``ds`` = mamba_d_state, the conv kernel ``ck`` over ``cc`` = di + 2 ng ds channels, the
     optional gated norm's group size ``gs``; and the multipliers' shapes and the combinations llama.cpp's converter
     folds differently from transformers (one line naming the key)."""
-    def get(key: str, default: Any, cap: int = MAX_WIDTH) -> int:
-        v = cfg.get(key)
-        return _int(default if v is None else v, key, where, cap=cap)
+    get = _config_int(cfg, where)
 
     H = d["H"]
     expand, nm = get("mamba_expand", 2, 64), get("mamba_n_heads", 128, 1 << 16)
@@ -1281,9 +1286,7 @@ def _nemotron_dims(cfg: Mapping, d: dict, where: str) -> dict:
     ``ng`` groups (n_groups) of B and C of ``ds`` (ssm_state_size), the conv kernel ``ck`` (conv_kernel) over
     ``cc`` = di + 2 ng ds channels, the gated norm's group ``gs`` = di / ng. An MoE model's FFN blocks are all MoE
     (llama.cpp's nemotron_h_moe builds every FFN block as one); the latent MoE (moe_latent_size) is not supported."""
-    def get(key: str, default: Any, cap: int = MAX_WIDTH) -> int:
-        v = cfg.get(key)
-        return _int(default if v is None else v, key, where, cap=cap)
+    get = _config_int(cfg, where)
 
     if cfg.get("layers_block_type") is None and cfg.get("hybrid_override_pattern") is None:
         raise SourceError(f"{where}: neither 'hybrid_override_pattern' nor 'layers_block_type' is given: the layer "
@@ -1417,9 +1420,7 @@ def _gemma4_dims(cfg: Mapping, d: dict, where: str) -> dict:
     vocab_size_per_layer_input tokens, ``plw`` = L x hpl wide; the double-wide MLP (``I0`` x 2 = ``Iw`` on the
     KV-sharing layers). ``hd`` / ``nkv`` become the full layers' (llama.cpp's key_length, the largest head_count_kv)
     and ``I`` the widest FFN (the largest feed_forward_length), as the converter's GGUF states them."""
-    def get(key: str, default: Any, cap: int = MAX_WIDTH) -> int:
-        v = cfg.get(key)
-        return _int(default if v is None else v, key, where, cap=cap)
+    get = _config_int(cfg, where)
 
     L, nks, hs = d["L"], d["nkv"], d["hd"]
     kinds = _gemma4_kinds(cfg, L, where)
