@@ -739,6 +739,7 @@ _F.append(
            defaults={"tie_word_embeddings": False}, classes=("Ministral3ForCausalLM",),
            forward=Forward(gguf_permuted_qk=True, window="config", attn_temp=True, yarn_log_mul=True)),
 )
+_MINISTRAL3 = _F[-1]
 _F.append(
     # Hunyuan dense (HunYuanDenseV1ForCausalLM: Hunyuan-0.5B/1.8B/4B/7B): llama's layout with q/k RMS-normed per head
     # after RoPE (query_layernorm, key_layernorm); RoPE "dynamic" with an alpha is NTK-alpha (a static base of
@@ -1006,6 +1007,17 @@ def _multimodal(fam: Family, name: str, cls: str) -> Family:
 
 
 _F.append(_multimodal(_QWEN35, "qwen3_5", "Qwen3_5ForConditionalGeneration"))
+_F.append(replace(
+    # the Ministral 3 releases (Mistral3ForConditionalGeneration, model_type mistral3): the text model above under
+    # model.language_model. (config text_config) beside a Pixtral vision tower and its projector, which llama.cpp's
+    # converter writes to a separate mmproj GGUF (its text GGUF is the ministral3 one, general.architecture mistral3)
+    _multimodal(_MINISTRAL3, "mistral3", "Mistral3ForConditionalGeneration"),
+    # transformers saves it as the releases are stored: language_model.model.*, language_model.lm_head.*
+    renames=((r"^(?:language_model\.model\.|model\.language_model\.)", "model."),
+             (r"^language_model\.lm_head\.", "lm_head.")) + _MINISTRAL3.renames,
+    skip=((r"^(?:model\.)?(?:vision_tower|multi_modal_projector)\.",
+           "the vision tower and its projector (model.vision_tower.*, model.multi_modal_projector.*): llama.cpp's "
+           "converter writes them to a separate mmproj GGUF; this pack holds the text model"),)))
 _Q35_MOE_FFN = _EXPERTS + (
     t(P + "mlp.shared_expert.gate_proj.weight", "Is", "H", when="moe"),
     t(P + "mlp.shared_expert.up_proj.weight", "Is", "H", when="moe"),

@@ -150,7 +150,7 @@ SSM_TIME_STEP_RANK = Key("ssm.time_step_rank", "uint32", family=_fam((_DELTANET,
 
 # Llama 4's attention temperature (Ministral3Model: rope_parameters' llama_4_scaling_beta; a dotted key)
 ATTN_TEMPERATURE_SCALE = Key("attention.temperature_scale", "float32",
-                             family=_fam((("ministral3",), ("rope_parameters.llama_4_scaling_beta",))))
+                             family=_fam((("ministral3", "mistral3"), ("rope_parameters.llama_4_scaling_beta",))))
 
 # ---------------------------------------------------------------------------- per layer (modelkv, for a hybrid: a family
 # with archs ``blocks``): head_count_kv as one count per layer, 0 for the recurrent layers (llama.cpp's is_recr)

@@ -258,6 +258,10 @@ TINY: dict[str, dict] = {
                    "rope_parameters": {"rope_type": "yarn", "rope_theta": 1000000.0, "factor": 16.0,
                                        "original_max_position_embeddings": 8, "beta_fast": 32.0, "beta_slow": 1.0,
                                        "mscale_all_dim": 1.0, "mscale": 1.0, "llama_4_scaling_beta": 0.1}},
+    # a Ministral 3 release (Mistral3ForConditionalGeneration): the text model in text_config beside a Pixtral
+    # vision tower (left out of a build)
+    "mistral3": {"architectures": ["Mistral3ForConditionalGeneration"], "model_type": "mistral3",
+                 "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
     # q/k normed after RoPE; NTK-alpha RoPE (the converter's assumptions: base 10000, a 32k context)
     "hunyuan_v1_dense": {**{k: v for k, v in _tiny("hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM", rms_norm_eps=1e-5,
                                                    attention_bias=False, max_position_embeddings=32768,
@@ -272,6 +276,7 @@ TINY: dict[str, dict] = {
                       routed_scaling_factor=2.5, n_group=1, topk_group=1, rms_norm_eps=1e-5,
                       tie_word_embeddings=False),
 }
+TINY["mistral3"]["text_config"] = {k: v for k, v in TINY["ministral3"].items() if k != "architectures"}
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,8 @@ class Spec:
     n_tensors: int = 0  # the converter's tensor count
     convert_args: tuple[str, ...] = ()  # more converter options
     name: str = ""  # the test id when a family has variants (default: fam)
+    text: str = ""  # a release's text family (synth.TINY key) when fam is the release
+    release: dict | None = None  # a release's config beside its text_config (its towers' configs)
 
     @property
     def id(self) -> str:
@@ -74,6 +76,14 @@ SPECS = [
          ("rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length",
           "rope.scaling.yarn_log_multiplier", "attention.temperature_scale"),
          n_tensors=3 + 2 * 9),
+    # a Ministral 3 release: the same text model under model.language_model. beside a Pixtral vision tower and its
+    # projector, which the converter leaves to its mmproj GGUF (the text GGUF has the text model's 21 tensors)
+    Spec("mistral3", "Mistral3ForConditionalGeneration", "Mistral3Config", "mistral3",
+         ("rope.scaling.type", "rope.scaling.yarn_log_multiplier", "attention.temperature_scale"),
+         n_tensors=3 + 2 * 9, text="ministral3",
+         release={"vision_config": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1,
+                                    "num_attention_heads": 2, "head_dim": 16, "image_size": 32, "patch_size": 8},
+                  "spatial_merge_size": 2, "tie_word_embeddings": False}),
     Spec("hunyuan_v1_dense", "HunYuanDenseV1ForCausalLM", "HunYuanDenseV1Config", "hunyuan-dense",
          ("rope.freq_base", "rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length",
           "context_length"),
@@ -90,9 +100,17 @@ IDS = [s.id for s in SPECS]
 BY_FAM = {s.id: s for s in SPECS}
 
 
-def _config(spec: Spec) -> dict:
-    cfg = {k: v for k, v in synth.TINY[spec.fam].items() if k not in ("architectures", "model_type", "torch_dtype")}
+def _text_config(spec: Spec) -> dict:
+    cfg = {k: v for k, v in synth.TINY[spec.text or spec.fam].items()
+           if k not in ("architectures", "model_type", "torch_dtype")}
     return dict(cfg, vocab_size=320, **spec.over)  # the tokenizer's 3 + 256 + 61 tokens
+
+
+def _config(spec: Spec) -> dict:
+    """The tiny model's config: the text model's, or a release's with the text model's as its text_config."""
+    if spec.release is None:
+        return _text_config(spec)
+    return dict(spec.release, text_config=dict(_text_config(spec), model_type=synth.TINY[spec.text]["model_type"]))
 
 
 def _redraw(m, g, torch) -> None:
@@ -130,7 +148,7 @@ def test_tensors_equal_the_converters(model):
     spec, hf, gg, _, _ = model
     conv, _ = _converter(gg)
     fam = archs.FAMILIES[spec.fam]
-    cfg = _config(spec)
+    cfg = _text_config(spec)
     for what, ours in (("HF folder", _read_all(hf)), ("converter GGUF", _read_all(gg))):
         assert sorted(ours) == sorted(conv), (what, sorted(set(ours) ^ set(conv)))
         for name, (ggml_shape, data) in conv.items():
@@ -303,6 +321,24 @@ def test_ministral3_attention_temperature_and_its_gguf_keys():
     kv = to_gguf(hp)  # a test GGUF carries it (synth.write_gguf_from_hf), and reads back the same numbers
     assert kv["attention.temperature_scale"] == pytest.approx(0.1)
     assert archs.param_count(_published("ministral3")) == 8_489_553_920
+
+
+def test_the_ministral3_release_fixture_counts_its_text_model():
+    """The release's count is its text model's, the towers left out: transformers' Mistral3ForConditionalGeneration
+    on the meta device, less its vision tower and projector, has the state dict archs lists."""
+    torch = pytest.importorskip("torch", reason="transformers' count needs torch (test extra)")
+    transformers = pytest.importorskip("transformers", reason="transformers' count needs transformers (test extra)")
+    cfg = _published("mistral3")
+    assert archs.param_count(cfg) == archs.param_count(_published("ministral3")) == 8_489_553_920
+    c = transformers.Mistral3Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype")})
+    with torch.device("meta"):
+        m = transformers.Mistral3ForConditionalGeneration(c)
+    text = {k: v for k, v in m.state_dict().items() if not k.startswith(("model.vision_tower.",
+                                                                         "model.multi_modal_projector."))}
+    assert sum(v.numel() for v in text.values()) == 8_489_553_920
+    assert set(text) == {n for n, _, _ in archs.hf_tensors(cfg)[1]}
+    m = manifest_from_config(cfg)
+    assert m.facts["arch"] == "mistral3" and m.facts["n_layers"] == 34
 
 
 def test_hunyuan_ntk_alpha_rope_and_record():

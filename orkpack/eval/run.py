@@ -27,7 +27,7 @@ from ..transforms.nf4 import pack_record as nf4_pack_record
 from ..errors import escape_name
 from ..model import forward
 from ..model.hparams import Hparams, from_config, from_gguf
-from ..model.weights import SourceWeights, Wrapped
+from ..model.weights import EMBED, SourceWeights, Wrapped
 from ..pack import spec
 from ..pack.model import check_model, value
 from ..pack.reader import Pack
@@ -188,8 +188,8 @@ class _OneItem:
     def tensor(self, name):
         return self.ref.tensor(name)
 
-    def embed(self, ids):
-        return (self.path if self.key[0] == "token_embd.weight" else self.ref).embed(ids)
+    def embed(self, ids, name=EMBED):
+        return (self.path if self.key == (name, None) else self.ref).embed(ids, name)
 
     def matmul(self, name, x, expert=None):
         return (self.path if (name, expert) == self.key else self.ref).matmul(name, x, expert)

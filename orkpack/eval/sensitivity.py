@@ -27,7 +27,7 @@ from statistics import median
 import numpy as np
 
 from ..codecs import reference as ref
-from ..model.weights import SourceWeights, matmul_rows
+from ..model.weights import EMBED, SourceWeights, matmul_rows
 
 _KIND = re.compile(r"^blk\.\d+\.")
 
@@ -63,8 +63,8 @@ class _Weights:
     def tensor(self, name):
         return self.ref.tensor(name)
 
-    def embed(self, ids):
-        return self.w[ids] if self.key == ("token_embd.weight", None) else self.ref.embed(ids)
+    def embed(self, ids, name=EMBED):
+        return self.w[ids] if self.key == (name, None) else self.ref.embed(ids, name)
 
     def matmul(self, name, x, expert=None):
         return matmul_rows(x, self.w) if (name, expert) == self.key else self.ref.matmul(name, x, expert)

@@ -13,7 +13,7 @@ matmul the way one path of the board runs it (docs/EVAL.md):
   the activations of a quantized (int8 / nf4) weight are llama.cpp's Q8_0 blocks; float-kept
   weights always take float activations.
 
-The embedding rows come from the CPU copy of ``token_embd.weight`` on both paths (a row lookup is a
+The embedding rows come from the CPU copy of the table (``token_embd.weight``, or a family's other tables) on both paths (a row lookup is a
 CPU operation). Weights are dequantized in row blocks from the mapped file: memory is one layer's
 int8 images plus one block of float32.
 
@@ -29,7 +29,7 @@ import numpy as np
 
 from ..codecs import get_codec, rows
 from ..errors import OrkError, escape_name
-from ..model.weights import SourceWeights
+from ..model.weights import EMBED, SourceWeights
 from ..pack import spec
 from ..pack.reader import Pack
 from . import numerics
@@ -114,8 +114,8 @@ class PackWeights:
             x = numerics.q8_0(x)
         return op.matmul(x)
 
-    def embed(self, ids: np.ndarray) -> np.ndarray:
-        op = self._cpu_operand(self._slice("token_embd.weight", None))
+    def embed(self, ids: np.ndarray, name: str = EMBED) -> np.ndarray:
+        op = self._cpu_operand(self._slice(name, None))
         ids = np.asarray(ids, dtype=np.int64)
         out = np.empty((ids.size, op.k), dtype=np.float32)
         step = max(1, _BLOCK // max(op.k, 1))

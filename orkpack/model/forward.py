@@ -392,7 +392,7 @@ def _per_layer_inputs(ids: np.ndarray, x: np.ndarray, hp: Hparams, w: Weights) -
     embeddings' projection per_layer_model_proj (times hidden^-1/2, RMS-normed per layer by per_layer_proj_norm),
     times 2^-1/2 (transformers' get_per_layer_inputs / project_per_layer_inputs)."""
     T, L, n = ids.size, hp.n_layers, hp.per_layer
-    tab = w.tensor("per_layer_token_embd.weight")[ids].reshape(T, L, n) * np.float32(np.sqrt(n))
+    tab = w.embed(ids, "per_layer_token_embd.weight").reshape(T, L, n) * np.float32(np.sqrt(n))
     proj = (w.matmul("per_layer_model_proj.weight", x) * np.float32(hp.hidden ** -0.5)).reshape(T, L, n)
     proj = _norm(proj, w, "per_layer_proj_norm", hp)
     return ((proj + tab) * np.float32(2.0 ** -0.5)).astype(np.float32)

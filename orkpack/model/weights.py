@@ -8,7 +8,8 @@ The forward pass (:mod:`orkpack.model.forward`) never touches a file. It asks a 
   through it, the router and the output head included, so a provider can run any of them in other
   numerics (a pack's int8 tiles with per-token int8 activations, NF4 host copies, ...).
 * ``tensor(name)``: a small tensor (norm gain, bias, routing bias) as float32.
-* ``embed(ids)``: the embedding rows of the token ids, float32.
+* ``embed(ids, name)``: the rows of the token ids of an embedding table (``token_embd.weight``, or another
+  table a family declares, e.g. ``per_layer_token_embd.weight``), float32: a row lookup, never the whole table.
 * ``release()``: called after each layer; a provider drops what it cached for it.
 
 :class:`SourceWeights` is the float provider over an :mod:`orkpack.sources` reader: exact
@@ -26,6 +27,7 @@ from ..errors import SourceError, escape_name
 from ..sources.base import as_float32
 
 _BLOCK = 1 << 22  # elements widened to float32 at a time
+EMBED = "token_embd.weight"
 
 
 class Weights(Protocol):
@@ -35,7 +37,7 @@ class Weights(Protocol):
 
     def matmul(self, name: str, x: np.ndarray, expert: int | None = None) -> np.ndarray: ...
 
-    def embed(self, ids: np.ndarray) -> np.ndarray: ...
+    def embed(self, ids: np.ndarray, name: str = EMBED) -> np.ndarray: ...
 
     def release(self) -> None: ...
 
@@ -55,8 +57,8 @@ class Wrapped:
     def matmul(self, name: str, x: np.ndarray, expert: int | None = None) -> np.ndarray:
         return self.inner.matmul(name, x, expert)
 
-    def embed(self, ids: np.ndarray) -> np.ndarray:
-        return self.inner.embed(ids)
+    def embed(self, ids: np.ndarray, name: str = EMBED) -> np.ndarray:
+        return self.inner.embed(ids, name)
 
     def release(self) -> None:
         self.inner.release()
@@ -92,8 +94,10 @@ class SourceWeights:
             w = w[expert]
         return matmul_rows(x, w)
 
-    def embed(self, ids: np.ndarray) -> np.ndarray:
-        w = self.source.read("token_embd.weight")  # not cached: read at the start (and for a tied head)
+    def embed(self, ids: np.ndarray, name: str = EMBED) -> np.ndarray:
+        if name not in self.infos:
+            self._raw(name)  # the one-line error
+        w = self.source.read(name)  # not cached: the rows are read where a token needs them (the head reads its own)
         return as_float32(w[ids])
 
     def release(self) -> None:

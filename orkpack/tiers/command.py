@@ -219,10 +219,13 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
         sh = len(m.get("kv_shared_layers") or ())
         console.print(f"KV cache {_b(r['kv_cache'])} at ctx {d['options']['ctx']}: {sh} of {m['n_layers']} layers "
                       f"reuse earlier layers' K/V and store none (each layer its own would need {_b(r['kv_unshared'])})")
-    for lk in bu.get("lookups") or ():  # embedding tables besides token_embd: row lookups, never NPU items
+    for lk in bu.get("lookups") or ():  # every embedding table: a row lookup on the host, never an NPU item
+        per = lk["decode_bytes_per_token"]
+        per = f"{per / 1024:.1f} KiB" if per < 1 << 20 else _b(per)
+        reads = f"one row a token and all of it as the tied output head ({per})" if lk.get("tied_head") \
+            else f"one row a token ({per})"
         console.print(f"lookup {escape_name(lk['tensor'], 60)}: {lk['rows']} rows x {lk['row']}, host "
-                      f"{escape_name(str(lk['encoding']))} {_b(lk['bytes'])}; decode reads one row a token "
-                      f"({_b(lk['decode_bytes_per_token'])}), never the NPU")
+                      f"{escape_name(str(lk['encoding']))} {_b(lk['bytes'])}; decode reads {reads}, never the NPU")
     ben = getattr(tm, "benefits", {})  # the profile's benefit of every item, NPU or not
     hot = sorted((x for x in tm.decisions if ben.get(x.name, x.benefit_us) > 0),
                  key=lambda x: (-ben.get(x.name, x.benefit_us), x.name))[:top]

@@ -245,6 +245,15 @@ def _share(it: Item, m_eff: float, prefill_m: int, tied: bool) -> float:
     return 1.0
 
 
+def _lookup_line(it: Item, d: Decision, tied: bool) -> dict:
+    """An embedding table's line in the budget (``plan`` prints it): a row lookup on the host, never an NPU item;
+    decode reads one row a token, and the whole table as well where it is the tied output head."""
+    row = -(-d.bytes // max(it.n, 1))
+    head = tied and it.role == "embedding"
+    return {"tensor": it.tensor, "role": it.role, "rows": it.n, "row": it.k, "encoding": d.encoding,
+            "bytes": d.bytes, "tied_head": head, "decode_bytes_per_token": row + (d.bytes if head else 0)}
+
+
 def _allowed(r: _Row, it: Item, board: Board) -> tuple[str, ...]:
     """The item's choices its pins leave; a runtime path that decodes on the NPU never reads a host copy."""
     al = _pinned_choices(r)
@@ -604,11 +613,9 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
                 "host_copy_nf4": host_w["host_copy_nf4"], "host_float": host_w["float"], "kv_cache": kv,
                 "reserve": board.reserve_bytes},
     }
-    lookups = [(it, next(x for x in decisions if x.tensor == it.tensor)) for it in items if it.role == "lookup"]
-    if lookups:  # embedding tables besides token_embd (gemma4's per-layer embeddings): their own line in plan
-        budget["lookups"] = [{"tensor": it.tensor, "rows": it.n, "row": it.k, "encoding": d_.encoding,
-                              "bytes": d_.bytes, "decode_bytes_per_token": -(-d_.bytes // max(it.n, 1))}
-                             for it, d_ in lookups]
+    tied = not any(it.role == "output" for it in items)
+    budget["lookups"] = [_lookup_line(it, next(x for x in decisions if x.tensor == it.tensor), tied)
+                         for it in items if it.role in ("embedding", "lookup")]  # every embedding table: a line
     if manifest.facts.get("kv_shared_layers"):  # gemma4: layers reusing earlier K/V store none
         budget["ram"]["kv_unshared"] = cache_bytes(manifest.facts, ctx, kv_type)["kv_unshared"]
     if manifest.facts.get("recurrent_layers"):  # a hybrid: its state (part of kv_cache) and what it saves

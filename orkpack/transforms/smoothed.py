@@ -161,8 +161,8 @@ class Smoothed:
                 y[:, op[2]: op[2] + op[1].size] /= op[1][None, :]
         return y
 
-    def embed(self, ids):
-        return self.inner.embed(ids)
+    def embed(self, ids, name="token_embd.weight"):
+        return self.inner.embed(ids, name)
 
     def release(self):
         self.inner.release()
