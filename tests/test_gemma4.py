@@ -276,7 +276,8 @@ def test_a_contradictory_config_is_one_line(over, key):
         archs.facts_from_config(dict(synth.TINY["gemma4_text"], **over))
 
 
-@pytest.mark.parametrize("name,params", [("gemma4_text", 4_628_569_344), ("gemma4_text_26b_a4b", 25_233_141_760)])
+@pytest.mark.parametrize("name,params", [("gemma4_text", 4_628_569_344), ("gemma4_text_26b_a4b", 25_233_141_760),
+                                         ("gemma4_text_e4b", 7_463_013_376), ("gemma4_text_31b", 30_697_345_280)])
 def test_fixture_count_is_what_transformers_builds(name, params):
     """The fixtures' counts: transformers' Gemma4ForCausalLM on the meta device, its parameters plus the
     layer_scalar buffers its state dict (the checkpoint) holds; the same tensor names as archs lists."""
@@ -352,3 +353,45 @@ def test_the_lookup_tables_precision_is_what_its_error_costs(text, tmp_path):
     assert enc[None]["per_layer_token_embd.weight"] == ("int8", False)
     assert enc[6 << 30]["per_layer_token_embd.weight"] == ("nf4", False)
     assert enc[None]["token_embd.weight"][1] is True
+
+
+def test_published_e4b_and_31b_configs_plan():
+    """E4B: 42 layers, the last 18 reusing earlier K/V, a per-layer table of 42 x 256; 31B, the largest dense Gemma 4:
+    60 layers, no PLE and no sharing, its full layers 4 KV heads of 512 with the keys as the values."""
+    e4b = json.loads((FIXTURES / "gemma4_text_e4b.json").read_text())
+    m = manifest_from_config(e4b)
+    f = m.facts
+    assert f["kv_shared_layers"] == list(range(24, 42)) and f["swa_layers"] == [i for i in range(42) if i % 6 != 5]
+    lk = next(i for i in m.items if i.tensor == "per_layer_token_embd.weight")
+    assert (lk.role, lk.n, lk.k) == ("lookup", 262144, 42 * 256)
+    assert archs.param_count(e4b) - lk.n * lk.k == 4_644_441_088 + 42  # the card's "4.5B effective"
+    # 32k, f16: layers 0..23 own their K/V: 4 full x 32768 x 2 x (2 x 512) x 2 B + 20 sliding x 512 x 2 x (2 x 256) x 2 B
+    assert m.kv_bytes(32768) == 4 * 32768 * 4096 + 20 * 512 * 2048
+    b31 = json.loads((FIXTURES / "gemma4_text_31b.json").read_text())
+    m = manifest_from_config(b31)
+    f = m.facts
+    assert (f["n_layers"], f["kv_shared_layers"], f["kv_k"], f["swa_kv_k"]) == (60, [], 4 * 512, 16 * 256)
+    assert not any(i.role == "lookup" for i in m.items) and not any(t.name.endswith("attn_v.weight") and
+                                                                    t.name.startswith("blk.5.") for t in m.tensors)
+    # 32k, f16: 10 full layers x 32768 x 2 x 2048 x 2 B (the cache holds V though it is K, as for 26B-A4B) + 50 sliding
+    # x 1024 x 2 x 4096 x 2 B
+    assert m.kv_bytes(32768) == 10 * 32768 * 8192 + 50 * 1024 * 16384
+
+
+def test_the_release_fixture_counts_its_text_model():
+    """The E2B release (towers' configs: their config classes' defaults) counts its text model; transformers builds
+    5,506,951,203 parameters with the towers, the card's 5.1B."""
+    torch = pytest.importorskip("torch", reason="transformers' count needs torch (test extra)")
+    transformers = pytest.importorskip("transformers", reason="transformers' count needs transformers (test extra)")
+    cfg = json.loads((FIXTURES / "gemma4.json").read_text())
+    assert archs.param_count(cfg) == archs.param_count(json.loads((FIXTURES / "gemma4_text.json").read_text()))
+    with torch.device("meta"):
+        m = transformers.Gemma4ForConditionalGeneration(transformers.Gemma4Config(
+            **{k: v for k, v in cfg.items() if k not in ("architectures", "torch_dtype")}))
+    sd = m.state_dict()
+    towers = ("model.vision_tower.", "model.audio_tower.", "model.embed_vision.", "model.embed_audio.")
+    text = {k: v for k, v in sd.items() if not k.startswith(towers) and k != "lm_head.weight"}
+    assert sum(v.numel() for v in sd.values()) == 5_506_951_203
+    assert sum(v.numel() for v in text.values()) == archs.param_count(cfg)
+    assert set(text) == {n for n, _, _ in archs.hf_tensors(cfg)[1]}
+    assert manifest_from_config(cfg).facts["arch"] == "gemma4"
