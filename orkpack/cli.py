@@ -61,6 +61,12 @@ def _cluster_only(boards, *, frontier: bool = False, board_given: bool = False) 
         raise OrkError("--board and --boards contradict each other: give the boards once, in --boards")
 
 
+MAX_BYTES_HELP = ("The best pack of this size: the least predicted KLD whose weights take at most BYTES (e.g. 120MB, "
+                  "3.5GiB); --bytes-of says which bytes. Without --goal the goal is then quality (decode, then "
+                  "prefill, second).")
+BPW_HELP = "As --max-bytes, in bits per weight: X x the model's weight parameters / 8 bytes (e.g. 4.8)."
+BYTES_OF_HELP = ("What --max-bytes / --bpw bound: file (the weights the pack holds: NPU tiles, host copies, host "
+                 "tensors, floats) or decode (the weight bytes the CPU reads for one decode token).")
 MAX_KLD_HELP = "Only plans whose predicted KLD (the sensitivities of the items decode reads as NF4, docs/TIERMAP.md) is at most X."
 RUNTIME_HELP = ("The runtime path the plan is for (what the software decides: submit cost, NPU efficiency, CPU rates, "
                 "fixed costs, decode engine): ggml-ork (default), llama.cpp-cpu, rkllm, or a TOML file (orkpack calibrate).")
@@ -68,6 +74,11 @@ GOAL_HELP = ("balanced (default): decode within 5% of the best this board allows
              "most that allows, then the best quality (least predicted KLD); decode, prefill or quality: that first.")
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000 ** 2, "mb": 1000 ** 2, "mib": 1 << 20,
           "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1000 ** 4, "tb": 1000 ** 4, "tib": 1 << 40}
+
+
+def sized_goal(goal: str, goal_given: bool, max_bytes: str | None, bpw: float | None) -> str:
+    """The goal: as given; with a size bound (--max-bytes / --bpw) and no --goal, quality (the best pack of that size)."""
+    return goal if goal_given or (max_bytes is None and bpw is None) else "quality"
 
 
 def parse_bytes(text: str | None, flag: str) -> int | None:
@@ -193,6 +204,9 @@ def build(
     min_prefill_tok_s: Optional[float] = typer.Option(None, "--min-prefill-tok-s", metavar="X", help="Only plans that prefill at least X tokens/s."),
     max_ram: Optional[str] = typer.Option(None, "--max-ram", metavar="BYTES", help="Use at most this much RAM (e.g. 24GiB)."),
     max_kld: Optional[float] = typer.Option(None, "--max-kld", metavar="X", help=MAX_KLD_HELP),
+    max_bytes: Optional[str] = typer.Option(None, "--max-bytes", metavar="BYTES", help=MAX_BYTES_HELP),
+    bpw: Optional[float] = typer.Option(None, "--bpw", metavar="X", help=BPW_HELP),
+    bytes_of: str = typer.Option("file", "--bytes-of", help=BYTES_OF_HELP),
     prompt: int = typer.Option(512, "--prompt", metavar="N", help="Prompt length the TTFT and decode predictions are for."),
     boards: Optional[str] = typer.Option(None, "--boards", metavar="B1,B2,...", help=BOARDS_HELP + " -o then names a folder: one pack per board and cluster.json."),
     network: Optional[str] = typer.Option(None, "--network", metavar="NAME", help=NETWORK_HELP),
@@ -223,8 +237,10 @@ def build(
         threads=threads, int8=int8, nf4=nf4, keep=keep, npu=npu, cpu=cpu, npu_storage=npu_storage, allow_nonfinite=allow_nonfinite,
         nf4_mode=nf4_mode, nf4_weighting=nf4_weighting, nf4_format=nf4_format, imatrix=imatrix,
         timestamp=timestamp, plan=not no_plan, board=board, runtime=runtime, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, ignore_unknown=ignore_unknown,
-        tiermap=tiermap, goal=goal, min_decode_tok_s=min_decode_tok_s, min_prefill_tok_s=min_prefill_tok_s,
-        max_ram=parse_bytes(max_ram, "--max-ram"), max_kld=max_kld, prompt=prompt, given=_given(context),
+        tiermap=tiermap, goal=sized_goal(goal, "goal" in _given(context), max_bytes, bpw),
+        min_decode_tok_s=min_decode_tok_s, min_prefill_tok_s=min_prefill_tok_s,
+        max_ram=parse_bytes(max_ram, "--max-ram"), max_kld=max_kld, max_bytes=parse_bytes(max_bytes, "--max-bytes"),
+        bpw=bpw, bytes_of=bytes_of, prompt=prompt, given=_given(context),
         smooth=not no_smooth, smooth_alpha=smooth_alpha, clip=not no_clip, untie_head=not no_untie_head,
     )
     if boards is not None or network is not None:
@@ -319,6 +335,9 @@ def plan(
     min_prefill_tok_s: Optional[float] = typer.Option(None, "--min-prefill-tok-s", metavar="X", help="Only plans that prefill at least X tokens/s."),
     max_ram: Optional[str] = typer.Option(None, "--max-ram", metavar="BYTES", help="Use at most this much RAM (e.g. 24GiB, 20G, 21474836480)."),
     max_kld: Optional[float] = typer.Option(None, "--max-kld", metavar="X", help=MAX_KLD_HELP),
+    max_bytes: Optional[str] = typer.Option(None, "--max-bytes", metavar="BYTES", help=MAX_BYTES_HELP),
+    bpw: Optional[float] = typer.Option(None, "--bpw", metavar="X", help=BPW_HELP),
+    bytes_of: str = typer.Option("file", "--bytes-of", help=BYTES_OF_HELP),
     prompt: int = typer.Option(512, "--prompt", metavar="N", help="Prompt length the TTFT and decode predictions are for."),
     frontier: bool = typer.Option(False, "--frontier", help="Print the Pareto set of (decode, prefill, quality) plans; with -o DIR, write each as DIR/frontier-K.json."),
     boards: Optional[str] = typer.Option(None, "--boards", metavar="B1,B2,...", help=BOARDS_HELP),
@@ -334,7 +353,9 @@ def plan(
     from orkpack.tiers.solver import Goal
 
     pins = {"npu": npu, "cpu": cpu, "int8": int8, "nf4": nf4, "keep": keep}
-    g = Goal(goal, min_decode_tok_s, min_prefill_tok_s, parse_bytes(max_ram, "--max-ram"), max_kld=max_kld)
+    g = Goal(sized_goal(goal, "goal" in _given(context), max_bytes, bpw), min_decode_tok_s, min_prefill_tok_s,
+             parse_bytes(max_ram, "--max-ram"), max_kld=max_kld, max_bytes=parse_bytes(max_bytes, "--max-bytes"),
+             bpw=bpw, bytes_of=bytes_of)
     if boards is not None or network is not None:
         from orkpack.tiers.cluster import plan_cluster_command
 

@@ -30,7 +30,7 @@ def prepare_cluster_build(source: Path, out_dir: Path, opts, boards: str, networ
                        "cluster.json)")
     if not out_dir.parent.is_dir():
         raise OrkError(f"{escape_name(str(out_dir))}: folder {escape_name(str(out_dir.parent))} does not exist; create it first")
-    goal = solver.Goal(opts.goal, opts.min_decode_tok_s, opts.min_prefill_tok_s, opts.max_ram, max_kld=opts.max_kld)
+    goal = opts.goal_of()
     plan, base, _ = plan_cluster(Path(source), boards, network=network, profile=opts.profile, ctx=opts.ctx,
                                  kv_type=opts.kv_type, prefill_m=opts.prefill_m, pins=opts.pins(),
                                  ignore_unknown=opts.ignore_unknown, goal=goal, prompt=opts.prompt,

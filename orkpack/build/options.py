@@ -45,6 +45,9 @@ class BuildOptions:
     min_prefill_tok_s: float | None = None
     max_ram: int | None = None
     max_kld: float | None = None
+    max_bytes: int | None = None  # the best pack of this size (Goal.max_bytes / bpw / bytes_of)
+    bpw: float | None = None
+    bytes_of: str = "file"
     prompt: int = 512
     # activation smoothing (orkpack/transforms/smooth.py), from the same statistics file (`imatrix` above); on when it is
     # given unless smooth is False; smooth_alpha fixes SmoothQuant's alpha (None: searched per group)
@@ -89,7 +92,16 @@ class BuildOptions:
             | ({} if self.imatrix is None else {"imatrix": Path(self.imatrix).name, "smooth": self.smooth,
                                                 "smooth_alpha": self.smooth_alpha, "clip": self.clip}
                | ({} if self.untie_head else {"untie_head": False})) \
-            | ({} if self.max_kld is None else {"max_kld": self.max_kld})
+            | ({} if self.max_kld is None else {"max_kld": self.max_kld}) \
+            | ({} if self.max_bytes is None and self.bpw is None else
+               {"max_bytes": self.max_bytes, "bpw": self.bpw, "bytes_of": self.bytes_of})
+
+    def goal_of(self):
+        """What the plan optimizes, as the solver takes it."""
+        from ..tiers.solver import Goal
+
+        return Goal(self.goal, self.min_decode_tok_s, self.min_prefill_tok_s, self.max_ram, max_kld=self.max_kld,
+                    max_bytes=self.max_bytes, bpw=self.bpw, bytes_of=self.bytes_of)
 
     def pins(self) -> dict[str, list[str]]:
         return {"npu": list(self.npu), "cpu": list(self.cpu), "int8": list(self.int8), "nf4": list(self.nf4), "keep": list(self.keep)}
@@ -98,7 +110,8 @@ class BuildOptions:
 PLAN_OPTIONS = {"board": "--board", "runtime": "--runtime", "profile": "--profile", "ctx": "--ctx", "kv_type": "--kv-type",
                 "prefill_m": "--prefill-m", "ignore_unknown": "--ignore-unknown", "goal": "--goal",
                 "min_decode_tok_s": "--min-decode-tok-s", "min_prefill_tok_s": "--min-prefill-tok-s",
-                "max_ram": "--max-ram", "max_kld": "--max-kld", "prompt": "--prompt"}
+                "max_ram": "--max-ram", "max_kld": "--max-kld", "max_bytes": "--max-bytes", "bpw": "--bpw",
+                "bytes_of": "--bytes-of", "prompt": "--prompt"}
 
 
 def refuse_ignored_plan_options(opts: BuildOptions) -> None:

@@ -193,12 +193,11 @@ def follow(inp, opts: BuildOptions, nf4: NF4Choice) -> Placed:
 def solve(inp, opts: BuildOptions, nf4: NF4Choice) -> Placed:
     """Solve the tier map as ``orkpack plan`` does, for the build's NF4 format, and follow it."""
     from ..tiers.command import plan
-    from ..tiers.solver import Goal
 
     tm, _solve_s, _ = plan(
         inp.path, board=opts.board, profile=opts.profile, ctx=opts.ctx, kv_type=opts.kv_type,
         prefill_m=opts.prefill_m, pins=opts.pins(), ignore_unknown=opts.ignore_unknown,
-        goal=Goal(opts.goal, opts.min_decode_tok_s, opts.min_prefill_tok_s, opts.max_ram, max_kld=opts.max_kld),
+        goal=opts.goal_of(),
         prompt=opts.prompt, runtime=opts.runtime, nf4_format=nf4.format, npu_storage=opts.npu_storage,
     )
     return Placed(TierMapPlacement(tm, opts), tm.to_json(), list(getattr(tm, "warnings", [])), opts, nf4)

@@ -219,6 +219,14 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
         sh = len(m.get("kv_shared_layers") or ())
         console.print(f"KV cache {_b(r['kv_cache'])} at ctx {d['options']['ctx']}: {sh} of {m['n_layers']} layers "
                       f"reuse earlier layers' K/V and store none (each layer its own would need {_b(r['kv_unshared'])})")
+    w = bu.get("weights")
+    if w:  # the weight bytes: what the pack holds, what a decode token reads; the size bound when one was asked
+        g = tm.objective.get("goal") or {}
+        bound = "" if w.get("cap") is None else (
+            f"; bound {'--bpw ' + format(g['bpw'], 'g') if g.get('bpw') is not None else '--max-bytes'} = "
+            f"{_b(w['cap'])} of {'the pack' if w['of'] == 'file' else 'what a decode token reads'}")
+        console.print(f"weights: {_b(w['file'])} in the pack ({w['bpw']:.3f} bits per weight of {w['params']:,}), "
+                      f"decode reads {_b(w['decode'])} a token{bound}")
     for lk in bu.get("lookups") or ():  # every embedding table: a row lookup on the host, never an NPU item
         per = lk["decode_bytes_per_token"]
         per = f"{per / 1024:.1f} KiB" if per < 1 << 20 else _b(per)

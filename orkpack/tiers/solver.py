@@ -42,6 +42,7 @@ PIN_KINDS = ("npu", "cpu", "int8", "nf4", "keep")
 DEFAULT_KEEP = FLOAT_GLOBS
 _FLOAT_ENC = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 GiB = 1 << 30
+BYTES_OF = ("file", "decode")  # what --max-bytes bounds: the pack's weight bytes, or what a decode token reads
 
 
 def _item_names(it: Item) -> list[str]:
@@ -196,6 +197,9 @@ class Goal:
     max_ram: int | None = None
     decode_floor: float | None = None  # frontier: decode tok/s >= this fraction of the best
     max_kld: float | None = None  # predicted KLD (the additive model of the sensitivities) at most this
+    max_bytes: int | None = None  # weight bytes at most this: what the pack holds, or what a decode token reads
+    bytes_of: str = "file"  # which bytes max_bytes bounds: "file" (the pack's weights) or "decode" (read a token)
+    bpw: float | None = None  # instead of max_bytes: bits per weight (8 x bytes / the model's weight parameters)
 
     def __post_init__(self) -> None:
         if self.name not in GOALS:
@@ -209,11 +213,28 @@ class Goal:
         if self.max_kld is not None and not (isinstance(self.max_kld, (int, float)) and self.max_kld >= 0
                                              and np.isfinite(self.max_kld)):
             raise OrkError("--max-kld must be a non-negative number (a mean KL divergence)")
+        if self.max_bytes is not None and (not isinstance(self.max_bytes, int) or self.max_bytes <= 0):
+            raise OrkError("--max-bytes must be a positive number of bytes")
+        if self.bpw is not None and not (isinstance(self.bpw, (int, float)) and 0 < self.bpw and np.isfinite(self.bpw)):
+            raise OrkError("--bpw must be a positive number of bits per weight")
+        if self.bpw is not None and self.max_bytes is not None:
+            raise OrkError("--bpw and --max-bytes both bound the size; give one")
+        if self.bytes_of not in BYTES_OF:
+            raise OrkError(f"--bytes-of {escape_name(str(self.bytes_of))!r} is not one of {', '.join(BYTES_OF)}")
 
     def to_json(self) -> dict:
         return {"goal": self.name, "min_decode_tok_s": self.min_decode_tok_s,
                 "min_prefill_tok_s": self.min_prefill_tok_s, "max_ram": self.max_ram,
-                "decode_floor": self.decode_floor, "max_kld": self.max_kld}
+                "decode_floor": self.decode_floor, "max_kld": self.max_kld} \
+            | ({} if self.max_bytes is None and self.bpw is None else
+               {"max_bytes": self.max_bytes, "bpw": self.bpw, "bytes_of": self.bytes_of})
+
+    def sized(self) -> bool:
+        return self.max_bytes is not None or self.bpw is not None
+
+    def byte_cap(self, params: int) -> int | None:
+        """The weight bytes the plan may use: --max-bytes, or --bpw x the model's weight parameters / 8."""
+        return self.max_bytes if self.bpw is None else int(self.bpw * params // 8)
 
 
 @dataclass
@@ -230,6 +251,7 @@ class _Model:
     pre_const: float  # seconds per chunk besides the items (forced floats, attention, fixed cost)
     klass: list[int] = field(default_factory=list)  # items of one class were costed once: all equal
     kld: list[tuple[float, ...]] = field(default_factory=list)  # predicted KLD: the sensitivity where decode reads NF4
+    read: list[tuple[float, ...]] = field(default_factory=list)  # weight bytes a decode token reads (share x bytes)
 
 
 def _share(it: Item, m_eff: float, prefill_m: int, tied: bool) -> float:
@@ -339,6 +361,14 @@ def _item_cost(it: Item, r: _Row, c: str, mi: float, rho: tuple[float, float], s
     return (float(ram), float(npu), dec, pre, q)
 
 
+def _read_bytes(it: Item, r: _Row, c: str, board: Board) -> float:
+    """Weight bytes the CPU reads when a decode token reads all of the item under choice ``c`` (a float item its
+    source bytes; an NPU item with a host copy the copy, in its format; an NPU-only item its tiles)."""
+    if c == "float":
+        return float(r.fl)
+    return cost.decode_bytes(it.n, it.k, c, cost.nf4_board(board, r.copy_fmt) if c == "npu+nf4" else board)
+
+
 def _nf4_decoded(c: str, r: _Row) -> bool:
     """The CPU decodes this choice from NF4 (host NF4, an NPU item's NF4 copy, or the int8 image of an
     NPU item stored 4-bit): the item then adds its sensitivity to the predicted KLD (TIERMAP.md section 4)."""
@@ -376,9 +406,11 @@ def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row],
             costs = [_item_cost(it, r, c, mi, rho, sens, share, head, board) for c in al]
             got = memo[key] = len(classes)
             kl = tuple(sens if _nf4_decoded(c, r) else 0.0 for c in al)
-            classes.append((al,) + tuple(tuple(x[j] for x in costs) for j in range(5)) + (share, kl))
+            rd = tuple(share * _read_bytes(it, r, c, board) for c in al)
+            classes.append((al,) + tuple(tuple(x[j] for x in costs) for j in range(5)) + (share, kl, rd))
         out.klass.append(got)
-    for j, lst in enumerate((out.allowed, out.ram, out.npu, out.dec, out.pre, out.qual, out.share, out.kld)):
+    for j, lst in enumerate((out.allowed, out.ram, out.npu, out.dec, out.pre, out.qual, out.share, out.kld,
+                             out.read)):
         lst.extend([classes[c][j] for c in out.klass])
     # the KV cache read, and a hybrid's recurrent state read (in kv_bytes) and written back, every token
     dec_bytes = sum(t.float_bytes for t in manifest.floats) + manifest.kv_bytes(max(prompt, 1), kv_type) \
@@ -511,12 +543,19 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
     better = {"ram": "min", "npu": "min", "dec": "min", "pre": "min", "q": "max"}
     if goal.max_kld is not None:  # a hard cap on the predicted KLD: one more metric (only then)
         metrics["kld"], better["kld"] = list(md.kld), "min"
+    byte_cap = goal.byte_cap(weight_params(manifest))
+    if byte_cap is not None:  # a size budget: the pack's weight bytes (= RAM per item), or a token's read
+        metrics["bytes"], better["bytes"] = (list(md.ram) if goal.bytes_of == "file" else list(md.read)), "min"
     prob = milp.Problem(tuple(metrics), list(md.allowed), metrics, names, klass=md.klass)
     prob.prune(better)
     prob.group()
     caps = {"ram": float(ram_items_cap), "npu": float(board.iova_usable_bytes)}
     if goal.max_kld is not None:
         caps["kld"] = float(goal.max_kld)
+    if byte_cap is not None:
+        caps["bytes"] = float(byte_cap - _bytes_const(manifest, goal.bytes_of))
+        if caps["bytes"] < sum(map(min, metrics["bytes"])):
+            raise _too_small(manifest, goal, byte_cap, metrics["bytes"])
     m = profile.prefill_m
     if goal.min_decode_tok_s:
         caps["dec"] = 1.0 / goal.min_decode_tok_s - md.dec_const
@@ -616,6 +655,10 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
     tied = not any(it.role == "output" for it in items)
     budget["lookups"] = [_lookup_line(it, next(x for x in decisions if x.tensor == it.tensor), tied)
                          for it in items if it.role in ("embedding", "lookup")]  # every embedding table: a line
+    wb = weight_bytes(manifest, md, idx)
+    params = weight_params(manifest)
+    budget["weights"] = {**wb, "params": params, "bpw": round(8 * wb["file"] / max(params, 1), 4),
+                         "cap": byte_cap, "of": goal.bytes_of if byte_cap is not None else None}
     if manifest.facts.get("kv_shared_layers"):  # gemma4: layers reusing earlier K/V store none
         budget["ram"]["kv_unshared"] = cache_bytes(manifest.facts, ctx, kv_type)["kv_unshared"]
     if manifest.facts.get("recurrent_layers"):  # a hybrid: its state (part of kv_cache) and what it saves
@@ -634,6 +677,34 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
     return tm
 
 
+def _bytes_const(manifest: Manifest, of: str) -> int:
+    """The weight bytes no choice changes: the tensors kept float that are no item (norms, biases, routers), stored
+    once and read whole by every decode token."""
+    return sum(t.float_bytes for t in manifest.floats)
+
+
+def weight_bytes(manifest: Manifest, md: _Model, pick: list[int]) -> dict:
+    """The weight bytes of an assignment: what the pack holds (``file``) and what a decode token reads (``decode``),
+    the float non-items included in both."""
+    c = _bytes_const(manifest, "file")
+    return {"file": int(c + sum(md.ram[i][j] for i, j in enumerate(pick))),
+            "decode": int(round(c + sum(md.read[i][j] for i, j in enumerate(pick))))}
+
+
+def weight_params(manifest: Manifest) -> int:
+    """The model's weight parameters: every item's and every float tensor's elements (what --bpw is per)."""
+    return sum(it.n * it.k for it in manifest.items) + sum(t.numel for t in manifest.floats)
+
+
+def _too_small(manifest: Manifest, goal: Goal, cap: int, per: list[tuple[float, ...]]) -> OrkError:
+    least = int(_bytes_const(manifest, goal.bytes_of) + sum(map(min, per)))
+    what = "the pack's weights" if goal.bytes_of == "file" else "the weight bytes a decode token reads"
+    asked = f"--bpw {goal.bpw:g}" if goal.bpw is not None else "--max-bytes"
+    bpw = 8 * least / max(weight_params(manifest), 1)
+    return OrkError(f"{asked} allows {cap} bytes ({_fmt(cap)}) of weights, below the least {what} can be ({least}, "
+                    f"{_fmt(least)}, {bpw:.3f} bits per weight: every item at its smallest choice); allow more")
+
+
 def _unreachable(goal: Goal, md: _Model, which: str | None) -> OrkError:
     asked = []
     if goal.min_decode_tok_s:
@@ -644,6 +715,8 @@ def _unreachable(goal: Goal, md: _Model, which: str | None) -> OrkError:
         asked.append(f"--max-ram {goal.max_ram}")
     if goal.max_kld is not None:
         asked.append(f"--max-kld {goal.max_kld:g}")
+    if goal.sized():
+        asked.append(f"--bpw {goal.bpw:g}" if goal.bpw is not None else f"--max-bytes {goal.max_bytes}")
     best_dec = 1.0 / (md.dec_const + sum(min(d) for d in md.dec))
     return OrkError(f"no plan meets {' and '.join(asked) or 'the constraints'} on this board "
                     f"(decode can reach at most {best_dec:.2f} tok/s); relax a constraint "
