@@ -1633,6 +1633,16 @@ def _gemma3n_dims(cfg: Mapping, d: dict, where: str) -> dict:
             "active": active, "lr": lr, "sparsity": tuple(float(x) for x in sp)}
 
 
+def activation_sparsity_scale(p: float) -> float:
+    """A layer's activation-sparsity std multiplier as Gemma3NModel (and transformers' Gemma3nTextMLP) compute it:
+    torch's float32 Normal(0, 1).icdf(p), sqrt(2) erfinv(2p - 1); -inf for p = 0 (no sparsity)."""
+    import numpy as np
+    from scipy.special import erfinv
+
+    a = np.float32(2 * np.float32(p) - 1)
+    return float(np.float32(np.float32(erfinv(np.float64(a))) * np.float32(math.sqrt(2))))
+
+
 def _layer_kinds(cfg: Mapping, L: int, every: int, last_full: bool, where: str) -> list[str]:
     """Each layer's attention type (layer_types; the config class's default: every ``every``-th full; Gemma 4's
     forces the last layer full)."""

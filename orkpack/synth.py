@@ -533,10 +533,9 @@ def _gguf_header(w, cfg: dict, f: dict, name: str, extra: dict | None = None) ->
     """
     extra = dict(extra or {})
     own: dict = {}
-    if f["arch"] in ("gemma4_text", "gemma4"):  # Gemma4Model's keys: each layer type's head size, the KV sharing ...
-        from .sources.modelkv import gemma4_keys
+    from .sources.modelkv import own_keys  # Gemma4Model's, Gemma3NModel's keys: head sizes, KV sharing, AltUp ...
 
-        own = {k: v if t != "array[bool]" else [bool(x) for x in v] for k, (t, v) in gemma4_keys(cfg).items()}
+    own = {k: v if t != "array[bool]" else [bool(x) for x in v] for k, (t, v) in own_keys(cfg).items()}
     w.add_name(name)
     w.add_block_count(f["n_layers"])
     w.add_context_length(4096)
