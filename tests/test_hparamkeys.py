@@ -142,7 +142,8 @@ def _cases() -> dict[str, dict]:
 
 # Hparams fields added after the golden was written (a hybrid's per-layer block types): every family the golden
 # knows has them at their default, which the snapshot leaves out; the families that set them are new cases
-_ADDED_SINCE_GOLDEN = ("blocks", "ssm", "attn_temp", "head_dim_swa", "kv_heads_swa", "kv_from", "per_layer")
+_ADDED_SINCE_GOLDEN = ("blocks", "ssm", "attn_temp", "head_dim_swa", "kv_heads_swa", "kv_from", "per_layer",
+                       "altup", "sparsity")
 
 
 def _plain(v):
