@@ -44,7 +44,7 @@ def _fam(*pairs: tuple[tuple[str, ...], tuple[str, ...]]) -> dict[str, tuple[str
 @dataclass(frozen=True)
 class Key:
     name: str  # after "{arch}."
-    type: str  # uint32 | float32 | bool | string | array[int32]
+    type: str  # uint32 | float32 | bool | string | array[int32] | array[bool] | array[float32] (gemma3n)
     hf: tuple[str, ...] = ()  # config.json keys, every family, first present wins
     family: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)  # family -> its config keys
     rope_scaling: str = ""  # the config.json rope_scaling key it comes from

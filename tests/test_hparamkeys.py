@@ -426,7 +426,7 @@ def test_every_table_entry_is_used():
 def test_table_shape():
     assert len({k.name for k in G.KEYS}) == len(G.KEYS)
     for k in G.KEYS:
-        assert k.type in ("uint32", "float32", "bool", "string", "array[int32]", "array[bool]"), k
+        assert k.type in ("uint32", "float32", "bool", "string", "array[int32]", "array[bool]", "array[float32]"), k
         assert set(k.family) <= set(archs.FAMILIES), k  # family names are orkpack.archs' families
         assert all(isinstance(v, tuple) and v for v in k.family.values()), k
         assert not k.rope_scaling or (k.name.startswith("rope.scaling.") and set(k.kinds) <= set(
