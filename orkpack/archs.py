@@ -118,18 +118,21 @@ class T:
     Shape entries are ints or expressions over dims: ``"nh*hd"``, ``"2*I"``, ``"kvlr+rope"``.
     ``when``: the names of layer/model flags that must all hold (``!flag``: must not).
     ``experts``: one HF tensor per expert (``{e}`` in the name), stacked on read.
+    ``each``: a dim: one HF tensor per k in 0..each-1 (``{k}`` in the name), which the converter stacks into one
+    tensor (``Family.stacks``; gemma3n's altup_projections.{k}).
     """
     name: str
     shape: tuple
     when: tuple[str, ...] = ()
     experts: bool = False
     kind: str = "w"  # w (matrix), norm, bias: what synthetic values look like
+    each: str = ""
 
 
-def t(name: str, *shape, when: str = "", experts: bool = False, kind: str | None = None) -> T:
+def t(name: str, *shape, when: str = "", experts: bool = False, kind: str | None = None, each: str = "") -> T:
     if kind is None:
         kind = "bias" if name.endswith(".bias") or name.endswith("_bias") else ("norm" if len(shape) == 1 else "w")
-    return T(name, tuple(shape), tuple(w for w in when.split() if w), experts, kind)
+    return T(name, tuple(shape), tuple(w for w in when.split() if w), experts, kind, each)
 
 
 @dataclass(frozen=True)
@@ -209,6 +212,16 @@ class Forward:
     per_layer_input: bool = False  # gemma4: per-layer embeddings (per_layer_token_embd looked up, plus the projection
     # of the embeddings, per_layer_model_proj, normed per layer) gate each layer's output: x + post_norm(proj(act(
     # inp_gate(x)) * pli_i)); then each layer's output times its layer_output_scale
+    altup: bool = False  # gemma3n: AltUp. The embeddings become altup_num_inputs streams (stream 0 the embeddings,
+    # stream k altup_proj[k - 1] of them at their RMS); each layer predicts every stream from all (a router on the
+    # active stream: tanh(altup_router(altup_router_norm(x) / hidden)) -> altup_predict_coef), runs on the active
+    # prediction, corrects every stream by its innovation (altup_correct_coef + 1); the per-layer input gates the
+    # corrected active stream (times altup_correct_scale) back into the other streams; the streams' mean (each
+    # but 0 through altup_unembd_proj at stream 0's RMS) goes to the output norm
+    laurel: bool = False  # gemma3n: LAuReL, beside the attention: h + laurel_post_norm(laurel_r(laurel_l(h))) on the
+    # normed input h, added to the attention's residual output and the sum times 2^-1/2
+    act_sparsity: bool = False  # gemma3n: a layer's MLP gate cut at its mean + std x the normal quantile of its
+    # activation_sparsity_pattern (relu(gate - cutoff); llama.cpp's activation_sparsity_scale) before the activation
     logit_scale: str = ""  # "" | a config key the logits are divided by (granite logits_scaling) | dim_base (minicpm)
     router: str = "softmax"  # MoE gate scores: softmax | sigmoid (deepseek-v3 noaux_tc)
     router_norm: str = "config"  # always (mixtral, granitemoe) | config (norm_topk_prob, default false)
@@ -383,6 +396,11 @@ class Family:
     generated: tuple[tuple[str, Callable[[Mapping, dict], Any]], ...] = ()  # (canonical name, (text config, dims)
     # -> float32 array or None): tensors llama.cpp's converter computes from the config (generate_extra_tensors),
     # which an HF reader lists too (gemma4's rope_freqs.weight: the full layers' proportional RoPE)
+    stacks: tuple[tuple[str, str], ...] = ()  # (regex on the HF name after ``renames``, one group the index;
+    # canonical name): HF tensors the converter stacks into one 3-D tensor, index k its slice k (gemma3n's
+    # model.altup_projections.{k}.weight -> altup_proj.weight); the readers stack them on read, as the experts
+    ffn_widths: bool = False  # intermediate_size may be a list, one FFN width per layer (gemma3n); the facts'
+    # intermediate is the widest, each layer's tensors its own (dims ``I_layers``)
 
 # --------------------------------------------------------------------------------------- shared templates
 
@@ -1477,16 +1495,7 @@ def _gemma4_dims(cfg: Mapping, d: dict, where: str) -> dict:
 
 def _gemma4_kinds(cfg: Mapping, L: int, where: str) -> list[str]:
     """Each layer's attention type (layer_types; Gemma4TextConfig's default: every 6th full, the last full)."""
-    lt = cfg.get("layer_types")
-    if lt is None:
-        lt = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(L)]
-    if not (isinstance(lt, list) and len(lt) == L and all(x in ("sliding_attention", "full_attention") for x in lt)):
-        raise SourceError(f"{where}: 'layer_types' must list 'sliding_attention' or 'full_attention' for each of the "
-                          f"{L} layers; fix the config")
-    lt = list(lt)
-    if L:
-        lt[-1] = "full_attention"  # as Gemma4TextConfig forces it
-    return lt
+    return _layer_kinds(cfg, L, 6, True, where)
 
 
 def _gemma4_rope_freqs(cfg: Mapping, d: dict):
@@ -1595,6 +1604,122 @@ _GEMMA4_MM_SKIP = ((r"^model\.(?:vision_tower|audio_tower|embed_vision|embed_aud
                     "mmproj GGUF; this pack holds the text model"),)
 _F.append(replace(_multimodal(_GEMMA4, "gemma4", "Gemma4ForConditionalGeneration"),
                   skip=_GEMMA4_MM_SKIP + _GEMMA4.skip))
+
+
+
+def _gemma3n_dims(cfg: Mapping, d: dict, where: str) -> dict:
+    """Gemma 3n (transformers' Gemma3nTextConfig): one head size for every layer; the last ``nshared`` =
+    num_kv_shared_layers layers reuse the K/V of the last earlier layer of their type; per-layer embeddings of
+    ``hpl`` = hidden_size_per_layer_input over ``Vpl`` = vocab_size_per_layer_input tokens (``plw`` = L x hpl wide);
+    AltUp over ``na`` = altup_num_inputs streams (the active one ``altup_active_idx``); LAuReL of rank ``lr`` =
+    laurel_rank; ``sparsity``: each layer's activation_sparsity_pattern (the MLP's gaussian top-k target, 0: none;
+    the config class's default: 0.95 on the first 10 layers of a model of more than 10)."""
+    get = _config_int(cfg, where)
+    L = d["L"]
+    kinds = _layer_kinds(cfg, L, 5, False, where)
+    nshared = get("num_kv_shared_layers", 15, CAPS["n_layers"])
+    if nshared > L:
+        raise SourceError(f"{where}: 'num_kv_shared_layers' = {nshared} is more than the {L} layers; fix the config")
+    first = L - nshared
+    if nshared and set(kinds) - set(kinds[:first]):
+        raise SourceError(f"{where}: a KV-sharing layer's type ('layer_types') has no earlier layer of that type to "
+                          "reuse; fix the config")
+    hpl, vpl = get("hidden_size_per_layer_input", 256), get("vocab_size_per_layer_input", 262144, CAP_DEFAULT)
+    na, lr = get("altup_num_inputs", 4, 64), get("laurel_rank", 64)
+    active = get("altup_active_idx", 0, 64)
+    if not 0 <= active < na:
+        raise SourceError(f"{where}: 'altup_active_idx' = {active} is not one of the {na} AltUp streams "
+                          "('altup_num_inputs'); fix the config")
+    if L * hpl > MAX_WIDTH:
+        raise SourceError(f"{where}: the layers x 'hidden_size_per_layer_input' = {L * hpl} is beyond any real model "
+                          f"(cap {MAX_WIDTH}); fix the config")
+    sp = cfg.get("activation_sparsity_pattern")
+    if sp is None:
+        sp = [0.95] * (10 if L > 10 else 0) + [0.0] * (L - (10 if L > 10 else 0))
+    elif _number(sp):
+        sp = [sp] * L
+    if not (isinstance(sp, list) and len(sp) == L and all(_number(x) and 0 <= x < 1 for x in sp)):
+        raise SourceError(f"{where}: 'activation_sparsity_pattern' must give a number in [0, 1) for each of the {L} "
+                          "layers; fix the config")
+    return {"kinds": tuple(kinds), "nshared": nshared, "hpl": hpl, "Vpl": vpl, "plw": L * hpl, "na": na,
+            "active": active, "lr": lr, "sparsity": tuple(float(x) for x in sp)}
+
+
+def activation_sparsity_scale(p: float) -> float:
+    """A layer's activation-sparsity std multiplier as Gemma3NModel (and transformers' Gemma3nTextMLP) compute it:
+    torch's float32 Normal(0, 1).icdf(p), sqrt(2) erfinv(2p - 1); -inf for p = 0 (no sparsity)."""
+    import numpy as np
+    from scipy.special import erfinv
+
+    a = np.float32(2 * np.float32(p) - 1)
+    return float(np.float32(np.float32(erfinv(np.float64(a))) * np.float32(math.sqrt(2))))
+
+
+def _layer_kinds(cfg: Mapping, L: int, every: int, last_full: bool, where: str) -> list[str]:
+    """Each layer's attention type (layer_types; the config class's default: every ``every``-th full; Gemma 4's
+    forces the last layer full)."""
+    lt = cfg.get("layer_types")
+    if lt is None:
+        lt = ["sliding_attention" if (i + 1) % every else "full_attention" for i in range(L)]
+    if not (isinstance(lt, list) and len(lt) == L and all(x in ("sliding_attention", "full_attention") for x in lt)):
+        raise SourceError(f"{where}: 'layer_types' must list 'sliding_attention' or 'full_attention' for each of the "
+                          f"{L} layers; fix the config")
+    lt = list(lt)
+    if L and last_full:
+        lt[-1] = "full_attention"
+    return lt
+
+
+def _gemma3n_layer(cfg: Mapping, d: dict, i: int) -> dict:
+    """Gemma 3n's per-layer flags: whether the layer stores its own K/V."""
+    return {"kv_own": i < d["L"] - d["nshared"]}
+
+
+# Gemma 3n: Gemma 4's attention with one head size (q/k/v RMS-normed per head, v without a gain, scores unscaled,
+# the last num_kv_shared_layers reusing earlier K/V), sandwich norms (plain gains), each layer its own FFN width
+# (the first layers' gate cut at a gaussian top-k: activation sparsity), LAuReL (a low-rank residual beside the
+# attention) and AltUp (the layer runs on one of altup_num_inputs streams, predicted from all of them and corrected
+# after; the router reads the active one), per-layer embeddings gating the other streams
+_GEMMA3N_LAYER = _NORMS + _GEMMA2_NORMS + (
+    t(P + "self_attn.q_proj.weight", "nh*hd", "H"), t(P + "self_attn.k_proj.weight", "nkv*hd", "H", when="kv_own"),
+    t(P + "self_attn.v_proj.weight", "nkv*hd", "H", when="kv_own"), t(P + "self_attn.o_proj.weight", "H", "nh*hd"),
+    t(P + "self_attn.q_norm.weight", "hd"), t(P + "self_attn.k_norm.weight", "hd", when="kv_own"),
+    t(P + "mlp.gate_proj.weight", "I", "H"), t(P + "mlp.up_proj.weight", "I", "H"),
+    t(P + "mlp.down_proj.weight", "H", "I"),
+    t(P + "per_layer_input_gate.weight", "hpl", "H"), t(P + "per_layer_projection.weight", "H", "hpl"),
+    t(P + "post_per_layer_input_norm.weight", "H"),
+    t(P + "altup.correct_output_scale", "H", kind="norm"), t(P + "altup.correction_coefs.weight", "na", "na"),
+    t(P + "altup.prediction_coefs.weight", "na*na", "na"), t(P + "altup.modality_router.weight", "na", "H"),
+    t(P + "altup.router_norm.weight", "H"),
+    t(P + "laurel.linear_left.weight", "lr", "H"), t(P + "laurel.linear_right.weight", "H", "lr"),
+    t(P + "laurel.post_laurel_norm.weight", "H"),
+)
+_GEMMA3N_TOP = _llama_top() + (
+    t("model.embed_tokens_per_layer.weight", "Vpl", "plw", kind="w"),
+    t("model.per_layer_model_projection.weight", "plw", "H"),
+    t("model.per_layer_projection_norm.weight", "hpl"),
+    t("model.altup_projections.{k}.weight", "H", "H", each="na-1"),
+    t("model.altup_unembed_projections.{k}.weight", "H", "H", each="na-1"),
+)
+# the attention norm feeds LAuReL too (and LAuReL adds its input back): only the FFN's groups are smoothed
+_FWD_GEMMA3N = replace(_FWD_GEMMA4, moe_beside_mlp=False, altup=True, laurel=True, act_sparsity=True,
+                       smooth=(SMOOTH_FFN, SMOOTH_DOWN))
+_GEMMA3N_DEFAULTS = {"tie_word_embeddings": True, "vocab_size": 262400, "hidden_size": 2048,
+                     "intermediate_size": 16384, "num_hidden_layers": 35, "num_attention_heads": 8,
+                     "num_key_value_heads": 2, "head_dim": 256, "sliding_window": 512}  # Gemma3nTextConfig's
+_F.append(
+    Family("gemma3n_text", "GEMMA3N", _GEMMA3N_LAYER, _GEMMA3N_TOP, swa="layer_types", defaults=_GEMMA3N_DEFAULTS,
+           classes=("Gemma3nForCausalLM",), more_dims=_gemma3n_dims, layer_flags=_gemma3n_layer, ffn_widths=True,
+           renames=((r"\.altup\.correct_output_scale$", ".altup.correct_output_scale.weight"),),
+           stacks=((r"^model\.altup_projections\.(\d+)\.weight$", "altup_proj.weight"),
+                   (r"^model\.altup_unembed_projections\.(\d+)\.weight$", "altup_unembd_proj.weight")),
+           lookups=("per_layer_token_embd.weight",), kv_shared="nshared", forward=_FWD_GEMMA3N),
+)
+_GEMMA3N = _F[-1]
+# a release (Gemma3nForConditionalGeneration): the text model under model.language_model., the vision and audio
+# towers and their embedders beside it, left out by name as Gemma 4's
+_F.append(replace(_multimodal(_GEMMA3N, "gemma3n", "Gemma3nForConditionalGeneration"),
+                  skip=_GEMMA4_MM_SKIP + _GEMMA3N.skip))
 
 FAMILIES: dict[str, Family] = {f.name: f for f in _F}
 _BY_MODEL_TYPE: dict[str, Family] = {mt: f for f in _F for mt in (f.name, *f.model_types)}
@@ -1745,7 +1870,15 @@ def _dims(cfg: Mapping, fam: Family, where: str) -> dict:
     d["hd"] = get("head_dim", d["H"] // d["nh"])
     if fam.attention == "mla":  # the q/k head: its no-rope and rope parts (GGUF key_length)
         d["hd"] = get("qk_nope", 0) + get("qk_rope", 0)
-    d["I"] = get("intermediate", 0)
+    iw = _lookup(tc, fam, "intermediate")
+    if fam.ffn_widths and isinstance(iw[1], list):  # one width per layer (Gemma3nTextConfig)
+        if len(iw[1]) != d["L"]:
+            raise SourceError(f"{where}: '{iw[0]}' lists {len(iw[1])} widths but '{_lookup(tc, fam, 'n_layers')[0]}' "
+                              f"is {d['L']}; give one per layer; fix the config")
+        d["I_layers"] = tuple(_int(v, f"{iw[0]}[{i}]", where, cap=CAPS["intermediate"]) for i, v in enumerate(iw[1]))
+        d["I"] = max(d["I_layers"], default=0)
+    else:
+        d["I"] = get("intermediate", 0)
     d["E"] = get("n_experts", 0)
     d["top_k"] = get("n_experts_used", 0)
     d["Im"] = get("moe_intermediate", 0)
@@ -2142,11 +2275,16 @@ def hf_tensors(cfg: Mapping[str, Any], where: str = "config.json") -> tuple[dict
     def emit(tpl: T, flags: Mapping[str, bool], i: int | None) -> None:
         if not _holds(tpl.when, flags):
             return
-        shape = tuple(_eval(s, d) for s in tpl.shape)
+        # a layer's own FFN width where the config lists one per layer (Family.ffn_widths)
+        di = dict(d, I=d["I_layers"][i]) if i is not None and i < len(d.get("I_layers", ())) else d
+        shape = tuple(_eval(s, di) for s in tpl.shape)
         name = tpl.name if i is None else tpl.name.replace("{i}", str(i))
         if tpl.experts:
             for e in range(d["E"]):
                 out.append((name.replace("{e}", str(e)), shape, tpl))
+        elif tpl.each:
+            for k in range(_eval(tpl.each, d)):
+                out.append((name.replace("{k}", str(k)), shape, tpl))
         else:
             out.append((name, shape, tpl))
         if len(out) > MAX_TENSORS:
@@ -2205,6 +2343,27 @@ def canonical_name(hf_name: str, arch: str | None, n_layers: int) -> str | None:
     if got is None:  # a llama-style tensor the family's GGUF table leaves out (qwen2_moe's mlp_only_layers)
         got = _name_map("LLAMA", int(n_layers) + 16).get_name(name, try_suffixes=(".weight", ".bias"))
     return got
+
+
+@lru_cache(maxsize=64)
+def _stacks(arch: str) -> tuple[tuple[re.Pattern, str], ...]:
+    fam = FAMILIES.get(arch)
+    return tuple((re.compile(a), b) for a, b in fam.stacks) if fam else ()
+
+
+def stacked_slice(hf_name: str, arch: str | None) -> tuple[str, int] | None:
+    """(canonical stacked name, index) of an HF tensor the converter stacks with its siblings (``Family.stacks``:
+    gemma3n's ``model.altup_projections.1.weight`` -> ("altup_proj.weight", 1)); None for every other tensor."""
+    if not arch or not _stacks(arch):
+        return None
+    name = hf_name
+    for rx, repl in _renames(arch):
+        name = rx.sub(repl, name)
+    for rx, stacked in _stacks(arch):
+        m = rx.match(name)
+        if m is not None:
+            return stacked, int(m.group(1))
+    return None
 
 
 def gguf_arch_name(arch: str) -> str:

@@ -44,7 +44,7 @@ def _fam(*pairs: tuple[tuple[str, ...], tuple[str, ...]]) -> dict[str, tuple[str
 @dataclass(frozen=True)
 class Key:
     name: str  # after "{arch}."
-    type: str  # uint32 | float32 | bool | string | array[int32]
+    type: str  # uint32 | float32 | bool | string | array[int32] | array[bool] | array[float32] (gemma3n)
     hf: tuple[str, ...] = ()  # config.json keys, every family, first present wins
     family: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)  # family -> its config keys
     rope_scaling: str = ""  # the config.json rope_scaling key it comes from
@@ -85,18 +85,20 @@ VOCAB_SIZE = Key("vocab_size", "uint32", ("vocab_size", "padded_vocab_size"))
 ATTN_SOFTCAP = Key("attn_logit_softcapping", "float32", family=_fam((("gemma2",), ("attn_logit_softcapping",))),
                    default=0.0)
 FINAL_SOFTCAP = Key("final_logit_softcapping", "float32",
-                    family=_fam((("gemma2", "gemma4_text", "gemma4"), ("final_logit_softcapping",))),
+                    family=_fam((("gemma2", "gemma4_text", "gemma4", "gemma3n_text", "gemma3n"),
+                                 ("final_logit_softcapping",))),
                     default=0.0)
 SLIDING_WINDOW = Key("attention.sliding_window", "uint32",
                      family=_fam((("gemma2",) + _GEMMA3 + ("gpt_oss", "olmo2", "olmo3", "exaone4", "gemma4_text",
-                                  "gemma4"), ("sliding_window",))),
+                                  "gemma4", "gemma3n_text", "gemma3n"), ("sliding_window",))),
                      default=0)
 # one bool per layer, true for a sliding one (Olmo2Model; modelkv from archs' swa layers: Family.record_swa)
 SLIDING_WINDOW_PATTERN = Key("attention.sliding_window_pattern", "array[bool]")
 # olmo3 (TextModel): transformers 5's nested rope_parameters.sliding_attention (a dotted key: modelkv follows it)
 ROPE_FREQ_BASE_SWA = Key("rope.freq_base_swa", "float32", family=_fam(
     (_GEMMA3, ("rope_local_base_freq",)),
-    (("olmo2", "olmo3"), ("rope_parameters.sliding_attention.rope_theta", "rope_local_base_freq"))))
+    (("olmo2", "olmo3", "gemma3n_text", "gemma3n"), ("rope_parameters.sliding_attention.rope_theta",
+                                                  "rope_local_base_freq"))))
 EMBEDDING_SCALE = Key("embedding_scale", "float32",
                       family=_fam((_GRANITE, ("embedding_multiplier",)), (("minicpm",), ("scale_emb",))), default=1.0)
 RESIDUAL_SCALE = Key("residual_scale", "float32", family=_fam((_GRANITE, ("residual_multiplier",))), default=1.0)
@@ -171,6 +173,11 @@ KEY_LENGTH_SWA = Key("attention.key_length_swa", "uint32")
 VALUE_LENGTH_SWA = Key("attention.value_length_swa", "uint32")
 SHARED_KV_LAYERS = Key("attention.shared_kv_layers", "uint32", default=0)
 EMBEDDING_LENGTH_PER_LAYER = Key("embedding_length_per_layer_input", "uint32", default=0)
+# gemma3n (Gemma3NModel): the AltUp streams and the active one, each layer's activation-sparsity std multiplier
+# (the normal quantile of its activation_sparsity_pattern; -inf for none)
+ALTUP_ACTIVE_IDX = Key("altup.active_idx", "uint32", default=0)
+ALTUP_NUM_INPUTS = Key("altup.num_inputs", "uint32", default=4)
+ACTIVATION_SPARSITY_SCALE = Key("activation_sparsity_scale", "array[float32]")
 
 # ---------------------------------------------------------------------------- RoPE scaling (config.json rope_scaling)
 ROPE_SCALING_TYPE = Key("rope.scaling.type", "string", kinds=_SCALED + ("llama3",), default="none")

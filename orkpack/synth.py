@@ -89,6 +89,21 @@ _G4 = {"architectures": ["Gemma4ForCausalLM"], "model_type": "gemma4_text", "hid
        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                               "rope_theta": 1000000.0}}, "torch_dtype": "bfloat16"}
+# Gemma 3n: sliding and full layers (one head size), the last 2 reusing earlier K/V, each layer its own FFN width, the
+# first 2 with activation sparsity, 4 AltUp streams, LAuReL of rank 8, per-layer embeddings of 8
+_G3N = {"architectures": ["Gemma3nForCausalLM"], "model_type": "gemma3n_text", "hidden_size": 64,
+        "intermediate_size": [96, 96, 128, 128, 64, 64], "num_hidden_layers": 6,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                        "sliding_attention", "full_attention"],
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "num_kv_shared_layers": 2,
+        "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 128, "vocab_size": 128, "sliding_window": 8,
+        "final_logit_softcapping": 30.0, "laurel_rank": 8, "altup_num_inputs": 4, "altup_active_idx": 0,
+        "altup_correct_scale": True, "activation_sparsity_pattern": [0.95, 0.95, 0.0, 0.0, 0.0, 0.0],
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "hidden_activation": "gelu_pytorch_tanh",
+        "tie_word_embeddings": True,
+        "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}},
+        "torch_dtype": "bfloat16"}
 # Qwen3-Next: the Qwen3.5-MoE tiny shape with Qwen3NextConfig's keys (no MRoPE sections; every layer MoE)
 _Q3N = {**{k: v for k, v in _Q35_MOE.items() if k != "rope_parameters"}, "architectures": ["Qwen3NextForCausalLM"],
         "model_type": "qwen3_next", "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
@@ -189,6 +204,11 @@ TINY: dict[str, dict] = {
     "gemma4": {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
                "text_config": {k: v for k, v in _G4.items() if k != "architectures"}, "tie_word_embeddings": True,
                "torch_dtype": "bfloat16"},
+    "gemma3n_text": _G3N,
+    # a Gemma 3n release: the text model in text_config (its vision and audio towers are left out of a build)
+    "gemma3n": {"architectures": ["Gemma3nForConditionalGeneration"], "model_type": "gemma3n",
+                "text_config": {k: v for k, v in _G3N.items() if k != "architectures"}, "tie_word_embeddings": True,
+                "torch_dtype": "bfloat16"},
     # a hybrid: Mamba2 and NoPE attention layers (the published configs' names), 2 groups of B/C, an MoE FFN of 4
     # experts plus the shared MLP, the granite multipliers
     "granitemoehybrid": {"architectures": ["GraniteMoeHybridForCausalLM"], "model_type": "granitemoehybrid",
@@ -538,10 +558,11 @@ def _gguf_header(w, cfg: dict, f: dict, name: str, extra: dict | None = None) ->
     """
     extra = dict(extra or {})
     own: dict = {}
-    if f["arch"] in ("gemma4_text", "gemma4"):  # Gemma4Model's keys: each layer type's head size, the KV sharing ...
-        from .sources.modelkv import gemma4_keys
+    from .sources.modelkv import own_keys  # Gemma4Model's, Gemma3NModel's keys: head sizes, KV sharing, AltUp ...
 
-        own = {k: v if t != "array[bool]" else [bool(x) for x in v] for k, (t, v) in gemma4_keys(cfg).items()}
+    from .pack.model import value
+
+    own = {k: value([k, t, v]) if t != "array[bool]" else [bool(x) for x in v] for k, (t, v) in own_keys(cfg).items()}
     w.add_name(name)
     w.add_block_count(f["n_layers"])
     w.add_context_length(4096)

@@ -47,7 +47,8 @@ def test_config_lists_exactly_the_checkpoint_tensors(fixtures, fam):
     left = [t.name for t in from_hdr.tensors if not (t.name.startswith("blk.") or t.name in
             ("token_embd.weight", "token_embd_norm.weight", "output.weight", "output_norm.weight",
                  "output_norm.bias", "rope_freqs.weight", "per_layer_token_embd.weight",  # gemma4's per-layer
-                 "per_layer_model_proj.weight", "per_layer_proj_norm.weight"))]  # embeddings, its RoPE factors
+                 "per_layer_model_proj.weight", "per_layer_proj_norm.weight",  # embeddings, its RoPE factors
+                 "altup_proj.weight", "altup_unembd_proj.weight"))]  # gemma3n's AltUp stream projections
     assert all(n.startswith(("vision_tower.", "multi_modal_projector.")) for n in left), left
     # parameters: the logical (dequantized) elements of every tensor
     # (but what the converter computes from the config: gemma4's rope_freqs, archs.generated_tensors)

@@ -142,7 +142,8 @@ def _cases() -> dict[str, dict]:
 
 # Hparams fields added after the golden was written (a hybrid's per-layer block types): every family the golden
 # knows has them at their default, which the snapshot leaves out; the families that set them are new cases
-_ADDED_SINCE_GOLDEN = ("blocks", "ssm", "attn_temp", "head_dim_swa", "kv_heads_swa", "kv_from", "per_layer")
+_ADDED_SINCE_GOLDEN = ("blocks", "ssm", "attn_temp", "head_dim_swa", "kv_heads_swa", "kv_from", "per_layer",
+                       "altup", "sparsity", "per_layer_vocab")
 
 
 def _plain(v):
@@ -425,7 +426,7 @@ def test_every_table_entry_is_used():
 def test_table_shape():
     assert len({k.name for k in G.KEYS}) == len(G.KEYS)
     for k in G.KEYS:
-        assert k.type in ("uint32", "float32", "bool", "string", "array[int32]", "array[bool]"), k
+        assert k.type in ("uint32", "float32", "bool", "string", "array[int32]", "array[bool]", "array[float32]"), k
         assert set(k.family) <= set(archs.FAMILIES), k  # family names are orkpack.archs' families
         assert all(isinstance(v, tuple) and v for v in k.family.values()), k
         assert not k.rope_scaling or (k.name.startswith("rope.scaling.") and set(k.kinds) <= set(

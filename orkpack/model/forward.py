@@ -255,8 +255,10 @@ def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None =
     return _lin(w, p + "attn_output", o)
 
 
-def _mlp(x: np.ndarray, w: Weights, p: str, sfx: str, hp: Hparams, expert: int | None = None) -> np.ndarray:
-    """One (expert's) MLP over the ``{p}ffn_{gate,up,down}{sfx}`` tensors."""
+def _mlp(x: np.ndarray, w: Weights, p: str, sfx: str, hp: Hparams, expert: int | None = None,
+         cut: float | None = None) -> np.ndarray:
+    """One (expert's) MLP over the ``{p}ffn_{gate,up,down}{sfx}`` tensors; ``cut``: the gate's activation-sparsity
+    std multiplier (Forward.act_sparsity: relu(gate - mean - std x cut) per token before the activation)."""
     kind, up = hp.fwd.mlp, f"{p}ffn_up{sfx}"
     if w.has(f"{p}ffn_gate{sfx}.weight"):  # gate and up apart (llama.cpp splits gpt-oss's and granitemoe's)
         kind = "gated"
@@ -272,7 +274,11 @@ def _mlp(x: np.ndarray, w: Weights, p: str, sfx: str, hp: Hparams, expert: int |
         gu = _lin(w, up, x, expert)
         h = _glu(gu[:, 0::2], gu[:, 1::2], hp)
     else:
-        h = _glu(_lin(w, f"{p}ffn_gate{sfx}", x, expert), _lin(w, up, x, expert), hp)
+        gate = _lin(w, f"{p}ffn_gate{sfx}", x, expert)
+        if cut is not None:  # gemma3n's gaussian top-k
+            gate = np.maximum(gate - (gate.mean(-1, keepdims=True) + gate.std(-1, keepdims=True) * np.float32(cut)),
+                              np.float32(0))
+        h = _glu(gate, _lin(w, up, x, expert), hp)
     return _lin(w, f"{p}ffn_down{sfx}", h, expert)
 
 
@@ -305,7 +311,7 @@ def _route(logits: np.ndarray, p: str, hp: Hparams, w: Weights) -> tuple[np.ndar
 def _ffn(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     p = f"blk.{i}."
     if not w.has(p + "ffn_gate_inp.weight"):
-        return _mlp(x, w, p, "", hp)
+        return _mlp(x, w, p, "", hp, cut=hp.sparsity.get(i))
     idx, wts = _route(_lin(w, p + "ffn_gate_inp", x), p, hp, w)
     out = np.zeros_like(x)
     stacked = "_exps"
@@ -371,6 +377,9 @@ def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None = Non
         if after:
             a = _norm(a, w, p + "post_attention_norm", hp)
         x = x + a * np.float32(hp.residual_scale)
+        if hp.fwd.laurel:  # gemma3n's LAuReL on the normed input, beside the attention
+            lr = h + _norm(_lin(w, p + "laurel_r", _lin(w, p + "laurel_l", h)), w, p + "laurel_post_norm", hp)
+            x = (x + lr) * np.float32(2.0 ** -0.5)
     if part != "mixer":  # an FFN alone is normed by the layer's one norm (GGUF attn_norm)
         if hp.fwd.moe_beside_mlp and w.has(p + "ffn_gate_inp.weight"):
             m = _mlp_and_experts(i, x, hp, w)
@@ -380,11 +389,62 @@ def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None = Non
             m = _norm(m, w, p + "post_ffw_norm", hp)
         x = x + m * np.float32(hp.residual_scale)
     if pli is not None:  # gemma4: the layer's per-layer input gates a projection back into the stream
-        g = _act(_lin(w, p + "inp_gate", x), hp.act) * pli[:, i, :]
-        x = x + _norm(_lin(w, p + "proj", g), w, p + "post_norm", hp)
+        x = x + _per_layer_gate(i, x, hp, w, pli)
     if w.has(p + "layer_output_scale.weight"):
         x = x * w.tensor(p + "layer_output_scale.weight").reshape(-1)[0]
     return x
+
+
+def _per_layer_gate(i: int, x: np.ndarray, hp: Hparams, w: Weights, pli: np.ndarray) -> np.ndarray:
+    """What layer i's per-layer input adds: post_norm(proj(act(inp_gate(x)) * pli_i))."""
+    p = f"blk.{i}."
+    g = _act(_lin(w, p + "inp_gate", x), hp.act) * pli[:, i, :]
+    return _norm(_lin(w, p + "proj", g), w, p + "post_norm", hp)
+
+
+def _rescaled(y: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """y at the RMS ``target`` (per token; y's own RMS at least 1e-5^1/2, as transformers clamps it)."""
+    return y * target / np.sqrt(np.maximum((y * y).mean(-1, keepdims=True, dtype=np.float32), np.float32(1e-5)))
+
+
+def _altup_streams(x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
+    """Forward.altup: the embeddings as altup_num_inputs streams (n, T, hidden): stream 0 the embeddings, stream k
+    altup_proj[k - 1] of them at their RMS (transformers' Gemma3nTextModel.forward)."""
+    proj = w.tensor("altup_proj.weight")
+    target = np.sqrt((x * x).mean(-1, keepdims=True, dtype=np.float32))
+    return np.stack([x] + [_rescaled(x @ proj[k].T, target) for k in range(hp.altup[0] - 1)]).astype(np.float32)
+
+
+def _altup_merged(xs: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
+    """The streams' mean, each but stream 0 through altup_unembd_proj at stream 0's RMS."""
+    un = w.tensor("altup_unembd_proj.weight")
+    target = np.sqrt((xs[0] * xs[0]).mean(-1, keepdims=True, dtype=np.float32))
+    ys = [xs[0]] + [_rescaled(xs[k] @ un[k - 1].T, target) for k in range(1, xs.shape[0])]
+    return np.mean(np.stack(ys), axis=0, dtype=np.float32)
+
+
+def _altup_layer(i: int, xs: np.ndarray, hp: Hparams, w: Weights, kv: dict, pli: np.ndarray | None) -> np.ndarray:
+    """Forward.altup: layer i on the streams xs (n, T, hidden): every stream predicted from all (coefficients from the
+    router on the active stream), the layer run on the active prediction, every stream corrected by the layer's
+    innovation; the corrected active stream (times altup_correct_scale) through the per-layer input gate added to
+    streams 1.. (transformers' Gemma3nTextAltUp, Gemma3nTextDecoderLayer)."""
+    p = f"blk.{i}."
+    n, a, scaled = hp.altup
+    T = xs.shape[1]
+
+    def modalities(x: np.ndarray) -> np.ndarray:  # (T, n)
+        r = _norm(x, w, p + "altup_router_norm", hp) * np.float32(1.0 / hp.hidden)
+        return np.tanh(_lin(w, p + "altup_router", r))
+
+    coef = _lin(w, p + "altup_predict_coef", modalities(xs[a])).reshape(T, n, n)  # [t, to, from]
+    pred = (xs + np.einsum("tij,jth->ith", coef, xs)).astype(np.float32)
+    out = _layer(i, pred[a], hp, w, kv, None)
+    corr = _lin(w, p + "altup_correct_coef", modalities(out)) + np.float32(1)  # (T, n)
+    xs = (pred + (out - pred[a])[None] * corr.T[:, :, None]).astype(np.float32)
+    if pli is not None:
+        first = xs[a] * w.tensor(p + "altup_correct_scale.weight") if scaled else xs[a]
+        xs[1:] += _per_layer_gate(i, first, hp, w, pli)
+    return xs
 
 
 def _per_layer_inputs(ids: np.ndarray, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
@@ -392,6 +452,7 @@ def _per_layer_inputs(ids: np.ndarray, x: np.ndarray, hp: Hparams, w: Weights) -
     embeddings' projection per_layer_model_proj (times hidden^-1/2, RMS-normed per layer by per_layer_proj_norm),
     times 2^-1/2 (transformers' get_per_layer_inputs / project_per_layer_inputs)."""
     T, L, n = ids.size, hp.n_layers, hp.per_layer
+    ids = np.where(ids < hp.per_layer_vocab, ids, 0) if hp.per_layer_vocab else ids  # beyond the table: row 0
     tab = w.embed(ids, "per_layer_token_embd.weight").reshape(T, L, n) * np.float32(np.sqrt(n))
     proj = (w.matmul("per_layer_model_proj.weight", x) * np.float32(hp.hidden ** -0.5)).reshape(T, L, n)
     proj = _norm(proj, w, "per_layer_proj_norm", hp)
@@ -431,11 +492,17 @@ def run(source, tokens, *, weights: Weights | None = None, hp: Hparams | None = 
     x = w.embed(ids) * np.float32(hp.embed_scale)
     pli = _per_layer_inputs(ids, x, hp, w) if hp.per_layer and w.has("per_layer_token_embd.weight") else None
     kv: dict = {}
+    xs = _altup_streams(x, hp, w) if hp.altup[0] else None  # gemma3n's AltUp streams
     for i in range(hp.n_layers):
-        x = _layer(i, x, hp, w, kv, pli)
+        if xs is not None:
+            xs = _altup_layer(i, xs, hp, w, kv, pli)
+        else:
+            x = _layer(i, x, hp, w, kv, pli)
         w.release()
         if progress:
             progress(i + 1, total)
+    if xs is not None:
+        x = _altup_merged(xs, hp, w)
     x = _norm(x, w, hp.fwd.output_norm, hp)
     head = "output.weight" if w.has("output.weight") else "token_embd.weight"
     out = None if on_logits else np.empty((T, hp.vocab), dtype=np.float32)

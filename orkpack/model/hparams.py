@@ -98,6 +98,11 @@ class Hparams:
     kv_heads_swa: int = 0
     kv_from: dict = field(default_factory=dict)  # gemma4: a KV-sharing layer -> the earlier layer whose K/V it reads
     per_layer: int = 0  # gemma4: the per-layer embedding width (0: none)
+    per_layer_vocab: int = 0  # its rows where fewer than the vocabulary's (a token beyond reads row 0); 0: as many
+    altup: tuple[int, int, bool] = (0, 0, False)  # gemma3n (Forward.altup): streams, the active one, whether the
+    # corrected active stream is scaled (altup_correct_scale) before the per-layer input gate; 0 streams: no AltUp
+    sparsity: dict = field(default_factory=dict)  # gemma3n (Forward.act_sparsity): layer -> its MLP gate's std
+    # multiplier (the layers with a finite one)
 
 
 def _num(v: Any, what: str, where: str) -> float:
@@ -321,6 +326,10 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
                              where),
         head_dim_swa=int(d.get("hs", 0)), kv_heads_swa=int(d.get("nks", 0)),
         kv_from=_kv_from(L, facts), per_layer=int(d.get("hpl", 0)) if f.per_layer_input else 0,
+        per_layer_vocab=int(d["Vpl"]) if f.per_layer_input and 0 < int(d.get("Vpl", 0)) < int(d["V"]) else 0,
+        altup=(int(d["na"]), int(d["active"]), tc.get("altup_correct_scale", True) is not False) if f.altup
+        else (0, 0, False),
+        sparsity=_sparsity([archs.activation_sparsity_scale(x) for x in d["sparsity"]]) if f.act_sparsity else {},
     )
 
 
@@ -451,7 +460,15 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
         head_dim_swa=int(get(G.KEY_LENGTH_SWA, 0) or 0),
         kv_heads_swa=_kv_heads(kv.get(G.HEAD_COUNT_KV.at(garch)), facts, True) if get(G.KEY_LENGTH_SWA) else 0,
         kv_from=_kv_from(L, facts), per_layer=int(get(G.EMBEDDING_LENGTH_PER_LAYER) or 0) if f.per_layer_input else 0,
+        # llama.cpp's gemma3n always scales the corrected stream (altup_correct_scale is no GGUF key)
+        altup=(int(get(G.ALTUP_NUM_INPUTS)), int(get(G.ALTUP_ACTIVE_IDX)), True) if f.altup else (0, 0, False),
+        sparsity=_sparsity(kv.get(G.ACTIVATION_SPARSITY_SCALE.at(garch)) or ()) if f.act_sparsity else {},
     )
+
+
+def _sparsity(scales) -> dict:
+    """{layer: std multiplier} of the layers whose activation-sparsity multiplier is finite (-inf: none)."""
+    return {i: float(v) for i, v in enumerate(scales) if isinstance(v, (int, float)) and math.isfinite(v)}
 
 
 def _kv_from(L: int, facts: Mapping[str, Any]) -> dict:

@@ -159,8 +159,9 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
     for name, v in archs.record_values(cfg):  # the converter's own arithmetic (archs Family.record)
         key = G.BY_NAME[name]
         put(key, key.type, v)
-    if "kinds" in d:  # gemma4 (Gemma4Model.set_gguf_parameters)
-        _gemma4(cfg, fam, d, put)
+    own = _OWN_KEYS.get(fam.name)
+    if own is not None:  # the family's converter class's own keys (Gemma4Model, Gemma3NModel)
+        own(cfg, fam, d, put)
     if fam.blocks is not None and fam.blocks.record in ("kv_heads", "kv_heads_ffn"):
         put(G.HEAD_COUNT_KV, G.HEAD_COUNT_KV_PER_LAYER, [d["nkv"] if b == archs.ATTN else 0 for b in blocks])
         if "di" in d:  # Mamba2's d_inner (GraniteHybridModel: mamba_expand x hidden; NemotronHModel: heads x head dim)
@@ -202,13 +203,16 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
         put(G.EXPERT_GATING_FUNC, G.EXPERT_GATING_FUNC.type, 2 if fam.forward.router == "sigmoid" else 1)
 
 
-def gemma4_keys(cfg: Mapping) -> dict:
-    """{key after "{arch}.": (GGUF type, value)}: what Gemma4Model writes beyond the common keys (synthetic GGUFs)."""
+def own_keys(cfg: Mapping) -> dict:
+    """{key after "{arch}.": (GGUF type, value)}: what the family's converter class writes beyond the common keys
+    (Gemma4Model, Gemma3NModel; synthetic GGUFs); {} for every other family."""
     from .. import archs
 
     fam = archs.config_family(cfg)
     out: dict = {}
-    _gemma4(cfg, fam, archs.dims(cfg), lambda key, typ, v: out.__setitem__(key.name, (typ, v)))
+    own = _OWN_KEYS.get(fam.name) if fam is not None else None
+    if own is not None:
+        own(cfg, fam, archs.dims(cfg), lambda key, typ, v: out.__setitem__(key.name, (typ, v)))
     return out
 
 
@@ -243,6 +247,28 @@ def _gemma4(cfg: Mapping, fam, d: dict, put: Callable) -> None:
     put(G.ROPE_DIMENSION_COUNT_SWA, u, int(d["hs"] * frac) if _valid("float32", frac) else d["hs"])
     if _valid("float32", sl.get("rope_theta")):
         put(G.ROPE_FREQ_BASE_SWA, "float32", float(sl["rope_theta"]))
+
+def _gemma3n(cfg: Mapping, fam, d: dict, put: Callable) -> None:
+    """Gemma3NModel's keys: the FFN widths (one per layer when the config lists them), the AltUp streams, the
+    per-layer embedding width, the KV-sharing layers, each layer's activation-sparsity std multiplier (-inf: none)
+    and the sliding pattern."""
+    from .. import archs
+
+    u = "uint32"
+    if "I_layers" in d:
+        put(G.FEED_FORWARD_LENGTH, G.HEAD_COUNT_KV_PER_LAYER, list(d["I_layers"]))
+    put(G.ALTUP_ACTIVE_IDX, u, d["active"])
+    put(G.ALTUP_NUM_INPUTS, u, d["na"])
+    put(G.EMBEDDING_LENGTH_PER_LAYER, u, d["hpl"])
+    put(G.SHARED_KV_LAYERS, u, d["nshared"])
+    put(G.ACTIVATION_SPARSITY_SCALE, G.ACTIVATION_SPARSITY_SCALE.type,
+        json_value(G.ACTIVATION_SPARSITY_SCALE.type, [archs.activation_sparsity_scale(p) for p in d["sparsity"]]))
+    put(G.SLIDING_WINDOW_PATTERN, G.SLIDING_WINDOW_PATTERN.type, [k == "sliding_attention" for k in d["kinds"]])
+
+
+_OWN_KEYS: dict[str, Callable] = {"gemma4_text": _gemma4, "gemma4": _gemma4, "gemma3n_text": _gemma3n,
+                                  "gemma3n": _gemma3n}
+
 
 # families whose converter writes rope.dimension_sections (_Qwen35MRopeMixin)
 _MROPE_WRITTEN = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")

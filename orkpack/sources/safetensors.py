@@ -251,12 +251,17 @@ class SafetensorsSource(FileSource):
         raw, self._skipped, self._recipes = q.raw, q.skipped, q.recipes
         self._entries: dict[str, _Entry] = {}
         groups: dict[tuple[int, str], dict[int, tuple]] = {}
+        stacks: dict[str, dict[int, tuple]] = {}  # the converter's stacked tensors (archs Family.stacks)
         for r in raw:
             t, dtype, shape, fi, off, nb = r
             ex = hf_expert(t)
             if ex is not None:
                 layer, e, proj = ex
                 groups.setdefault((layer, proj), {})[e] = r
+                continue
+            st = archs.stacked_slice(t, name_arch)
+            if st is not None:
+                stacks.setdefault(st[0], {})[st[1]] = r
                 continue
             cname = canonical_name(t, name_arch, n_layers)
             # the tensors as the converter lays them out: squeezed, reshaped, cut into parts (byte ranges) or renamed
@@ -273,19 +278,21 @@ class SafetensorsSource(FileSource):
                 inner = math.prod(pc.shape[pc.axis + 1:]) * _NP_DTYPE[dtype].itemsize
                 self._add(pc.name, t, dtype, pc.shape, [_Part(fi, off + (o * rows + r0) * inner, n * inner)
                                                         for o in range(outer) for r0, n in pc.runs()])
-        for (layer, proj), experts in groups.items():
-            name = f"blk.{layer}.ffn_{proj}_exps.weight"
+        stacked = [(f"blk.{layer}.ffn_{proj}_exps.weight", experts, "expert", r"\.experts\.\d+\.", ".experts.*.")
+                   for (layer, proj), experts in groups.items()]
+        stacked += [(name, per, "slice", r"\.\d+\.(?=[^.]*$)", ".*.") for name, per in stacks.items()]
+        for name, experts, what, rx, star in stacked:
             first = experts[min(experts)]
             missing = sorted(set(range(len(experts))) - set(experts))
             if missing:
-                raise SourceError(f"{_fname(self.root)}: {escape_name(name)}: expert {missing[0]} is missing "
-                                  f"(found {len(experts)} experts); the checkpoint is incomplete; download it again")
+                raise SourceError(f"{_fname(self.root)}: {escape_name(name)}: {what} {missing[0]} is missing "
+                                  f"(found {len(experts)}); the checkpoint is incomplete; download it again")
             for e in range(len(experts)):
                 r = experts[e]
                 if r[1] != first[1] or r[2] != first[2]:
                     raise SourceError(f"{_fname(self.root)}: {escape_name(r[0])}: {r[1]} {tuple(r[2])} differs from "
-                                      f"expert 0 ({first[1]} {tuple(first[2])}); the checkpoint is inconsistent")
-            src = re.sub(r"\.experts\.\d+\.", ".experts.*.", first[0])
+                                      f"{what} 0 ({first[1]} {tuple(first[2])}); the checkpoint is inconsistent")
+            src = re.sub(rx, star, first[0])
             parts = [_Part(experts[e][3], experts[e][4], experts[e][5]) for e in range(len(experts))]
             self._add(name, src, first[1], (len(experts), *first[2]), parts)
         # tensors the converter computes from the config (archs Family.generated: gemma4's rope_freqs), listed and

@@ -270,6 +270,8 @@ def manifest_from_config(cfg: dict, source: str = "config.json") -> Manifest:
             stacked_name = None
         if stacked_name is not None:
             sp = (stacked_name, int(idx))
+        elif (sp := archs.stacked_slice(hf_name, facts["arch"])) is not None:  # the converter's stacks (gemma3n)
+            pass
         else:
             sp = _names.split_expert(name := _names.canonical_name(hf_name, facts["arch"], L))
         if sp is not None:
