@@ -43,42 +43,39 @@ AI float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 static const int NF4DQ_CAND[] = {0, -1, 1}; /* reference.NF4DQ_CANDIDATES */
 #define NCAND ((int)(sizeof NF4DQ_CAND / sizeof NF4DQ_CAND[0]))
 
-/* 16 lanes: one block each */
-typedef float vf __attribute__((vector_size(64)));
-typedef int32_t vi __attribute__((vector_size(64)));
-typedef uint32_t vu __attribute__((vector_size(64)));
-typedef double vd __attribute__((vector_size(128)));
-typedef int64_t vl __attribute__((vector_size(128)));
-typedef uint8_t vb __attribute__((vector_size(16)));
-#define VSPLAT(T, v) ((T){v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v})
-AI vf vf_sel(vi m, vf a, vf b) { return (vf)((m & (vi)a) | (~m & (vi)b)); }
-AI vu vu_sel(vi m, vu a, vu b) { return ((vu)m & a) | (~(vu)m & b); }
-AI vi vi_sel(vi m, vi a, vi b) { return (m & a) | (~m & b); }
-AI vd vd_sel(vl m, vd a, vd b) { return (vd)((m & (vl)a) | (~m & (vl)b)); }
-AI vi vf_finite(vf v) { return ((vi)v & 0x7f800000) != 0x7f800000; }
-AI int vi_any(vi m) {
-    int r = 0;
-    for (int b = 0; b < G; b++) r |= m[b];
-    return r != 0;
-}
-/* the group's rows as vectors (xs / ws: [blk][16] float / double, 64-byte aligned) */
-AI vf ldf(const float *p) { vf v; memcpy(&v, p, sizeof v); return v; }
-AI vd ldd(const double *p) { vd v; memcpy(&v, p, sizeof v); return v; }
+/* native vector types of 4, 8 and 16 floats (and their halves) for the levels' bodies */
+#define VT(name, T, bytes) typedef T name __attribute__((vector_size(bytes)));
+VT(vf4, float, 16) VT(vi4, int32_t, 16) VT(vu4, uint32_t, 16) VT(vfh2, float, 8) VT(vih2, int32_t, 8)
+VT(vdn2, double, 16) VT(vln2, int64_t, 16)
+VT(vf8, float, 32) VT(vi8, int32_t, 32) VT(vu8, uint32_t, 32) VT(vfh4, float, 16) VT(vih4, int32_t, 16)
+VT(vdn4, double, 32) VT(vln4, int64_t, 32)
+VT(vf16, float, 64) VT(vi16, int32_t, 64) VT(vu16, uint32_t, 64) VT(vfh8, float, 32) VT(vih8, int32_t, 32)
+VT(vdn8, double, 64) VT(vln8, int64_t, 64)
+#undef VT
 
 /* ------------------------------------------------------------------ the code of a scaled value, per level */
 
 /* portable: 15 compares; the code book value by bits (no table lookup, nothing but lane-wise operations) */
-AI vf lv_portable(vf s, vi *code) {
-    vi c = VSPLAT(vi, 0);
-    vu cbb = VSPLAT(vu, f2u(CB[0]));
+AI vf4 lv_portable(vf4 s, vi4 *code) {
+    vi4 c = {0, 0, 0, 0};
+    const uint32_t c0 = f2u(CB[0]);
+    vu4 cbb = {c0, c0, c0, c0};
     for (int m = 0; m < 15; m++) {
-        const vi gt = s > MID[m];
+        const vi4 gt = s > MID[m];
         c -= gt;
-        cbb ^= (vu)gt & (f2u(CB[m + 1]) ^ f2u(CB[m]));
+        cbb ^= (vu4)gt & (f2u(CB[m + 1]) ^ f2u(CB[m]));
     }
     *code = c;
-    return (vf)cbb;
+    return (vf4)cbb;
 }
+#define W 4
+#define vf vf4
+#define vi vi4
+#define vu vu4
+#define vfh vfh2
+#define vih vih2
+#define vdn vdn2
+#define vln vln2
 #define SUF portable
 #define ATTR
 #define LV_SETUP
@@ -118,12 +115,28 @@ AI T512 __m512 levels512v(__m512 v, __m512i *code, const tabs512 *t) {
     *code = _mm512_mask_add_epi32(base, gt, base, _mm512_set1_epi32(1));
     return _mm512_permutexvar_ps(*code, t->cb);
 }
-AI T512 vf lv_avx512(vf s, vi *code, const tabs512 *t) {
+AI T512 vf16 lv_avx512(vf16 s, vi16 *code, const tabs512 *t) {
     __m512i c;
     const __m512 q = levels512v((__m512)s, &c, t);
-    *code = (vi)c;
-    return (vf)q;
+    *code = (vi16)c;
+    return (vf16)q;
 }
+#undef W
+#undef vf
+#undef vi
+#undef vu
+#undef vfh
+#undef vih
+#undef vdn
+#undef vln
+#define W 16
+#define vf vf16
+#define vi vi16
+#define vu vu16
+#define vfh vfh8
+#define vih vih8
+#define vdn vdn8
+#define vln vln8
 #define SUF avx512
 #define ATTR T512
 #define LV_SETUP const tabs512 tb = tabs512_load();
@@ -160,17 +173,28 @@ AI T256 __m256 lv8(__m256 s, __m256i *code, const tabs256 *t) {
     *code = pos;
     return _mm256_blendv_ps(_mm256_permutevar8x32_ps(t->cl, pos), _mm256_permutevar8x32_ps(t->ch, pos), m8);
 }
-AI T256 vf lv_avx2(vf s, vi *code, const tabs256 *t) {
-    __m256 h[2], q[2];
-    __m256i c[2];
-    memcpy(h, &s, sizeof s);
-    q[0] = lv8(h[0], &c[0], t);
-    q[1] = lv8(h[1], &c[1], t);
-    vf r;
-    memcpy(code, c, sizeof c);
-    memcpy(&r, q, sizeof r);
-    return r;
+AI T256 vf8 lv_avx2(vf8 s, vi8 *code, const tabs256 *t) {
+    __m256i c;
+    const __m256 q = lv8((__m256)s, &c, t);
+    *code = (vi8)c;
+    return (vf8)q;
 }
+#undef W
+#undef vf
+#undef vi
+#undef vu
+#undef vfh
+#undef vih
+#undef vdn
+#undef vln
+#define W 8
+#define vf vf8
+#define vi vi8
+#define vu vu8
+#define vfh vfh4
+#define vih vih4
+#define vdn vdn4
+#define vln vln4
 #define SUF avx2
 #define ATTR T256
 #define LV_SETUP const tabs256 tb = tabs256_load();
@@ -213,16 +237,28 @@ AI float32x4_t lv4(float32x4_t s, uint32x4_t *code, const tabsn *t) {
     *code = pos;
     return vreinterpretq_f32_u8(vqtbl4q_u8(t->cb, vreinterpretq_u8_u32(vmlaq_n_u32(bytes, pos, 0x04040404u))));
 }
-AI vf lv_neon(vf s, vi *code, const tabsn *t) {
-    float32x4_t h[4], q[4];
-    uint32x4_t c[4];
-    memcpy(h, &s, sizeof s);
-    for (int k = 0; k < 4; k++) q[k] = lv4(h[k], &c[k], t);
-    vf r;
-    memcpy(code, c, sizeof c);
-    memcpy(&r, q, sizeof r);
-    return r;
+AI vf4 lv_neon(vf4 s, vi4 *code, const tabsn *t) {
+    uint32x4_t c;
+    const float32x4_t q = lv4((float32x4_t)s, &c, t);
+    *code = (vi4)c;
+    return (vf4)q;
 }
+#undef W
+#undef vf
+#undef vi
+#undef vu
+#undef vfh
+#undef vih
+#undef vdn
+#undef vln
+#define W 4
+#define vf vf4
+#define vi vi4
+#define vu vu4
+#define vfh vfh2
+#define vih vih2
+#define vdn vdn2
+#define vln vln2
 #define SUF neon
 #define ATTR
 #define LV_SETUP const tabsn tb = tabsn_load();
@@ -249,32 +285,26 @@ static int level(void) {
     return LV_PORTABLE;
 }
 
+int ork_nf4opt_level(void) { return level(); }
+
 static void group_run(int lv, const float (*x)[G], const double (*w)[G], const int *tail, int blk, int tries,
                       uint8_t (*cs)[G], float *dout) {
-    vi best_c[BLKMAX];
-    const float (*xv)[G] = x;
-    const double (*wv)[G] = w;
     switch (lv) {
 #ifdef ORK_NF4OPT_X86
-    case LV_AVX512: group_avx512(xv, wv, tail, blk, tries, best_c, dout); break;
-    case LV_AVX2: group_avx2(xv, wv, tail, blk, tries, best_c, dout); break;
+    case LV_AVX512: group_avx512(x, w, tail, blk, tries, cs, dout); break;
+    case LV_AVX2: group_avx2(x, w, tail, blk, tries, cs, dout); break;
 #endif
 #ifdef ORK_NF4OPT_NEON
-    case LV_NEON: group_neon(xv, wv, tail, blk, tries, best_c, dout); break;
+    case LV_NEON: group_neon(x, w, tail, blk, tries, cs, dout); break;
 #endif
-    default: group_portable(xv, wv, tail, blk, tries, best_c, dout); break;
+    default: group_portable(x, w, tail, blk, tries, cs, dout); break;
     }
-    if (cs)
-        for (int i = 0; i < blk; i++) {
-            const vb c8 = __builtin_convertvector(best_c[i], vb);
-            memcpy(cs[i], &c8, sizeof c8);
-        }
 }
 
 static void dq_run(int lv, const float (*x)[G], const double (*w)[G], const int *q0, const float *sc, float off,
                    const float *dq, uint8_t (*pk)[DQB / 2], int *qout, double *ax, double *ae) {
-    const float (*xv)[G] = x;
-    const double (*wv)[G] = w;
+#define xv x
+#define wv w
     switch (lv) {
 #ifdef ORK_NF4OPT_X86
     case LV_AVX512: dq_avx512(xv, wv, q0, sc, off, dq, pk, qout, ax, ae); break;
@@ -285,6 +315,8 @@ static void dq_run(int lv, const float (*x)[G], const double (*w)[G], const int 
 #endif
     default: dq_portable(xv, wv, q0, sc, off, dq, pk, qout, ax, ae); break;
     }
+#undef xv
+#undef wv
 }
 
 #ifdef ORK_NF4OPT_X86
