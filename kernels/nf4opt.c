@@ -3,11 +3,15 @@
  *
  * Layout: 16 blocks at a time, one per SIMD lane (x[i][b] is element i of block b), so every
  * per-block sum runs in order over i inside its own lane (the reference's order) and nothing is
- * horizontal. The code of a scaled value s is bitsandbytes' (the number of float32 midpoints
- * strictly below s); the AVX-512 path finds it by the bin tables of codecs.c's fast encoder
- * (s clamped to +-1.03 first, which changes no code), the generic path by 15 compares: the same
- * codes, so the same bytes at every SIMD level (tests/test_nf4opt.py). The AVX-512 bodies are written
- * with intrinsics, the same operations in the same order per lane.
+ * horizontal. The search itself (kernels/nf4opt_body.inc) is written once, in vector extensions over
+ * 16 lanes, and compiled once per SIMD level; only the NF4 code of a scaled value s (bitsandbytes': the
+ * number of float32 midpoints strictly below s) is found per level:
+ *   - AVX-512: the bin tables of codecs.c's fast encoder (s clamped to +-1.03 first, which changes no code);
+ *   - AVX2: a branch-free binary search over the 15 midpoints (two 8-lane halves, permutes of 8);
+ *   - NEON (aarch64): the same binary search with tbl lookups (four 4-lane quarters);
+ *   - portable: 15 compares (any other target, and x86 with ork_codecs_set_isa(portable)).
+ * The same codes, so the same bytes at every level (tests/test_nf4opt.py, tests/test_nf4dq.py; NEON under
+ * qemu-aarch64 in tests/test_aarch64.py). x86 picks the level of ork_codecs_isa(); aarch64 always runs NEON.
  *
  * Also nf4dq (reference.nf4dq_encode; tests/test_nf4dq.py): its first step is this encoder at block 32
  * (with float32 error and refit sums), then ork_nf4dq_scales (offset, group scales) and ork_nf4dq_encode
@@ -17,6 +21,10 @@
 
 #include <math.h>
 #include <string.h>
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi" /* 64-byte vectors by value between always-inlined helpers only */
+#endif
 
 #define AI static inline __attribute__((always_inline))
 #define BLKMAX 64
@@ -31,217 +39,72 @@ static const float TINY = 1e-38f;
 AI uint32_t f2u(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 AI float u2f(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
 
-/* generic: codes and levels of 16 scaled values by 15 compares (vectorizes; no gather) */
-AI void levels_generic(const float *s, float *q, uint8_t *c) {
-    for (int b = 0; b < G; b++) {
-        uint32_t code = 0, cbb = f2u(CB[0]);
-        for (int m = 0; m < 15; m++) {
-            const uint32_t gt = s[b] > MID[m];
-            code += gt;
-            cbb ^= (0u - gt) & (f2u(CB[m + 1]) ^ f2u(CB[m]));
-        }
-        q[b] = u2f(cbb);
-        if (c) c[b] = (uint8_t)code;
-    }
-}
-
-/* the body, written once; LEVELS(s, q, c) computes 16 codes / levels; BLK: the block length (a constant);
- * ACC: the type of the error and refit sums of steps 0 and 2 (double at 64; float at 32, nf4dq's first step) */
-#define GROUP_BODY(LEVELS, BLK, ACC)                                                                       \
-    float amax[G], dc[G], best_d[G], inv0[G], d[G], fx[G], fq[G];                                        \
-    float wf[BLK][G], wx[BLK][G];                                                                        \
-    for (int i = 0; i < BLK; i++)                                                                        \
-        for (int b = 0; b < G; b++) { wf[i][b] = (float)w[i][b]; wx[i][b] = wf[i][b] * x[i][b]; }       \
-    ACC best_e[G], sxq[G], sqq[G], e[G];                                                                 \
-    double best_s[G], dscan[G];                                                                          \
-    int going[G];                                                                                        \
-    float s[G], q[G];                                                                                    \
-    for (int b = 0; b < G; b++) {                                                                        \
-        uint32_t m = 0;                                                                                  \
-        for (int i = 0; i < BLK; i++) { uint32_t u = f2u(x[i][b]) & 0x7fffffffu; m = u > m ? u : m; }   \
-        amax[b] = u2f(m);                                                                                \
-        dc[b] = amax[b] < TINY ? TINY : amax[b];                                                         \
-        best_d[b] = tail[b] ? dc[b] : amax[b];                                                           \
-        inv0[b] = 1.0f / dc[b];                                                                          \
-        e[b] = 0.0;                                                                                      \
-    }                                                                                                    \
-    /* 0. bitsandbytes' choice */                                                                        \
-    for (int i = 0; i < BLK; i++) {                                                                      \
-        for (int b = 0; b < G; b++) s[b] = tail[b] ? x[i][b] / dc[b] : x[i][b] * inv0[b];               \
-        LEVELS(s, q, best_c[i]);                                                                         \
-        for (int b = 0; b < G; b++) {                                                                    \
-            const float deq = q[b] * best_d[b];                                                          \
-            const ACC r = (ACC)x[i][b] - (ACC)deq;                                                       \
-            e[b] += (ACC)w[i][b] * r * r;                                                                \
-        }                                                                                                \
-    }                                                                                                    \
-    for (int b = 0; b < G; b++) { best_e[b] = e[b]; best_s[b] = -1.0; dscan[b] = 0.0; }                 \
-    /* 1. the scan */                                                                                    \
-    for (int g = 0; g < 2; g++)                                                                          \
-        for (int j = -tries; j <= tries; j++) {                                                          \
-            float inv[G];                                                                                \
-            for (int b = 0; b < G; b++) {                                                                \
-                const float safe = amax[b] >= TINY ? amax[b] : 1.0f;                                     \
-                inv[b] = (g ? -1.0f : 1.0f) * (1.0f + (float)j * STEP) / safe;                           \
-                fx[b] = 0.0f; fq[b] = 0.0f;                                                              \
-            }                                                                                            \
-            for (int i = 0; i < BLK; i++) {                                                              \
-                for (int b = 0; b < G; b++) s[b] = x[i][b] * inv[b];                                     \
-                LEVELS(s, q, (uint8_t *)0);                                                              \
-                for (int b = 0; b < G; b++) {                                                            \
-                    fx[b] += wx[i][b] * q[b];                                                            \
-                    fq[b] += wf[i][b] * q[b] * q[b];                                                     \
-                }                                                                                        \
-            }                                                                                            \
-            for (int b = 0; b < G; b++) {                                                                \
-                const double sx = (double)fx[b], sq = (double)fq[b];                                     \
-                const double den = sq > 0.0 ? sq : 1.0;                                                  \
-                const double score = sq > 0.0 ? sx * sx / den : -1.0;                                    \
-                const int better = sq > 0.0 && score > best_s[b];                                        \
-                best_s[b] = better ? score : best_s[b];                                                  \
-                dscan[b] = better ? sx / den : dscan[b];                                                 \
-            }                                                                                            \
-        }                                                                                                \
-    /* 2. refinement */                                                                                  \
-    for (int b = 0; b < G; b++) { d[b] = (float)dscan[b]; going[b] = amax[b] >= TINY; }                 \
-    for (int r = 0; r < ROUNDS; r++) {                                                                   \
-        float dd[G], inv[G];                                                                             \
-        int any = 0;                                                                                     \
-        for (int b = 0; b < G; b++) {                                                                    \
-            const float den = d[b] != 0.0f ? d[b] : 1.0f;                                                \
-            going[b] = going[b] && d[b] != 0.0f && isfinite(d[b]) && isfinite(1.0f / den);               \
-            dd[b] = going[b] ? d[b] : 1.0f;                                                              \
-            inv[b] = 1.0f / dd[b];                                                                       \
-            e[b] = 0.0; sxq[b] = 0.0; sqq[b] = 0.0;                                                      \
-            any |= going[b];                                                                             \
-        }                                                                                                \
-        if (!any) break;                                                                                 \
-        uint8_t cr[BLK][G];                                                                              \
-        for (int i = 0; i < BLK; i++) {                                                                  \
-            for (int b = 0; b < G; b++) s[b] = tail[b] ? x[i][b] / dd[b] : x[i][b] * inv[b];            \
-            LEVELS(s, q, cr[i]);                                                                         \
-            for (int b = 0; b < G; b++) {                                                                \
-                const float deq = q[b] * dd[b];                                                          \
-                const ACC rr = (ACC)x[i][b] - (ACC)deq;                                                  \
-                e[b] += (ACC)w[i][b] * rr * rr;                                                          \
-                const ACC qd = (ACC)q[b];                                                                \
-                sxq[b] += (ACC)w[i][b] * (ACC)x[i][b] * qd;                                              \
-                sqq[b] += (ACC)w[i][b] * qd * qd;                                                        \
-            }                                                                                            \
-        }                                                                                                \
-        int take[G];                                                                                     \
-        for (int b = 0; b < G; b++) {                                                                    \
-            take[b] = going[b] && e[b] < best_e[b];                                                      \
-            best_e[b] = take[b] ? e[b] : best_e[b];                                                      \
-            best_d[b] = take[b] ? dd[b] : best_d[b];                                                     \
-            going[b] = going[b] && sqq[b] > 0.0;                                                         \
-            d[b] = (float)(sxq[b] / (sqq[b] > 0 ? sqq[b] : (ACC)1));                                     \
-        }                                                                                                \
-        for (int i = 0; i < BLK; i++)                                                                    \
-            for (int b = 0; b < G; b++) best_c[i][b] = take[b] ? cr[i][b] : best_c[i][b];               \
-    }                                                                                                    \
-    for (int b = 0; b < G; b++) dout[b] = best_d[b];
-
-/* nf4dq step 3 for 16 blocks of 32 (one per lane): the candidates q0 + NF4DQ_CAND[t] (those in 0..255), each
- * with the nearest NF4 codes of x * (1 / a) and its weighted squared error; the first least error is kept
- * (reference.nf4dq_encode). a(q) = DQ[q] * sc + off. best_c starts all 0, best_q at q0, the error at +inf.
- * The error sums are float32: (float)w * r * r, r = x - deq, in element order. */
 #define DQB 32
 static const int NF4DQ_CAND[] = {0, -1, 1}; /* reference.NF4DQ_CANDIDATES */
 #define NCAND ((int)(sizeof NF4DQ_CAND / sizeof NF4DQ_CAND[0]))
-#define DQ_BODY(LEVELS)                                                                                  \
-    float best_e[G];                                                                                     \
-    float s[G], q[G];                                                                                    \
-    for (int b = 0; b < G; b++) { best_e[b] = INFINITY; qout[b] = q0[b]; }                               \
-    for (int i = 0; i < DQB; i++)                                                                        \
-        for (int b = 0; b < G; b++) best_c[i][b] = 0;                                                    \
-    for (int t = 0; t < NCAND; t++) {                                                                    \
-        float a[G], iv[G];                                                                               \
-        int valid[G], qc[G];                                                                             \
-        float e[G];                                                                                      \
-        uint8_t cr[DQB][G];                                                                              \
-        for (int b = 0; b < G; b++) {                                                                    \
-            const int qq = q0[b] + NF4DQ_CAND[t];                                                        \
-            valid[b] = qq >= 0 && qq <= 255;                                                             \
-            qc[b] = qq < 0 ? 0 : (qq > 255 ? 255 : qq);                                                  \
-            a[b] = dq[qc[b]] * sc[b] + off;                                                              \
-            const float inv = 1.0f / a[b];                                                               \
-            iv[b] = (a[b] != 0.0f && isfinite(inv)) ? inv : 0.0f;                                        \
-            e[b] = 0.0f;                                                                                 \
-        }                                                                                                \
-        for (int i = 0; i < DQB; i++) {                                                                  \
-            for (int b = 0; b < G; b++) s[b] = x[i][b] * iv[b];                                          \
-            LEVELS(s, q, cr[i]);                                                                         \
-            for (int b = 0; b < G; b++) {                                                                \
-                const float deq = q[b] * a[b];                                                           \
-                const float r = x[i][b] - deq;                                                           \
-                e[b] += (float)w[i][b] * r * r;                                                          \
-            }                                                                                            \
-        }                                                                                                \
-        int take[G];                                                                                     \
-        for (int b = 0; b < G; b++) {                                                                    \
-            take[b] = valid[b] && e[b] < best_e[b];                                                      \
-            best_e[b] = take[b] ? e[b] : best_e[b];                                                      \
-            qout[b] = take[b] ? qc[b] : qout[b];                                                         \
-        }                                                                                                \
-        for (int i = 0; i < DQB; i++)                                                                    \
-            for (int b = 0; b < G; b++) best_c[i][b] = take[b] ? cr[i][b] : best_c[i][b];               \
-    }                                                                                                    \
-    /* SQNR sums of the decoded values: lane b (the block), in element order */                         \
-    float ab[G];                                                                                         \
-    for (int b = 0; b < G; b++) ab[b] = dq[qout[b]] * sc[b] + off;                                       \
-    for (int i = 0; i < DQB; i++)                                                                        \
-        for (int b = 0; b < G; b++) {                                                                    \
-            const float r = x[i][b] - CB[best_c[i][b]] * ab[b];                                          \
-            ax[b] += (double)x[i][b] * (double)x[i][b];                                                  \
-            ae[b] += (double)r * (double)r;                                                              \
-        }
 
-#define GEN_LEVELS(s, q, c) levels_generic(s, q, c)
+/* native vector types of 4, 8 and 16 floats (and their halves) for the levels' bodies */
+#define VT(name, T, bytes) typedef T name __attribute__((vector_size(bytes)));
+VT(vf4, float, 16) VT(vi4, int32_t, 16) VT(vu4, uint32_t, 16) VT(vfh2, float, 8) VT(vih2, int32_t, 8)
+VT(vdn2, double, 16) VT(vln2, int64_t, 16)
+VT(vf8, float, 32) VT(vi8, int32_t, 32) VT(vu8, uint32_t, 32) VT(vfh4, float, 16) VT(vih4, int32_t, 16)
+VT(vdn4, double, 32) VT(vln4, int64_t, 32)
+VT(vf16, float, 64) VT(vi16, int32_t, 64) VT(vu16, uint32_t, 64) VT(vfh8, float, 32) VT(vih8, int32_t, 32)
+VT(vdn8, double, 64) VT(vln8, int64_t, 64)
+#undef VT
+
+/* ------------------------------------------------------------------ the code of a scaled value, per level */
+
+/* portable: 15 compares; the code book value by bits (no table lookup, nothing but lane-wise operations) */
+AI vf4 lv_portable(vf4 s, vi4 *code) {
+    vi4 c = {0, 0, 0, 0};
+    const uint32_t c0 = f2u(CB[0]);
+    vu4 cbb = {c0, c0, c0, c0};
+    for (int m = 0; m < 15; m++) {
+        const vi4 gt = s > MID[m];
+        c -= gt;
+        cbb ^= (vu4)gt & (f2u(CB[m + 1]) ^ f2u(CB[m]));
+    }
+    *code = c;
+    return (vf4)cbb;
+}
+#define W 4
+#define vf vf4
+#define vi vi4
+#define vu vu4
+#define vfh vfh2
+#define vih vih2
+#define vdn vdn2
+#define vln vln2
+#define SUF portable
+#define ATTR
+#define LV_SETUP
+#define LEVELS(s, c) lv_portable(s, c)
+#include "nf4opt_body.inc"
+#undef SUF
+#undef ATTR
+#undef LV_SETUP
+#undef LEVELS
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(ORK_NO_X86_SIMD)
 #define ORK_NF4OPT_X86 1
 #include <immintrin.h>
-#define CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define CLONES
-#endif
-CLONES static void group_generic64(const float (*x)[G], const double (*w)[G], const int *tail, int tries,
-                                   uint8_t (*best_c)[G], float *dout) {
-    GROUP_BODY(GEN_LEVELS, 64, double)
-}
-CLONES static void group_generic32(const float (*x)[G], const double (*w)[G], const int *tail, int tries,
-                                   uint8_t (*best_c)[G], float *dout) {
-    GROUP_BODY(GEN_LEVELS, 32, float)
-}
-CLONES static void dq_generic(const float (*x)[G], const double (*w)[G], const int *q0, const float *sc, float off,
-                              const float *dq, uint8_t (*pk)[DQB / 2], int *qout, double *ax, double *ae) {
-    uint8_t best_c[DQB][G];
-    DQ_BODY(GEN_LEVELS)
-    for (int b = 0; b < G; b++)
-        for (int i = 0; i < DQB / 2; i++) pk[b][i] = (uint8_t)((best_c[2 * i][b] << 4) | best_c[2 * i + 1][b]);
-}
-
-#ifdef ORK_NF4OPT_X86
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2")))
+#define T256 __attribute__((target("avx2")))
 /* bin tables as codecs.c's (bin(s) = (int)(s * 15.5f + 16.0f) for |s| <= 1.03): code = BASE[bin] + (s > MIDB[bin]) */
 static const float *BIN_MID;
 static const int32_t *BIN_BASE;
 
 typedef struct { __m512 mlo, mhi, cb; __m512i blo, bhi; } tabs512;
-
-#define TABS512                                                                                          \
-    tabs512 tb;                                                                                          \
-    tb.mlo = _mm512_loadu_ps(BIN_MID);                                                                   \
-    tb.mhi = _mm512_loadu_ps(BIN_MID + 16);                                                              \
-    tb.blo = _mm512_loadu_si512(BIN_BASE);                                                               \
-    tb.bhi = _mm512_loadu_si512(BIN_BASE + 16);                                                          \
-    tb.cb = _mm512_loadu_ps(CB);
-
-/* The AVX-512 bodies: GROUP_BODY and DQ_BODY written out with intrinsics, operation for operation (the same
- * float32 / float64 operations in the same order per lane, no fused multiply-add), so the same bytes as the
- * generic code (tests/test_nf4opt.py, tests/test_nf4dq.py); GCC's vectorizer left parts of the macro bodies
- * scalar. Per-block (per-lane) bookkeeping stays scalar C, as in the macros. */
+AI T512 tabs512 tabs512_load(void) {
+    tabs512 t;
+    t.mlo = _mm512_loadu_ps(BIN_MID);
+    t.mhi = _mm512_loadu_ps(BIN_MID + 16);
+    t.blo = _mm512_loadu_si512(BIN_BASE);
+    t.bhi = _mm512_loadu_si512(BIN_BASE + 16);
+    t.cb = _mm512_loadu_ps(CB);
+    return t;
+}
 AI T512 __m512 levels512v(__m512 v, __m512i *code, const tabs512 *t) {
     v = _mm512_max_ps(_mm512_set1_ps(-1.03f), _mm512_min_ps(_mm512_set1_ps(1.03f), v));
     const __m512i bin = _mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(v, _mm512_set1_ps(15.5f)),
@@ -252,181 +115,215 @@ AI T512 __m512 levels512v(__m512 v, __m512i *code, const tabs512 *t) {
     *code = _mm512_mask_add_epi32(base, gt, base, _mm512_set1_epi32(1));
     return _mm512_permutexvar_ps(*code, t->cb);
 }
+AI T512 vf16 lv_avx512(vf16 s, vi16 *code, const tabs512 *t) {
+    __m512i c;
+    const __m512 q = levels512v((__m512)s, &c, t);
+    *code = (vi16)c;
+    return (vf16)q;
+}
+#undef W
+#undef vf
+#undef vi
+#undef vu
+#undef vfh
+#undef vih
+#undef vdn
+#undef vln
+#define W 16
+#define vf vf16
+#define vi vi16
+#define vu vu16
+#define vfh vfh8
+#define vih vih8
+#define vdn vdn8
+#define vln vln8
+#define SUF avx512
+#define ATTR T512
+#define LV_SETUP const tabs512 tb = tabs512_load();
+#define LEVELS(s, c) lv_avx512(s, c, &tb)
+#include "nf4opt_body.inc"
+#undef SUF
+#undef ATTR
+#undef LV_SETUP
+#undef LEVELS
 
+/* AVX2: numpy's searchsorted(MID, s, side="left") by a branch-free binary search (MID[7]; MID[3] or MID[11];
+ * MID[1, 5, 9, 13][pos / 4]; MID[0, 2, .., 14][pos / 2]), then CB[pos] from two permutes of 8 */
+static const float MID_Q[8] = {MIDK(1, 2), MIDK(5, 6), MIDK(9, 10), MIDK(13, 14), 0, 0, 0, 0};
+static const float MID_E[8] = {MIDK(0, 1), MIDK(2, 3), MIDK(4, 5), MIDK(6, 7),
+                               MIDK(8, 9), MIDK(10, 11), MIDK(12, 13), MIDK(14, 15)};
+typedef struct { __m256 q, e, cl, ch; } tabs256;
+AI T256 tabs256 tabs256_load(void) {
+    tabs256 t;
+    t.q = _mm256_loadu_ps(MID_Q);
+    t.e = _mm256_loadu_ps(MID_E);
+    t.cl = _mm256_loadu_ps(CB);
+    t.ch = _mm256_loadu_ps(CB + 8);
+    return t;
+}
+AI T256 __m256 lv8(__m256 s, __m256i *code, const tabs256 *t) {
+    const __m256 m8 = _mm256_cmp_ps(s, _mm256_set1_ps(MID[7]), _CMP_GT_OQ);
+    __m256i pos = _mm256_and_si256(_mm256_castps_si256(m8), _mm256_set1_epi32(8));
+    const __m256 t4 = _mm256_blendv_ps(_mm256_set1_ps(MID[3]), _mm256_set1_ps(MID[11]), m8);
+    pos = _mm256_sub_epi32(pos, _mm256_slli_epi32(_mm256_castps_si256(_mm256_cmp_ps(s, t4, _CMP_GT_OQ)), 2));
+    const __m256 t2 = _mm256_permutevar8x32_ps(t->q, _mm256_srli_epi32(pos, 2));
+    pos = _mm256_sub_epi32(pos, _mm256_slli_epi32(_mm256_castps_si256(_mm256_cmp_ps(s, t2, _CMP_GT_OQ)), 1));
+    const __m256 t1 = _mm256_permutevar8x32_ps(t->e, _mm256_srli_epi32(pos, 1));
+    pos = _mm256_sub_epi32(pos, _mm256_castps_si256(_mm256_cmp_ps(s, t1, _CMP_GT_OQ)));
+    *code = pos;
+    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(t->cl, pos), _mm256_permutevar8x32_ps(t->ch, pos), m8);
+}
+AI T256 vf8 lv_avx2(vf8 s, vi8 *code, const tabs256 *t) {
+    __m256i c;
+    const __m256 q = lv8((__m256)s, &c, t);
+    *code = (vi8)c;
+    return (vf8)q;
+}
+#undef W
+#undef vf
+#undef vi
+#undef vu
+#undef vfh
+#undef vih
+#undef vdn
+#undef vln
+#define W 8
+#define vf vf8
+#define vi vi8
+#define vu vu8
+#define vfh vfh4
+#define vih vih4
+#define vdn vdn4
+#define vln vln4
+#define SUF avx2
+#define ATTR T256
+#define LV_SETUP const tabs256 tb = tabs256_load();
+#define LEVELS(s, c) lv_avx2(s, c, &tb)
+#include "nf4opt_body.inc"
+#undef SUF
+#undef ATTR
+#undef LV_SETUP
+#undef LEVELS
+#endif
+
+#if defined(__aarch64__)
+#define ORK_NF4OPT_NEON 1
+#include <arm_neon.h>
+/* NEON: AVX2's binary search, the tables read by tbl (byte index 4 k + 0..3 of float k) */
+static const float MID_QN[4] = {MIDK(1, 2), MIDK(5, 6), MIDK(9, 10), MIDK(13, 14)};
+static const float MID_EN[8] = {MIDK(0, 1), MIDK(2, 3), MIDK(4, 5), MIDK(6, 7),
+                                MIDK(8, 9), MIDK(10, 11), MIDK(12, 13), MIDK(14, 15)};
+typedef struct { uint8x16_t q; uint8x16x2_t e; uint8x16x4_t cb; } tabsn;
+AI tabsn tabsn_load(void) {
+    tabsn t;
+    t.q = vld1q_u8((const uint8_t *)MID_QN);
+    t.e.val[0] = vld1q_u8((const uint8_t *)MID_EN);
+    t.e.val[1] = vld1q_u8((const uint8_t *)MID_EN + 16);
+    for (int k = 0; k < 4; k++) t.cb.val[k] = vld1q_u8((const uint8_t *)CB + 16 * k);
+    return t;
+}
+AI float32x4_t lv4(float32x4_t s, uint32x4_t *code, const tabsn *t) {
+    const uint32x4_t bytes = vdupq_n_u32(0x03020100u);
+    const uint32x4_t m8 = vcgtq_f32(s, vdupq_n_f32(MID[7]));
+    uint32x4_t pos = vandq_u32(m8, vdupq_n_u32(8));
+    const float32x4_t t4 = vbslq_f32(m8, vdupq_n_f32(MID[11]), vdupq_n_f32(MID[3]));
+    pos = vsubq_u32(pos, vshlq_n_u32(vcgtq_f32(s, t4), 2));
+    /* pos is 0, 4, 8 or 12: float pos / 4 at bytes pos .. pos + 3 */
+    const float32x4_t t2 = vreinterpretq_f32_u8(vqtbl1q_u8(t->q, vreinterpretq_u8_u32(vmlaq_n_u32(bytes, pos, 0x01010101u))));
+    pos = vsubq_u32(pos, vshlq_n_u32(vcgtq_f32(s, t2), 1));
+    /* pos is even: float pos / 2 at bytes 2 pos .. 2 pos + 3 */
+    const float32x4_t t1 = vreinterpretq_f32_u8(vqtbl2q_u8(t->e, vreinterpretq_u8_u32(vmlaq_n_u32(bytes, pos, 0x02020202u))));
+    pos = vsubq_u32(pos, vcgtq_f32(s, t1));
+    *code = pos;
+    return vreinterpretq_f32_u8(vqtbl4q_u8(t->cb, vreinterpretq_u8_u32(vmlaq_n_u32(bytes, pos, 0x04040404u))));
+}
+AI vf4 lv_neon(vf4 s, vi4 *code, const tabsn *t) {
+    uint32x4_t c;
+    const float32x4_t q = lv4((float32x4_t)s, &c, t);
+    *code = (vi4)c;
+    return (vf4)q;
+}
+#undef W
+#undef vf
+#undef vi
+#undef vu
+#undef vfh
+#undef vih
+#undef vdn
+#undef vln
+#define W 4
+#define vf vf4
+#define vi vi4
+#define vu vu4
+#define vfh vfh2
+#define vih vih2
+#define vdn vdn2
+#define vln vln2
+#define SUF neon
+#define ATTR
+#define LV_SETUP const tabsn tb = tabsn_load();
+#define LEVELS(s, c) lv_neon(s, c, &tb)
+#include "nf4opt_body.inc"
+#undef SUF
+#undef ATTR
+#undef LV_SETUP
+#undef LEVELS
+#endif
+
+enum { LV_PORTABLE, LV_AVX2, LV_AVX512, LV_NEON };
+
+/* the level of this call: x86 follows ork_codecs_isa() (the bin tables must be valid for AVX-512) */
+static int level(void) {
+#ifdef ORK_NF4OPT_X86
+    const int isa = ork_codecs_isa();
+    if (isa == ORK_ISA_AVX512 && ork_nf4_bin_tables(&BIN_MID, &BIN_BASE) == 1) return LV_AVX512;
+    if (isa >= ORK_ISA_AVX2) return LV_AVX2;
+#endif
+#ifdef ORK_NF4OPT_NEON
+    return LV_NEON;
+#endif
+    return LV_PORTABLE;
+}
+
+int ork_nf4opt_level(void) { return level(); }
+
+static void group_run(int lv, const float (*x)[G], const double (*w)[G], const int *tail, int blk, int tries,
+                      uint8_t (*cs)[G], float *dout) {
+    switch (lv) {
+#ifdef ORK_NF4OPT_X86
+    case LV_AVX512: group_avx512(x, w, tail, blk, tries, cs, dout); break;
+    case LV_AVX2: group_avx2(x, w, tail, blk, tries, cs, dout); break;
+#endif
+#ifdef ORK_NF4OPT_NEON
+    case LV_NEON: group_neon(x, w, tail, blk, tries, cs, dout); break;
+#endif
+    default: group_portable(x, w, tail, blk, tries, cs, dout); break;
+    }
+}
+
+static void dq_run(int lv, const float (*x)[G], const double (*w)[G], const int *q0, const float *sc, float off,
+                   const float *dq, uint8_t (*pk)[DQB / 2], int *qout, double *ax, double *ae) {
+#define xv x
+#define wv w
+    switch (lv) {
+#ifdef ORK_NF4OPT_X86
+    case LV_AVX512: dq_avx512(xv, wv, q0, sc, off, dq, pk, qout, ax, ae); break;
+    case LV_AVX2: dq_avx2(xv, wv, q0, sc, off, dq, pk, qout, ax, ae); break;
+#endif
+#ifdef ORK_NF4OPT_NEON
+    case LV_NEON: dq_neon(xv, wv, q0, sc, off, dq, pk, qout, ax, ae); break;
+#endif
+    default: dq_portable(xv, wv, q0, sc, off, dq, pk, qout, ax, ae); break;
+    }
+#undef xv
+#undef wv
+}
+
+#ifdef ORK_NF4OPT_X86
 AI T512 __m512d lo8(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
 AI T512 __m512d hi8(__m512 v) {
     return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
 }
-AI T512 __mmask16 lanes_mask(const int *f) {
-    __mmask16 m = 0;
-    for (int b = 0; b < G; b++) m |= (__mmask16)((f[b] ? 1u : 0u) << b);
-    return m;
-}
-/* (float)w of 16 double weights */
-AI T512 __m512 f32x16(const double *w) {
-    const __m256 wl = _mm512_cvtpd_ps(_mm512_loadu_pd(w)), wh = _mm512_cvtpd_ps(_mm512_loadu_pd(w + 8));
-    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(wl)), _mm256_castps_pd(wh), 1));
-}
-/* 16 float32 sums into a double[16] (exactly: the comparisons and the float32-rounded quotients of the
- * per-lane code then equal those of float32 arithmetic) */
-AI T512 void store16d(double *dst, __m512 v) {
-    _mm512_storeu_pd(dst, lo8(v));
-    _mm512_storeu_pd(dst + 8, hi8(v));
-}
-/* e += (w * r) * r with r = x - (double)deq, both halves */
-#define ACC_ERR(EL, EH, WL, WH, XL, XH, DEQ)                                                             \
-    do {                                                                                                 \
-        const __m512d rl_ = _mm512_sub_pd(XL, lo8(DEQ)), rh_ = _mm512_sub_pd(XH, hi8(DEQ));             \
-        EL = _mm512_add_pd(EL, _mm512_mul_pd(_mm512_mul_pd(WL, rl_), rl_));                              \
-        EH = _mm512_add_pd(EH, _mm512_mul_pd(_mm512_mul_pd(WH, rh_), rh_));                              \
-    } while (0)
-
-T512 static void group_avx512(const float (*x)[G], const double (*w)[G], const int *tail, int blk, int tries,
-                              uint8_t (*best_c)[G], float *dout) {
-    TABS512
-    const int f32 = blk == 32; /* nf4dq's first step: float32 error and refit sums (GROUP_BODY's ACC) */
-    float amax[G], dc[G], best_d[G], inv0[G], d[G], fx[G], fq[G];
-    double best_e[G], best_s[G], dscan[G], sxq[G], sqq[G], e[G];
-    int going[G];
-    __m512 wfv[BLKMAX], wxv[BLKMAX];
-    for (int i = 0; i < blk; i++) {
-        const __m512 xv = _mm512_loadu_ps(x[i]);
-        wfv[i] = f32x16(w[i]);
-        wxv[i] = _mm512_mul_ps(wfv[i], xv);
-    }
-    const __mmask16 tm = lanes_mask(tail);
-    for (int b = 0; b < G; b++) {
-        uint32_t m = 0;
-        for (int i = 0; i < blk; i++) { uint32_t u = f2u(x[i][b]) & 0x7fffffffu; m = u > m ? u : m; }
-        amax[b] = u2f(m);
-        dc[b] = amax[b] < TINY ? TINY : amax[b];
-        best_d[b] = tail[b] ? dc[b] : amax[b];
-        inv0[b] = 1.0f / dc[b];
-    }
-    /* 0. bitsandbytes' choice */
-    {
-        const __m512 iv = _mm512_loadu_ps(inv0), dcv = _mm512_loadu_ps(dc), bd = _mm512_loadu_ps(best_d);
-        __m512d el = _mm512_setzero_pd(), eh = _mm512_setzero_pd();
-        __m512 ef = _mm512_setzero_ps();
-        for (int i = 0; i < blk; i++) {
-            const __m512 xv = _mm512_loadu_ps(x[i]);
-            __m512 sv = _mm512_mul_ps(xv, iv);
-            if (tm) sv = _mm512_mask_div_ps(sv, tm, xv, dcv);
-            __m512i code;
-            const __m512 q = levels512v(sv, &code, &tb);
-            _mm_storeu_si128((__m128i *)best_c[i], _mm512_cvtepi32_epi8(code));
-            if (f32) {
-                const __m512 rv = _mm512_sub_ps(xv, _mm512_mul_ps(q, bd));
-                ef = _mm512_add_ps(ef, _mm512_mul_ps(_mm512_mul_ps(wfv[i], rv), rv));
-            } else {
-                ACC_ERR(el, eh, _mm512_loadu_pd(w[i]), _mm512_loadu_pd(w[i] + 8), lo8(xv), hi8(xv),
-                        _mm512_mul_ps(q, bd));
-            }
-        }
-        if (f32) store16d(e, ef);
-        else {
-            _mm512_storeu_pd(e, el);
-            _mm512_storeu_pd(e + 8, eh);
-        }
-    }
-    for (int b = 0; b < G; b++) { best_e[b] = e[b]; best_s[b] = -1.0; dscan[b] = 0.0; }
-    /* 1. the scan (float32 sums) */
-    for (int g = 0; g < 2; g++)
-        for (int j = -tries; j <= tries; j++) {
-            float inv[G];
-            for (int b = 0; b < G; b++) {
-                const float safe = amax[b] >= TINY ? amax[b] : 1.0f;
-                inv[b] = (g ? -1.0f : 1.0f) * (1.0f + (float)j * STEP) / safe;
-            }
-            const __m512 iv = _mm512_loadu_ps(inv);
-            __m512 fxv = _mm512_setzero_ps(), fqv = _mm512_setzero_ps();
-            for (int i = 0; i < blk; i++) {
-                __m512i code;
-                const __m512 q = levels512v(_mm512_mul_ps(_mm512_loadu_ps(x[i]), iv), &code, &tb);
-                fxv = _mm512_add_ps(fxv, _mm512_mul_ps(wxv[i], q));
-                fqv = _mm512_add_ps(fqv, _mm512_mul_ps(_mm512_mul_ps(wfv[i], q), q));
-            }
-            _mm512_storeu_ps(fx, fxv);
-            _mm512_storeu_ps(fq, fqv);
-            for (int b = 0; b < G; b++) {
-                sxq[b] = (double)fx[b]; sqq[b] = (double)fq[b];
-                const double den = sqq[b] > 0.0 ? sqq[b] : 1.0;
-                const double score = sqq[b] > 0.0 ? sxq[b] * sxq[b] / den : -1.0;
-                const int better = sqq[b] > 0.0 && score > best_s[b];
-                best_s[b] = better ? score : best_s[b];
-                dscan[b] = better ? sxq[b] / den : dscan[b];
-            }
-        }
-    /* 2. refinement (float64 sums) */
-    for (int b = 0; b < G; b++) { d[b] = (float)dscan[b]; going[b] = amax[b] >= TINY; }
-    for (int r = 0; r < ROUNDS; r++) {
-        float dd[G], inv[G];
-        int any = 0;
-        for (int b = 0; b < G; b++) {
-            const float den = d[b] != 0.0f ? d[b] : 1.0f;
-            going[b] = going[b] && d[b] != 0.0f && isfinite(d[b]) && isfinite(1.0f / den);
-            dd[b] = going[b] ? d[b] : 1.0f;
-            inv[b] = 1.0f / dd[b];
-            any |= going[b];
-        }
-        if (!any) break;
-        const __m512 iv = _mm512_loadu_ps(inv), ddv = _mm512_loadu_ps(dd);
-        const int last = r == ROUNDS - 1;
-        __m512d el = _mm512_setzero_pd(), eh = _mm512_setzero_pd(), xl_ = _mm512_setzero_pd(),
-                xh_ = _mm512_setzero_pd(), ql_ = _mm512_setzero_pd(), qh_ = _mm512_setzero_pd();
-        __m512 ef = _mm512_setzero_ps(), sxf = _mm512_setzero_ps(), sqf = _mm512_setzero_ps();
-        __m128i cr[BLKMAX];
-        for (int i = 0; i < blk; i++) {
-            const __m512 xv = _mm512_loadu_ps(x[i]);
-            __m512 sv = _mm512_mul_ps(xv, iv);
-            if (tm) sv = _mm512_mask_div_ps(sv, tm, xv, ddv);
-            __m512i code;
-            const __m512 q = levels512v(sv, &code, &tb);
-            cr[i] = _mm512_cvtepi32_epi8(code);
-            if (f32) {
-                const __m512 rv = _mm512_sub_ps(xv, _mm512_mul_ps(q, ddv));
-                ef = _mm512_add_ps(ef, _mm512_mul_ps(_mm512_mul_ps(wfv[i], rv), rv));
-                if (last) continue;
-                sxf = _mm512_add_ps(sxf, _mm512_mul_ps(wxv[i], q));
-                sqf = _mm512_add_ps(sqf, _mm512_mul_ps(_mm512_mul_ps(wfv[i], q), q));
-                continue;
-            }
-            const __m512d wl = _mm512_loadu_pd(w[i]), wh = _mm512_loadu_pd(w[i] + 8);
-            const __m512d x64l = lo8(xv), x64h = hi8(xv);
-            ACC_ERR(el, eh, wl, wh, x64l, x64h, _mm512_mul_ps(q, ddv));
-            if (last) continue; /* the refit of the last round is never used */
-            const __m512d qdl = lo8(q), qdh = hi8(q);
-            xl_ = _mm512_add_pd(xl_, _mm512_mul_pd(_mm512_mul_pd(wl, x64l), qdl));
-            xh_ = _mm512_add_pd(xh_, _mm512_mul_pd(_mm512_mul_pd(wh, x64h), qdh));
-            ql_ = _mm512_add_pd(ql_, _mm512_mul_pd(_mm512_mul_pd(wl, qdl), qdl));
-            qh_ = _mm512_add_pd(qh_, _mm512_mul_pd(_mm512_mul_pd(wh, qdh), qdh));
-        }
-        if (f32) {
-            store16d(e, ef);
-            store16d(sxq, sxf);
-            store16d(sqq, sqf);
-        } else {
-            _mm512_storeu_pd(e, el); _mm512_storeu_pd(e + 8, eh);
-            _mm512_storeu_pd(sxq, xl_); _mm512_storeu_pd(sxq + 8, xh_);
-            _mm512_storeu_pd(sqq, ql_); _mm512_storeu_pd(sqq + 8, qh_);
-        }
-        int take[G];
-        for (int b = 0; b < G; b++) {
-            take[b] = going[b] && e[b] < best_e[b];
-            best_e[b] = take[b] ? e[b] : best_e[b];
-            best_d[b] = take[b] ? dd[b] : best_d[b];
-            going[b] = going[b] && sqq[b] > 0.0;
-            d[b] = (float)(sxq[b] / (sqq[b] > 0.0 ? sqq[b] : 1.0));
-        }
-        const __mmask16 tk = lanes_mask(take);
-        if (tk)
-            for (int i = 0; i < blk; i++)
-                _mm_storeu_si128((__m128i *)best_c[i],
-                                 _mm_mask_blend_epi8(tk, _mm_loadu_si128((const __m128i *)best_c[i]), cr[i]));
-    }
-    for (int b = 0; b < G; b++) dout[b] = best_d[b];
-}
-
 /* load_group with AVX-512: the same values (xb and cwb are zero padded to 16 blocks, as load_group reads them),
  * transposed 16 x 16 at a time by four rounds of interleaving row j with row j + 8. */
 AI T512 void transpose16x16_f32(__m512 *r) {
@@ -487,99 +384,8 @@ T512 static void load_group512(const float *xb, const float *cwb, int weighting,
     }
 }
 
-/* the 16 x 16 byte transpose: four rounds of interleaving row j with row j + 8 */
-AI T512 void transpose16x16_u8(__m128i *r) {
-    for (int s = 0; s < 4; s++) {
-        __m128i t[16];
-        for (int j = 0; j < 8; j++) {
-            t[2 * j] = _mm_unpacklo_epi8(r[j], r[j + 8]);
-            t[2 * j + 1] = _mm_unpackhi_epi8(r[j], r[j + 8]);
-        }
-        for (int j = 0; j < 16; j++) r[j] = t[j];
-    }
-}
-
-/* numpy's searchsorted(mid, v, side="left") of 16 values (dq_nearest, 16 lanes) */
-T512 static void dq_nearest16(const float *mid, const float *v, int *q) {
-    const __m512 vv = _mm512_loadu_ps(v);
-    __m512i pos = _mm512_setzero_si512();
-    for (int step = 128; step; step >>= 1) {
-        const __m512i idx = _mm512_add_epi32(pos, _mm512_set1_epi32(step - 1));
-        const __m512 m = _mm512_i32gather_ps(idx, mid, 4);
-        pos = _mm512_mask_add_epi32(pos, _mm512_cmp_ps_mask(m, vv, _CMP_LT_OQ), pos, _mm512_set1_epi32(step));
-    }
-    pos = _mm512_mask_mov_epi32(pos, _mm512_cmp_ps_mask(vv, vv, _CMP_UNORD_Q), _mm512_set1_epi32(255));
-    _mm512_storeu_si512(q, pos);
-}
-
-T512 static void dq_avx512(const float (*x)[G], const double (*w)[G], const int *q0, const float *sc, float off,
-                           const float *dq, uint8_t (*pk)[DQB / 2], int *qout, double *ax, double *ae) {
-    TABS512
-    float best_e[G], e[G];
-    for (int b = 0; b < G; b++) { best_e[b] = INFINITY; qout[b] = q0[b]; }
-    __m512 wfv[DQB];
-    for (int i = 0; i < DQB; i++) wfv[i] = f32x16(w[i]);
-    __m128i bc[DQB];
-    for (int i = 0; i < DQB; i++) bc[i] = _mm_setzero_si128();
-    for (int t = 0; t < NCAND; t++) {
-        float a[G], iv[G];
-        int valid[G], qc[G];
-        for (int b = 0; b < G; b++) {
-            const int qq = q0[b] + NF4DQ_CAND[t];
-            valid[b] = qq >= 0 && qq <= 255;
-            qc[b] = qq < 0 ? 0 : (qq > 255 ? 255 : qq);
-            a[b] = dq[qc[b]] * sc[b] + off;
-            const float inv = 1.0f / a[b];
-            iv[b] = (a[b] != 0.0f && isfinite(inv)) ? inv : 0.0f;
-        }
-        const __m512 av = _mm512_loadu_ps(a), ivv = _mm512_loadu_ps(iv);
-        __m512 ef = _mm512_setzero_ps();
-        __m128i cr[DQB];
-        for (int i = 0; i < DQB; i++) {
-            const __m512 xv = _mm512_loadu_ps(x[i]);
-            __m512i code;
-            const __m512 q = levels512v(_mm512_mul_ps(xv, ivv), &code, &tb);
-            cr[i] = _mm512_cvtepi32_epi8(code);
-            const __m512 rv = _mm512_sub_ps(xv, _mm512_mul_ps(q, av));
-            ef = _mm512_add_ps(ef, _mm512_mul_ps(_mm512_mul_ps(wfv[i], rv), rv));
-        }
-        _mm512_storeu_ps(e, ef);
-        int take[G];
-        for (int b = 0; b < G; b++) {
-            take[b] = valid[b] && e[b] < best_e[b];
-            best_e[b] = take[b] ? e[b] : best_e[b];
-            qout[b] = take[b] ? qc[b] : qout[b];
-        }
-        const __mmask16 tk = lanes_mask(take);
-        for (int i = 0; i < DQB; i++) bc[i] = _mm_mask_blend_epi8(tk, bc[i], cr[i]);
-    }
-    float ab[G];
-    for (int b = 0; b < G; b++) ab[b] = dq[qout[b]] * sc[b] + off;
-    const __m512 abv = _mm512_loadu_ps(ab);
-    __m512d xl = _mm512_loadu_pd(ax), xh = _mm512_loadu_pd(ax + 8);
-    __m512d el = _mm512_loadu_pd(ae), eh = _mm512_loadu_pd(ae + 8);
-    __m128i pr[DQB / 2];
-    for (int i = 0; i < DQB / 2; i++) pr[i] = _mm_or_si128(_mm_slli_epi16(bc[2 * i], 4), bc[2 * i + 1]);
-    transpose16x16_u8(pr);
-    for (int b = 0; b < G; b++) _mm_storeu_si128((__m128i *)pk[b], pr[b]);
-    for (int i = 0; i < DQB; i++) {
-        const __m512 xv = _mm512_loadu_ps(x[i]);
-        const __m512 q = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(bc[i]), tb.cb);
-        const __m512 r = _mm512_sub_ps(xv, _mm512_mul_ps(q, abv));
-        const __m512d x64l = lo8(xv), x64h = hi8(xv), rl = lo8(r), rh = hi8(r);
-        xl = _mm512_add_pd(xl, _mm512_mul_pd(x64l, x64l));
-        xh = _mm512_add_pd(xh, _mm512_mul_pd(x64h, x64h));
-        el = _mm512_add_pd(el, _mm512_mul_pd(rl, rl));
-        eh = _mm512_add_pd(eh, _mm512_mul_pd(rh, rh));
-    }
-    _mm512_storeu_pd(ax, xl); _mm512_storeu_pd(ax + 8, xh);
-    _mm512_storeu_pd(ae, el); _mm512_storeu_pd(ae + 8, eh);
-}
 #endif
 
-#if defined(ORK_NF4OPT_X86)
-__attribute__((target_clones("avx512f", "avx2", "default")))
-#endif
 static void load_group(const float *xb, const float *cwb, int weighting, int nb, int blk, float (*x)[G],
                        double (*w)[G]) {
     /* xb: nb blocks of blk floats (sanitized, zero padded); cwb: their column weights (0 past the end) */
@@ -625,12 +431,7 @@ static int64_t gather_group(const void *x, int dtype, int64_t n, int64_t k, cons
     return nf;
 }
 
-static int want512(void) {
-#ifdef ORK_NF4OPT_X86
-    if (ork_codecs_isa() == ORK_ISA_AVX512) return ork_nf4_bin_tables(&BIN_MID, &BIN_BASE) == 1;
-#endif
-    return 0;
-}
+
 
 /* Pack the codes of block b (codes[i][b], len of them) and add its SQNR sums: lane i % 16, in element order. */
 static void block_out(uint8_t (*cs)[G], int b, int blk, const float *xr, int len, float a, uint8_t *dst, double *ax,
@@ -658,17 +459,17 @@ static void fold_stats(const double *ax, const double *ae, int64_t nf, ork_codec
     st->nonfinite = nf;
 }
 
+
 void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const float *col_w, int weighting, int block,
                        int tries, int64_t b0, int64_t b1, uint8_t *codes, float *absmax, ork_codec_stats *st) {
-    const int use512 = want512();
-    (void)use512;
+    const int lv = level();
     const int blk = block == 32 ? 32 : 64;
     double ax[16], ae[16];
     for (int l = 0; l < 16; l++) ax[l] = ae[l] = 0.0;
     int64_t nf = 0;
     float xb[G * BLKMAX], cwb[G * BLKMAX], dout[G];
-    float xs[BLKMAX][G];
-    double ws[BLKMAX][G];
+    float xr[BLKMAX][G]; /* [i][b]: element i of block b */
+    double wr[BLKMAX][G];
     uint8_t cs[BLKMAX][G];
     int tail[G];
     for (int64_t g0 = b0; g0 < b1; g0 += G) {
@@ -677,21 +478,11 @@ void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const flo
         nf += gather_group(x, dtype, n, k, col_w, blk, g0, nb, xb, cwb);
         for (int b = 0; b < G; b++) tail[b] = b < nb && off0 + (int64_t)(b + 1) * blk > n;
 #ifdef ORK_NF4OPT_X86
-        if (use512) load_group512(xb, cwb, weighting, blk, xs, ws);
+        if (lv == LV_AVX512) load_group512(xb, cwb, weighting, blk, xr, wr);
         else
 #endif
-            load_group(xb, cwb, weighting, nb, blk, xs, ws);
-        const float (*xc)[G] = (const float (*)[G])xs;
-        const double (*wc)[G] = (const double (*)[G])ws;
-#ifdef ORK_NF4OPT_X86
-        if (use512) {
-            group_avx512(xc, wc, tail, blk, tries, cs, dout);
-        } else
-#endif
-        {
-            if (blk == 32) group_generic32(xc, wc, tail, tries, cs, dout);
-            else group_generic64(xc, wc, tail, tries, cs, dout);
-        }
+            load_group(xb, cwb, weighting, nb, blk, xr, wr);
+        group_run(lv, (const float (*)[G])xr, (const double (*)[G])wr, tail, blk, tries, codes ? cs : 0, dout);
         for (int b = 0; b < nb; b++) {
             const int64_t off = off0 + (int64_t)b * blk;
             absmax[g0 + b] = dout[b];
@@ -736,16 +527,15 @@ void ork_nf4dq_scales(const float *d, int64_t nb, float *scale, float *offset) {
 void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const float *col_w, int weighting,
                       const float *d, const float *scale, float offset, int64_t b0, int64_t b1, uint8_t *codes,
                       uint8_t *absmax_q, ork_codec_stats *st) {
-    const int use512 = want512();
-    (void)use512;
+    const int lv = level();
     float dq[256], mid[255];
     dq_tables(dq, mid);
     double ax[16], ae[16];
     for (int l = 0; l < 16; l++) ax[l] = ae[l] = 0.0;
     int64_t nf = 0;
     float xb[G * DQB], cwb[G * DQB];
-    float xs[DQB][G];
-    double ws[DQB][G];
+    float xr[DQB][G];
+    double wr[DQB][G];
     uint8_t pk[G][DQB / 2];
     int q0[G], qo[G];
     float sc[G];
@@ -753,28 +543,17 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
         const int nb = (int)(b1 - g0 < G ? b1 - g0 : G);
         nf += gather_group(x, dtype, n, k, col_w, DQB, g0, nb, xb, cwb);
 #ifdef ORK_NF4OPT_X86
-        if (use512) load_group512(xb, cwb, weighting, DQB, xs, ws);
+        if (lv == LV_AVX512) load_group512(xb, cwb, weighting, DQB, xr, wr);
         else
 #endif
-            load_group(xb, cwb, weighting, nb, DQB, xs, ws);
-        float v[G];
+            load_group(xb, cwb, weighting, nb, DQB, xr, wr);
         for (int b = 0; b < G; b++) {
             sc[b] = b < nb ? scale[(g0 + b) / ORK_NF4DQ_GROUP] : 0.0f;
             const float r = (b < nb ? d[g0 + b] : 0.0f) - offset;
-            v[b] = sc[b] > 0.0f ? r / sc[b] : 0.0f; /* past the end: 0, the code 127 */
+            const float v = sc[b] > 0.0f ? r / sc[b] : 0.0f; /* past the end: 0, the code 127 */
+            q0[b] = dq_nearest(mid, v);
         }
-#ifdef ORK_NF4OPT_X86
-        if (use512) dq_nearest16(mid, v, q0);
-        else
-#endif
-            for (int b = 0; b < G; b++) q0[b] = dq_nearest(mid, v[b]);
-        const float (*xc)[G] = (const float (*)[G])xs;
-        const double (*wc)[G] = (const double (*)[G])ws;
-#ifdef ORK_NF4OPT_X86
-        if (use512) dq_avx512(xc, wc, q0, sc, offset, dq, pk, qo, ax, ae);
-        else
-#endif
-            dq_generic(xc, wc, q0, sc, offset, dq, pk, qo, ax, ae);
+        dq_run(lv, (const float (*)[G])xr, (const double (*)[G])wr, q0, sc, offset, dq, pk, qo, ax, ae);
         for (int b = 0; b < nb; b++) {
             const int64_t off = (g0 + b) * DQB;
             absmax_q[g0 + b] = (uint8_t)qo[b];
@@ -785,4 +564,3 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
     }
     if (st) fold_stats(ax, ae, nf, st);
 }
-

@@ -32,6 +32,9 @@ void ork_nf4dq_scales(const float *d, int64_t nb, float *scale, float *offset);
 void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const float *col_w, int weighting,
                       const float *d, const float *scale, float offset, int64_t b0, int64_t b1, uint8_t *codes,
                       uint8_t *absmax_q, ork_codec_stats *stats);
+/* The SIMD body the two encoders run now: 0 portable, 1 AVX2, 2 AVX-512 (x86: follows ork_codecs_isa()),
+ * 3 NEON (every aarch64 build). */
+int ork_nf4opt_level(void);
 /* CDEF END */
 
 #endif

@@ -769,13 +769,28 @@ int ork_rt_nf4dq_decode(const uint8_t *codes, size_t codes_size, const uint8_t *
     if (codes_size < (size_t)((e1 + 1) / 2) || absmax_count < (size_t)nb ||
         scale_count < (size_t)((nb + ORK_NF4DQ_GROUP - 1) / ORK_NF4DQ_GROUP))
         return ORK_RT_EARGS;
-    for (int64_t e = e0; e < e1; e++) {
-        int64_t b = e / ORK_NF4DQ_BLOCK;
+    /* whole blocks: the block's 16 values CB[c] * a once (the same products), then a lookup per element */
+    int64_t e = e0;
+    while (e < e1) {
+        const int64_t b = e / ORK_NF4DQ_BLOCK;
         float code;
         memcpy(&code, &DQ_CODE_BITS[absmax_q[b]], sizeof code);
         float a = code * scale[b / ORK_NF4DQ_GROUP];
         a = a + offset;
-        out[e - e0] = CB[nib(codes, e)] * a;
+        const int64_t end = (b + 1) * ORK_NF4DQ_BLOCK < e1 ? (b + 1) * ORK_NF4DQ_BLOCK : e1;
+        if (e == b * ORK_NF4DQ_BLOCK && end == e + ORK_NF4DQ_BLOCK) {
+            float t[16];
+            for (int c = 0; c < 16; c++) t[c] = CB[c] * a;
+            const uint8_t *p = codes + e / 2;
+            float *o = out + (e - e0);
+            for (int i = 0; i < ORK_NF4DQ_BLOCK / 2; i++) {
+                o[2 * i] = t[p[i] >> 4];
+                o[2 * i + 1] = t[p[i] & 15];
+            }
+            e = end;
+            continue;
+        }
+        for (; e < end; e++) out[e - e0] = CB[nib(codes, e)] * a;
     }
     return ORK_RT_OK;
 }

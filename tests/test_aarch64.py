@@ -56,7 +56,7 @@ def _build_flags() -> list[str]:
 
 def _compile(cc: str, out: Path, extra: list[str]) -> None:
     cmd = [cc, *_build_flags(), *extra, f"-I{KERNELS}", str(DRIVER), str(KERNELS / "codecs.c"),
-           str(KERNELS / "runtime.c"), "-o", str(out), "-lpthread", "-lm"]
+           str(KERNELS / "nf4opt.c"), str(KERNELS / "runtime.c"), "-o", str(out), "-lpthread", "-lm"]
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, f"{' '.join(cmd)}\n{res.stderr}"
 
@@ -110,6 +110,43 @@ def _x86_int8_stats(x, kseg, chunk):
     return np.array([sx, se], np.float64).tobytes() + np.array([nf], np.int64).tobytes()
 
 
+def _x86_opt_stats(x, k, cw, wcode, block, tries, chunk):
+    """The SQNR sums of the x86-64 opt encoder (kernels/nf4opt.c), chunk by chunk as the driver runs it."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    n, nb = flat.size, -(-flat.size // block)
+    codes, absmax = np.empty((n + 1) // 2, np.uint8), np.empty(nb, np.float32)
+    cwp = _ptr(cw, "float *") if cw is not None else ffi.NULL
+    st, sx, se, nf = ffi.new("ork_codec_stats *"), 0.0, 0.0, 0
+    for b in range(0, nb, chunk):
+        lib.ork_nf4opt_encode(_ptr(flat, "void *"), DT[_dtname(x)], n, k, cwp, wcode, block, tries, b,
+                              min(nb, b + chunk), _ptr(codes, "uint8_t *"), _ptr(absmax, "float *"), st)
+        sx, se, nf = sx + st.sum_x2, se + st.sum_err2, nf + st.nonfinite
+    return np.array([sx, se], np.float64).tobytes() + np.array([nf], np.int64).tobytes()
+
+
+def _x86_dq_stats(x, k, cw, wcode, chunk):
+    """The SQNR sums of the x86-64 nf4dq encoder, its three steps chunk by chunk as the driver runs them."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    n = flat.size
+    nb = -(-n // R.NF4DQ_BLOCK)
+    src, cwp = _ptr(flat, "void *"), (_ptr(cw, "float *") if cw is not None else ffi.NULL)
+    d, scale = np.empty(nb, np.float32), np.empty(-(-nb // R.NF4DQ_GROUP), np.float32)
+    codes, q, off = np.empty((n + 1) // 2, np.uint8), np.empty(nb, np.uint8), ffi.new("float *")
+    for b in range(0, nb, chunk):
+        lib.ork_nf4opt_encode(src, DT[_dtname(x)], n, k, cwp, wcode, R.NF4DQ_BLOCK, R.NF4DQ_TRIES, b,
+                              min(nb, b + chunk), ffi.NULL, _ptr(d, "float *"), ffi.NULL)
+    lib.ork_nf4dq_scales(_ptr(d, "float *"), nb, _ptr(scale, "float *"), off)
+    st, sx, se, nf = ffi.new("ork_codec_stats *"), 0.0, 0.0, 0
+    for b in range(0, nb, chunk):
+        lib.ork_nf4dq_encode(src, DT[_dtname(x)], n, k, cwp, wcode, _ptr(d, "float *"), _ptr(scale, "float *"),
+                             off[0], b, min(nb, b + chunk), _ptr(codes, "uint8_t *"), _ptr(q, "uint8_t *"), st)
+        sx, se, nf = sx + st.sum_x2, se + st.sum_err2, nf + st.nonfinite
+    return np.array([sx, se], np.float64).tobytes() + np.array([nf], np.int64).tobytes()
+
+
+WCODE = {w: i for i, w in enumerate(R.NF4OPT_WEIGHTINGS)}  # ORK_NF4W_* of kernels/nf4opt.h
+
+
 def _dtname(x):
     return {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(np.uint16): "bf16"}[x.dtype]
 
@@ -150,6 +187,26 @@ class Cases:
                     for kseg in (8192, 96):
                         self._cmd(f"int8_tile {n} {k} {kseg} {tag}_q8 {tag}_t{kseg}",
                                   {f"{tag}_t{kseg}": tile_int8(q, kseg)})
+                # the opt and nf4dq searches (the NEON body on aarch64): plain weights for every dtype, column
+                # weights with the x2 / sigma weightings on float32 (one value block with an outlier column)
+                cw = np.abs(rng.standard_t(2, k)).astype(np.float32) + np.float32(0.01)
+                self._put(f"{tag}_cw", cw)
+                for wname, colw in (("plain", None),) + ((("sigma", cw), ("x2", cw)) if dt == "f32" else ()):
+                    t, cwf, wc = f"{tag}_{wname}", ("-" if colw is None else f"{tag}_cw"), WCODE[wname]
+                    oc, oa = R.nf4opt_encode(x, colw, wname)
+                    self._cmd(f"nf4opt_encode {DT[dt]} {x.size} {k} {wc} 64 {R.NF4OPT_TRIES} 5 {tag}_x {cwf} "
+                              f"{t}_oc {t}_oa {t}_os",
+                              {f"{t}_oc": oc, f"{t}_oa": oa,
+                               f"{t}_os": _x86_opt_stats(x, k, colw, wc, 64, R.NF4OPT_TRIES, 5)})
+                    dparts = R.nf4dq_encode(x, colw, wname)
+                    names = [f"{t}_d{p}" for p in ("c", "q", "s", "o")]
+                    self._cmd(f"nf4dq_encode {DT[dt]} {x.size} {k} {wc} 9 {tag}_x {cwf} {' '.join(names)} {t}_dst",
+                              dict(zip(names, dparts)) | {f"{t}_dst": _x86_dq_stats(x, k, colw, wc, 9)})
+                    if wname == "plain":
+                        for name, part in zip(names, dparts):
+                            self._put(name + "_in", part)
+                        self._cmd(f"nf4dq_decode {x.size} {' '.join(n_ + '_in' for n_ in names)} {t}_dd",
+                                  {f"{t}_dd": R.nf4dq_decode(*dparts, (x.size,))})
                 wide = R.widen(x)
                 count = int((~np.isfinite(wide)).sum())
                 self._cmd(f"widen {DT[dt]} {x.size} {tag}_x {tag}_w {tag}_wc",
@@ -235,13 +292,14 @@ def _compare(cases: Cases, got: dict[str, bytes]) -> None:
 
 def test_aarch64_kernels_match_x86_and_numpy(cases, aarch64_outputs):
     # the aarch64 build: portable codecs (level 0) and the NEON inflate (level 2)
-    assert aarch64_outputs["_isa"] == b"codecs 0 runtime 2"
+    # the NEON opt / nf4dq search (nf4opt level 3)
+    assert aarch64_outputs["_isa"] == b"codecs 0 runtime 2 nf4opt 3"
     _compare(cases, aarch64_outputs)
 
 
 def test_portable_build_matches_x86_and_numpy(cases, portable_outputs):
     # -DORK_NO_X86_SIMD: no x86 path is compiled in, so both report the portable level
-    assert portable_outputs["_isa"] == b"codecs 0 runtime 0"
+    assert portable_outputs["_isa"] == b"codecs 0 runtime 0 nf4opt 0"
     _compare(cases, portable_outputs)
 
 

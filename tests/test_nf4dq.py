@@ -259,3 +259,20 @@ def test_kernel_sources_compile(target, tmp_path):
                str(tmp_path / (src + ".o"))]
         r = subprocess.run(cmd, capture_output=True, text=True)
         assert r.returncode == 0, f"{' '.join(cmd)}\n{r.stderr}"
+
+
+@pytest.mark.parametrize("e0,e1", [(0, 5000), (5, 77), (31, 33), (32, 64), (100, 4999), (4990, 5000), (7, 7)])
+def test_runtime_decode_of_any_range(e0, e1):
+    """ork_rt_nf4dq_decode over ranges that start or end inside a block (its whole-block path and the rest)."""
+    from orkpack._kernels import ffi, lib
+    rng = np.random.default_rng(3)
+    x = (rng.standard_t(2, 5000) * 0.02).astype(np.float32)
+    c, q, s, o = R.nf4dq_encode(x)
+    want = R.nf4dq_decode(c, q, s, o, (x.size,))[e0:e1]
+    out = np.empty(e1 - e0, np.float32)
+
+    def p(a, t):
+        return ffi.cast(t, ffi.from_buffer(a))
+    rc = lib.ork_rt_nf4dq_decode(p(c, "uint8_t *"), c.size, p(q, "uint8_t *"), q.size, p(s, "float *"), s.size,
+                                 float(o[0]), e0, e1, p(out, "float *"))
+    assert rc == 0 and out.tobytes() == want.tobytes()

@@ -5,7 +5,7 @@
  *
  * Commands come on stdin, one a line, file names relative to the working directory:
  *
- *   isa                                              print "codecs <level> runtime <level>"
+ *   isa                                              print "codecs <level> runtime <level> nf4opt <level>"
  *   nf4_encode DT N CHUNK_BLOCKS IN CODES ABSMAX STATS
  *   nf4_decode N CODES ABSMAX OUT
  *   int8_encode DT N K KSEG CHUNK_ROWS IN Q SCALE STATS   (KSEG 0: row-major q; else tiled, rows up to Np)
@@ -16,6 +16,9 @@
  *                                                      ork_rt_clean of odd sub-ranges; OUT has N+OFF+64 bytes)
  *   inflate METHOD PORTABLE N K KSEG CHUNK_TILES CODES ABSMAX Q SCALE   (METHOD direct|two_step)
  *   rt_decode N CODES ABSMAX OUT
+ *   nf4opt_encode DT N K WEIGHTING BLOCK TRIES CHUNK IN COLW CODES ABSMAX STATS   (COLW "-": no column weights)
+ *   nf4dq_encode DT N K WEIGHTING CHUNK IN COLW CODES ABSMAX_Q SCALE OFFSET STATS  (the three steps, as NF4DQCodec)
+ *   nf4dq_decode N CODES ABSMAX_Q SCALE OFFSET OUT
  *
  * STATS files hold the chunk-order fold that orkpack/codecs/__init__.py does: double sum_x2,
  * double sum_err2, int64 nonfinite. Each command prints "ok <cmd>" or "FAIL <cmd>: why", and the
@@ -28,6 +31,8 @@
 #include <string.h>
 
 #include "codecs.h"
+#include "nf4opt.h"
+#include "orkpack.h"
 #include "runtime.h"
 
 static int failures = 0;
@@ -265,6 +270,97 @@ static void do_rt_decode(const char *cmd, char **a) {
     free(out);
 }
 
+
+static float *read_colw(const char *path, int64_t k) {
+    if (strcmp(path, "-") == 0) return NULL;
+    size_t sz;
+    float *w = read_file(path, &sz);
+    return w && sz == (size_t)k * 4 ? w : NULL;
+}
+
+static void do_nf4opt_encode(const char *cmd, char **a) {
+    int dt = atoi(a[0]), weighting = atoi(a[3]), block = atoi(a[4]), tries = atoi(a[5]);
+    int64_t n = atoll(a[1]), k = atoll(a[2]), chunk = atoll(a[6]);
+    size_t insz;
+    void *x = read_file(a[7], &insz);
+    NEED(x && insz == (size_t)n * dt_size(dt), "bad input file");
+    float *cw = read_colw(a[8], k);
+    NEED(cw || strcmp(a[8], "-") == 0, "bad column weights");
+    int64_t nb = (n + block - 1) / block;
+    uint8_t *codes = xmalloc((size_t)(n + 1) / 2);
+    float *absmax = xmalloc((size_t)nb * 4);
+    double sx = 0, se = 0;
+    int64_t nf = 0;
+    for (int64_t b = 0; b < nb; b += chunk) {
+        ork_codec_stats st;
+        int64_t b1 = b + chunk < nb ? b + chunk : nb;
+        ork_nf4opt_encode(x, dt, n, k, cw, weighting, block, tries, b, b1, codes, absmax, &st);
+        sx += st.sum_x2;
+        se += st.sum_err2;
+        nf += st.nonfinite;
+    }
+    NEED(write_file(a[9], codes, (size_t)(n + 1) / 2) && write_file(a[10], absmax, (size_t)nb * 4), "cannot write");
+    write_stats(cmd, a[11], sx, se, nf);
+    free(x);
+    free(cw);
+    free(codes);
+    free(absmax);
+}
+
+static void do_nf4dq_encode(const char *cmd, char **a) {
+    int dt = atoi(a[0]), weighting = atoi(a[3]);
+    int64_t n = atoll(a[1]), k = atoll(a[2]), chunk = atoll(a[4]);
+    size_t insz;
+    void *x = read_file(a[5], &insz);
+    NEED(x && insz == (size_t)n * dt_size(dt) && n > 0, "bad input file");
+    float *cw = read_colw(a[6], k);
+    NEED(cw || strcmp(a[6], "-") == 0, "bad column weights");
+    int64_t nb = (n + ORKPACK_NF4DQ_BLOCK - 1) / ORKPACK_NF4DQ_BLOCK, ng = (nb + ORKPACK_NF4DQ_GROUP - 1) / ORKPACK_NF4DQ_GROUP;
+    uint8_t *codes = xmalloc((size_t)(n + 1) / 2), *q = xmalloc((size_t)nb);
+    float *d = xmalloc((size_t)nb * 4), *scale = xmalloc((size_t)ng * 4), offset = 0.0f;
+    for (int64_t b = 0; b < nb; b += chunk)
+        ork_nf4opt_encode(x, dt, n, k, cw, weighting, ORKPACK_NF4DQ_BLOCK, 1, b, b + chunk < nb ? b + chunk : nb, NULL, d,
+                          NULL);
+    ork_nf4dq_scales(d, nb, scale, &offset);
+    double sx = 0, se = 0;
+    int64_t nf = 0;
+    for (int64_t b = 0; b < nb; b += chunk) {
+        ork_codec_stats st;
+        ork_nf4dq_encode(x, dt, n, k, cw, weighting, d, scale, offset, b, b + chunk < nb ? b + chunk : nb, codes, q,
+                         &st);
+        sx += st.sum_x2;
+        se += st.sum_err2;
+        nf += st.nonfinite;
+    }
+    NEED(write_file(a[7], codes, (size_t)(n + 1) / 2) && write_file(a[8], q, (size_t)nb) &&
+             write_file(a[9], scale, (size_t)ng * 4) && write_file(a[10], &offset, 4),
+         "cannot write");
+    write_stats(cmd, a[11], sx, se, nf);
+    free(x);
+    free(cw);
+    free(codes);
+    free(q);
+    free(d);
+    free(scale);
+}
+
+static void do_nf4dq_decode(const char *cmd, char **a) {
+    int64_t n = atoll(a[0]);
+    size_t cs, qs, ss, os;
+    uint8_t *codes = read_file(a[1], &cs), *q = read_file(a[2], &qs);
+    float *scale = read_file(a[3], &ss), *offset = read_file(a[4], &os);
+    NEED(codes && q && scale && offset && os == 4, "bad input files");
+    float *out = xmalloc((size_t)n * 4);
+    NEED(ork_rt_nf4dq_decode(codes, cs, q, qs, scale, ss / 4, offset[0], 0, n, out) == ORK_RT_OK,
+         "decode returned an error");
+    NEED(write_file(a[5], out, (size_t)n * 4), "cannot write");
+    free(codes);
+    free(q);
+    free(scale);
+    free(offset);
+    free(out);
+}
+
 static const struct {
     const char *name;
     int nargs;
@@ -273,6 +369,7 @@ static const struct {
     {"nf4_encode", 7, do_nf4_encode}, {"nf4_decode", 4, do_nf4_decode}, {"int8_encode", 9, do_int8_encode},
     {"int8_decode", 6, do_int8_decode}, {"int8_tile", 5, do_int8_tile}, {"widen", 5, do_widen},
     {"fill", 4, do_fill}, {"inflate", 10, do_inflate}, {"rt_decode", 4, do_rt_decode},
+    {"nf4opt_encode", 12, do_nf4opt_encode}, {"nf4dq_encode", 12, do_nf4dq_encode}, {"nf4dq_decode", 6, do_nf4dq_decode},
 };
 
 int main(void) {
@@ -283,7 +380,7 @@ int main(void) {
         for (char *tok = strtok(line, " \t\r\n"); tok && argc < 16; tok = strtok(NULL, " \t\r\n")) argv[argc++] = tok;
         if (argc == 0) continue;
         if (strcmp(argv[0], "isa") == 0) {
-            printf("codecs %d runtime %d\n", ork_codecs_isa(), ork_rt_isa());
+            printf("codecs %d runtime %d nf4opt %d\n", ork_codecs_isa(), ork_rt_isa(), ork_nf4opt_level());
             continue;
         }
         int found = 0;
