@@ -18,11 +18,12 @@ if [ -f "$build/orkpack-build.ok" ] && [ "$(cat "$build/orkpack-build.ok")" = "$
   exit 0
 fi
 rm -f "$build/orkpack-build.ok"
+mkdir -p "$build"
 start=$(date +%s)
 # shellcheck disable=SC2086
-cmake -S "$src" -B "$build" $flags >"$build.configure.log" 2>&1 || { echo "llama.cpp configure failed (see $build.configure.log)"; exit 1; }
+cmake -S "$src" -B "$build" $flags >"$build/orkpack-configure.log" 2>&1 || { echo "llama.cpp configure failed (see $build/orkpack-configure.log)"; exit 1; }
 # shellcheck disable=SC2086
-cmake --build "$build" --target $targets -j "${ORKPACK_BUILD_JOBS:-2}" >"$build.build.log" 2>&1 \
-  || { echo "llama.cpp build failed (see $build.build.log)"; exit 1; }
+cmake --build "$build" --target $targets -j "${ORKPACK_BUILD_JOBS:-2}" >"$build/orkpack-build.log" 2>&1 \
+  || { echo "llama.cpp build failed (see $build/orkpack-build.log)"; exit 1; }
 echo "$stamp" >"$build/orkpack-build.ok"
 echo "llama.cpp runtime built in $(( $(date +%s) - start ))s into $build"
