@@ -1520,7 +1520,9 @@ _F.append(
            blocks=Blocks("layer_types", {"rwkv7": "rwkv7"}, default="rwkv7", record="all", state="2*H+H*hs",
                          gguf_dims=(("hs", "wkv.head_size"),), flops="9*H*hs"),
            more_dims=_rwkv7_dims,
+           # (rope.dimension_count 0: no attention, no RoPE; the config's head_dim is the wkv head size)
            record=(("context_length", "1048576", ""), ("attention.head_count", "0", ""), ("wkv.head_size", "hs", ""),
+                   ("rope.dimension_count", "hd", ""),
                    ("attention.decay_lora_rank", "rw", ""), ("attention.iclr_lora_rank", "ra", ""),
                    ("attention.value_residual_mix_lora_rank", "rv", ""), ("attention.gate_lora_rank", "rg", "")),
            forward=Forward(norm="layer", act="relu2", act_key="", mlp="plain", ffn_norm="attn_norm_2",
