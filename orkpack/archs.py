@@ -248,6 +248,9 @@ class Forward:
     refuse: tuple[tuple[str, str], ...] = ()  # (config key, what is missing) when that key is set and truthy
     smooth: tuple[Smooth, ...] = SMOOTH_GATED  # where activation smoothing may fold its scales
     output_norm: str = "output_norm"  # the final norm's GGUF name (lfm2: token_embd_norm, applied after the layers)
+    embed_norm: str = ""  # a norm on the embeddings before the first layer (rwkv7: token_embd_norm, layer 0's pre-norm)
+    ffn: str = "mlp"  # the FFN block: mlp (the MLP / experts above) | channel_mix (rwkv7's token-shift lerp into a
+    # squared-ReLU key and a value: orkpack/model/rwkv7.py)
 
 
 @dataclass(frozen=True)
@@ -351,6 +354,18 @@ class Split:
 
 
 @dataclass(frozen=True)
+class Stack:
+    """Checkpoint tensors llama.cpp's converter writes as one, stacked along a new first axis in the order of
+    ``parts``: the stacked tensor's canonical name (``glob``) with ``old`` replaced by each part names the pieces, each
+    a whole stored tensor (the same dtype and shape), so the stack is their bytes in turn and changes no value.
+    RWKV7's token-shift mixes ``x_r, x_w, x_k, x_v, x_a, x_g`` (1, 1, H) -> ``time_mix_lerp_fused`` (6, 1, 1, H)
+    (Rwkv7Model.modify_tensors)."""
+    glob: str
+    old: str
+    parts: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Family:
     name: str  # our id: the HF model_type
     gguf: str  # gguf-py MODEL_ARCH member whose TensorNameMap names the tensors
@@ -401,6 +416,10 @@ class Family:
     # model.altup_projections.{k}.weight -> altup_proj.weight); the readers stack them on read, as the experts
     ffn_widths: bool = False  # intermediate_size may be a list, one FFN width per layer (gemma3n); the facts'
     # intermediate is the widest, each layer's tensors its own (dims ``I_layers``)
+    stack: tuple[Stack, ...] = ()  # checkpoint tensors the converter writes as one stacked tensor (:class:`Stack`)
+    copies: tuple[tuple[str, str], ...] = ()  # (canonical name, canonical name of its source): a tensor the converter
+    # writes a second time under another name (RWKV7's layer-0 time_mix_v0/v1/v2, copies of a0/a1/a2 that llama.cpp
+    # loads and never uses), which an HF reader lists too, the same stored bytes
 
 # --------------------------------------------------------------------------------------- shared templates
 
@@ -1442,6 +1461,105 @@ _F.append(
                                           norm="attn_norm"),) + _FWD_QWEN35.smooth[1:])),
 )
 
+def _rwkv7_dims(cfg: Mapping, d: dict, where: str) -> dict:
+    """RWKV7 (fla-hub's RWKV7ForCausalLM, as Rwkv7Model reads it): the wkv head size ``hs`` (head_size or head_dim)
+    and ``nwh`` = H / hs heads of the recurrent state; the LoRA ranks of the decay ``rw``, the in-context learning
+    rate ``ra``, the value residual ``rv`` and the gate ``rg`` (the converter's calc_lora_rank when null: a multiple
+    of 32 near H^e x m); the channel mix's width ``I`` (4 H when null). No attention: heads, KV heads and head_dim
+    are 0, as the converter's head_count ("required by llama.cpp, unused")."""
+    get = _config_int(cfg, where)
+    H, hs = d["H"], d["nh"]
+    if hs == 0 or H % hs:
+        raise SourceError(f"{where}: the wkv head size ('head_size' / 'head_dim') = {hs} does not divide "
+                          f"'hidden_size' = {H}; fix the config")
+    for key, want in (("wkv_has_gate", True), ("norm_first", True), ("norm_bias", True)):
+        if cfg.get(key, want) is not want:  # llama.cpp's rwkv7 loads a gate, the first layer's pre-norm, norm biases
+            raise SourceError(f"{where}: '{key}' = {escape_name(repr(cfg.get(key)), 20)}: llama.cpp's rwkv7 needs "
+                              f"{str(want).lower()}; not supported")
+
+    def rank(keys: tuple[str, str], e: float, m: float) -> int:
+        k = next((k for k in keys if cfg.get(k) is not None), None)
+        return get(k, 0, MAX_WIDTH) if k else max(1, round(H ** e * m / 32)) * 32  # Rwkv7Model.calc_lora_rank
+
+    return {"hs": hs, "nwh": H // hs, "nh": 0, "nkv": 0, "hd": 0, "I": d["I"] or 4 * H,
+            "rw": rank(("lora_rank_decay", "decay_low_rank_dim"), 0.5, 1.8),
+            "ra": rank(("lora_rank_iclr", "a_low_rank_dim"), 0.5, 1.8),
+            "rv": rank(("lora_rank_value_residual_mix", "v_low_rank_dim"), 0.5, 1.3),
+            "rg": rank(("lora_rank_gate", "gate_low_rank_dim"), 0.8, 0.6)}
+
+
+R7 = "model.layers.{i}."
+_RWKV7_LAYER = (
+    t(R7 + "attn_norm.weight", "H"), t(R7 + "attn_norm.bias", "H"),
+    *(t(R7 + f"attn.x_{c}", 1, 1, "H", kind="bias") for c in "rwkvag"),
+    t(R7 + "attn.k_k", 1, 1, "H", kind="norm"), t(R7 + "attn.k_a", 1, 1, "H", kind="norm"),
+    t(R7 + "attn.r_k", "nwh", "hs", kind="bias"),
+    *(t(R7 + f"attn.{c}_proj.weight", "H", "H") for c in "rkvo"),
+    t(R7 + "attn.w_lora.lora.0.weight", "rw", "H"), t(R7 + "attn.w_lora.lora.2.weight", "H", "rw"),
+    t(R7 + "attn.w_lora.lora.2.bias", "H"),
+    t(R7 + "attn.a_lora.lora.0.weight", "ra", "H"), t(R7 + "attn.a_lora.lora.2.weight", "H", "ra"),
+    t(R7 + "attn.a_lora.lora.2.bias", "H"),
+    t(R7 + "attn.v_lora.lora.0.weight", "rv", "H", when="vres"), t(R7 + "attn.v_lora.lora.2.weight", "H", "rv",
+                                                                    when="vres"),
+    t(R7 + "attn.v_lora.lora.2.bias", "H", when="vres"),
+    t(R7 + "attn.g_lora.lora.0.weight", "rg", "H"), t(R7 + "attn.g_lora.lora.2.weight", "H", "rg"),
+    t(R7 + "attn.g_norm.weight", "H"), t(R7 + "attn.g_norm.bias", "H"),
+    t(R7 + "ffn_norm.weight", "H"), t(R7 + "ffn_norm.bias", "H"),
+    t(R7 + "ffn.x_k", "H", kind="bias"), t(R7 + "ffn.key.weight", "I", "H"), t(R7 + "ffn.value.weight", "H", "I"),
+)
+_RW = r"^model\.layers\.(\d+)\."
+_F.append(
+    # RWKV7 (fla-hub/rwkv7-*-world, RWKV7ForCausalLM), every layer recurrent: a time mix (token shift into six
+    # lerps r w k v a g, fused by the converter into time_mix_lerp_fused; receptance / key / value / output
+    # projections; LoRA pairs for the decay w, the in-context learning rate a, the value residual v (from layer 1:
+    # a lerp towards layer 0's values) and the gate g; k_k, k_a, r_k; the wkv7 delta-rule state of H x head size
+    # floats; a LayerNorm per head, the group norm ln_x) and a channel mix (a token-shift lerp, squared-ReLU key,
+    # value), LayerNorms with biases, layer 0's pre-norm on the embeddings. The converter drops layer 0's value LoRA
+    # (unused) and writes its a0/a1/a2 a second time as v0/v1/v2, which llama.cpp loads and never uses; its
+    # quantizer keeps the LoRA factors float (keepfloat.py). State per layer and sequence: the two token shifts
+    # (2 H) and the wkv state (H x hs), llama.cpp's n_embd_r() + n_embd_s()
+    Family("rwkv7", "RWKV7", _RWKV7_LAYER,
+           (t("model.embeddings.weight", "V", "H"), t("model.layers.0.pre_norm.weight", "H"),
+            t("model.layers.0.pre_norm.bias", "H"), t("model.norm.weight", "H"), t("model.norm.bias", "H"),
+            t("lm_head.weight", "V", "H", when="!tied")),
+           classes=("RWKV7ForCausalLM", "Rwkv7ForCausalLM"),
+           keys={"heads": ("head_size", "head_dim")}, defaults={"tie_word_embeddings": False},
+           renames=((_RW + r"attn\.x_([rwkvag])$", r"blk.\1.time_mix_lerp_\2.weight"),
+                    (_RW + r"attn\.(k_k|k_a|r_k)$", r"blk.\1.time_mix_\2.weight"),
+                    (_RW + r"attn\.r_proj\.weight$", r"blk.\1.time_mix_receptance.weight"),
+                    (_RW + r"attn\.k_proj\.weight$", r"blk.\1.time_mix_key.weight"),
+                    (_RW + r"attn\.v_proj\.weight$", r"blk.\1.time_mix_value.weight"),
+                    (_RW + r"attn\.o_proj\.weight$", r"blk.\1.time_mix_output.weight"),
+                    (_RW + r"attn\.([wavg])_lora\.lora\.0\.weight$", r"blk.\1.time_mix_\g<2>1.weight"),
+                    (_RW + r"attn\.([wavg])_lora\.lora\.2\.weight$", r"blk.\1.time_mix_\g<2>2.weight"),
+                    (_RW + r"attn\.([wav])_lora\.lora\.2\.bias$", r"blk.\1.time_mix_\g<2>0.weight"),
+                    (_RW + r"attn\.g_norm\.", r"blk.\1.time_mix_ln."),
+                    (_RW + r"attn_norm\.", r"blk.\1.attn_norm."),
+                    (_RW + r"ffn_norm\.", r"blk.\1.attn_norm_2."),
+                    (_RW + r"ffn\.x_k$", r"blk.\1.channel_mix_lerp_k.weight"),
+                    (_RW + r"ffn\.key\.weight$", r"blk.\1.channel_mix_key.weight"),
+                    (_RW + r"ffn\.value\.weight$", r"blk.\1.channel_mix_value.weight")),
+           skip=((r"^model\.layers\.0\.attn\.v_lora\.", "layer 0's value-residual LoRA (attn.v_lora): unused (the "
+                  "residual is layer 0's own values); llama.cpp's converter drops it"),),
+           stack=(Stack("blk.*.time_mix_lerp_fused.weight", "lerp_fused",
+                        tuple(f"lerp_{c}" for c in "rwkvag")),),
+           copies=tuple((f"blk.0.time_mix_v{j}.weight", f"blk.0.time_mix_a{j}.weight") for j in range(3)),
+           reshape=tuple((f"blk.*.{n}.weight", ("H",)) for n in ("time_mix_k_k", "time_mix_k_a", "time_mix_r_k",
+                                                                   "channel_mix_lerp_k")),
+           layer_flags=lambda cfg, d, i: {"vres": i > 0},
+           blocks=Blocks("layer_types", {"rwkv7": "rwkv7"}, default="rwkv7", record="all", state="2*H+H*hs",
+                         gguf_dims=(("hs", "wkv.head_size"),), flops="9*H*hs"),
+           more_dims=_rwkv7_dims,
+           # (rope.dimension_count 0: no attention, no RoPE; the config's head_dim is the wkv head size)
+           record=(("context_length", "1048576", ""), ("attention.head_count", "0", ""), ("wkv.head_size", "hs", ""),
+                   ("rope.dimension_count", "hd", ""),
+                   ("attention.decay_lora_rank", "rw", ""), ("attention.iclr_lora_rank", "ra", ""),
+                   ("attention.value_residual_mix_lora_rank", "rv", ""), ("attention.gate_lora_rank", "rg", "")),
+           forward=Forward(norm="layer", act="relu2", act_key="", mlp="plain", ffn_norm="attn_norm_2",
+                           embed_norm="token_embd_norm", ffn="channel_mix", smooth=())),
+)
+
+
 def _gemma4_dims(cfg: Mapping, d: dict, where: str) -> dict:
     """Gemma 4 (transformers' Gemma4TextConfig): sliding layers of ``hs`` = head_dim with ``nks`` KV heads, full
     layers of ``hf`` = global_head_dim with ``nkf`` (num_global_key_value_heads when attention_k_eq_v, else the
@@ -2101,6 +2219,35 @@ def converter_layout(cfg: Mapping[str, Any] | None, name: str, shape: tuple[int,
             sub = shape[:ax] + (shape[ax] // n,) + shape[ax + 1:]
             return [Piece(name.replace(sp.old, part), sub, ax, k, n) for k, part in enumerate(sp.parts)]
     return [Piece(name, shape)]
+
+
+def converter_stacks(cfg: Mapping[str, Any] | None, names) -> list[tuple[str, tuple[str, ...]]]:
+    """[(stacked name, its parts' canonical names in order)] of the family's :class:`Stack` entries whose parts are
+    all among ``names`` (canonical names as the converter layout gives them, before stacking)."""
+    fam = config_family(cfg) if isinstance(cfg, Mapping) else None
+    if fam is None or not fam.stack:
+        return []
+    from .globs import matches
+
+    have, out = set(names), []
+    for st in fam.stack:
+        for n in sorted(have):
+            stacked = n.replace(st.parts[0], st.old)
+            if st.parts[0] not in n or not matches(stacked, st.glob):
+                continue
+            parts = tuple(stacked.replace(st.old, p) for p in st.parts)
+            if all(p in have for p in parts):
+                out.append((stacked, parts))
+    return out
+
+
+def converter_copies(cfg: Mapping[str, Any] | None, names) -> list[tuple[str, str]]:
+    """[(canonical name, its source's)] of the family's ``copies`` whose source is among ``names`` and which is not."""
+    fam = config_family(cfg) if isinstance(cfg, Mapping) else None
+    if fam is None:
+        return []
+    have = set(names)
+    return [(new, old) for new, old in fam.copies if old in have and new not in have]
 
 
 def _grouped_split(sp: Split, d: Mapping, name: str, shape: tuple[int, ...], where: str) -> list[Piece]:

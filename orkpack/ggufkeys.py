@@ -71,7 +71,7 @@ RMS_EPS = Key("attention.layer_norm_rms_epsilon", "float32", ("rms_norm_eps",),
 # starcoder2's own norm_epsilon: tried again after the common spellings (one of them too)
 LAYER_NORM_EPS = Key("attention.layer_norm_epsilon", "float32",
                      ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"),
-                     family=_fam((("starcoder2",), ("norm_epsilon",))), default=1e-6)
+                     family=_fam((("starcoder2",), ("norm_epsilon",)), (("rwkv7",), ("norm_eps",))), default=1e-6)
 EXPERT_COUNT = Key("expert_count", "uint32", ("num_local_experts", "num_experts", "n_routed_experts"),
                    family=_fam((_ERNIE_MOE, ("moe_num_experts",))))
 EXPERT_USED_COUNT = Key("expert_used_count", "uint32",
@@ -158,6 +158,16 @@ ATTN_TEMPERATURE_SCALE = Key("attention.temperature_scale", "float32",
 # with archs ``blocks``): head_count_kv as one count per layer, 0 for the recurrent layers (llama.cpp's is_recr)
 HEAD_COUNT_KV_PER_LAYER = "array[int32]"
 # or (archs Blocks.record "recurrent_layers") one bool per layer, true for the recurrent ones, beside the interval
+# RWKV7 (Rwkv7Model): the wkv head size, the LoRA ranks (null in a config: the converter's calc_lora_rank, which the
+# family's record writes over them: archs Family.record)
+_RWKV7 = ("rwkv7",)
+WKV_HEAD_SIZE = Key("wkv.head_size", "uint32", family=_fam((_RWKV7, ("head_size", "head_dim"))))
+DECAY_LORA_RANK = Key("attention.decay_lora_rank", "uint32",
+                      family=_fam((_RWKV7, ("lora_rank_decay", "decay_low_rank_dim"))))
+ICLR_LORA_RANK = Key("attention.iclr_lora_rank", "uint32", family=_fam((_RWKV7, ("lora_rank_iclr", "a_low_rank_dim"))))
+VALUE_RESIDUAL_MIX_LORA_RANK = Key("attention.value_residual_mix_lora_rank", "uint32",
+                                   family=_fam((_RWKV7, ("lora_rank_value_residual_mix", "v_low_rank_dim"))))
+GATE_LORA_RANK = Key("attention.gate_lora_rank", "uint32", family=_fam((_RWKV7, ("lora_rank_gate", "gate_low_rank_dim"))))
 RECURRENT_LAYERS = Key("attention.recurrent_layers", "array[bool]")
 FULL_ATTENTION_INTERVAL = Key("full_attention_interval", "uint32", default=4)
 SSM_INNER_SIZE = Key("ssm.inner_size", "uint32")  # value heads x value head dim (Qwen3.5), d_inner (Mamba2)

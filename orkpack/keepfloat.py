@@ -42,6 +42,10 @@ CONV = "a convolution kernel"
 # matrices; llama.cpp's quantizer never quantizes them either (only names ending in "weight", never "_norm.weight")
 SSM = "a state-space parameter (A, D, the gated norm)"
 SSM_GLOBS: tuple[str, ...] = ("*.ssm_a", "*.ssm_d", "*.ssm_norm.weight")
+# RWKV's time-mix LoRA factors (decay w1/w2, in-context rate a1/a2, value residual v1/v2, gate g1/g2): 2-D, but
+# llama.cpp's quantizer never quantizes them (src/llama-quant.cpp names each); small beside the projections
+LORA = "an RWKV time-mix LoRA factor"
+LORA_GLOBS: tuple[str, ...] = tuple(f"*.time_mix_{c}{j}.weight" for c in "wavg" for j in (1, 2))
 ROUTER = "an MoE router"  # the planner still prices a router's matmul at prefill (tiers/solver.py)
 
 # (what it is, canonical-name globs; None: by rank). A tensor stays float when any row matches; the first
@@ -59,12 +63,13 @@ ALWAYS_FLOAT: tuple[tuple[str, tuple[str, ...] | None], ...] = (
     # experts; llama.cpp never quantizes ffn_gate_inp either
     (ROUTER, ("*.ffn_gate_inp.*", "*.ffn_gate_inp_*")),
     (SSM, SSM_GLOBS),
+    (LORA, LORA_GLOBS),
 )
 
 # the globs recorded in every tier map's options ("default_keep"); tensors that are not a matrix or a stack
 # of expert matrices besides. The convolution kernels' globs are recorded by the maps of models that have
 # one (:func:`recorded_globs`), so that the map of any other model reads as it did before they were a row
-FLOAT_GLOBS: tuple[str, ...] = tuple(g for what, gl in ALWAYS_FLOAT if gl and what not in (CONV, SSM) for g in gl)
+FLOAT_GLOBS: tuple[str, ...] = tuple(g for what, gl in ALWAYS_FLOAT if gl and what not in (CONV, SSM, LORA) for g in gl)
 
 
 def is_expert_stack(name: str, shape) -> bool:
@@ -87,13 +92,14 @@ def why_float(name: str, shape) -> str | None:
 
 def recorded_globs(names, shapes=None) -> tuple[str, ...]:
     """The globs a tier map of the model with these tensor ``names`` records as its options' "default_keep":
-    FLOAT_GLOBS, the convolution kernels' when a tensor is one, and the state-space parameters' when one of them
-    is 2-D (``shapes``: the tensors' shapes in the same order; a 1-D one stays float by its rank alone)."""
+    FLOAT_GLOBS, the convolution kernels' when a tensor is one, the state-space parameters' when one of them
+    is 2-D, RWKV's LoRA factors' when the model has one (``shapes``: the tensors' shapes in the same order; a 1-D one stays float by its rank alone)."""
     names = list(names)
     conv = any(globs.matches(n, g) for n in names for g in CONV_GLOBS)
     ssm = shapes is not None and any(len(s) == 2 and any(globs.matches(n, g) for g in SSM_GLOBS)
                                      for n, s in zip(names, shapes))
-    return FLOAT_GLOBS + (CONV_GLOBS if conv else ()) + (SSM_GLOBS if ssm else ())
+    lora = any(globs.matches(n, g) for n in names for g in LORA_GLOBS)
+    return FLOAT_GLOBS + (CONV_GLOBS if conv else ()) + (SSM_GLOBS if ssm else ()) + (LORA_GLOBS if lora else ())
 
 
 def stays_float(name: str, shape) -> bool:

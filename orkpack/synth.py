@@ -109,6 +109,13 @@ _Q3N = {**{k: v for k, v in _Q35_MOE.items() if k != "rope_parameters"}, "archit
         "model_type": "qwen3_next", "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
         "layer_types": ["linear_attention", "linear_attention", "full_attention", "linear_attention"],
         "rope_parameters": {"rope_theta": 10000000.0, "rope_type": "default", "partial_rotary_factor": 0.25}}
+# RWKV7 (fla-hub's RWKV7ForCausalLM): 2 layers, hidden 128 in 2 wkv heads of 64 (the head size llama.cpp's group norm
+# eps assumes), LoRA ranks 32 / 32 / 16 / 32, channel mix 256
+_RWKV7 = {"architectures": ["RWKV7ForCausalLM"], "model_type": "rwkv7", "hidden_size": 128, "intermediate_size": 256,
+          "num_hidden_layers": 2, "head_dim": 64, "decay_low_rank_dim": 32, "a_low_rank_dim": 32,
+          "v_low_rank_dim": 16, "gate_low_rank_dim": 32, "norm_eps": 1e-5, "norm_first": True, "norm_bias": True,
+          "hidden_act": "sqrelu", "vocab_size": 128, "max_position_embeddings": 4096, "tie_word_embeddings": False,
+          "torch_dtype": "bfloat16"}
 TINY: dict[str, dict] = {
     "llama": _tiny("llama", "LlamaForCausalLM", tie_word_embeddings=False, attention_bias=False, mlp_bias=False),
     "mistral": _tiny("mistral", "MistralForCausalLM", tie_word_embeddings=False, sliding_window=None),
@@ -295,6 +302,7 @@ TINY: dict[str, dict] = {
                       moe_intermediate_size=32, first_k_dense_replace=1, norm_topk_prob=True,
                       routed_scaling_factor=2.5, n_group=1, topk_group=1, rms_norm_eps=1e-5,
                       tie_word_embeddings=False),
+    "rwkv7": _RWKV7,
 }
 TINY["mistral3"]["text_config"] = {k: v for k, v in TINY["ministral3"].items() if k != "architectures"}
 
@@ -307,6 +315,7 @@ class _T:
     kind: str  # "w" matrix, "norm", "bias"
     experts: int = 0  # >0: stacked over this many experts
     stored: str = ""  # how the release stores it: "" (the float dtype), "MXFP4", "F8_E4M3"
+    key: str = ""  # the seed key of its values ("": its canonical name; a converter's copy: its source's)
 
 
 def _legacy_config(arch: str, layers: int, hidden: int, intermediate: int, heads: int, kv_heads: int, vocab: int,
@@ -355,8 +364,18 @@ def _plan(cfg: dict) -> list[_T]:
             out.append(_T(sp[0], (), tuple(shape), tpl.kind, 0, stored))
         else:
             stacks[sp[0]].append(name)
-    return [_T(t.canonical, tuple(stacks[t.canonical]), t.shape, t.kind, len(stacks[t.canonical]), t.stored)
-            if t.canonical in stacks else t for t in out]
+    out = [_T(t.canonical, tuple(stacks[t.canonical]), t.shape, t.kind, len(stacks[t.canonical]), t.stored)
+           if t.canonical in stacks else t for t in out]
+    # what the converter stacks into one tensor (a stack over the parts, like experts) and writes twice (no HF tensor)
+    for sname, parts in archs.converter_stacks(cfg, [t.canonical for t in out]):
+        got = [next(t for t in out if t.canonical == p) for p in parts]
+        at = out.index(got[0])
+        out = [t for t in out if t.canonical not in parts]
+        out.insert(at, _T(sname, tuple(t.hf[0] for t in got), got[0].shape, got[0].kind, len(got), got[0].stored))
+    for new, old in archs.converter_copies(cfg, [t.canonical for t in out]):
+        src = next(t for t in out if t.canonical == old)
+        out.append(_T(new, (), src.shape, src.kind, 0, src.stored, key=src.key or src.canonical))
+    return out
 
 
 def _bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -402,7 +421,7 @@ def _arrays(t: _T, seed: int):
         for e in range(t.experts):
             yield _values(seed, f"{t.canonical}#{e}", t.shape, t.kind)
     else:
-        yield _values(seed, t.canonical, t.shape, t.kind)
+        yield _values(seed, t.key or t.canonical, t.shape, t.kind)
 
 
 def _to_dtype(bits: np.ndarray, dtype: str) -> np.ndarray:
@@ -441,6 +460,8 @@ def _hf_entries(plan: list[_T], cfg: dict, seed: int, dtype: str):
     qc = cfg.get("quantization_config") or {}
     block = tuple(qc.get("weight_block_size") or (128, 128))
     for t in plan:
+        if not t.hf:  # a tensor the converter writes twice: no HF tensor of its own
+            continue
         if t.stored == "MXFP4":  # gpt-oss experts: (E, N, K) as blocks of 32 e2m1 codes + one E8M0 scale
             blocks = (*t.shape[:-1], t.shape[-1] // 32)
             yield t.hf[0] + "_blocks", "U8", (*blocks, 16), lambda t=t: _mxfp4(seed, t.canonical, t.shape)[0]

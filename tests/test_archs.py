@@ -45,14 +45,17 @@ def test_config_lists_exactly_the_checkpoint_tensors(fixtures, fam):
     assert [i.key for i in from_cfg.items] == [i.key for i in from_hdr.items]
     # every decoder tensor got a GGUF-style name (only a vision tower keeps its HF names)
     left = [t.name for t in from_hdr.tensors if not (t.name.startswith("blk.") or t.name in
-            ("token_embd.weight", "token_embd_norm.weight", "output.weight", "output_norm.weight",
+            ("token_embd.weight", "token_embd_norm.weight", "token_embd_norm.bias", "output.weight", "output_norm.weight",
                  "output_norm.bias", "rope_freqs.weight", "per_layer_token_embd.weight",  # gemma4's per-layer
                  "per_layer_model_proj.weight", "per_layer_proj_norm.weight",  # embeddings, its RoPE factors
                  "altup_proj.weight", "altup_unembd_proj.weight"))]  # gemma3n's AltUp stream projections
     assert all(n.startswith(("vision_tower.", "multi_modal_projector.")) for n in left), left
     # parameters: the logical (dequantized) elements of every tensor
     # (but what the converter computes from the config: gemma4's rope_freqs, archs.generated_tensors)
+    # and what it writes a second time: rwkv7's layer-0 v0/v1/v2, archs Family.copies)
     gen = sum(a.size for a in archs.generated_tensors(cfg).values())
+    shapes = {t.name: t.numel for t in from_hdr.tensors}
+    gen += sum(shapes[new] for new, _ in archs.FAMILIES[from_cfg.facts["arch"]].copies if new in shapes)
     assert sum(t.numel for t in from_hdr.tensors) - gen == archs.param_count(cfg)
 
 

@@ -438,11 +438,13 @@ def test_table_shape():
 
 
 def test_every_key_spells_a_gguf_key():
-    """Each llama.cpp key of the table is one of gguf-py's (Keys.LLM, Keys.Attention, Keys.Rope, Keys.ShortConv); orkpack's own
+    """Each llama.cpp key of the table is one of gguf-py's (Keys.LLM, Keys.Attention, Keys.Rope, Keys.ShortConv, Keys.SSM,
+    Keys.WKV); orkpack's own
     (``llama_cpp=False``) are not (if gguf-py gains one, mark it llama.cpp's)."""
     from gguf.constants import Keys
 
-    known = {v for cls in (Keys.LLM, Keys.Attention, Keys.Rope, Keys.ShortConv, Keys.SSM) for n, v in vars(cls).items()
+    known = {v for cls in (Keys.LLM, Keys.Attention, Keys.Rope, Keys.ShortConv, Keys.SSM, Keys.WKV)
+             for n, v in vars(cls).items()
              if n.isupper() and isinstance(v, str)}
     # newer than the gguf release installed: in the gguf-py of llama.cpp 0c1e570 (the converter the tests run)
     newer = {"{arch}.attention.recurrent_layers"}

@@ -206,10 +206,11 @@ def logits_match(hf: Path, gg: Path, ids, ref, what: str = "") -> None:
         assert err <= TOL * float(np.abs(ref).max()), (what, path.name, err, float(np.abs(ref).max()))
 
 
-def build_verify_eval(hf: Path, gg: Path, pack: Path, build_args: tuple = (), max_kld: float = 0.2) -> None:
-    """orkpack build the folder (with ``build_args``), verify the pack, and eval it against the folder and against
-    the converter's GGUF: the same float model, so the same reference and the same scores; the quantized paths'
-    mean KLD under ``max_kld``."""
+def build_verify_eval(hf: Path, gg: Path, pack: Path, build_args: tuple = (), max_kld: float = 0.2,
+                      eval_args: tuple = ()) -> None:
+    """orkpack build the folder (with ``build_args``), verify the pack, and eval it (with ``eval_args``: token ids
+    for a model whose tokenizer eval does not read) against the folder and against the converter's GGUF: the same
+    float model, so the same reference and the same scores; the quantized paths' mean KLD under ``max_kld``."""
     run = lambda *a: subprocess.run([sys.executable, "-m", "orkpack", *a], capture_output=True, text=True,  # noqa: E731
                                     timeout=600, env=dict(os.environ, PYTHONPATH=str(Path(archs.__file__).parent.parent)))
     r = run("build", str(hf), "-o", str(pack), "--json", *build_args)
@@ -218,7 +219,7 @@ def build_verify_eval(hf: Path, gg: Path, pack: Path, build_args: tuple = (), ma
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     got = {}
     for source in (hf, gg):
-        r = run("eval", str(source), str(pack), "--json")
+        r = run("eval", str(source), str(pack), "--json", *eval_args)
         assert r.returncode == 0, r.stderr[-2000:]
         got[source] = {p["path"]: p for p in json.loads(r.stdout)["paths"]}
     for path in ("reference", "prefill", "decode"):

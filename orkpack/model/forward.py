@@ -25,6 +25,7 @@ from . import hparams as _hp
 from .hparams import Hparams, NotEvaluable, Rope
 from .deltanet import deltanet
 from .mamba2 import mamba2
+from .rwkv7 import channel_mix, time_mix
 from .shortconv import shortconv
 from .weights import SourceWeights, Weights
 
@@ -358,7 +359,13 @@ _MIXERS: dict[str, Callable[..., np.ndarray]] = {
     "shortconv": shortconv,
     "deltanet": deltanet,
     "mamba2": mamba2,
+    "rwkv7": time_mix,  # (i, x, hp, w, store): store keeps layer 0's values for the later layers' value residual
 }
+_STORE = {"rwkv7"}  # the mixers that read or leave values for later layers in the run's store (besides attention's K/V)
+
+
+# the FFN block of a layer (archs Forward.ffn): the MLP (or experts), or rwkv7's channel mix
+_FFNS: dict[str, Callable[..., np.ndarray]] = {"mlp": _ffn, "channel_mix": channel_mix}
 
 
 def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None = None,
@@ -372,7 +379,7 @@ def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None = Non
     if part != "ffn":
         h = _norm(x, w, p + "attn_norm", hp) if before else x
         # (i, x, hp, w); attention also takes the K/V store where later layers reuse K/V (gemma4's kv_from)
-        a = sum(_MIXERS[m](i, h, hp, w, kv) if m == "attn" and hp.kv_from else _MIXERS[m](i, h, hp, w)
+        a = sum(_MIXERS[m](i, h, hp, w, kv) if (m == "attn" and hp.kv_from) or m in _STORE else _MIXERS[m](i, h, hp, w)
                 for m in mixers(blk))
         if after:
             a = _norm(a, w, p + "post_attention_norm", hp)
@@ -384,7 +391,8 @@ def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None = Non
         if hp.fwd.moe_beside_mlp and w.has(p + "ffn_gate_inp.weight"):
             m = _mlp_and_experts(i, x, hp, w)
         else:
-            m = _ffn(i, _norm(x, w, p + (hp.fwd.ffn_norm if part is None else "attn_norm"), hp) if before else x, hp, w)
+            m = _FFNS[hp.fwd.ffn](i, _norm(x, w, p + (hp.fwd.ffn_norm if part is None else "attn_norm"), hp)
+                                  if before else x, hp, w)
         if after:
             m = _norm(m, w, p + "post_ffw_norm", hp)
         x = x + m * np.float32(hp.residual_scale)
@@ -490,6 +498,8 @@ def run(source, tokens, *, weights: Weights | None = None, hp: Hparams | None = 
     T = ids.size
     total = hp.n_layers + -(-T // chunk)
     x = w.embed(ids) * np.float32(hp.embed_scale)
+    if hp.fwd.embed_norm:  # rwkv7: layer 0's pre-norm on the embeddings
+        x = _norm(x, w, hp.fwd.embed_norm, hp)
     pli = _per_layer_inputs(ids, x, hp, w) if hp.per_layer and w.has("per_layer_token_embd.weight") else None
     kv: dict = {}
     xs = _altup_streams(x, hp, w) if hp.altup[0] else None  # gemma3n's AltUp streams

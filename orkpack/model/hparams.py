@@ -283,7 +283,7 @@ def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
         v = tc.get(spec)
         return default if v is None else _num(v, spec, where)
 
-    attn_scale = hd ** -0.5
+    attn_scale = hd ** -0.5 if hd else 1.0  # hd 0: no attention (rwkv7)
     if f.attn_scale == "unit":
         attn_scale = 1.0
     elif f.attn_scale == "qpas":
@@ -429,7 +429,7 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
     def scale(spec: str, which: str, default: float) -> float:
         return float(get(_GGUF_SCALE[which], default)) if spec else default
 
-    attn_scale = float(get(G.ATTENTION_SCALE, 1.0 if f.attn_scale == "unit" else hd ** -0.5))  # gemma4: llama.cpp's 1
+    attn_scale = float(get(G.ATTENTION_SCALE, 1.0 if f.attn_scale == "unit" or not hd else hd ** -0.5))  # gemma4: llama.cpp's 1
     embed = math.sqrt(H) if f.embed_scale == "sqrt_hidden" else scale(f.embed_scale, "embed", 1.0)
     E = facts["n_experts"]
     # llama.cpp's expert_gating_func (1 softmax, 2 sigmoid) tells DeepSeek-V3 from V2 (one GGUF architecture)

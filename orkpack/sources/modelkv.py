@@ -170,8 +170,9 @@ def _derived(cfg: Mapping, fam, garch: str, kv: list) -> None:
             put(G.FEED_FORWARD_LENGTH, G.HEAD_COUNT_KV_PER_LAYER,
                 [d["I"] if fam.blocks.parts.get(b) == "ffn" else 0 for b in blocks])
     elif fam.blocks is not None and fam.blocks.record == "all":  # FalconH1Model: one KV head count, Mamba2's sizes
+        # (RWKV7: every layer recurrent, its sizes the family's record)
         for key, dim in ((G.SSM_CONV_KERNEL, "ck"), (G.SSM_INNER_SIZE, "di"), (G.SSM_STATE_SIZE, "ds"),
-                         (G.SSM_TIME_STEP_RANK, "nm"), (G.SSM_GROUP_COUNT, "ng")):
+                         (G.SSM_TIME_STEP_RANK, "nm"), (G.SSM_GROUP_COUNT, "ng")) if "ck" in d else ():
             put(key, key.type, d[dim])  # d_inner // mamba_d_head = the heads; mamba_d_ssm, not expand x hidden
     elif fam.blocks is not None:  # Qwen3NextModel: the list, the interval (its default 4 when absent), d_inner
         put(G.RECURRENT_LAYERS, G.RECURRENT_LAYERS.type, [b != archs.ATTN for b in blocks])

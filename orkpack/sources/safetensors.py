@@ -295,6 +295,23 @@ class SafetensorsSource(FileSource):
             src = re.sub(rx, star, first[0])
             parts = [_Part(experts[e][3], experts[e][4], experts[e][5]) for e in range(len(experts))]
             self._add(name, src, first[1], (len(experts), *first[2]), parts)
+        # tensors the converter stacks into one (archs Stack: RWKV7's six token-shift mixes) and writes twice (archs
+        # Family.copies: RWKV7's layer-0 v0/v1/v2), listed as it writes them: the parts' stored bytes in turn, the same
+        # stored bytes again
+        for stacked, names in archs.converter_stacks(self.config, list(self._entries)):
+            got = [self._entries.pop(n) for n in names]
+            i0 = got[0].info
+            for e in got[1:]:
+                if (e.info.dtype, e.info.shape) != (i0.dtype, i0.shape):
+                    raise SourceError(f"{_fname(self.root)}: {escape_name(e.info.source_name)}: {e.info.dtype} "
+                                      f"{e.info.shape} differs from {escape_name(i0.source_name)} ({i0.dtype} "
+                                      f"{i0.shape}), which llama.cpp's converter stacks with it; the checkpoint is "
+                                      "inconsistent")
+            self._add(stacked, "+".join(e.info.source_name for e in got), i0.dtype, (len(got), *i0.shape),
+                      [p for e in got for p in e.parts])
+        for new, old in archs.converter_copies(self.config, list(self._entries)):
+            e = self._entries[old]
+            self._add(new, e.info.source_name, e.info.dtype, e.info.shape, list(e.parts))
         # tensors the converter computes from the config (archs Family.generated: gemma4's rope_freqs), listed and
         # read as it writes them
         self._generated = archs.generated_tensors(self.config, _fname(self.root)) if fam is not None else {}

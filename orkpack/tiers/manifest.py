@@ -282,6 +282,15 @@ def manifest_from_config(cfg: dict, source: str = "config.json") -> Manifest:
             tensors.extend(TensorEntry(pc.name, pc.shape,
                                        archs.converted_dtype(facts["arch"], pc.name, archs.stored_dtype(cfg, hf_name, dtype)))
                            for pc in archs.converter_layout(cfg, name, tuple(shape), source))
+    # what the converter stacks into one tensor and writes twice (archs converter_stacks / converter_copies)
+    for sname, parts in archs.converter_stacks(cfg, [t.name for t in tensors]):
+        got = [next(t for t in tensors if t.name == p) for p in parts]
+        at = tensors.index(got[0])
+        tensors = [t for t in tensors if t.name not in parts]
+        tensors.insert(at, TensorEntry(sname, (len(got),) + tuple(got[0].shape), got[0].dtype))
+    for new, old in archs.converter_copies(cfg, [t.name for t in tensors]):
+        src = next(t for t in tensors if t.name == old)
+        tensors.append(TensorEntry(new, tuple(src.shape), src.dtype))
     for name, per in stacked.items():
         shape, hf_name = per[0]
         tensors.append(TensorEntry(name, (len(per),) + tuple(shape), archs.stored_dtype(cfg, hf_name, dtype)))
