@@ -202,3 +202,55 @@ def test_a_contradictory_config_is_one_line(over, key):
     with pytest.raises(SourceError, match=key) as e:
         archs.facts_from_config(dict(synth.TINY["gemma3n_text"], **over))
     assert "\n" not in str(e.value)
+
+
+def test_a_release_folder_converts_to_the_text_models_gguf(text, tmp_path):
+    """The release through llama.cpp's converter: transformers' Gemma3nForConditionalGeneration needs timm for its
+    vision tower (not installed here), so the release folder is the transformers text model's weights under
+    model.language_model. beside tower tensors by their release names, its config the text config as text_config.
+    The converter's GGUF of it is the text model's GGUF (the same tensors, bytes and gemma3n.* keys), and orkpack
+    reads the folder as that GGUF (its towers left out by name)."""
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.numpy import load_file, save_file
+
+    import test_lfm2
+
+    hf, gg, _, _ = text
+    rel = tmp_path / "rel"
+    rel.mkdir()
+    w = {("model.language_model." + k[len("model."):] if k.startswith("model.") else k): v
+         for k, v in load_file(str(hf / "model.safetensors")).items()}
+    rng = np.random.default_rng(5)
+    for tower in ("model.vision_tower.timm_model.conv_stem.conv.weight", "model.embed_vision.embedding.weight",
+                  "model.audio_tower.conformer.0.norm.weight", "model.embed_audio.embedding.weight"):
+        w[tower] = rng.standard_normal((4, 8)).astype(np.float32)
+    save_file(w, str(rel / "model.safetensors"))
+    cfg = json.loads((hf / "config.json").read_text())
+    (rel / "config.json").write_text(json.dumps({"architectures": ["Gemma3nForConditionalGeneration"],
+                                                 "model_type": "gemma3n", "text_config": cfg,
+                                                 "vision_config": {}, "audio_config": {}}))
+    for f in hf.iterdir():
+        if f.name.startswith("tokenizer") or f.name == "special_tokens_map.json":
+            (rel / f.name).write_bytes(f.read_bytes())
+    out = tmp_path / "rel.gguf"
+    env = dict(os.environ, PYTHONPATH=str(test_lfm2.LLAMA_CPP / "gguf-py"))
+    r = subprocess.run([sys.executable, "-c", test_lfm2._RUN_CONVERTER, str(test_lfm2.LLAMA_CPP), str(rel), "--outtype",
+                        "f32", "--outfile", str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    a, fa = _converter(gg)
+    b, fb = _converter(out)
+    assert sorted(a) == sorted(b)
+    assert all(a[n][0] == b[n][0] and np.array_equal(a[n][1], b[n][1]) for n in a)
+    keys = [k for k in fa if k.startswith("gemma3n.")]
+    assert keys and all(k in fb and fa[k].contents() == fb[k].contents() for k in keys)
+    tensors_match_converter(rel, out, b)
+    src = open_source(rel)
+    try:
+        skipped = {s.name for s in src.skipped()}
+    finally:
+        src.close()
+    assert skipped == {n for n in w if n.startswith(("model.vision_tower.", "model.embed_vision.",
+                                                     "model.audio_tower.", "model.embed_audio."))}
