@@ -2,7 +2,7 @@
 all scored by `orkpack eval` on the same text in the same numerics.
 
     python bench/quality_table.py SOURCE --gguf F32.gguf --quantize /path/to/llama-quantize [--work DIR]
-                                  [--stats-text FILE] [--chunks N] [--only ROW,...] [--json]
+                                  [--stats-text FILE] [--chunks N] [--only ROW,...] [--mixes] [--json]
 
 SOURCE: the float model (an HF folder); F32.gguf: the same weights as a llama.cpp GGUF (what
 llama-quantize reads). Statistics for every "with statistics" row come from one file,
@@ -13,6 +13,12 @@ in llama.cpp's CPU numerics (Q8 activation blocks), an orkpack pack's decode pat
 activations (the same numerics), and for the w8a8 rows the prefill path (NPU: int8 weights x int8
 activations per token). Every pack and GGUF is built into --work and kept (rerunning reuses them;
 delete the folder to rebuild). Rows whose tool is missing are skipped with a note.
+
+--mixes (issue 25's table) adds, for each of llama.cpp's mixes Q4_K_S, Q4_K_M, IQ4_XS, Q5_K_M, Q6_K and Q8_0, without
+and with the statistics: the mix as llama-quantize makes it (its own head and embedding types), and the orkpack pack
+of no more weight bytes (`build --max-bytes` = the GGUF's tensor bytes; the goal is then quality), scored on the
+decode path (Q8_0 activations, the GGUF's numerics) and on the board's prefill path. "weights MB" is what the sizes
+are compared on: a GGUF's tensor bytes, a pack's encoded tensor bytes (neither counts headers, the tokenizer, padding).
 """
 from __future__ import annotations
 
@@ -58,6 +64,38 @@ ROWS = [
 ]
 
 
+MIXES = ("Q4_K_S", "Q4_K_M", "IQ4_XS", "Q5_K_M", "Q6_K", "Q8_0")
+
+
+def mix_rows() -> list[tuple]:
+    """Issue 25's rows: each llama.cpp mix, and the orkpack pack of its weight bytes (both paths), +- statistics."""
+    rows = []
+    for t in MIXES:
+        for imat in (False, True):
+            lname = "mix-" + t.lower() + ("-imat" if imat else "")  # not q4_k_m: that row has a Q8_0 head
+            stats = ["--imatrix", "@stats"] if imat else []
+            what = f"llama.cpp {t}" + (", with statistics" if imat else "")
+            rows.append((lname, what, ("llama", t, stats), "llama.cpp CPU"))
+            oname = "ork-" + lname[4:]
+            owhat = f"orkpack, the bytes of {t}" + (", with statistics" if imat else "")
+            rows.append((oname, owhat, ("orkpack", ["--max-bytes", "@bytes:" + lname] + stats), "decode"))
+            rows.append((oname + "-prefill@" + oname, owhat, ("orkpack", ["--max-bytes", "@bytes:" + lname] + stats),
+                         "prefill"))
+    return rows
+
+
+def weight_bytes(target: Path) -> int:
+    """The tensors' bytes: a GGUF's (gguf-py's n_bytes), a pack's (its slices' stored bytes, `orkpack inspect`)."""
+    if target.suffix == ".gguf":
+        import gguf
+
+        return sum(int(t.n_bytes) for t in gguf.GGUFReader(str(target)).tensors)
+    r = subprocess.run(["orkpack", "inspect", str(target), "--json"], capture_output=True, text=True)
+    if r.returncode:
+        sys.exit(f"failed: orkpack inspect {target}\n{r.stderr}")
+    return sum(t["stored_bytes"] for t in json.loads(r.stdout)["tensors"])
+
+
 def run(cmd: list[str], log: Path) -> None:
     with open(log, "ab") as f:
         f.write(("$ " + " ".join(cmd) + "\n").encode())
@@ -78,11 +116,12 @@ def main() -> None:
     ap.add_argument("--chunks", type=int, default=0, help="eval chunks (0: every chunk of the prose)")
     ap.add_argument("--only", default="", help="comma-separated row names")
     ap.add_argument("--extra-rows", type=Path, help="a JSON list of more rows [name, what, [\"orkpack\", args], path]")
+    ap.add_argument("--mixes", action="store_true", help="add issue 25's rows: llama.cpp's mixes and packs of their bytes")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     a.work.mkdir(parents=True, exist_ok=True)
     log = a.work / "log.txt"
-    rows = list(ROWS)
+    rows = list(ROWS) + (mix_rows() if a.mixes else [])
     if a.extra_rows:
         rows += [tuple(r) if r[2][0] != "orkpack" else (r[0], r[1], (r[2][0], r[2][1]), r[3])
                  for r in json.loads(a.extra_rows.read_text())]
@@ -99,7 +138,9 @@ def main() -> None:
         extra_eval = list(row[4]) if len(row) > 4 else []
         name, _, tname = name.partition("@")
         tname = tname or name
-        sub = lambda args: [str(stats) if x == "@stats" else x for x in args]  # noqa: E731
+        def sub(args):
+            return [str(stats) if x == "@stats" else str(weight_bytes(a.work / f"{x[7:]}.gguf"))
+                    if x.startswith("@bytes:") else x for x in args]
         if how[0] == "orkpack":
             target = a.work / f"{tname}.orkpack"
             if not target.exists():
@@ -123,7 +164,8 @@ def main() -> None:
             cache.write_text(r.stdout)
         rep = json.loads(cache.read_text())
         p = next(x for x in rep["paths"] if x["path"] == path)
-        out.append({"row": name, "what": what, "path": path, "bytes": target.stat().st_size, "kld": p["kld"]["mean"],
+        out.append({"row": name, "what": what, "path": path, "bytes": target.stat().st_size,
+                    "weights": weight_bytes(target), "kld": p["kld"]["mean"],
                     "kld_se": p["kld"]["se"], "top1": p["top1"], "ppl": p["ppl"], "scored": rep["scored"]})
     base = {r["row"]: r["kld"] for r in out if "kld" in r}
     for r in out:
@@ -133,14 +175,15 @@ def main() -> None:
     if a.json:
         print(json.dumps(out, indent=1))
         return
-    print("| row | path | file MB | KLD mean ± se | / Q4_0 | top-1 | ppl |")
-    print("|---|---|---|---|---|---|---|")
+    print("| row | path | file MB | weights MB | KLD mean ± se | / Q4_0 | top-1 | ppl |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in out:
         if "kld" not in r:
-            print(f"| {r['what']} | skipped: {r['skipped']} | | | | | |")
+            print(f"| {r['what']} | skipped: {r['skipped']} | | | | | | |")
             continue
         vs = f"{r['vs_q4_0']:.2f}" if r.get("vs_q4_0") is not None else ""
-        print(f"| {r['what']} | {r['path']} | {r['bytes'] / 1e6:.1f} | {r['kld']:.4f} ± {r['kld_se']:.4f} | {vs} | "
+        print(f"| {r['what']} | {r['path']} | {r['bytes'] / 1e6:.1f} | {r['weights'] / 1e6:.1f} | "
+              f"{r['kld']:.4f} ± {r['kld_se']:.4f} | {vs} | "
               f"{100 * r['top1']:.1f} % | {r['ppl']:.2f} |")
 
 
