@@ -257,9 +257,12 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
         for c in ("item", "benefit", "why"):
             t.add_column(c)
         for x in fell[:top]:
+            need = getattr(tm, "npu_bytes", {}).get(x.name, 0)
             why = (f"pinned {x.pin}" if x.pin else
-                   f"NPU full: {_b(n['headroom'])} free, needs {_b(getattr(tm, 'npu_bytes', {}).get(x.name, 0))}; "
-                   "the resident set saves more in total")
+                   f"NPU full: {_b(n['headroom'])} free, needs {_b(need)}; the resident set saves more in total"
+                   if need > n["headroom"] else
+                   f"not for room ({_b(n['headroom'])} free, needs {_b(need)}): host {x.encoding} ranks better in "
+                   f"the goal's later stages (quality within the prefill slack, or decode)")
             t.add_row(escape_name(x.name, 60), f"{ben[x.name] / 1e3:.3f} ms", why)
         console.print(t)
     _pred_table(console, [("this plan", pr), ("CPU only, all NF4", pr["baselines"]["cpu_nf4"]),
