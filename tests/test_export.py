@@ -95,7 +95,7 @@ def _eval_ppl(pack: Path, text: Path, ctx: int, chunks: int, act: str = "token")
 
 # ------------------------------------------------------------------------------------------ layout and record
 
-LAYOUT_FAMILIES = ["llama", "qwen2", "qwen3", "gemma2", "phi3", "internlm2", "qwen3_moe", "granite"]
+LAYOUT_FAMILIES = ["llama", "qwen2", "qwen3", "gemma2", "qwen3_moe", "granite", "mixtral", "olmo2"]
 
 
 @pytest.mark.parametrize("family", LAYOUT_FAMILIES)
@@ -231,11 +231,15 @@ def test_same_bytes_and_bad_input(tmp):
 
 # ------------------------------------------------------------------------------------------ llama.cpp runs it
 
-PPL_FAMILIES = ["llama", "qwen2", "qwen3", "gemma2", "phi3", "internlm2", "qwen3_moe", "granite"]
+# (family, source): every family whose export llama.cpp's perplexity matches (measured: 1e-8 to 1e-4 relative);
+# phi3 and internlm2 from the HF folder only (the converter needs their own tokenizer classes); the families where
+# the two disagree are listed in docs/EVAL.md ("orkpack export")
+PPL_CASES = [(f, s) for f in ("llama", "qwen3", "gemma2", "granite", "mixtral", "olmo2", "lfm2", "falcon_h1",
+                              "granitemoehybrid", "ministral3", "ernie4_5") for s in ("hf", "converter")] + \
+    [("phi3", "hf"), ("internlm2", "hf"), ("qwen3_moe", "hf"), ("nemotron_h", "hf"), ("gpt_oss", "converter")]
 
 
-@pytest.mark.parametrize("family", PPL_FAMILIES)
-@pytest.mark.parametrize("source", ["hf", "converter"])
+@pytest.mark.parametrize("family,source", PPL_CASES)
 def test_llama_perplexity_of_the_export_is_evals(tmp, text, family, source):
     """A default (rules) pack, NF4 and int8, of a tiny model from its HF folder and from the converter's GGUF:
     llama-perplexity of the decode export equals orkpack eval's decode perplexity (within 1e-4 relative)."""
