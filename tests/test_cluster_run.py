@@ -149,3 +149,12 @@ def test_cluster_file_launch_keys(tmp_path):
     f.write_text(base + 'bind = "0.0.0.0"\nports = [50052, 50060]\ncpus = "4-5"\n')
     spec = tcluster.parse_cluster(str(f))
     assert (spec.bind, spec.ports, spec.cpus) == ("0.0.0.0", [50052, 50060], "4-5")
+
+
+def test_cluster_build_refuses_the_model_folder(tmp_path):
+    hf = synth.write_hf_model(tmp_path / "hf", layers=2, hidden=64, intermediate=128, heads=2, kv_heads=1, vocab=512,
+                              seed=1)
+    before = sorted(p.name for p in hf.iterdir())
+    r = CliRunner().invoke(app, ["build", str(hf), "--boards", "rk3588-32g,rk3588-32g", "-o", str(hf)])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and "own folder" in r.output, r.output
+    assert sorted(p.name for p in hf.iterdir()) == before
