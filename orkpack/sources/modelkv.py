@@ -424,7 +424,7 @@ def _pad_vocab(kv: list, garch: str) -> None:
     ``_set_vocab_sentencepiece``: ``[PADn]``, UNUSED, score -1000): the embedding has that many rows, and llama.cpp
     refuses a model whose token list is shorter than its embedding ("token_embd.weight has wrong shape")."""
     at = {e[0]: e for e in kv}
-    size, toks = at.get(f"{garch}.vocab_size"), at.get("tokenizer.ggml.tokens")
+    size, toks = at.get(G.VOCAB_SIZE.at(garch)), at.get("tokenizer.ggml.tokens")
     if size is None or toks is None or not isinstance(size[2], int) or len(toks[2]) >= size[2]:
         return
     n0 = len(toks[2])
