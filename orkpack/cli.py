@@ -480,6 +480,34 @@ def eval_(
 
 @app.command()
 @_fail_cleanly
+def export(
+    pack: Path = typer.Argument(..., metavar="PACK", help="An .orkpack, or a cluster folder (orkpack build --boards -o DIR) or its cluster.json: the node packs as one model."),
+    output: Path = typer.Option(..., "-o", "--output", metavar="OUT.gguf", help="The GGUF to write (atomically; never one of the inputs)."),
+    path: str = typer.Option("decode", "--path", help="Whose weights: decode (the CPU's: host copies, host slices, NPU int8 images without a copy) or prefill (NPU slices as their int8 images)."),
+    dtype: str = typer.Option("f32", "--type", help="The type of the quantized matrices: f32 (exact), f16 or bf16; tensors the pack keeps float are F32."),
+    prefill_m: int = typer.Option(512, "--prefill-m", metavar="M", help="With --path prefill: the chunk length; an NPU slice runs on the NPU when its min_m <= M (as orkpack eval --ctx M)."),
+    json_out: bool = typer.Option(False, "--json", help="Print a summary as JSON."),
+):
+    """The pack's weights as one path computes them, dequantized, with its model record, as a GGUF llama.cpp
+    runs (llama-perplexity of it gives orkpack eval's perplexity of that path with float activations)."""
+    from orkpack.eval.export import export as run_export
+
+    r = run_export(pack, output, path=path, dtype=dtype, m=prefill_m)
+    d = {"output": str(r.path), "arch": r.arch, "tensors": r.tensors, "bytes": r.bytes, "kv": r.kv, "path": path,
+         "type": dtype, "layout": r.layout, "packs": r.packs, "head_untied": r.head_untied,
+         "dropped_keys": r.dropped_keys}
+    if json_out:
+        print(json.dumps(d, indent=1))
+        return
+    for k in r.dropped_keys:
+        print(f"warning: {k}: a nested array GGUF writers cannot hold; left out", file=sys.stderr)
+    laid = "llama.cpp's layout as built" if r.layout == "gguf" else "laid out as llama.cpp's converter lays it out"
+    print(f"wrote {r.path}: {r.arch}, {r.tensors} tensors ({r.bytes} bytes of {dtype} and F32 data), {r.kv} keys; "
+          f"the {path} path's weights, {laid}" + ("; the head written as output.weight" if r.head_untied else ""))
+
+
+@app.command()
+@_fail_cleanly
 def imatrix(
     source: Path = typer.Argument(..., help="The float checkpoint: an HF folder, .safetensors or .gguf."),
     output: Path = typer.Option(..., "-o", "--output", metavar="FILE", help="The statistics to write (GGUF imatrix, atomically); llama-quantize --imatrix reads it too."),

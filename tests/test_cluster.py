@@ -332,6 +332,7 @@ def _llama_cli_parser() -> argparse.ArgumentParser:
     p.add_argument("-ngl", "--n-gpu-layers", "--gpu-layers", type=int)
     p.add_argument("-ot", "--override-tensor", action="append", default=[])
     p.add_argument("-ts", "--tensor-split", type=lambda s: [float(x) for x in s.split(",")])
+    p.add_argument("-t", "--threads", type=int)
     return p
 
 
@@ -340,7 +341,14 @@ def _rpc_server_parser() -> argparse.ArgumentParser:
     p.add_argument("-H", "--host")
     p.add_argument("-p", "--port", type=int)
     p.add_argument("-c", "--cache", action="store_true")
+    p.add_argument("-t", "--threads", type=int)
     return p
+
+
+def _pinned(argv: list[str], program: str) -> list[str]:
+    """The arguments after ``program`` of a line pinned to the A76 cores: ``taskset -c 4-7 PROGRAM ...``."""
+    assert argv[:4] == ["taskset", "-c", "4-7", program], argv
+    return argv[4:]
 
 
 @pytest.mark.parametrize("config,boards,goal", [("llama31_70b.json", "rk3588-32g,rk3588-32g,rk3588-32g", "balanced"),
@@ -354,13 +362,16 @@ def test_command_lines_parse_and_realise_the_split(config, boards, goal):
     L = man.facts["n_layers"]
     remote = [n for n in plan.nodes[1:] if n["used"]]
     for s, n in zip(cmd["rpc_servers"], remote):
-        assert s["argv"][0] == "rpc-server"
-        a = _rpc_server_parser().parse_args(s["argv"][1:])
-        assert a.port == llamacpp.RPC_PORT and a.cache
+        a = _rpc_server_parser().parse_args(_pinned(s["argv"], "ggml-rpc-server"))
+        assert a.port == llamacpp.RPC_PORT and a.cache and a.threads == 4
+        assert a.host == n["host"] != "0.0.0.0"  # bound to the node's own address, never every interface
+    assert len(remote) == len(cmd["rpc_servers"]) and not any(w.startswith("rpc-server bound to 0.0.0.0")
+                                                              for w in cmd["warnings"])
     # the line is a shell line as printed
     argv = cmd["client"]["argv"]
     assert shlex.split(shlex.join(argv)) == argv
-    a = _llama_cli_parser().parse_args(argv[1:])
+    a = _llama_cli_parser().parse_args(_pinned(argv, "llama-completion"))
+    assert a.threads == 4 and a.model == "model.gguf" and cmd["export"]["argv"][-1] == a.model
     assert a.rpc == [(n["host"], str(llamacpp.RPC_PORT)) for n in remote]
     # llama.cpp applies the first -ot pattern that std::regex_search finds in a tensor name
     rules = [(re.compile(x.split("=", 1)[0]), x.split("=", 1)[1]) for x in a.override_tensor]
@@ -376,7 +387,7 @@ def test_command_lines_parse_and_realise_the_split(config, boards, goal):
     # the --tensor-split form, by llama.cpp's rule (llama-model.cpp load_tensors, current: the output layer is one of
     # the -ngl slots): slot il >= n_layer + 1 - ngl is offloaded to device upper_bound(cumulative split fractions,
     # (il - start) / min(ngl, n_layer + 1)); float arithmetic as llama.cpp's
-    b = _llama_cli_parser().parse_args(cmd["client_tensor_split"]["argv"][1:])
+    b = _llama_cli_parser().parse_args(_pinned(cmd["client_tensor_split"]["argv"], "llama-completion"))
     start = max(L + 1 - b.n_gpu_layers, 0)
     act = min(b.n_gpu_layers, L + 1)
     cum = np.cumsum(np.array(b.tensor_split, dtype=np.float32))

@@ -150,8 +150,12 @@ def test_hf_byte_fallback_tokenizer_is_the_llama_model(tmp_path):
     model = modelkv.from_hf(folder, json.loads((folder / "config.json").read_text()))
     assert M.get(model, "tokenizer.ggml.model") == "llama"
     tt = M.get(model, "tokenizer.ggml.token_type")
-    assert tt[:3] == [3, 3, 3] and tt[3:259] == [6] * 256 and tt[259:] == [1, 1]
+    assert tt[:3] == [3, 3, 3] and tt[3:259] == [6] * 256 and tt[259:261] == [1, 1]
     assert M.get(model, "tokenizer.ggml.scores")[259] == -259.0
+    # padded to the config's vocab_size (512) as the converter pads (llama.cpp refuses a shorter token list)
+    toks = M.get(model, "tokenizer.ggml.tokens")
+    assert len(toks) == len(tt) == len(M.get(model, "tokenizer.ggml.scores")) == 512
+    assert tt[261:] == [5] * 251 and toks[261] == "[PAD261]" and M.get(model, "tokenizer.ggml.scores")[511] == -1000.0
 
 
 def test_hf_folder_without_tokenizer_warns_and_still_carries_the_hyperparameters(tmp_path):

@@ -28,6 +28,13 @@ def prepare_cluster_build(source: Path, out_dir: Path, opts, boards: str, networ
     if out_dir.suffix == ".orkpack" or (out_dir.exists() and not out_dir.is_dir()):
         raise OrkError(f"{escape_name(str(out_dir))}: with --boards, -o names a folder (one pack per board and "
                        "cluster.json)")
+    from ..files import identity
+
+    src = Path(source)
+    home = identity(src if src.is_dir() else src.parent)
+    if home is not None and identity(out_dir) == home:
+        raise OrkError(f"{escape_name(str(out_dir))}: is the model's own folder; the packs and cluster.json would be "
+                       "written among its files: give another folder")
     if not out_dir.parent.is_dir():
         raise OrkError(f"{escape_name(str(out_dir))}: folder {escape_name(str(out_dir.parent))} does not exist; create it first")
     goal = opts.goal_of()

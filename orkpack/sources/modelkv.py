@@ -420,6 +420,22 @@ class _HfVocab:
         return iter(self._items)
 
 
+def _pad_vocab(kv: list, garch: str) -> None:
+    """Tokens up to the config's vocabulary size, as llama.cpp's converter pads them (``get_vocab_base``,
+    ``_set_vocab_sentencepiece``: ``[PADn]``, UNUSED, score -1000): the embedding has that many rows, and llama.cpp
+    refuses a model whose token list is shorter than its embedding ("token_embd.weight has wrong shape")."""
+    at = {e[0]: e for e in kv}
+    size, toks = at.get(G.VOCAB_SIZE.at(garch)), at.get("tokenizer.ggml.tokens")
+    if size is None or toks is None or not isinstance(size[2], int) or len(toks[2]) >= size[2]:
+        return
+    n0 = len(toks[2])
+    toks[2].extend(f"[PAD{i}]" for i in range(n0, size[2]))
+    if "tokenizer.ggml.token_type" in at and len(at["tokenizer.ggml.token_type"][2]) == n0:
+        at["tokenizer.ggml.token_type"][2].extend([_TOKEN_TYPES["UNUSED"]] * (size[2] - n0))
+    if "tokenizer.ggml.scores" in at and len(at["tokenizer.ggml.scores"][2]) == n0:
+        at["tokenizer.ggml.scores"][2].extend([-1000.0] * (size[2] - n0))
+
+
 def from_hf(folder: Path, config: Mapping | None, warn: Callable[[str], None] = lambda s: None) -> dict | None:
     """The ``model`` record of an HF folder (config.json + tokenizer files), or None without a config.json."""
     from .. import archs
@@ -441,6 +457,7 @@ def from_hf(folder: Path, config: Mapping | None, warn: Callable[[str], None] = 
         kv.append(["general.name", "string", Path(name).name])
     _hparams(config, fam.name if fam else None, garch, kv, warn)
     _tokenizer(Path(folder), kv, warn)
+    _pad_vocab(kv, garch)
     # keep the first of any duplicate (a tokenizer key the config path also wrote): keys are unique in GGUF
     out, seen = [], set()
     for e in kv:

@@ -69,6 +69,9 @@ class ClusterSpec:
     boards: list[Board]
     hosts: list[str]
     network: Network
+    ports: list[int] | None = None  # per node; default llamacpp.RPC_PORT on every node
+    cpus: str = "4-7"  # the CPUs every llama.cpp process is pinned to (taskset -c): RK3588's four A76 cores
+    bind: str | None = None  # "0.0.0.0" only when the cluster file asks for it by name; else each node's own host
 
 
 def parse_cluster(boards: str, network: str | None = None, runtime: str | None = None,
@@ -81,6 +84,7 @@ def parse_cluster(boards: str, network: str | None = None, runtime: str | None =
     text = (boards or "").strip()
     hosts: list[str] | None = None
     net = None
+    spec_extra: dict = {}
     if text.endswith(".toml") and Path(text).is_file() and "boards" in (data := _read_toml(Path(text))):
         where = escape_name(text)
         names = data["boards"]
@@ -94,6 +98,18 @@ def parse_cluster(boards: str, network: str | None = None, runtime: str | None =
                                "'.', '-', '_', or [IPv6])")
         if "network" in data:
             net = _network_from(data["network"], where)
+        ports = data.get("ports")
+        if ports is not None and (not isinstance(ports, list) or len(ports) != len(names) or not all(
+                isinstance(x, int) and not isinstance(x, bool) and 1 <= x <= 65535 for x in ports)):
+            raise OrkError(f"{where}: 'ports' must list one TCP port (1-65535) per board")
+        cpus = data.get("cpus", "4-7")
+        if not isinstance(cpus, str) or not re.fullmatch(r"\d{1,4}(-\d{1,4})?(,\d{1,4}(-\d{1,4})?)*", cpus):
+            raise OrkError(f"{where}: 'cpus' must be a CPU list as taskset -c takes it (e.g. \"4-7\", the A76 cores)")
+        bind = data.get("bind")
+        if bind is not None and bind != "0.0.0.0":
+            raise OrkError(f"{where}: 'bind' may only be \"0.0.0.0\" (every interface; each rpc-server binds to its "
+                           "own host otherwise)")
+        spec_extra = {"ports": ports, "cpus": cpus, "bind": bind}
     else:
         names = [x.strip() for x in text.split(",")]
         if not text or any(not x for x in names):
@@ -106,7 +122,12 @@ def parse_cluster(boards: str, network: str | None = None, runtime: str | None =
         p = Path(names[0])
         client = _read_toml(p) if (names[0].endswith(".toml") and p.is_file()) else {}
         net = _network_from(client["network"], escape_name(names[0])) if "network" in client else load_network(None)
-    return ClusterSpec(bs, hosts or [f"node{j}" for j in range(len(bs))], net)
+    hosts = hosts or [f"node{j}" for j in range(len(bs))]
+    if spec_extra.get("ports") is not None:
+        pairs = list(zip(hosts, spec_extra["ports"]))
+        if len(set(pairs)) != len(pairs):
+            raise OrkError(f"{escape_name(text)}: two nodes share a host and port; give each rpc-server its own port")
+    return ClusterSpec(bs, hosts, net, **spec_extra)
 
 
 # ------------------------------------------------------------------------------------------------ the model parts
@@ -188,6 +209,7 @@ class ClusterPlan:
     goal: object = None
     options: dict = None
     program: dict = None
+    launch: dict = None  # how the processes start: {"cpus": taskset list, "bind": None or "0.0.0.0"}
 
 
 def solve_cluster(man: Manifest, spec: ClusterSpec, *, profile: Path | None = None, prefill_m: int = 512,
@@ -549,7 +571,7 @@ def _assemble(man, spec, ranges, pick, profs, tj, rows, *, ctx, kv_type, prompt,
         sprofs.append(sp)
         choices.append(ch)
         nodes.append({"node": j, "board": boards[j].name, "host": spec.hosts[j], "layers": [a, b], "used": used,
-                      "phase": ph})
+                      "phase": ph, "port": spec.ports[j] if spec.ports else None})
     remote = [j for j in range(1, len(boards)) if nodes[j]["used"]]
     dec = sum(n["phase"]["decode_s_per_token"] for n in nodes if n["used"]) + len(remote) * net.eval_s(1, hidden)
     pre = sum(n["phase"]["prefill_s_per_chunk"] for n in nodes if n["used"]) + len(remote) * net.eval_s(prefill_m, hidden)
@@ -570,7 +592,8 @@ def _assemble(man, spec, ranges, pick, profs, tj, rows, *, ctx, kv_type, prompt,
             "prefill_m": prefill_m, "prompt": prompt}
     return ClusterPlan(list(boards), list(spec.hosts), net, ranges, choices, subs, sprofs, nodes, pred, [], "",
                        0.0, None, (man, tj, profs, rows), goal,
-                       {"ctx": ctx, "kv_type": kv_type, "prefill_m": prefill_m, "prompt": prompt})
+                       {"ctx": ctx, "kv_type": kv_type, "prefill_m": prefill_m, "prompt": prompt},
+                       launch={"cpus": spec.cpus, "bind": spec.bind})
 
 
 # ------------------------------------------------------------------------------------------------ per-node tier maps
@@ -641,11 +664,17 @@ def cluster_block(plan: ClusterPlan) -> dict:
 
 
 
+def _port(n: dict) -> int:
+    from .llamacpp import RPC_PORT
+
+    return n.get("port") or RPC_PORT
+
+
 def to_json(plan: ClusterPlan, baseline: ClusterPlan | None = None, packs: list[str | None] | None = None) -> dict:
     nodes = []
     for j, n in enumerate(plan.nodes):
         d = {"node": j, "board": n["board"], "runtime": getattr(plan.boards[j], "runtime", None),
-             "nf4_format": plan.boards[j].nf4_format, "host": n["host"],
+             "nf4_format": plan.boards[j].nf4_format, "host": n["host"], "port": _port(n),
              "layers": n["layers"], "used": n["used"],
              "n_layers": n["layers"][1] - n["layers"][0], "client": j == 0}
         if n["used"]:
