@@ -56,16 +56,17 @@ def perplexity(model: Path, text: Path, ctx: int, chunks: int, *extra: str, bina
     """llama-perplexity's final perplexity of ``model`` on ``text`` (chunks of ``ctx``, F32 KV cache, no flash
     attention, one thread: orkpack eval's float32 attention), and its log. The value is the last chunk's running
     perplexity ``[chunks]x``, which is the final estimate; llama.cpp's asynchronous log can lose its last lines
-    at exit (seen on 0c1e570: one run in six lacked them), so a run missing it is repeated, at most twice."""
+    at exit (seen on 0c1e570: one run in six lacked them, more often on a loaded machine), so a run missing it is
+    repeated, at most five times; the "Final estimate: PPL = " line is read as well where the running value was lost."""
     exe = binary_path or need("llama-perplexity")
     argv = [str(exe), "-m", str(model), "-f", str(text), "-c", str(ctx), "-b", str(ctx), "--chunks", str(chunks),
             "-t", "1", "-ctk", "f32", "-ctv", "f32", "-fa", "off", *extra]
     log = ""
-    for _ in range(3):
+    for _ in range(6):
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         log = r.stdout + r.stderr
         assert r.returncode == 0, log[-2000:]
-        m = re.search(rf"\[{chunks}\]([0-9.]+)", log)
+        m = re.search(rf"\[{chunks}\]([0-9.]+)", log) or re.search(r"Final estimate: PPL = ([0-9.]+)", log)
         if m:
             return float(m.group(1)), log
     raise AssertionError(f"no perplexity of chunk {chunks} in llama-perplexity's output: {log[-1500:]}")
