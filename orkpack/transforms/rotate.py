@@ -321,7 +321,7 @@ def plan(names_shapes: dict[str, tuple], hp, seed: int = 0, heads: bool = True) 
     def unit(name):
         if len(shape(name)) != 1 or shape(name)[0] != d:
             raise bad(name, f"a norm of {shape(name)}, not of the stream's {d}")
-        add(name, ("unit",), rec={"unit": True})
+        add(name, ("unit",), rec={"unit": 1.0 - float(hp.norm_offset)})
 
     def norm_tensor(prefix: str, base: str) -> str | None:
         for n in (prefix + base + ".weight", prefix + base):
@@ -506,3 +506,205 @@ def rotated(src, seed: int = 0, heads: bool = True) -> RotatedSource:
         raise OrkError(f"--rotate: cannot rotate this model: {e}") from None
     names_shapes = {i.name: tuple(i.shape) for i in src.tensors()}
     return RotatedSource(src, plan(names_shapes, hp, seed, heads))
+
+
+# ------------------------------------------------------------------------------------------- a pack's records
+
+def from_pack(pack) -> Plan | None:
+    """The rotation a pack records (docs/FORMAT.md section 11) as a :class:`Plan`, or None for a pack without one;
+    OrkError (one line) for records that do not hold together (:func:`check_pack` says which)."""
+    prov = (pack.header.get("provenance") or {}).get("rotation")
+    if prov is None:
+        return None
+    why = check_pack(pack)
+    if why:
+        raise OrkError(f"rotation records: {why}")
+    return _plan_of(pack, prov)
+
+
+def _rotation_of(rec, which: str) -> Rotation | None:
+    if rec is None:
+        return None
+    r = Rotation(which, int(rec["size"]), int(rec["seed"]), rec["kind"])
+    if r.record() != rec:
+        raise OrkError(f"rotation {which}: recorded {rec}, regenerated {r.record()}")
+    return r
+
+
+def _plan_of(pack, prov) -> Plan:
+    p = Plan(_rotation_of(prov.get("r1"), "r1"), _rotation_of(prov.get("r2"), "r2"), provenance=prov)
+    for t in pack.tensors:
+        r = t.get("rotation")
+        if not isinstance(r, dict):
+            continue
+        if r.get("unit") is not None:
+            p.ops[t["name"]] = [("unit",)]
+            p.norm_offset = 1.0 - float(r["unit"])
+            continue
+        ops = [("fold", r["fold"])] if "fold" in r else []
+        ops += [("rot", w, int(a), int(f), int(c)) for w, a, f, c in r.get("rotate", [])]
+        p.ops[t["name"]] = ops
+        p.records[t["name"]] = r
+        if isinstance(r.get("untied"), dict):
+            p.untied[t["name"]] = r["untied"]["from"]
+    return p
+
+
+def check_pack(pack) -> str | None:
+    """Why a pack's rotation records do not hold together, or None: the provenance's rotations regenerate from
+    their seeds (the recorded kind, size and Hadamard factors) and are orthogonal; each tensor's operations fit
+    its shape and name rotations the provenance holds; a fold names a norm of the pack recorded as folded away
+    (``unit``); an untied copy names a tensor of its shape."""
+    prov = (pack.header.get("provenance") or {}).get("rotation")
+    shapes = {t["name"]: t["shape"] for t in pack.tensors}
+    recs = {t["name"]: t.get("rotation") for t in pack.tensors if t.get("rotation") is not None}
+    if prov is None:
+        return "tensors carry rotation records but provenance.rotation is missing" if recs else None
+    if not isinstance(prov, dict) or prov.get("method") != METHOD or not isinstance(prov.get("r1"), dict):
+        return "provenance.rotation is malformed"
+    rots = {}
+    for which in ("r1", "r2"):
+        rec = prov.get(which)
+        if rec is None:
+            continue
+        if not isinstance(rec, dict) or rec.get("kind") not in ("hadamard", "random") \
+                or not all(isinstance(rec.get(k), int) and not isinstance(rec.get(k), bool) for k in ("size", "seed")) \
+                or not 1 <= rec["size"] <= 65536:
+            return f"rotation {which}: malformed record"
+        try:
+            r = _rotation_of(rec, which)
+        except OrkError as e:
+            return str(e)
+        v = np.random.default_rng(0).standard_normal((4, r.size))
+        back = r.apply(v)
+        if not np.allclose(np.linalg.norm(back, axis=1), np.linalg.norm(v, axis=1), rtol=1e-9):
+            return f"rotation {which}: not orthogonal"
+        rots[which] = r
+    units = {n for n, r in recs.items() if isinstance(r, dict) and r.get("unit") is not None}
+    for name, r in recs.items():
+        label = escape_name(name)
+        if not isinstance(r, dict) or not r or set(r) - {"fold", "rotate", "unit", "untied"}:
+            return f"{label}: malformed rotation record"
+        shape = shapes[name]
+        if "unit" in r:
+            if set(r) != {"unit"} or r["unit"] not in (0.0, 1.0) or len(shape) != 1:
+                return f"{label}: a folded norm's record is {{\"unit\": 1.0 or 0.0}} on a 1-D gain"
+            continue
+        if "fold" in r and (r["fold"] not in units or shapes.get(r["fold"]) != [shape[-1]]):
+            return f"{label}: folds {escape_name(str(r['fold']))}, which is not a folded norm of its width"
+        rot = r.get("rotate")
+        if not isinstance(rot, list) or not rot:
+            return f"{label}: a rotated tensor names no rotation"
+        for e in rot:
+            if not (isinstance(e, list) and len(e) == 4 and e[0] in rots
+                    and all(isinstance(x, int) and not isinstance(x, bool) for x in e[1:])):
+                return f"{label}: rotation entry {e!r} is not [r1|r2, axis, first, count] of a recorded rotation"
+            _, ax, first, count = e
+            n = rots[e[0]].size
+            if not (0 <= ax < len(shape) and first >= 0 and count > 0 and count % n == 0 and first + count <= shape[ax]):
+                return f"{label}: rotation entry {e!r} does not fit its shape {shape}"
+        if "untied" in r:
+            src = r["untied"].get("from") if isinstance(r["untied"], dict) else None
+            if not isinstance(src, str) or src == name or shapes.get(src) != shape:
+                return f"{label}: untied from {escape_name(str(src))}, which the pack does not hold in its shape"
+    return None
+
+
+def check_against_source(pack, source, *, min_db: float = 10.0, slack_db: float = 1.0) -> list[str]:
+    """``verify --reference --source``: each rotated tensor of ``pack`` decoded as the CPU reads it against the
+    source's tensor under the recorded operations (and the recorded smoothing, if any). A float slice must equal
+    it to float32 rounding; a quantized one must reach its recorded SQNR against it (less ``slack_db``, and at
+    least ``min_db``): a wrong seed, a missing fold or another model's tensor lands near 0 dB. Returns the
+    failures (empty: passed)."""
+    from ..codecs import get_codec, rows
+    from ..sources import open_source
+    from .smoothed import ops_of as smoothing_ops
+    from .smooth import transform as smooth_transform
+
+    p = from_pack(pack)
+    if p is None:
+        return []
+    fails = []
+    sm = smoothing_ops(pack)
+    src = open_source(source, on_warning=lambda m: None)
+    try:
+        rs = RotatedSource(src, p)
+        have = {i.name for i in src.tensors()}
+        for t, s in pack.slices():
+            name = t["name"]
+            if name not in p.ops or (name not in have and name not in p.untied):
+                if name in p.ops:
+                    fails.append(f"{escape_name(name)}: not in the source")
+                continue
+            want = rs.read(name)
+            if name in sm:
+                want = smooth_transform(want, sm[name], p.norm_offset)
+            if s["expert"] is not None:
+                want = want[s["expert"]]
+            if len(s["shape"]) == 2:
+                fn, _ = rows.cpu_rows(pack, s)
+                if fn is None:
+                    continue
+                got = fn(0, s["shape"][0])
+            else:  # a 1-D gain or bias: float
+                got = get_codec(s["encoding"]).decode(pack.typed_parts(s), s["shape"], s["layout"])
+            got = np.asarray(got, np.float64).reshape(want.shape)
+            w64 = want.astype(np.float64)
+            err = float(((got - w64) ** 2).sum())
+            sig = float((w64 ** 2).sum())
+            label = escape_name(name if s["expert"] is None else f"{name}[{s['expert']}]")
+            if s["encoding"] in ("f32", "f16", "bf16"):
+                tol = {"f32": 1e-12, "f16": 1e-6, "bf16": 1e-4}[s["encoding"]]
+                if err > tol * max(sig, 1e-30):
+                    fails.append(f"{label}: stored values differ from the source under the recorded rotation")
+                continue
+            db = 10 * math.log10(sig / err) if err > 0 else float("inf")
+            rec = s.get("sqnr_db")
+            need = max(min_db, (rec - slack_db) if isinstance(rec, (int, float)) else min_db)
+            if db < need:
+                fails.append(f"{label}: {db:.1f} dB against the source under the recorded rotation, "
+                             f"{'recorded ' + format(rec, '.1f') + ' dB' if rec is not None else 'expected more'}")
+    finally:
+        src.close()
+    return fails
+
+
+def shown(prov: dict | None) -> dict | None:
+    """provenance.rotation (format 1.6) as shown: well-typed fields only; None when the build did not rotate."""
+    r = (prov or {}).get("rotation")
+    if not isinstance(r, dict):
+        return None
+
+    def rot(x):
+        if not isinstance(x, dict):
+            return None
+        return {k: x.get(k) for k in ("kind", "size", "seed", "hadamard") if isinstance(x.get(k), (str, int, list))}
+
+    uh = r.get("untied_head")
+    return {
+        "method": r.get("method") if isinstance(r.get("method"), str) else None,
+        "r1": rot(r.get("r1")),
+        "r2": rot(r.get("r2")),
+        "folded": len(r["folded"]) if isinstance(r.get("folded"), list) else None,
+        "rotated": r.get("rotated") if isinstance(r.get("rotated"), int) else None,
+        "untied_head": {k: v for k, v in uh.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(uh, dict) else None,
+    }
+
+
+def line(r: dict | None) -> str | None:
+    """One line of a pack's rotation provenance, for people."""
+    if not r:
+        return None
+
+    def one(x):
+        if not x:
+            return "none"
+        h = x.get("hadamard")
+        what = f"Hadamard {h[0]}x2^{int(math.log2(h[1]))}" if isinstance(h, list) and len(h) == 2 and h[1] > 0 \
+            else "random orthogonal"
+        return f"{what} of {x.get('size')}, seed {x.get('seed')}"
+
+    uh = r.get("untied_head")
+    head = f"; head untied from {escape_name(next(iter(uh.values())), 40)}" if uh else ""
+    return (f"{escape_name(str(r.get('method')), 20)}: R1 {one(r.get('r1'))}; R2 {one(r.get('r2'))}; "
+            f"{r.get('folded')} norms folded, {r.get('rotated')} tensors rotated{head}")
