@@ -370,12 +370,13 @@ def verify(
     threads: int = typer.Option(0, "--threads", "-t", help="Load threads (0: all cores)."),
     reference: bool = typer.Option(False, "--reference", help="Also compare every quantized tensor against the numpy reference."),
     keep_going: bool = typer.Option(False, "--keep-going", help="Report every failure, not only the first."),
+    source: Optional[Path] = typer.Option(None, "--source", metavar="SOURCE", help="With --reference: the checkpoint a rotated pack (build --rotate) was built from; each rotated tensor is checked against it under the recorded rotation."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ):
     """Load packs the way the board does and check every byte. Exit 0: passed; 1: a check failed; 2: unusable input."""
     from orkpack.runtime.command import verify_command
 
-    code = verify_command(packs, device=device, inflate=inflate, threads=threads or (os.cpu_count() or 1), reference=reference, keep_going=keep_going, json_out=json_out, console=_out())
+    code = verify_command(packs, device=device, inflate=inflate, threads=threads or (os.cpu_count() or 1), reference=reference, keep_going=keep_going, json_out=json_out, console=_out(), source=source)
     raise typer.Exit(code)
 
 
