@@ -167,6 +167,34 @@ SMOOTH_FUSED = (SMOOTH_ATTN, SMOOTH_FFN, SMOOTH_DOWN_FUSED)
 
 
 @dataclass(frozen=True)
+class Rotate:
+    """Where a rotation of the residual stream (QuaRot, arXiv 2404.00456; ``build --rotate``,
+    orkpack/transforms/rotate.py) may be folded into a decoder's weights: the names (GGUF, inside a layer) of the
+    matrices that read a pre-norm's output (``mixer_reads``: the attention norm's, or a recurrent mixer's;
+    ``ffn_reads``: the FFN norm's, or the layer's one norm in a layer that is an FFN alone), of those whose output
+    is added to the stream (``writes``; their biases too), and of the tensors that neither read nor write it
+    (``inside``: q/k norms, MLA's inner projections, convolutions, state parameters, a reader's bias). A layer
+    tensor in none of them is not understood, and the model is refused rather than rotated wrongly. Whether the
+    family's graph allows a rotation at all (pre-norm blocks, RMSNorm) is read from its Forward
+    (``block``, ``norm``); ``None``: never rotated."""
+    mixer_reads: tuple[str, ...]
+    ffn_reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    inside: tuple[str, ...]
+
+
+ROTATE_DECODER = Rotate(
+    mixer_reads=("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_q_a", "attn_kv_a_mqa", "attn_gate", "ssm_in",
+                 "ssm_beta", "ssm_alpha", "ssm_ba", "shortconv.in_proj"),
+    ffn_reads=("ffn_gate", "ffn_up", "ffn_gate_up", "ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_gate_up_exps",
+               "ffn_gate_shexp", "ffn_up_shexp", "ffn_gate_inp_shexp"),
+    writes=("attn_output", "ffn_down", "ffn_down_exps", "ffn_down_shexp", "ssm_out", "shortconv.out_proj"),
+    inside=("attn_q_norm", "attn_k_norm", "attn_q_a_norm", "attn_kv_a_norm", "attn_q_b", "attn_kv_b", "attn_sinks",
+            "exp_probs_b", "shortconv.conv", "ssm_a", "ssm_d", "ssm_dt", "ssm_conv1d", "ssm_norm"),
+)
+
+
+@dataclass(frozen=True)
 class Forward:
     """How a family computes its logits: what :mod:`orkpack.model` reads (the Hugging Face layout).
 
@@ -247,6 +275,7 @@ class Forward:
     # heads | alpha of them] (Qwen3-Next's in_proj_ba, which the converter keeps as it is)
     refuse: tuple[tuple[str, str], ...] = ()  # (config key, what is missing) when that key is set and truthy
     smooth: tuple[Smooth, ...] = SMOOTH_GATED  # where activation smoothing may fold its scales
+    rotate: Rotate | None = ROTATE_DECODER  # where a rotation of the residual stream may be folded (build --rotate)
     output_norm: str = "output_norm"  # the final norm's GGUF name (lfm2: token_embd_norm, applied after the layers)
     embed_norm: str = ""  # a norm on the embeddings before the first layer (rwkv7: token_embd_norm, layer 0's pre-norm)
     ffn: str = "mlp"  # the FFN block: mlp (the MLP / experts above) | channel_mix (rwkv7's token-shift lerp into a

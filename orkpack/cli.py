@@ -43,6 +43,11 @@ NF4_FORMAT_HELP = ("NF4 format of host tensors: dq32 (default with --nf4-mode op
                    "(the only format of --nf4-mode bnb). bitsandbytes' dequantize_4bit reads both.")
 NF4_WEIGHTING_HELP = ("The opt search's error weight per value: plain (default), x2 (the value squared) or sigma "
                       "(sqrt(sigma^2 + x^2), llama.cpp's with an imatrix); times the imatrix column weight if given.")
+ROTATE_HELP = ("Rotate the residual stream (QuaRot): fold each norm's gain into the matrices it feeds, then a randomized "
+               "Hadamard (or seeded orthogonal) matrix into the embedding and every matrix that reads or writes the stream, "
+               "and one per value head into V and O. The float model is unchanged; the runtime is not told. A tied head "
+               "is stored as its own matrix (output.weight). Statistics for --imatrix must be gathered on the rotated "
+               "model: orkpack imatrix SOURCE --rotate (the same --rotate-seed). docs/EVAL.md, \"Rotation\".")
 IMATRIX_HELP = ("Activation statistics (orkpack imatrix SOURCE -o FILE, or llama.cpp's imatrix .gguf/.dat): weigh each "
                 "input column's error in the opt NF4 search by its mean square activation; smooth the NPU's int8 "
                 "activations (SmoothQuant folded into the weights) and clip int8 rows (docs/EVAL.md).")
@@ -215,6 +220,9 @@ def build(
     no_clip: bool = typer.Option(False, "--no-clip", help="With --imatrix: do not clip int8 rows (by default each is clamped to the ratio of its max with the least error weighted by the statistics)."),
     no_untie_head: bool = typer.Option(False, "--no-untie-head", help="With --imatrix: keep a tied output head tied (by default, when the head runs on the NPU, the pack stores a smoothed copy output.weight beside the unsmoothed embedding: 28 MB more on a 49k x 576 head)."),
     smooth_alpha: Optional[float] = typer.Option(None, "--smooth-alpha", metavar="X", help="SmoothQuant's alpha (0..1) for every group instead of the one the statistics score best per group."),
+    rotate: bool = typer.Option(False, "--rotate", help=ROTATE_HELP),
+    rotate_seed: int = typer.Option(0, "--rotate-seed", metavar="N", help="With --rotate: the seed of the rotation's random signs (or random orthogonal matrix); recorded in the pack."),
+    no_rotate_heads: bool = typer.Option(False, "--no-rotate-heads", help="With --rotate: the residual stream only (R1), not each value head (R2)."),
     threads: int = typer.Option(0, "--threads", "-t", help="Encoder threads (0: all cores). The output does not depend on it."),
     allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite", help="Encode NaN/Inf weights as 0 instead of stopping."),
     timestamp: bool = typer.Option(False, "--timestamp", help="Record the build time (UTC, or SOURCE_DATE_EPOCH) as provenance.created; off by default so builds are byte-reproducible."),
@@ -242,7 +250,10 @@ def build(
         max_ram=parse_bytes(max_ram, "--max-ram"), max_kld=max_kld, max_bytes=parse_bytes(max_bytes, "--max-bytes"),
         bpw=bpw, bytes_of=bytes_of, prompt=prompt, given=_given(context),
         smooth=not no_smooth, smooth_alpha=smooth_alpha, clip=not no_clip, untie_head=not no_untie_head,
+        rotate=rotate, rotate_seed=rotate_seed, rotate_heads=not no_rotate_heads,
     )
+    if not rotate and ("rotate_seed" in opts.given or no_rotate_heads):
+        raise OrkError("--rotate-seed / --no-rotate-heads without --rotate: add --rotate, or drop them")
     if boards is not None or network is not None:
         from orkpack.build.cluster import build_cluster_command
 
@@ -380,12 +391,13 @@ def verify(
     threads: int = typer.Option(0, "--threads", "-t", help="Load threads (0: all cores)."),
     reference: bool = typer.Option(False, "--reference", help="Also compare every quantized tensor against the numpy reference."),
     keep_going: bool = typer.Option(False, "--keep-going", help="Report every failure, not only the first."),
+    source: Optional[Path] = typer.Option(None, "--source", metavar="SOURCE", help="With --reference: the checkpoint a rotated pack (build --rotate) was built from; each rotated tensor is checked against it under the recorded rotation."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ):
     """Load packs the way the board does and check every byte. Exit 0: passed; 1: a check failed; 2: unusable input."""
     from orkpack.runtime.command import verify_command
 
-    code = verify_command(packs, device=device, inflate=inflate, threads=threads or (os.cpu_count() or 1), reference=reference, keep_going=keep_going, json_out=json_out, console=_out())
+    code = verify_command(packs, device=device, inflate=inflate, threads=threads or (os.cpu_count() or 1), reference=reference, keep_going=keep_going, json_out=json_out, console=_out(), source=source)
     raise typer.Exit(code)
 
 
@@ -516,6 +528,9 @@ def imatrix(
     ctx: int = typer.Option(512, "--ctx", metavar="N", help="Chunk length: each chunk is one sequence."),
     chunks: int = typer.Option(0, "--chunks", metavar="N", help="Run only the first N chunks (0: all)."),
     threads: int = typer.Option(1, "--threads", "-t", help="BLAS threads (0: all cores)."),
+    rotate: bool = typer.Option(False, "--rotate", help="Gather them on the rotated model (build --rotate), for build --rotate --imatrix."),
+    rotate_seed: int = typer.Option(0, "--rotate-seed", metavar="N", help="With --rotate: the rotation's seed (the build's)."),
+    no_rotate_heads: bool = typer.Option(False, "--no-rotate-heads", help="With --rotate: R1 only (as build --no-rotate-heads)."),
     json_out: bool = typer.Option(False, "--json", help="Print a summary as JSON."),
 ):
     """Activation statistics of the float model on a text (llama.cpp's importance matrix, plus each input
@@ -525,8 +540,10 @@ def imatrix(
 
     bar = _LazyBar(not json_out, "imatrix")
     try:
+        if not rotate and (rotate_seed or no_rotate_heads):
+            raise OrkError("--rotate-seed / --no-rotate-heads without --rotate: add --rotate, or drop them")
         stats = gather(source, output, text=text, tokens=tokens, ctx=ctx, chunks=chunks, threads=threads,
-                       progress=bar.update)
+                       progress=bar.update, rotate=(rotate_seed, not no_rotate_heads) if rotate else None)
     finally:
         bar.stop()
     r = {"output": str(output), "matrices": len(stats.entries), "chunks": stats.chunk_count,

@@ -42,6 +42,7 @@ from orkpack.pack import spec
 from orkpack.pack.model import summary as model_summary
 from orkpack.pack.reader import Pack, PackDamaged, Preamble, parse_header_json, validate_header
 from orkpack.transforms.smoothed import shown as smoothing_shown
+from orkpack.transforms.rotate import shown as rotation_shown
 
 UNTRUSTED = "UNTRUSTED"
 
@@ -134,6 +135,25 @@ def smoothing_label(r) -> str | None:
     if isinstance(r.get("columns"), dict):
         bits.append(f"columns x s from {escape_name(str(r['columns'].get('from')), 80)}")
     return (", " if "untied" in r else "; ").join(bits) or "malformed"
+
+
+def rotation_label(r) -> str | None:
+    """One tensor's rotation (format 1.6), as shown: ``gain folded`` (a norm, now 1), ``x diag(g) from NORM``,
+    ``r1 on axis 1``, ``r2 per head on rows 128..192``, ``untied copy of NAME``."""
+    if not isinstance(r, dict) or not r:
+        return None
+    if "unit" in r:
+        return "gain folded into its matrices"
+    bits = []
+    if isinstance(r.get("untied"), dict):
+        bits.append(f"untied copy of {escape_name(str(r['untied'].get('from')), 80)}")
+    if "fold" in r:
+        bits.append(f"x gain of {escape_name(str(r['fold']), 80)}")
+    for e in r.get("rotate") or []:
+        if isinstance(e, list) and len(e) == 4:
+            w, ax, first, count = e
+            bits.append(f"{escape_name(str(w), 4)} on axis {ax}" + (f" [{first}:{first + count}]" if first or w == "r2" else ""))
+    return ", ".join(bits) or "malformed"
 
 
 def _clipping(prov: dict | None) -> dict | None:
@@ -238,6 +258,7 @@ def _facts(path: Path, p: Preamble, h: dict | None, tensor_glob, checks: dict, u
                 "sqnr_db": min(sq) if sq else None,
                 "decode_sqnr_db": min(dsq) if dsq else None,
                 "smoothed": smoothing_label(t.get("smoothing")),
+                "rotated": rotation_label(t.get("rotation")),
                 "slices": slices,
             }
         )
@@ -262,6 +283,7 @@ def _facts(path: Path, p: Preamble, h: dict | None, tensor_glob, checks: dict, u
         "tensors": rows,
         "skipped": _skipped(prov),
         "smoothing": smoothing_shown(prov),
+        "rotation": rotation_shown(prov),
         "clipping": _clipping(prov),
         "untrusted": untrusted,
         "exit_code": code,

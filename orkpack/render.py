@@ -66,6 +66,11 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
     line = smoothing_line(f.get("smoothing"))
     if line:
         head.add_row("smoothing", markup_escape(line))
+    from orkpack.transforms.rotate import line as rotation_line
+
+    line = rotation_line(f.get("rotation"))
+    if line:
+        head.add_row("rotation", markup_escape(line))
     c = f.get("clipping")
     if c:
         head.add_row("clipping", markup_escape(f"{c['rows']} int8 rows of {c['slices']} slices clamped to their least-error "
@@ -114,6 +119,8 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
         enc = r["encoding"] if r.get("dtype") is None else f"{r['encoding']} {escape_name(str(r['dtype']), 16)}"
         if r.get("smoothed"):
             enc += f", smoothed: {markup_escape(r['smoothed'])}"
+        if r.get("rotated"):
+            enc += f", rotated: {markup_escape(r['rotated'])}"
         t.add_row(escape_name(r["name"]), _shape(r["shape"]), enc, r["tier"], human_bytes(r["stored_bytes"]), sq, ck)
     console.print(t)
     if rows_limit is not None and len(f["tensors"]) > rows_limit:
@@ -193,6 +200,10 @@ def eval_report(console: Console, r: dict, *, rows: int = 20) -> None:
         console.print(markup_escape(f"note: {r['note']}"))
     if line := nf4_describe(r.get("nf4")):
         console.print(markup_escape(f"nf4: {line}"))
+    from orkpack.transforms.rotate import line as rotation_line
+
+    if line := rotation_line(r.get("rotation")):
+        console.print(markup_escape(f"rotation: {line}"))
     sv = r.get("sensitivity")
     if sv:
         rho = "n/a" if sv["spearman"] is None else f"{sv['spearman']:.3f}"

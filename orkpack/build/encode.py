@@ -85,6 +85,7 @@ def prepare(inp, placed: Placed, opts: BuildOptions) -> Transforms:
         raise OrkError(f"--smooth-alpha {opts.smooth_alpha}: give a value from 0 to 1")
     nf4 = placed.nf4
     stats = nf4.stats if nf4.stats is not None else smooth.load_stats(Path(opts.imatrix))  # read once
+    check_rotation(stats, getattr(inp.src, "plan", None), Path(opts.imatrix))
     smoothing = None
     if opts.smooth:
         smoothing, said = smooth.plan(inp.src, inp.infos, Path(opts.imatrix), stats, alpha=opts.smooth_alpha,
@@ -92,6 +93,23 @@ def prepare(inp, placed: Placed, opts: BuildOptions) -> Transforms:
                                       untie_head=opts.untie_head and head_on_npu(placed.placement, inp.infos))
         placed.warnings += said
     return Transforms(stats, smoothing, opts.clip)
+
+
+def check_rotation(stats, plan, path: Path) -> None:
+    """OrkError (one line) when the statistics were gathered under another rotation than the build's, or under one
+    when the build does not rotate (or without one when it does): their columns would be another basis's."""
+    from ..transforms.rotate import TAG
+
+    said = [d for d in (getattr(stats, "datasets", None) or []) if isinstance(d, str) and d.startswith(TAG)]
+    want = plan.tag() if plan is not None else None
+    where = escape_name(str(path))
+    if want is not None and want not in said:
+        got = f"under {escape_name(said[0][len(TAG):].strip())}" if said else "on the model without rotation"
+        raise OrkError(f"--imatrix {where}: gathered {got}, and this build rotates ({escape_name(want[len(TAG):].strip())}): "
+                       "gather them on the rotated model: orkpack imatrix SOURCE --rotate (the same --rotate-seed) -o FILE")
+    if want is None and said:
+        raise OrkError(f"--imatrix {where}: gathered on a rotated model ({escape_name(said[0][len(TAG):].strip())}); "
+                       "build with --rotate (the same seed), or gather them without --rotate")
 
 
 def encode_tensor(info: TensorInfo, arr: np.ndarray, placed: Placed, tr: Transforms, *, threads: int,

@@ -42,6 +42,10 @@ def open_inputs(src_path: Path, out_path: Path, opts: BuildOptions, select: set[
     src = open_source(Path(src_path), on_warning=late.append)
     try:
         refuse_overwriting_inputs(out_path, src, Path(src_path), opts)
+        if opts.rotate:  # the rotated model is the source from here on (orkpack/transforms/rotate.py)
+            from ..transforms.rotate import rotated
+
+            src = rotated(src, opts.rotate_seed, opts.rotate_heads)
         infos = src.tensors()
         if select is not None:
             infos = [i for i in infos if i.name in select]
@@ -120,10 +124,12 @@ def skipped_line(skipped: list[Skipped], per_reason: int = 4) -> str | None:
 
 
 def source_provenance(src, opts: BuildOptions, smoothing: dict | None = None) -> dict:
+    plan = getattr(src, "plan", None)  # a rotated source (orkpack/transforms/rotate.py)
     return {
         "source_format": src.kind,
         "sources": [{"file": f.name, "size": f.stat().st_size, "xxh3": hash_file(f)} for f in src.files],
         "arch": src.arch,
         "options": opts.recorded(),
         "skipped": [s.to_json() for s in skipped_of(src)],
-    } | ({} if smoothing is None else {"smoothing": smoothing})
+    } | ({} if smoothing is None else {"smoothing": smoothing}) \
+        | ({} if plan is None else {"rotation": plan.provenance})

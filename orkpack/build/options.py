@@ -56,6 +56,11 @@ class BuildOptions:
     clip: bool = True  # with imatrix: clamp int8 rows to their least-error ratio (orkpack/transforms/clip.py)
     # with smoothing, a tied head placed on the NPU is stored as a smoothed untied copy (orkpack/transforms/smooth.py)
     untie_head: bool = True
+    # a rotation of the residual stream folded into the weights (orkpack/transforms/rotate.py): R1 (and R2 per value
+    # head unless rotate_heads is False), from rotate_seed
+    rotate: bool = False
+    rotate_seed: int = 0
+    rotate_heads: bool = True
     # the options the user gave explicitly (the CLI fills it), so that --tiermap can refuse the planning
     # options it would ignore even when they equal their defaults (:func:`refuse_ignored_plan_options`)
     given: frozenset = frozenset()
@@ -94,7 +99,9 @@ class BuildOptions:
                | ({} if self.untie_head else {"untie_head": False})) \
             | ({} if self.max_kld is None else {"max_kld": self.max_kld}) \
             | ({} if self.max_bytes is None and self.bpw is None else
-               {"max_bytes": self.max_bytes, "bpw": self.bpw, "bytes_of": self.bytes_of})
+               {"max_bytes": self.max_bytes, "bpw": self.bpw, "bytes_of": self.bytes_of}) \
+            | ({} if not self.rotate else {"rotate": True, "rotate_seed": self.rotate_seed,
+                                           "rotate_heads": self.rotate_heads})
 
     def goal_of(self):
         """What the plan optimizes, as the solver takes it."""

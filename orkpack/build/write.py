@@ -77,8 +77,10 @@ def write_pack(inp: Inputs, infos: list[TensorInfo], placed: Placed, tr: Transfo
             for info, arr in read_ahead(src, infos, io, tr.untied):
                 slices = encode_tensor(info, arr, placed, tr, threads=threads, alloc=w.alloc)
                 done.count(info.name, slices)
+                rot = getattr(src, "plan", None)
                 w.add_tensor(info.name, info.source_name, info.shape, info.dtype, slices,
-                             smoothing=None if tr.smoothing is None else tr.smoothing.records.get(info.name))
+                             smoothing=None if tr.smoothing is None else tr.smoothing.records.get(info.name),
+                             rotation=None if rot is None else rot.records.get(info.name))
                 arr = slices = None  # drop every view of the source pages
                 if on_progress:
                     on_progress(info.nbytes, info.name)

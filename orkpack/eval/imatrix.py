@@ -37,7 +37,8 @@ def gather(source: Path, output: Path, **kw) -> ActStats:
 
 
 def collect(source: Path, *, text: Path | None = None, tokens: Path | None = None, ctx: int = 512, chunks: int = 0,
-            threads: int = 1, progress: Callable[[float, float, str], None] | None = None) -> ActStats:
+            threads: int = 1, progress: Callable[[float, float, str], None] | None = None,
+            rotate: tuple[int, bool] | None = None) -> ActStats:
     """Run the float model of ``source`` on the text and gather its statistics (module docstring)."""
     from threadpoolctl import threadpool_limits
 
@@ -47,6 +48,10 @@ def collect(source: Path, *, text: Path | None = None, tokens: Path | None = Non
         raise EvalError(f"--chunks {chunks}: give 0 (all) or a positive count")
     src = open_source(source, on_warning=lambda m: None)
     try:
+        if rotate is not None:  # the rotated model (build --rotate): its seed and whether R2 too
+            from ..transforms.rotate import rotated
+
+            src = rotated(src, rotate[0], rotate[1])
         hp = forward.model_hparams(src)
         ids, bos, where = token_ids(text, tokens, source_record(src), hp.vocab, escape_name(str(source)))
         n = ids.size // ctx
@@ -70,6 +75,7 @@ def collect(source: Path, *, text: Path | None = None, tokens: Path | None = Non
                 forward.run(src, chunk, weights=Collector(SourceWeights(src), acc), hp=hp,
                             on_logits=lambda t0, lg: None, progress=prog, chunk=128)
         dataset = Path(tokens).name if tokens is not None else Path(text or PROSE).name
-        return from_acc(acc, experts, datasets=[dataset], chunk_count=n, chunk_size=ctx)
+        tag = [src.plan.tag()] if rotate is not None else []  # the rotation they were gathered under
+        return from_acc(acc, experts, datasets=[dataset] + tag, chunk_count=n, chunk_size=ctx)
     finally:
         src.close()

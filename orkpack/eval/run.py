@@ -33,6 +33,7 @@ from ..pack.model import check_model, value
 from ..pack.reader import Pack
 from ..sources import open_source
 from ..transforms.smoothed import Smoothed, ops_of, shown as smoothing_shown, untied_of
+from ..transforms.rotate import RotatedSource, from_pack as rotation_from_pack, shown as rotation_shown
 from ..sources.gguf import GGUFSource
 from . import sensitivity
 from .collect import Collector
@@ -319,7 +320,7 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
             for t in targets:
                 t.hp = hp
         _check_same_model(src, names_shapes, hp_src, hp, escape_name(str(pack_path)),
-                          untied_of(pack) if kind == "pack" else None)
+                          (untied_of(pack) | _rotation_untied(pack)) if kind == "pack" else None)
         ref_target = _Target("reference", hp_src, lambda: SourceWeights(src), "the source's weights in float32")
         if record is None:
             record = source_record(src)
@@ -332,6 +333,9 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
         if src is None:
             raise EvalError(f"{what} compares each matmul with the source's float weights: give the source too "
                             "(orkpack eval SOURCE PACK)")
+        if opts.sensitivity and kind == "pack" and (pack.header.get("provenance") or {}).get("rotation"):
+            raise EvalError("--sensitivity estimates the source's items, and this pack is rotated (build --rotate): "
+                            "give a pack built without --rotate")
         if opts.sensitivity and kind == "pack" and (pack.header.get("provenance") or {}).get("smoothing"):
             raise EvalError("--sensitivity estimates the source's unsmoothed items, and this pack is smoothed "
                             "(build --imatrix): give a pack built without --imatrix (or with --no-smooth)")
@@ -406,6 +410,7 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
                                          f"are of each path against the {runs[0].label} path"),
         "paths": [{"path": r.label, "numerics": r.numerics, **_summary(stats[r.label])} for r in runs],
         "smoothing": _smoothing(pack if kind == "pack" else None),
+        "rotation": rotation_shown(pack.header.get("provenance")) if kind == "pack" else None,
     }
     if opts.per_tensor:
         sample = ids[: min(opts.ctx, opts.per_tensor_tokens)].copy()
@@ -441,9 +446,19 @@ def _smoothing(pack) -> dict | None:
     return smoothing_shown(pack.header.get("provenance"))
 
 
+def _rotation_untied(pack) -> dict[str, str]:
+    """A rotated pack's untied head (orkpack/transforms/rotate.py): output.weight -> token_embd.weight; {} without."""
+    return {t["name"]: t["rotation"]["untied"]["from"] for t in pack.tensors
+            if isinstance(t.get("rotation"), dict) and isinstance(t["rotation"].get("untied"), dict)}
+
+
 def _float_of(pack, src, hp):
-    """The source's float weights as the pack's weights hold them: smoothed as the pack was (orkpack/transforms/smooth.py), so
-    that each matmul compares like with like; the plain source when the pack is not smoothed."""
+    """The source's float weights as the pack's weights hold them: rotated (orkpack/transforms/rotate.py) and smoothed
+    (orkpack/transforms/smooth.py) as the pack was, so that each matmul compares like with like; the plain source
+    when the pack is neither."""
+    rp = rotation_from_pack(pack)
+    if rp is not None:
+        src = RotatedSource(src, rp)
     ops, untied = ops_of(pack), untied_of(pack)
     return (lambda: Smoothed(SourceWeights(src), ops, hp.norm_offset, untied)) if ops else (lambda: SourceWeights(src))
 

@@ -435,8 +435,9 @@ class PackWriter:
 
     # -- tensors ---------------------------------------------------------
     def add_tensor(self, name: str, source_name: str, shape, source_dtype: str, slices: list[dict],
-                   smoothing: dict | None = None) -> dict:
-        """``smoothing``: the tensor's activation-smoothing record (format 1.4, docs/FORMAT.md 10), if any."""
+                   smoothing: dict | None = None, rotation: dict | None = None) -> dict:
+        """``smoothing``: the tensor's activation-smoothing record (format 1.4, docs/FORMAT.md 10), if any;
+        ``rotation``: its rotation record (format 1.6, docs/FORMAT.md 11), if any."""
         recs = []
         for s in slices:
             enc = s["encoding"]
@@ -474,6 +475,8 @@ class PackWriter:
         }
         if smoothing is not None:
             t["smoothing"] = smoothing
+        if rotation is not None:
+            t["rotation"] = rotation
         t["slices"] = recs
         self._tensors.append(t)
         # the caller is done with this tensor's arrays: their buffers serve the next tensors

@@ -43,6 +43,7 @@ def verify_command(
     keep_going: bool = False,
     json_out: bool = False,
     console=None,
+    source: Path | None = None,
 ) -> int:
     if console is None:
         from rich.console import Console
@@ -52,13 +53,18 @@ def verify_command(
         return _usage(console, json_out, f"--inflate {inflate!r}: choose direct or two-step")
     if threads < 1:
         return _usage(console, json_out, f"--threads {threads}: must be at least 1")
+    if source is not None and not reference:
+        return _usage(console, json_out, "--source is what --reference compares a rotated pack's tensors with: add --reference")
+    if source is not None and not Path(source).exists():
+        return _usage(console, json_out, f"--source {escape_name(str(source))}: no such file or folder")
     try:
         backend = open_backend(device)
     except OrkError as e:
         return _usage(console, json_out, str(e))
     try:
         results = [
-            verify_pack(p, backend=backend, inflate=inflate, threads=threads, reference=reference, keep_going=keep_going)
+            verify_pack(p, backend=backend, inflate=inflate, threads=threads, reference=reference, keep_going=keep_going,
+                        source=source)
             for p in paths
         ]
     finally:

@@ -114,6 +114,7 @@ def verify_pack(
     threads: int = 1,
     reference: bool = False,
     keep_going: bool = False,
+    source: str | Path | None = None,
 ) -> Result:
     """Run every check on one pack; never raises for a bad pack (see Result.exit_code)."""
     if inflate not in inf.METHODS:
@@ -144,7 +145,7 @@ def verify_pack(
     pool = ThreadPoolExecutor(max_workers=threads) if threads > 1 else None
     try:
         with pack:
-            _checks(pack, run, backend, inflate, pool, reference)
+            _checks(pack, run, backend, inflate, pool, reference, source)
     except _Stop:
         pass
     finally:
@@ -170,7 +171,7 @@ def _parts_of(pack: Pack):
     yield from pack.all_parts()
 
 
-def _checks(pack: Pack, run: _Run, backend, method: str, pool, reference: bool) -> None:
+def _checks(pack: Pack, run: _Run, backend, method: str, pool, reference: bool, ref_source=None) -> None:
     res = run.res
     slices = list(pack.slices())
     res.stats["slices"] = len(slices)
@@ -260,6 +261,18 @@ def _checks(pack: Pack, run: _Run, backend, method: str, pool, reference: bool) 
                 run.fail("reference", f"smoothing: {why}")
             else:
                 run.ok("reference")
+        if any(t.get("rotation") is not None for t in pack.tensors) \
+                or (pack.header.get("provenance") or {}).get("rotation") is not None:  # rotation (format 1.6)
+            from orkpack.transforms.rotate import check_against_source, check_pack as check_rotation
+
+            why = check_rotation(pack)
+            if why:
+                run.fail("reference", f"rotation: {why}")
+            else:
+                run.ok("reference")
+                # with the source: each rotated tensor against it under the recorded rotation
+                for why in (check_against_source(pack, ref_source) if ref_source is not None else []):
+                    run.fail("reference", f"rotation: {why}")
         for t, s in slices:
             if s["encoding"] not in (spec.ENC_INT8, spec.ENC_NF4, spec.ENC_NF4DQ) or id(s) in bad:
                 continue
