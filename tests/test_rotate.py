@@ -36,6 +36,7 @@ REFUSED = {  # family -> what the refusal says
     "gemma2": "sandwich", "gemma3_text": "sandwich", "gemma3": "sandwich", "glm4": "sandwich",
     "gemma4_text": "sandwich", "gemma4": "sandwich", "olmo2": "post-normed", "olmo3": "post-normed",
     "exaone4": "post-normed", "starcoder2": "LayerNorm", "deepseek_v3": "multi-token-prediction",
+    "gemma3n_text": "sandwich", "gemma3n": "sandwich", "rwkv7": "LayerNorm",
 }
 ROTATED = [f for f in synth.TINY if f not in REFUSED]
 NO_R2 = {"minicpm3", "deepseek_v2", "internlm2", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "qwen3_5",
