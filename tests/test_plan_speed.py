@@ -177,7 +177,8 @@ def test_per_expert_names_parse_as_canonical_then_split(cfg):
     want = set()
     for hf_name, shape, _ in hf:  # name by name, as the manifest was built before
         name = _names.canonical_name(hf_name, facts["arch"], L)
-        sp = _names.split_expert(name)
+        # an expert's slice, or a slice of a tensor the converter stacks (gemma3n's AltUp projections)
+        sp = _names.split_expert(name) or archs.stacked_slice(hf_name, facts["arch"])
         if sp is not None:
             stacked.setdefault(sp[0], {})[sp[1]] = (shape, hf_name)
         else:
@@ -186,6 +187,14 @@ def test_per_expert_names_parse_as_canonical_then_split(cfg):
             want.update((pc.name, pc.shape,
                          archs.converted_dtype(facts["arch"], pc.name, archs.stored_dtype(data, hf_name, dtype)))
                         for pc in archs.converter_layout(data, name, tuple(shape)))
+    # what the converter stacks from named parts and writes twice (RWKV7's lerp_fused and layer-0 v0/v1/v2)
+    for sname, parts in archs.converter_stacks(data, [n for n, _, _ in want]):
+        got = [next(w for w in want if w[0] == p) for p in parts]
+        want -= set(got)
+        want.add((sname, (len(got),) + tuple(got[0][1]), got[0][2]))
+    for new, old in archs.converter_copies(data, [n for n, _, _ in want]):
+        src = next(w for w in want if w[0] == old)
+        want.add((new, src[1], src[2]))
     for name, per in stacked.items():
         shape, hf_name = per[0]
         want.add((name, (len(per),) + tuple(shape), archs.stored_dtype(data, hf_name, dtype)))
