@@ -81,6 +81,13 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000 ** 2, 
           "g": 1000 ** 3, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1000 ** 4, "tb": 1000 ** 4, "tib": 1 << 40}
 
 
+def frontier_axis(speed: bool, size: bool) -> bool | str:
+    """--frontier (speed) or --frontier-size (size), not both."""
+    if speed and size:
+        raise OrkError("--frontier and --frontier-size are two frontiers; give one")
+    return "size" if size else speed
+
+
 def sized_goal(goal: str, goal_given: bool, max_bytes: str | None, bpw: float | None) -> str:
     """The goal: as given; with a size bound (--max-bytes / --bpw) and no --goal, quality (the best pack of that size)."""
     return goal if goal_given or (max_bytes is None and bpw is None) else "quality"
@@ -351,6 +358,7 @@ def plan(
     bytes_of: str = typer.Option("file", "--bytes-of", help=BYTES_OF_HELP),
     prompt: int = typer.Option(512, "--prompt", metavar="N", help="Prompt length the TTFT and decode predictions are for."),
     frontier: bool = typer.Option(False, "--frontier", help="Print the Pareto set of (decode, prefill, quality) plans; with -o DIR, write each as DIR/frontier-K.json."),
+    frontier_size: bool = typer.Option(False, "--frontier-size", help="Print the least predicted KLD at each size, from the smallest pack to the best-quality one (weight bytes as --bytes-of says); with -o DIR, write each as DIR/frontier-K.json."),
     boards: Optional[str] = typer.Option(None, "--boards", metavar="B1,B2,...", help=BOARDS_HELP),
     network: Optional[str] = typer.Option(None, "--network", metavar="NAME", help=NETWORK_HELP),
     nf4_format: Optional[str] = typer.Option(None, "--nf4-format", help=NF4_FORMAT_HELP + " The plan counts its bytes and "
@@ -370,7 +378,7 @@ def plan(
     if boards is not None or network is not None:
         from orkpack.tiers.cluster import plan_cluster_command
 
-        _cluster_only(boards, frontier=frontier, board_given="board" in _given(context))
+        _cluster_only(boards, frontier=frontier or frontier_size, board_given="board" in _given(context))
         raise typer.Exit(plan_cluster_command(model, boards, network=network, json_out=json_out, output=output,
                                               console=None if json_out else _out(), profile=profile, ctx=ctx,
                                               kv_type=kv_type, prefill_m=prefill_m, pins=pins,
@@ -378,7 +386,8 @@ def plan(
                                               nf4_format=nf4_format))
     code = plan_command(model, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, pins=pins,
                         ignore_unknown=ignore_unknown, json_out=json_out, output=output, console=None if json_out else _out(), goal=g,
-                        prompt=prompt, frontier_out=frontier, runtime=runtime, nf4_format=nf4_format)
+                        prompt=prompt, frontier_out=frontier_axis(frontier, frontier_size), runtime=runtime,
+                        nf4_format=nf4_format)
     raise typer.Exit(code)
 
 

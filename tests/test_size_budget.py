@@ -125,3 +125,25 @@ def test_plan_prints_the_weight_bytes():
     assert r.returncode == 0, r.stderr[-2000:]
     out = " ".join(r.stdout.split())
     assert "bits per weight" in out and "--bpw 4.8" in out
+
+
+def test_the_size_frontier_is_the_least_kld_at_each_size():
+    """plan --frontier-size: from the smallest plan (every item its smallest choice) to the best-quality one, the
+    sizes grow and the predicted KLD falls point by point; each point is the exact optimum at its bytes."""
+    from orkpack.tiers.command import size_frontier
+
+    man, board, prof = _host_only()
+    pts = size_frontier(man, board, prof, ctx=8192, kv_type="f16", pins=None, goal=Goal(), prompt=512)
+    sizes = [t.budget["weights"]["file"] for t in pts]
+    klds = [t.prediction["kld"] for t in pts]
+    assert len(pts) >= 3 and sizes == sorted(sizes) and klds == sorted(klds, reverse=True)
+    assert sizes[0] == solver.least_weight_bytes(man, board, prof, None)
+    for t in pts[:-1]:
+        q = next(s["value"] for s in t.objective["stages"] if s["metric"] == "quality")
+        assert q == pytest.approx(_knapsack(man, board, prof, t.budget["weights"]["cap"]), rel=0, abs=2e-9)
+    r = _run("plan", str(ROOT / "tests" / "fixtures" / "configs" / "llama.json"), "--frontier-size", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout)["frontier"]
+    assert [p["budget"]["weights"]["file"] for p in got] == sorted(p["budget"]["weights"]["file"] for p in got)
+    r = _run("plan", str(ROOT / "tests" / "fixtures" / "configs" / "llama.json"), "--frontier-size", "--frontier")
+    assert r.returncode != 0 and "give one" in r.stderr

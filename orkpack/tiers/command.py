@@ -11,7 +11,7 @@ from ..errors import OrkError, escape_name
 from .board import load_board
 from .manifest import manifest_from_path
 from .profile import load_profile
-from .solver import GiB, Goal, solve
+from .solver import GiB, Goal, least_weight_bytes, solve
 from .tiermap import TierMap, dumps
 
 
@@ -283,6 +283,58 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
         console.print(f"[yellow]warning:[/] {w}")
 
 
+SIZE_POINTS = 11  # the size frontier's budgets: evenly from the smallest pack to the best-quality one
+
+
+def size_frontier(man, b, prof, *, ctx: int, kv_type: str, pins, goal: Goal, prompt: int) -> list[TierMap]:
+    """The least predicted KLD at each size: ``SIZE_POINTS`` byte budgets (``goal.bytes_of``) evenly from the
+    smallest plan (every item its smallest choice) to the best-quality plan's bytes, each solved exactly with the goal
+    quality (then decode, then prefill) under the other constraints; repeated and dominated points dropped, the
+    rest sorted by size, smallest first."""
+    of = goal.bytes_of
+    keep = dict(min_decode_tok_s=goal.min_decode_tok_s, min_prefill_tok_s=goal.min_prefill_tok_s,
+                max_ram=goal.max_ram, max_kld=goal.max_kld, bytes_of=of)
+    top = solve(man, b, prof, ctx=ctx, kv_type=kv_type, pins=pins, goal=Goal("quality", **keep), prompt=prompt)
+    hi = top.budget["weights"][of]
+    lo = least_weight_bytes(man, b, prof, pins, of)
+    pts = [top]
+    for j in range(SIZE_POINTS - 1):
+        cap = int(lo + (hi - lo) * j / (SIZE_POINTS - 1))
+        try:
+            pts.append(solve(man, b, prof, ctx=ctx, kv_type=kv_type, pins=pins, prompt=prompt,
+                             goal=Goal("quality", max_bytes=max(cap, 1), **keep)))
+        except OrkError:
+            continue
+    key = {id(t): (t.budget["weights"][of], round(t.prediction["kld"], 6)) for t in pts}
+    out, seen = [], set()
+    for t in sorted(pts, key=lambda t: key[id(t)]):
+        k = key[id(t)]
+        if k in seen or any(o[0] <= k[0] and o[1] < k[1] for o in key.values()):
+            continue
+        seen.add(k)
+        out.append(t)
+    for j, tm in enumerate(out):
+        tm.objective["frontier_point"] = j
+    return out
+
+
+def render_size_frontier(points: list[TierMap], console, solve_s: float) -> None:
+    from rich.table import Table
+
+    of = points[0].budget["weights"].get("of") or "file"
+    t = Table(title=f"Size frontier: {len(points)} optimal plans (the least predicted KLD at each size of "
+                    f"{'the pack' if of == 'file' else 'what a decode token reads'})")
+    for c in ("#", "weights", "bits per weight", "KLD (predicted)", "decode tok/s", "prefill tok/s", "NPU items"):
+        t.add_column(c, justify="right")
+    for j, tm in enumerate(points):
+        p, w = tm.prediction, tm.budget["weights"]
+        t.add_row(str(j), _b(w[of]), f"{8 * w[of] / max(w['params'], 1):.3f}", f"{p['kld']:.4f}",
+                  f"{p['decode_tok_s']:.2f}", f"{p['prefill_tok_s']:.1f}", str(tm.budget["npu"]["items"]))
+    console.print(t)
+    console.print(f"solved in {solve_s:.2f} s; build one with: orkpack plan ... --frontier-size -o DIR, then "
+                  "orkpack build SOURCE --tiermap DIR/frontier-K.json, or orkpack build SOURCE --max-bytes BYTES")
+
+
 def render_frontier(points: list[TierMap], console, solve_s: float) -> None:
     from rich.table import Table
 
@@ -301,7 +353,7 @@ def render_frontier(points: list[TierMap], console, solve_s: float) -> None:
 def plan_command(model: Path, *, board: str = "rk3588-32g", profile: Path | None = None, ctx: int = 8192,
                  kv_type: str = "f16", prefill_m: int = 512, pins: dict[str, list[str]] | None = None,
                  ignore_unknown: bool = False, json_out: bool = False, output: Path | None = None, console=None,
-                 goal: Goal | None = None, prompt: int = 512, frontier_out: bool = False,
+                 goal: Goal | None = None, prompt: int = 512, frontier_out: bool | str = False,
                  runtime: str | None = None, nf4_format: str | None = None) -> int:
     """The whole ``orkpack plan``: returns the exit code; raises OrkError for bad input."""
     if console is None and not json_out:  # --json prints no table: rich is not even imported
@@ -317,7 +369,8 @@ def plan_command(model: Path, *, board: str = "rk3588-32g", profile: Path | None
         man = manifest_from_path(model)
         prof = load_profile(profile, man, b, prefill_m, ignore_unknown=ignore_unknown)
         t0 = time.perf_counter()
-        pts = frontier(man, b, prof, ctx=ctx, kv_type=kv_type, pins=pins, goal=goal, prompt=prompt)
+        make = size_frontier if frontier_out == "size" else frontier  # --frontier-size, else --frontier
+        pts = make(man, b, prof, ctx=ctx, kv_type=kv_type, pins=pins, goal=goal, prompt=prompt)
         dt = time.perf_counter() - t0
         if not pts:
             raise OrkError("no plan meets the constraints on this board; relax --min-*-tok-s / --max-ram")
@@ -330,7 +383,7 @@ def plan_command(model: Path, *, board: str = "rk3588-32g", profile: Path | None
             text = json.dumps({"frontier": [tm.to_json() for tm in pts]}, separators=(",", ":")) + "\n"
             console.file.write(text) if hasattr(console, "file") else print(text, end="")
         else:
-            render_frontier(pts, console, dt)
+            (render_size_frontier if frontier_out == "size" else render_frontier)(pts, console, dt)
             if output is not None:
                 console.print(f"{len(pts)} tier maps written to {escape_name(str(output))}/frontier-K.json")
         return 0

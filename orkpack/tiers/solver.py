@@ -691,6 +691,15 @@ def weight_bytes(manifest: Manifest, md: _Model, pick: list[int]) -> dict:
             "decode": int(round(c + sum(md.read[i][j] for i, j in enumerate(pick))))}
 
 
+def least_weight_bytes(manifest: Manifest, board: Board, profile: Profile, pins: dict[str, list[str]] | None,
+                       of: str = "file", npu_storage: str = "int8") -> int:
+    """The smallest weight bytes (``of``: file or decode) any plan can have: every item at its smallest allowed
+    choice, plus the float non-items."""
+    rows = _rows(manifest, board, match_pins(manifest, pins)[0], npu_storage)
+    md = _model(manifest, board, profile, rows, 512, "f16")
+    return int(_bytes_const(manifest, of) + sum(map(min, md.ram if of == "file" else md.read)))
+
+
 def weight_params(manifest: Manifest) -> int:
     """The model's weight parameters: every item's and every float tensor's elements (what --bpw is per)."""
     return sum(it.n * it.k for it in manifest.items) + sum(t.numel for t in manifest.floats)
