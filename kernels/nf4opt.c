@@ -20,6 +20,7 @@
 #include "nf4opt.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <string.h>
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -121,6 +122,93 @@ AI T512 vf16 lv_avx512(vf16 s, vi16 *code, const tabs512 *t) {
     *code = (vi16)c;
     return (vf16)q;
 }
+/* The unit-weight bodies' lookups (group32u, dq32u): bins of [-1.1, 1.1], wbin(s) = (int)fma(s, 14.5f, 16.0f), a
+ * non-decreasing function of s with wbin(-1.1f) = 0 and wbin(1.1f) = 31; s is first clamped to +-1.1 (vrangeps:
+ * the smaller magnitude with the sign of s), which changes no code (every midpoint is within +-0.87); where
+ * |s| <= 1.1 is known (the first pass and the scan: |x| <= amax) the clamp is left out. As codecs.c's tables:
+ * code = WBASE[v] + (s > WMID[v]) for v = wbin(s), exact as long as no bin holds two midpoints (checked when
+ * built; else the unit bodies use the old lookup). The same bins also give the code of -s (the scan's other
+ * sign) from the mirrored midpoints NMID_j = -MID[14 - j]: code(-s) = 15 - #{NMID_j <= s} = WNB[v] - (s >= WNMID[v]),
+ * WNB[v] = 15 - #{j: wbin(NMID_j) < v} (x * (-inv) is -(x * inv) exactly). */
+static float WMID[32], WNMID[32];
+static int32_t WBASE[32], WNB[32];
+static int wtabs_ok; /* 1 valid, -1 not */
+static pthread_once_t wtabs_once = PTHREAD_ONCE_INIT;
+AI T512 __m512i wbin512(__m512 s) {
+    return _mm512_cvttps_epi32(_mm512_fmadd_ps(s, _mm512_set1_ps(14.5f), _mm512_set1_ps(16.0f)));
+}
+T512 static void wtabs_build(void) {
+    float m[16], nm[16], e[16] = {-1.1f, 1.1f};
+    int32_t bm[16], bn[16], be[16];
+    for (int k = 0; k < 16; k++) {
+        m[k] = k < 15 ? MID[k] : 0.0f;
+        nm[k] = k < 15 ? -MID[14 - k] : 0.0f;
+    }
+    _mm512_storeu_si512(bm, wbin512(_mm512_loadu_ps(m)));
+    _mm512_storeu_si512(bn, wbin512(_mm512_loadu_ps(nm)));
+    _mm512_storeu_si512(be, wbin512(_mm512_loadu_ps(e)));
+    int ok = be[0] == 0 && be[1] == 31;
+    for (int v = 0; v < 32; v++) {
+        int base = 0, nbase = 0, hits = 0, nhits = 0;
+        WMID[v] = 2.0f;
+        WNMID[v] = 2.0f;
+        for (int k = 0; k < 15; k++) {
+            ok &= bm[k] >= 0 && bm[k] < 32 && bn[k] >= 0 && bn[k] < 32;
+            base += bm[k] < v;
+            nbase += bn[k] < v;
+            if (bm[k] == v) { WMID[v] = m[k]; hits++; }
+            if (bn[k] == v) { WNMID[v] = nm[k]; nhits++; }
+        }
+        ok &= hits <= 1 && nhits <= 1;
+        WBASE[v] = base;
+        WNB[v] = 15 - nbase;
+    }
+    wtabs_ok = ok ? 1 : -1;
+}
+static void wtabs_init(void) { pthread_once(&wtabs_once, wtabs_build); }
+
+typedef struct { __m512 mlo, mhi, nlo, nhi, cb; __m512i blo, bhi, nblo, nbhi; } wtabs512;
+AI T512 wtabs512 wtabs512_load(void) {
+    wtabs512 t;
+    t.mlo = _mm512_loadu_ps(WMID);
+    t.mhi = _mm512_loadu_ps(WMID + 16);
+    t.nlo = _mm512_loadu_ps(WNMID);
+    t.nhi = _mm512_loadu_ps(WNMID + 16);
+    t.blo = _mm512_loadu_si512(WBASE);
+    t.bhi = _mm512_loadu_si512(WBASE + 16);
+    t.nblo = _mm512_loadu_si512(WNB);
+    t.nbhi = _mm512_loadu_si512(WNB + 16);
+    t.cb = _mm512_loadu_ps(CB);
+    return t;
+}
+/* |s| <= 1.1: the code of s and its value */
+AI T512 __m512 wlv512(__m512 s, __m512i *code, const wtabs512 *t) {
+    const __m512i bin = wbin512(s);
+    const __m512 mid = _mm512_permutex2var_ps(t->mlo, bin, t->mhi);
+    const __m512i base = _mm512_permutex2var_epi32(t->blo, bin, t->bhi);
+    *code = _mm512_mask_add_epi32(base, _mm512_cmp_ps_mask(s, mid, _CMP_GT_OQ), base, _mm512_set1_epi32(1));
+    return _mm512_permutexvar_ps(*code, t->cb);
+}
+/* |s| <= 1.1: the values of the codes of s and of -s */
+AI T512 void wlv512pn(__m512 s, __m512 *qp, __m512 *qn, const wtabs512 *t) {
+    const __m512i bin = wbin512(s);
+    const __m512 mid = _mm512_permutex2var_ps(t->mlo, bin, t->mhi);
+    const __m512i base = _mm512_permutex2var_epi32(t->blo, bin, t->bhi);
+    const __m512i cp = _mm512_mask_add_epi32(base, _mm512_cmp_ps_mask(s, mid, _CMP_GT_OQ), base, _mm512_set1_epi32(1));
+    const __m512 nmid = _mm512_permutex2var_ps(t->nlo, bin, t->nhi);
+    const __m512i nb = _mm512_permutex2var_epi32(t->nblo, bin, t->nbhi);
+    const __m512i cn = _mm512_mask_sub_epi32(nb, _mm512_cmp_ps_mask(s, nmid, _CMP_GE_OQ), nb, _mm512_set1_epi32(1));
+    *qp = _mm512_permutexvar_ps(cp, t->cb);
+    *qn = _mm512_permutexvar_ps(cn, t->cb);
+}
+AI T512 vf16 wq_avx512(vf16 s, vi16 *code, int clamp, const wtabs512 *t) {
+    __m512 v = (__m512)s;
+    if (clamp) v = _mm512_range_ps(v, _mm512_set1_ps(1.1f), 0x02);
+    __m512i c;
+    const __m512 q = wlv512(v, &c, t);
+    *code = (vi16)c;
+    return (vf16)q;
+}
 #undef W
 #undef vf
 #undef vi
@@ -141,11 +229,21 @@ AI T512 vf16 lv_avx512(vf16 s, vi16 *code, const tabs512 *t) {
 #define ATTR T512
 #define LV_SETUP const tabs512 tb = tabs512_load();
 #define LEVELS(s, c) lv_avx512(s, c, &tb)
+#define LVU_SETUP const wtabs512 wt = wtabs512_load();
+#define LEVELSU(s, c) wq_avx512(s, c, 1, &wt)
+#define LEVELSQ(s) ({ vi16 c_; wq_avx512(s, &c_, 1, &wt); })
+#define LEVELSQN(s) ({ vi16 c_; wq_avx512(s, &c_, 0, &wt); })
+#define LEVELSPN(s, qp, qn) wlv512pn((__m512)(s), (__m512 *)(qp), (__m512 *)(qn), &wt)
 #include "nf4opt_body.inc"
 #undef SUF
 #undef ATTR
 #undef LV_SETUP
 #undef LEVELS
+#undef LVU_SETUP
+#undef LEVELSU
+#undef LEVELSQ
+#undef LEVELSQN
+#undef LEVELSPN
 
 /* AVX2: numpy's searchsorted(MID, s, side="left") by a branch-free binary search (MID[7]; MID[3] or MID[11];
  * MID[1, 5, 9, 13][pos / 4]; MID[0, 2, .., 14][pos / 2]), then CB[pos] from two permutes of 8 */
@@ -276,7 +374,10 @@ enum { LV_PORTABLE, LV_AVX2, LV_AVX512, LV_NEON };
 static int level(void) {
 #ifdef ORK_NF4OPT_X86
     const int isa = ork_codecs_isa();
-    if (isa == ORK_ISA_AVX512 && ork_nf4_bin_tables(&BIN_MID, &BIN_BASE) == 1) return LV_AVX512;
+    if (isa == ORK_ISA_AVX512 && ork_nf4_bin_tables(&BIN_MID, &BIN_BASE) == 1) {
+        wtabs_init();
+        return LV_AVX512;
+    }
     if (isa >= ORK_ISA_AVX2) return LV_AVX2;
 #endif
 #ifdef ORK_NF4OPT_NEON
@@ -317,6 +418,43 @@ static void dq_run(int lv, const float (*x)[G], const double (*w)[G], const int 
     }
 #undef xv
 #undef wv
+}
+
+static void group32u_run(int lv, const float (*x)[G], float *dout) {
+    switch (lv) {
+#ifdef ORK_NF4OPT_X86
+    case LV_AVX512:
+        if (wtabs_ok == 1) {
+            group32u_avx512(x, dout);
+            break;
+        }
+        /* fall through: no valid wide bins, the AVX2 body (the same bytes) */
+    case LV_AVX2: group32u_avx2(x, dout); break;
+#endif
+#ifdef ORK_NF4OPT_NEON
+    case LV_NEON: group32u_neon(x, dout); break;
+#endif
+    default: group32u_portable(x, dout); break;
+    }
+}
+
+static void dq32u_run(int lv, const float (*x)[G], const int *q0, const float *sc, float off, const float *dq,
+                      uint8_t (*pk)[DQB / 2], int *qout, double *ax, double *ae) {
+    switch (lv) {
+#ifdef ORK_NF4OPT_X86
+    case LV_AVX512:
+        if (wtabs_ok == 1) {
+            dq32u_avx512(x, q0, sc, off, dq, pk, qout, ax, ae);
+            break;
+        }
+        /* fall through */
+    case LV_AVX2: dq32u_avx2(x, q0, sc, off, dq, pk, qout, ax, ae); break;
+#endif
+#ifdef ORK_NF4OPT_NEON
+    case LV_NEON: dq32u_neon(x, q0, sc, off, dq, pk, qout, ax, ae); break;
+#endif
+    default: dq32u_portable(x, q0, sc, off, dq, pk, qout, ax, ae); break;
+    }
 }
 
 #ifdef ORK_NF4OPT_X86
@@ -384,7 +522,31 @@ T512 static void load_group512(const float *xb, const float *cwb, int weighting,
     }
 }
 
+/* x alone (unit weights), 32 elements a block */
+T512 static void load_x512(const float *xb, float (*x)[G]) {
+    for (int i0 = 0; i0 < DQB; i0 += 16) {
+        __m512 rx[16];
+        for (int b = 0; b < G; b++) rx[b] = _mm512_loadu_ps(xb + b * DQB + i0);
+        transpose16x16_f32(rx);
+        for (int i = 0; i < 16; i++) _mm512_storeu_ps(x[i0 + i], rx[i]);
+    }
+}
 #endif
+
+static void load_x(int lv, const float *xb, float (*x)[G]) {
+#ifdef ORK_NF4OPT_X86
+    if (lv == LV_AVX512) {
+        load_x512(xb, x);
+        return;
+    }
+#endif
+    (void)lv;
+    for (int b = 0; b < G; b++)
+        for (int i = 0; i < DQB; i++) x[i][b] = xb[b * DQB + i];
+}
+
+/* unit weights: no column weights and the plain weighting (every w is 1) */
+#define UNIT(col_w, weighting) ((col_w) == NULL && (weighting) == ORK_NF4W_PLAIN)
 
 static void load_group(const float *xb, const float *cwb, int weighting, int nb, int blk, float (*x)[G],
                        double (*w)[G]) {
@@ -477,6 +639,11 @@ void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const flo
         const int64_t off0 = g0 * blk;
         nf += gather_group(x, dtype, n, k, col_w, blk, g0, nb, xb, cwb);
         for (int b = 0; b < G; b++) tail[b] = b < nb && off0 + (int64_t)(b + 1) * blk > n;
+        if (blk == DQB && tries == 1 && !codes && UNIT(col_w, weighting) && nb == G && !tail[G - 1]) {
+            load_x(lv, xb, xr);
+            group32u_run(lv, (const float (*)[G])xr, absmax + g0);
+            continue;
+        }
 #ifdef ORK_NF4OPT_X86
         if (lv == LV_AVX512) load_group512(xb, cwb, weighting, blk, xr, wr);
         else
@@ -542,6 +709,9 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
     for (int64_t g0 = b0; g0 < b1; g0 += G) {
         const int nb = (int)(b1 - g0 < G ? b1 - g0 : G);
         nf += gather_group(x, dtype, n, k, col_w, DQB, g0, nb, xb, cwb);
+        const int fast = UNIT(col_w, weighting) && nb == G && (g0 + G) * DQB <= n;
+        if (fast) load_x(lv, xb, xr);
+        else
 #ifdef ORK_NF4OPT_X86
         if (lv == LV_AVX512) load_group512(xb, cwb, weighting, DQB, xr, wr);
         else
@@ -553,13 +723,19 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
             const float v = sc[b] > 0.0f ? r / sc[b] : 0.0f; /* past the end: 0, the code 127 */
             q0[b] = dq_nearest(mid, v);
         }
-        dq_run(lv, (const float (*)[G])xr, (const double (*)[G])wr, q0, sc, offset, dq, pk, qo, ax, ae);
+        if (fast) dq32u_run(lv, (const float (*)[G])xr, q0, sc, offset, dq, pk, qo, ax, ae);
+        else dq_run(lv, (const float (*)[G])xr, (const double (*)[G])wr, q0, sc, offset, dq, pk, qo, ax, ae);
         for (int b = 0; b < nb; b++) {
             const int64_t off = (g0 + b) * DQB;
             absmax_q[g0 + b] = (uint8_t)qo[b];
             const int len = (int)(n - off < DQB ? n - off : DQB);
             if (len == DQB) memcpy(codes + off / 2, pk[b], DQB / 2);
-            else memcpy(codes + off / 2, pk[b], (size_t)((len + 1) / 2));
+            else {
+                memcpy(codes + off / 2, pk[b], (size_t)((len + 1) / 2));
+                /* odd n: the last byte's low nibble is the padding, code 7 as the reference writes it (the padding
+                 * element's own code is 0 when no candidate is ever taken, e.g. an error of +inf) */
+                if (len & 1) codes[off / 2 + len / 2] = (uint8_t)((pk[b][len / 2] & 0xf0) | 7);
+            }
         }
     }
     if (st) fold_stats(ax, ae, nf, st);

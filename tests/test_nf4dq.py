@@ -276,3 +276,56 @@ def test_runtime_decode_of_any_range(e0, e1):
     rc = lib.ork_rt_nf4dq_decode(p(c, "uint8_t *"), c.size, p(q, "uint8_t *"), q.size, p(s, "float *"), s.size,
                                  float(o[0]), e0, e1, p(out, "float *"))
     assert rc == 0 and out.tobytes() == want.tobytes()
+
+
+def _unit_cases():
+    """Inputs for the unit-weight bodies (kernels/nf4opt_body.inc group32u / dq32u: no column weights, the plain
+    weighting, 16 full blocks at a time): every edge case grown to several full groups of 16 blocks and a ragged
+    end, and groups mixing dead (all-zero, subnormal) blocks with live ones and a few huge ones."""
+    rng = np.random.default_rng(7)
+    out = {}
+    for name, x in _edge_cases().items():
+        out[name] = np.resize(x.ravel(), 16 * 32 * 5 + 77)
+    mixed = _heavy((16 * 32 * 8 + 3,), 5)
+    blocks = mixed[: 16 * 32 * 8].reshape(-1, 32)
+    blocks[::5] = 0.0
+    blocks[1::7] = (rng.standard_normal((len(blocks[1::7]), 32)) * 1e-41).astype(np.float32)
+    blocks[2::9] *= np.float32(3e34)
+    blocks[3::11, 5] = np.float32(-3.3e38)
+    out["mixed"] = mixed
+    out["one_value"] = np.full(16 * 32 * 3, -0.75, np.float32)
+    return out
+
+
+@pytest.mark.parametrize("case", list(_unit_cases()))
+def test_unit_weight_bodies_equal_numpy(case):
+    x = _unit_cases()[case]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            sq = set()
+            want = R.nf4dq_encode(x)
+            for lvl in LEVELS:
+                codecs.set_isa(lvl)
+                e = _enc(x)
+                _same(e, want, f"{case} {lvl}")
+                sq.add(e.sqnr_db)
+            assert len(sq) == 1, sq
+    finally:
+        codecs.set_isa(None)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_unit_weight_bodies_16bit_and_nonfinite(dtype):
+    x = _heavy((12, 700), 3)
+    x[1, 7], x[2, 9], x[3, 11], x[11, 650] = np.nan, np.inf, -np.inf, np.nan
+    src = {"f32": x, "f16": x.astype(np.float16), "bf16": (x.view(np.uint32) >> 16).astype(np.uint16)}[dtype]
+    want = R.nf4dq_encode(src)
+    try:
+        for lvl in LEVELS:
+            codecs.set_isa(lvl)
+            e = _enc(src)
+            assert e.nonfinite == 4
+            _same(e, want, f"{dtype} {lvl}")
+    finally:
+        codecs.set_isa(None)
