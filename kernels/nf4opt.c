@@ -21,6 +21,9 @@
 
 #include <math.h>
 #include <pthread.h>
+#if defined(__x86_64__) || defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <string.h>
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -69,6 +72,14 @@ AI vf4 lv_portable(vf4 s, vi4 *code) {
     *code = c;
     return (vf4)cbb;
 }
+/* the value alone (the unit bodies' scan): 15 compares, the code book value by bits, no count (the per-lane bin
+ * tables of codecs.c in scalar code were slower here: 0.088 against 0.106 GB/s) */
+AI vf4 lvq_portable(vf4 s) {
+    const uint32_t c0 = f2u(CB[0]);
+    vu4 cbb = {c0, c0, c0, c0};
+    for (int m = 0; m < 15; m++) cbb ^= (vu4)(s > MID[m]) & (f2u(CB[m + 1]) ^ f2u(CB[m]));
+    return (vf4)cbb;
+}
 #define W 4
 #define vf vf4
 #define vi vi4
@@ -81,11 +92,21 @@ AI vf4 lv_portable(vf4 s, vi4 *code) {
 #define ATTR
 #define LV_SETUP
 #define LEVELS(s, c) lv_portable(s, c)
+#define LVU_SETUP
+#define LEVELSU(s, c) lv_portable(s, c)
+#define LEVELSQ(s) lvq_portable(s)
+#define LEVELSQN(s) lvq_portable(s)
+#define LEVELSPN(s, qp, qn) (*(qp) = lvq_portable(s), *(qn) = lvq_portable(-(s)))
 #include "nf4opt_body.inc"
 #undef SUF
 #undef ATTR
 #undef LV_SETUP
 #undef LEVELS
+#undef LVU_SETUP
+#undef LEVELSU
+#undef LEVELSQ
+#undef LEVELSQN
+#undef LEVELSPN
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(ORK_NO_X86_SIMD)
 #define ORK_NF4OPT_X86 1
@@ -234,6 +255,7 @@ AI T512 vf16 wq_avx512(vf16 s, vi16 *code, int clamp, const wtabs512 *t) {
 #define LEVELSQ(s) ({ vi16 c_; wq_avx512(s, &c_, 1, &wt); })
 #define LEVELSQN(s) ({ vi16 c_; wq_avx512(s, &c_, 0, &wt); })
 #define LEVELSPN(s, qp, qn) wlv512pn((__m512)(s), (__m512 *)(qp), (__m512 *)(qn), &wt)
+#define GATHERF(tab, idx) ((vf16)_mm512_i32gather_ps((__m512i)(idx), (tab), 4))
 #include "nf4opt_body.inc"
 #undef SUF
 #undef ATTR
@@ -244,6 +266,7 @@ AI T512 vf16 wq_avx512(vf16 s, vi16 *code, int clamp, const wtabs512 *t) {
 #undef LEVELSQ
 #undef LEVELSQN
 #undef LEVELSPN
+#undef GATHERF
 
 /* AVX2: numpy's searchsorted(MID, s, side="left") by a branch-free binary search (MID[7]; MID[3] or MID[11];
  * MID[1, 5, 9, 13][pos / 4]; MID[0, 2, .., 14][pos / 2]), then CB[pos] from two permutes of 8 */
@@ -439,7 +462,7 @@ static void group32u_run(int lv, const float (*x)[G], float *dout) {
 }
 
 static void dq32u_run(int lv, const float (*x)[G], const int *q0, const float *sc, float off, const float *dq,
-                      uint8_t (*pk)[DQB / 2], int *qout, double *ax, double *ae) {
+                      int32_t (*pk)[G], int *qout, double *ax, double *ae) {
     switch (lv) {
 #ifdef ORK_NF4OPT_X86
     case LV_AVX512:
@@ -522,27 +545,105 @@ T512 static void load_group512(const float *xb, const float *cwb, int weighting,
     }
 }
 
-/* x alone (unit weights), 32 elements a block */
-T512 static void load_x512(const float *xb, float (*x)[G]) {
-    for (int i0 = 0; i0 < DQB; i0 += 16) {
-        __m512 rx[16];
-        for (int b = 0; b < G; b++) rx[b] = _mm512_loadu_ps(xb + b * DQB + i0);
-        transpose16x16_f32(rx);
-        for (int i = 0; i < 16; i++) _mm512_storeu_ps(x[i0 + i], rx[i]);
+#endif
+
+#ifdef ORK_NF4OPT_X86
+/* 16 full blocks of 32 from element off0 of the source, widened (exact), non-finite values as 0 (counted), transposed
+ * to x[i][b]: the values gather_group + load_x give, without the staging buffers */
+AI T512 __m512 san512(__m512 v, int64_t *nf) {
+    const __m512i e = _mm512_set1_epi32(0x7f800000);
+    const __mmask16 bad = _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), e), e);
+    *nf += __builtin_popcount((unsigned)bad);
+    return _mm512_maskz_mov_ps((__mmask16)~bad, v);
+}
+T512 static int64_t load_src512(const void *x, int dtype, int64_t off0, float (*xr)[G]) {
+    __m512 lo[16], hi[16];
+    int64_t nf = 0;
+    for (int b = 0; b < G; b++) {
+        const int64_t o = off0 + (int64_t)b * DQB;
+        __m512 a, c;
+        if (dtype == ORK_DT_F32) {
+            a = _mm512_loadu_ps((const float *)x + o);
+            c = _mm512_loadu_ps((const float *)x + o + 16);
+        } else {
+            const __m512i v = _mm512_loadu_si512((const uint16_t *)x + o);
+            const __m256i v0 = _mm512_castsi512_si256(v), v1 = _mm512_extracti64x4_epi64(v, 1);
+            if (dtype == ORK_DT_BF16) {
+                a = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v0), 16));
+                c = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v1), 16));
+            } else {
+                a = _mm512_cvtph_ps(v0);
+                c = _mm512_cvtph_ps(v1);
+            }
+        }
+        lo[b] = san512(a, &nf);
+        hi[b] = san512(c, &nf);
     }
+    transpose16x16_f32(lo);
+    transpose16x16_f32(hi);
+    for (int i = 0; i < 16; i++) {
+        _mm512_storeu_ps(xr[i], lo[i]);
+        _mm512_storeu_ps(xr[16 + i], hi[i]);
+    }
+    return nf;
 }
 #endif
 
-static void load_x(int lv, const float *xb, float (*x)[G]) {
+static int64_t load_src_x(int lv, const void *x, int dtype, int64_t off0, float *xb, float (*xr)[G]) {
 #ifdef ORK_NF4OPT_X86
-    if (lv == LV_AVX512) {
-        load_x512(xb, x);
-        return;
-    }
+    if (lv == LV_AVX512 && (dtype == ORK_DT_F32 || dtype == ORK_DT_BF16 || dtype == ORK_DT_F16))
+        return load_src512(x, dtype, off0, xr);
 #endif
     (void)lv;
+    const int esz = dtype == ORK_DT_F32 ? 4 : 2;
+    const int64_t nf = ork_widen((const char *)x + off0 * esz, dtype, (int64_t)G * DQB, xb);
+    for (int i = 0; i < G * DQB; i++) xb[i] = (f2u(xb[i]) & 0x7f800000u) == 0x7f800000u ? 0.0f : xb[i];
     for (int b = 0; b < G; b++)
-        for (int i = 0; i < DQB; i++) x[i][b] = xb[b * DQB + i];
+        for (int i = 0; i < DQB; i++) xr[i][b] = xb[b * DQB + i];
+    return nf;
+}
+
+/* q0 of 16 blocks (ork_nf4dq_encode's per-block rule), AVX-512: the binary search by gathers */
+#ifdef ORK_NF4OPT_X86
+T512 static void q0_512(const float *dg, const float *sc, float off, const float *mid, int *q0) {
+    const __m512 s = _mm512_loadu_ps(sc);
+    const __m512 r = _mm512_sub_ps(_mm512_loadu_ps(dg), _mm512_set1_ps(off));
+    const __mmask16 sp = _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ);
+    const __m512 v = _mm512_maskz_div_ps(sp, r, _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), sp, s));
+    __m512i pos = _mm512_setzero_si512();
+    for (int step = 128; step; step >>= 1) {
+        const __m512i st = _mm512_set1_epi32(step);
+        const __m512 t = _mm512_i32gather_ps(_mm512_add_epi32(pos, _mm512_set1_epi32(step - 1)), mid, 4);
+        pos = _mm512_mask_add_epi32(pos, _mm512_cmp_ps_mask(t, v, _CMP_LT_OQ), pos, st);
+    }
+    pos = _mm512_mask_mov_epi32(pos, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(255));
+    _mm512_storeu_si512(q0, pos);
+}
+#endif
+
+/* the packed codes of 16 blocks: pp[i][b] (the byte i of block b, as int32) to pk[b][i] */
+static void pack_t(const int32_t (*pp)[G], uint8_t (*pk)[DQB / 2]) {
+#if defined(__x86_64__) || defined(__SSE2__)
+    __m128i r[16];
+    for (int i = 0; i < 16; i++) {
+        const __m128i a = _mm_packs_epi32(_mm_loadu_si128((const __m128i *)pp[i]), _mm_loadu_si128((const __m128i *)(pp[i] + 4)));
+        const __m128i c = _mm_packs_epi32(_mm_loadu_si128((const __m128i *)(pp[i] + 8)), _mm_loadu_si128((const __m128i *)(pp[i] + 12)));
+        r[i] = _mm_packus_epi16(a, c);
+    }
+    /* 16 x 16 bytes: four rounds of interleaving rows j and j + 8 (a perfect shuffle each round) */
+    for (int round = 0; round < 4; round++) {
+        __m128i t[16];
+        for (int j = 0; j < 8; j++) {
+            t[2 * j] = _mm_unpacklo_epi8(r[j], r[j + 8]);
+            t[2 * j + 1] = _mm_unpackhi_epi8(r[j], r[j + 8]);
+        }
+        for (int j = 0; j < 16; j++) r[j] = t[j];
+    }
+    for (int b = 0; b < 16; b++) _mm_storeu_si128((__m128i *)pk[b], r[b]);
+#else
+    for (int b = 0; b < G; b++)
+        for (int i = 0; i < DQB / 2; i++) pk[b][i] = (uint8_t)pp[i][b];
+#endif
 }
 
 /* unit weights: no column weights and the plain weighting (every w is 1) */
@@ -637,13 +738,13 @@ void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const flo
     for (int64_t g0 = b0; g0 < b1; g0 += G) {
         const int nb = (int)(b1 - g0 < G ? b1 - g0 : G);
         const int64_t off0 = g0 * blk;
-        nf += gather_group(x, dtype, n, k, col_w, blk, g0, nb, xb, cwb);
-        for (int b = 0; b < G; b++) tail[b] = b < nb && off0 + (int64_t)(b + 1) * blk > n;
-        if (blk == DQB && tries == 1 && !codes && UNIT(col_w, weighting) && nb == G && !tail[G - 1]) {
-            load_x(lv, xb, xr);
+        if (blk == DQB && tries == 1 && !codes && UNIT(col_w, weighting) && nb == G && off0 + G * DQB <= n) {
+            nf += load_src_x(lv, x, dtype, off0, xb, xr);
             group32u_run(lv, (const float (*)[G])xr, absmax + g0);
             continue;
         }
+        nf += gather_group(x, dtype, n, k, col_w, blk, g0, nb, xb, cwb);
+        for (int b = 0; b < G; b++) tail[b] = b < nb && off0 + (int64_t)(b + 1) * blk > n;
 #ifdef ORK_NF4OPT_X86
         if (lv == LV_AVX512) load_group512(xb, cwb, weighting, blk, xr, wr);
         else
@@ -704,27 +805,40 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
     float xr[DQB][G];
     double wr[DQB][G];
     uint8_t pk[G][DQB / 2];
+    int32_t pp[DQB / 2][G];
     int q0[G], qo[G];
     float sc[G];
     for (int64_t g0 = b0; g0 < b1; g0 += G) {
         const int nb = (int)(b1 - g0 < G ? b1 - g0 : G);
-        nf += gather_group(x, dtype, n, k, col_w, DQB, g0, nb, xb, cwb);
         const int fast = UNIT(col_w, weighting) && nb == G && (g0 + G) * DQB <= n;
-        if (fast) load_x(lv, xb, xr);
-        else
+        if (fast) {
+            nf += load_src_x(lv, x, dtype, g0 * DQB, xb, xr);
+            for (int b = 0; b < G; b++) sc[b] = scale[(g0 + b) / ORK_NF4DQ_GROUP];
 #ifdef ORK_NF4OPT_X86
-        if (lv == LV_AVX512) load_group512(xb, cwb, weighting, DQB, xr, wr);
-        else
+            if (lv == LV_AVX512) q0_512(d + g0, sc, offset, mid, q0);
+            else
 #endif
-            load_group(xb, cwb, weighting, nb, DQB, xr, wr);
-        for (int b = 0; b < G; b++) {
-            sc[b] = b < nb ? scale[(g0 + b) / ORK_NF4DQ_GROUP] : 0.0f;
-            const float r = (b < nb ? d[g0 + b] : 0.0f) - offset;
-            const float v = sc[b] > 0.0f ? r / sc[b] : 0.0f; /* past the end: 0, the code 127 */
-            q0[b] = dq_nearest(mid, v);
+                for (int b = 0; b < G; b++) {
+                    const float r = d[g0 + b] - offset;
+                    q0[b] = dq_nearest(mid, sc[b] > 0.0f ? r / sc[b] : 0.0f);
+                }
+            dq32u_run(lv, (const float (*)[G])xr, q0, sc, offset, dq, pp, qo, ax, ae);
+            pack_t((const int32_t (*)[G])pp, pk);
+        } else {
+            nf += gather_group(x, dtype, n, k, col_w, DQB, g0, nb, xb, cwb);
+#ifdef ORK_NF4OPT_X86
+            if (lv == LV_AVX512) load_group512(xb, cwb, weighting, DQB, xr, wr);
+            else
+#endif
+                load_group(xb, cwb, weighting, nb, DQB, xr, wr);
+            for (int b = 0; b < G; b++) {
+                sc[b] = b < nb ? scale[(g0 + b) / ORK_NF4DQ_GROUP] : 0.0f;
+                const float r = (b < nb ? d[g0 + b] : 0.0f) - offset;
+                const float v = sc[b] > 0.0f ? r / sc[b] : 0.0f; /* past the end: 0, the code 127 */
+                q0[b] = dq_nearest(mid, v);
+            }
+            dq_run(lv, (const float (*)[G])xr, (const double (*)[G])wr, q0, sc, offset, dq, pk, qo, ax, ae);
         }
-        if (fast) dq32u_run(lv, (const float (*)[G])xr, q0, sc, offset, dq, pk, qo, ax, ae);
-        else dq_run(lv, (const float (*)[G])xr, (const double (*)[G])wr, q0, sc, offset, dq, pk, qo, ax, ae);
         for (int b = 0; b < nb; b++) {
             const int64_t off = (g0 + b) * DQB;
             absmax_q[g0 + b] = (uint8_t)qo[b];
