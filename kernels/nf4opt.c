@@ -111,12 +111,20 @@ AI vf4 lvq_portable(vf4 s) {
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(ORK_NO_X86_SIMD)
 #define ORK_NF4OPT_X86 1
 #include <immintrin.h>
+#ifdef __clang__
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2")))
+#else /* GCC: the full 512-bit width for the vector extensions too (its default tuning may split them in two) */
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,prefer-vector-width=512")))
+#endif
 #define T256 __attribute__((target("avx2")))
 /* bin tables as codecs.c's (bin(s) = (int)(s * 15.5f + 16.0f) for |s| <= 1.03): code = BASE[bin] + (s > MIDB[bin]) */
 static const float *BIN_MID;
 static const int32_t *BIN_BASE;
 
+AI T512 __m512d lo8(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+AI T512 __m512d hi8(__m512 v) {
+    return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
 typedef struct { __m512 mlo, mhi, cb; __m512i blo, bhi; } tabs512;
 AI T512 tabs512 tabs512_load(void) {
     tabs512 t;
@@ -256,6 +264,9 @@ AI T512 vf16 wq_avx512(vf16 s, vi16 *code, int clamp, const wtabs512 *t) {
 #define LEVELSQN(s) ({ vi16 c_; wq_avx512(s, &c_, 0, &wt); })
 #define LEVELSPN(s, qp, qn) wlv512pn((__m512)(s), (__m512 *)(qp), (__m512 *)(qn), &wt)
 #define GATHERF(tab, idx) ((vf16)_mm512_i32gather_ps((__m512i)(idx), (tab), 4))
+#define DCVT(v) ((dv_t_avx512){{(vdn8)lo8((__m512)(v)), (vdn8)hi8((__m512)(v))}})
+#define DTOF(d) ((vf16)_mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps((__m512d)(d).h[0])), \
+                                          _mm512_cvtpd_ps((__m512d)(d).h[1]), 1))
 #include "nf4opt_body.inc"
 #undef SUF
 #undef ATTR
@@ -267,6 +278,8 @@ AI T512 vf16 wq_avx512(vf16 s, vi16 *code, int clamp, const wtabs512 *t) {
 #undef LEVELSQN
 #undef LEVELSPN
 #undef GATHERF
+#undef DCVT
+#undef DTOF
 
 /* AVX2: numpy's searchsorted(MID, s, side="left") by a branch-free binary search (MID[7]; MID[3] or MID[11];
  * MID[1, 5, 9, 13][pos / 4]; MID[0, 2, .., 14][pos / 2]), then CB[pos] from two permutes of 8 */
@@ -481,10 +494,6 @@ static void dq32u_run(int lv, const float (*x)[G], const int *q0, const float *s
 }
 
 #ifdef ORK_NF4OPT_X86
-AI T512 __m512d lo8(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
-AI T512 __m512d hi8(__m512 v) {
-    return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-}
 /* load_group with AVX-512: the same values (xb and cwb are zero padded to 16 blocks, as load_group reads them),
  * transposed 16 x 16 at a time by four rounds of interleaving row j with row j + 8. */
 AI T512 void transpose16x16_f32(__m512 *r) {
