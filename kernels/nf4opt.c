@@ -424,6 +424,29 @@ static int level(void) {
 
 int ork_nf4opt_level(void) { return level(); }
 
+int ork_nf4opt_lookups(int lv, const float *s, int64_t n, float *q, float *qc, float *qq, float *qn1, float *qp,
+                       float *qn) {
+    float *const out[6] = {q, qc, qq, qn1, qp, qn};
+    (void)level(); /* the tables built */
+    switch (lv) {
+#ifdef ORK_NF4OPT_X86
+    case LV_AVX512:
+        if (level() != LV_AVX512 || wtabs_ok != 1) return -1;
+        lookups_avx512(s, n, out);
+        return 0;
+    case LV_AVX2:
+        if (level() < LV_AVX2) return -1;
+        lookups_avx2(s, n, out);
+        return 0;
+#endif
+#ifdef ORK_NF4OPT_NEON
+    case LV_NEON: lookups_neon(s, n, out); return 0;
+#endif
+    case LV_PORTABLE: lookups_portable(s, n, out); return 0;
+    default: return -1;
+    }
+}
+
 static void group_run(int lv, const float (*x)[G], const double (*w)[G], const int *tail, int blk, int tries,
                       uint8_t (*cs)[G], float *dout) {
     switch (lv) {
