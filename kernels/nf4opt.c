@@ -20,6 +20,10 @@
 #include "nf4opt.h"
 
 #include <math.h>
+#include <pthread.h>
+#if defined(__x86_64__) || defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 #include <string.h>
 
 #if defined(__GNUC__) && !defined(__clang__)
@@ -68,6 +72,14 @@ AI vf4 lv_portable(vf4 s, vi4 *code) {
     *code = c;
     return (vf4)cbb;
 }
+/* the value alone (the unit bodies' scan): 15 compares, the code book value by bits, no count (the per-lane bin
+ * tables of codecs.c in scalar code were slower here: 0.088 against 0.106 GB/s) */
+AI vf4 lvq_portable(vf4 s) {
+    const uint32_t c0 = f2u(CB[0]);
+    vu4 cbb = {c0, c0, c0, c0};
+    for (int m = 0; m < 15; m++) cbb ^= (vu4)(s > MID[m]) & (f2u(CB[m + 1]) ^ f2u(CB[m]));
+    return (vf4)cbb;
+}
 #define W 4
 #define vf vf4
 #define vi vi4
@@ -80,21 +92,39 @@ AI vf4 lv_portable(vf4 s, vi4 *code) {
 #define ATTR
 #define LV_SETUP
 #define LEVELS(s, c) lv_portable(s, c)
+#define LVU_SETUP
+#define LEVELSU(s, c) lv_portable(s, c)
+#define LEVELSQ(s) lvq_portable(s)
+#define LEVELSQN(s) lvq_portable(s)
+#define LEVELSPN(s, qp, qn) (*(qp) = lvq_portable(s), *(qn) = lvq_portable(-(s)))
 #include "nf4opt_body.inc"
 #undef SUF
 #undef ATTR
 #undef LV_SETUP
 #undef LEVELS
+#undef LVU_SETUP
+#undef LEVELSU
+#undef LEVELSQ
+#undef LEVELSQN
+#undef LEVELSPN
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(ORK_NO_X86_SIMD)
 #define ORK_NF4OPT_X86 1
 #include <immintrin.h>
+#ifdef __clang__
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2")))
+#else /* GCC: the full 512-bit width for the vector extensions too (its default tuning may split them in two) */
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2,prefer-vector-width=512")))
+#endif
 #define T256 __attribute__((target("avx2")))
 /* bin tables as codecs.c's (bin(s) = (int)(s * 15.5f + 16.0f) for |s| <= 1.03): code = BASE[bin] + (s > MIDB[bin]) */
 static const float *BIN_MID;
 static const int32_t *BIN_BASE;
 
+AI T512 __m512d lo8(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+AI T512 __m512d hi8(__m512 v) {
+    return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
 typedef struct { __m512 mlo, mhi, cb; __m512i blo, bhi; } tabs512;
 AI T512 tabs512 tabs512_load(void) {
     tabs512 t;
@@ -121,6 +151,93 @@ AI T512 vf16 lv_avx512(vf16 s, vi16 *code, const tabs512 *t) {
     *code = (vi16)c;
     return (vf16)q;
 }
+/* The unit-weight bodies' lookups (group32u, dq32u): bins of [-1.1, 1.1], wbin(s) = (int)fma(s, 14.5f, 16.0f), a
+ * non-decreasing function of s with wbin(-1.1f) = 0 and wbin(1.1f) = 31; s is first clamped to +-1.1 (vrangeps:
+ * the smaller magnitude with the sign of s), which changes no code (every midpoint is within +-0.87); where
+ * |s| <= 1.1 is known (the first pass and the scan: |x| <= amax) the clamp is left out. As codecs.c's tables:
+ * code = WBASE[v] + (s > WMID[v]) for v = wbin(s), exact as long as no bin holds two midpoints (checked when
+ * built; else the unit bodies use the old lookup). The same bins also give the code of -s (the scan's other
+ * sign) from the mirrored midpoints NMID_j = -MID[14 - j]: code(-s) = 15 - #{NMID_j <= s} = WNB[v] - (s >= WNMID[v]),
+ * WNB[v] = 15 - #{j: wbin(NMID_j) < v} (x * (-inv) is -(x * inv) exactly). */
+static float WMID[32], WNMID[32];
+static int32_t WBASE[32], WNB[32];
+static int wtabs_ok; /* 1 valid, -1 not */
+static pthread_once_t wtabs_once = PTHREAD_ONCE_INIT;
+AI T512 __m512i wbin512(__m512 s) {
+    return _mm512_cvttps_epi32(_mm512_fmadd_ps(s, _mm512_set1_ps(14.5f), _mm512_set1_ps(16.0f)));
+}
+T512 static void wtabs_build(void) {
+    float m[16], nm[16], e[16] = {-1.1f, 1.1f};
+    int32_t bm[16], bn[16], be[16];
+    for (int k = 0; k < 16; k++) {
+        m[k] = k < 15 ? MID[k] : 0.0f;
+        nm[k] = k < 15 ? -MID[14 - k] : 0.0f;
+    }
+    _mm512_storeu_si512(bm, wbin512(_mm512_loadu_ps(m)));
+    _mm512_storeu_si512(bn, wbin512(_mm512_loadu_ps(nm)));
+    _mm512_storeu_si512(be, wbin512(_mm512_loadu_ps(e)));
+    int ok = be[0] == 0 && be[1] == 31;
+    for (int v = 0; v < 32; v++) {
+        int base = 0, nbase = 0, hits = 0, nhits = 0;
+        WMID[v] = 2.0f;
+        WNMID[v] = 2.0f;
+        for (int k = 0; k < 15; k++) {
+            ok &= bm[k] >= 0 && bm[k] < 32 && bn[k] >= 0 && bn[k] < 32;
+            base += bm[k] < v;
+            nbase += bn[k] < v;
+            if (bm[k] == v) { WMID[v] = m[k]; hits++; }
+            if (bn[k] == v) { WNMID[v] = nm[k]; nhits++; }
+        }
+        ok &= hits <= 1 && nhits <= 1;
+        WBASE[v] = base;
+        WNB[v] = 15 - nbase;
+    }
+    wtabs_ok = ok ? 1 : -1;
+}
+static void wtabs_init(void) { pthread_once(&wtabs_once, wtabs_build); }
+
+typedef struct { __m512 mlo, mhi, nlo, nhi, cb; __m512i blo, bhi, nblo, nbhi; } wtabs512;
+AI T512 wtabs512 wtabs512_load(void) {
+    wtabs512 t;
+    t.mlo = _mm512_loadu_ps(WMID);
+    t.mhi = _mm512_loadu_ps(WMID + 16);
+    t.nlo = _mm512_loadu_ps(WNMID);
+    t.nhi = _mm512_loadu_ps(WNMID + 16);
+    t.blo = _mm512_loadu_si512(WBASE);
+    t.bhi = _mm512_loadu_si512(WBASE + 16);
+    t.nblo = _mm512_loadu_si512(WNB);
+    t.nbhi = _mm512_loadu_si512(WNB + 16);
+    t.cb = _mm512_loadu_ps(CB);
+    return t;
+}
+/* |s| <= 1.1: the code of s and its value */
+AI T512 __m512 wlv512(__m512 s, __m512i *code, const wtabs512 *t) {
+    const __m512i bin = wbin512(s);
+    const __m512 mid = _mm512_permutex2var_ps(t->mlo, bin, t->mhi);
+    const __m512i base = _mm512_permutex2var_epi32(t->blo, bin, t->bhi);
+    *code = _mm512_mask_add_epi32(base, _mm512_cmp_ps_mask(s, mid, _CMP_GT_OQ), base, _mm512_set1_epi32(1));
+    return _mm512_permutexvar_ps(*code, t->cb);
+}
+/* |s| <= 1.1: the values of the codes of s and of -s */
+AI T512 void wlv512pn(__m512 s, __m512 *qp, __m512 *qn, const wtabs512 *t) {
+    const __m512i bin = wbin512(s);
+    const __m512 mid = _mm512_permutex2var_ps(t->mlo, bin, t->mhi);
+    const __m512i base = _mm512_permutex2var_epi32(t->blo, bin, t->bhi);
+    const __m512i cp = _mm512_mask_add_epi32(base, _mm512_cmp_ps_mask(s, mid, _CMP_GT_OQ), base, _mm512_set1_epi32(1));
+    const __m512 nmid = _mm512_permutex2var_ps(t->nlo, bin, t->nhi);
+    const __m512i nb = _mm512_permutex2var_epi32(t->nblo, bin, t->nbhi);
+    const __m512i cn = _mm512_mask_sub_epi32(nb, _mm512_cmp_ps_mask(s, nmid, _CMP_GE_OQ), nb, _mm512_set1_epi32(1));
+    *qp = _mm512_permutexvar_ps(cp, t->cb);
+    *qn = _mm512_permutexvar_ps(cn, t->cb);
+}
+AI T512 vf16 wq_avx512(vf16 s, vi16 *code, int clamp, const wtabs512 *t) {
+    __m512 v = (__m512)s;
+    if (clamp) v = _mm512_range_ps(v, _mm512_set1_ps(1.1f), 0x02);
+    __m512i c;
+    const __m512 q = wlv512(v, &c, t);
+    *code = (vi16)c;
+    return (vf16)q;
+}
 #undef W
 #undef vf
 #undef vi
@@ -141,11 +258,28 @@ AI T512 vf16 lv_avx512(vf16 s, vi16 *code, const tabs512 *t) {
 #define ATTR T512
 #define LV_SETUP const tabs512 tb = tabs512_load();
 #define LEVELS(s, c) lv_avx512(s, c, &tb)
+#define LVU_SETUP const wtabs512 wt = wtabs512_load();
+#define LEVELSU(s, c) wq_avx512(s, c, 1, &wt)
+#define LEVELSQ(s) ({ vi16 c_; wq_avx512(s, &c_, 1, &wt); })
+#define LEVELSQN(s) ({ vi16 c_; wq_avx512(s, &c_, 0, &wt); })
+#define LEVELSPN(s, qp, qn) wlv512pn((__m512)(s), (__m512 *)(qp), (__m512 *)(qn), &wt)
+#define GATHERF(tab, idx) ((vf16)_mm512_i32gather_ps((__m512i)(idx), (tab), 4))
+#define DCVT(v) ((dv_t_avx512){{(vdn8)lo8((__m512)(v)), (vdn8)hi8((__m512)(v))}})
+#define DTOF(d) ((vf16)_mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps((__m512d)(d).h[0])), \
+                                          _mm512_cvtpd_ps((__m512d)(d).h[1]), 1))
 #include "nf4opt_body.inc"
 #undef SUF
 #undef ATTR
 #undef LV_SETUP
 #undef LEVELS
+#undef LVU_SETUP
+#undef LEVELSU
+#undef LEVELSQ
+#undef LEVELSQN
+#undef LEVELSPN
+#undef GATHERF
+#undef DCVT
+#undef DTOF
 
 /* AVX2: numpy's searchsorted(MID, s, side="left") by a branch-free binary search (MID[7]; MID[3] or MID[11];
  * MID[1, 5, 9, 13][pos / 4]; MID[0, 2, .., 14][pos / 2]), then CB[pos] from two permutes of 8 */
@@ -276,7 +410,10 @@ enum { LV_PORTABLE, LV_AVX2, LV_AVX512, LV_NEON };
 static int level(void) {
 #ifdef ORK_NF4OPT_X86
     const int isa = ork_codecs_isa();
-    if (isa == ORK_ISA_AVX512 && ork_nf4_bin_tables(&BIN_MID, &BIN_BASE) == 1) return LV_AVX512;
+    if (isa == ORK_ISA_AVX512 && ork_nf4_bin_tables(&BIN_MID, &BIN_BASE) == 1) {
+        wtabs_init();
+        return LV_AVX512;
+    }
     if (isa >= ORK_ISA_AVX2) return LV_AVX2;
 #endif
 #ifdef ORK_NF4OPT_NEON
@@ -286,6 +423,29 @@ static int level(void) {
 }
 
 int ork_nf4opt_level(void) { return level(); }
+
+int ork_nf4opt_lookups(int lv, const float *s, int64_t n, float *q, float *qc, float *qq, float *qn1, float *qp,
+                       float *qn) {
+    float *const out[6] = {q, qc, qq, qn1, qp, qn};
+    (void)level(); /* the tables built */
+    switch (lv) {
+#ifdef ORK_NF4OPT_X86
+    case LV_AVX512:
+        if (level() != LV_AVX512 || wtabs_ok != 1) return -1;
+        lookups_avx512(s, n, out);
+        return 0;
+    case LV_AVX2:
+        if (level() < LV_AVX2) return -1;
+        lookups_avx2(s, n, out);
+        return 0;
+#endif
+#ifdef ORK_NF4OPT_NEON
+    case LV_NEON: lookups_neon(s, n, out); return 0;
+#endif
+    case LV_PORTABLE: lookups_portable(s, n, out); return 0;
+    default: return -1;
+    }
+}
 
 static void group_run(int lv, const float (*x)[G], const double (*w)[G], const int *tail, int blk, int tries,
                       uint8_t (*cs)[G], float *dout) {
@@ -319,11 +479,44 @@ static void dq_run(int lv, const float (*x)[G], const double (*w)[G], const int 
 #undef wv
 }
 
+static void group32u_run(int lv, const float (*x)[G], float *dout) {
+    switch (lv) {
 #ifdef ORK_NF4OPT_X86
-AI T512 __m512d lo8(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
-AI T512 __m512d hi8(__m512 v) {
-    return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    case LV_AVX512:
+        if (wtabs_ok == 1) {
+            group32u_avx512(x, dout);
+            break;
+        }
+        /* fall through: no valid wide bins, the AVX2 body (the same bytes) */
+    case LV_AVX2: group32u_avx2(x, dout); break;
+#endif
+#ifdef ORK_NF4OPT_NEON
+    case LV_NEON: group32u_neon(x, dout); break;
+#endif
+    default: group32u_portable(x, dout); break;
+    }
 }
+
+static void dq32u_run(int lv, const float (*x)[G], const int *q0, const float *sc, float off, const float *dq,
+                      int32_t (*pk)[G], int *qout, double *ax, double *ae) {
+    switch (lv) {
+#ifdef ORK_NF4OPT_X86
+    case LV_AVX512:
+        if (wtabs_ok == 1) {
+            dq32u_avx512(x, q0, sc, off, dq, pk, qout, ax, ae);
+            break;
+        }
+        /* fall through */
+    case LV_AVX2: dq32u_avx2(x, q0, sc, off, dq, pk, qout, ax, ae); break;
+#endif
+#ifdef ORK_NF4OPT_NEON
+    case LV_NEON: dq32u_neon(x, q0, sc, off, dq, pk, qout, ax, ae); break;
+#endif
+    default: dq32u_portable(x, q0, sc, off, dq, pk, qout, ax, ae); break;
+    }
+}
+
+#ifdef ORK_NF4OPT_X86
 /* load_group with AVX-512: the same values (xb and cwb are zero padded to 16 blocks, as load_group reads them),
  * transposed 16 x 16 at a time by four rounds of interleaving row j with row j + 8. */
 AI T512 void transpose16x16_f32(__m512 *r) {
@@ -385,6 +578,108 @@ T512 static void load_group512(const float *xb, const float *cwb, int weighting,
 }
 
 #endif
+
+#ifdef ORK_NF4OPT_X86
+/* 16 full blocks of 32 from element off0 of the source, widened (exact), non-finite values as 0 (counted), transposed
+ * to x[i][b]: the values gather_group + load_x give, without the staging buffers */
+AI T512 __m512 san512(__m512 v, int64_t *nf) {
+    const __m512i e = _mm512_set1_epi32(0x7f800000);
+    const __mmask16 bad = _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(v), e), e);
+    *nf += __builtin_popcount((unsigned)bad);
+    return _mm512_maskz_mov_ps((__mmask16)~bad, v);
+}
+T512 static int64_t load_src512(const void *x, int dtype, int64_t off0, float (*xr)[G]) {
+    __m512 lo[16], hi[16];
+    int64_t nf = 0;
+    for (int b = 0; b < G; b++) {
+        const int64_t o = off0 + (int64_t)b * DQB;
+        __m512 a, c;
+        if (dtype == ORK_DT_F32) {
+            a = _mm512_loadu_ps((const float *)x + o);
+            c = _mm512_loadu_ps((const float *)x + o + 16);
+        } else {
+            const __m512i v = _mm512_loadu_si512((const uint16_t *)x + o);
+            const __m256i v0 = _mm512_castsi512_si256(v), v1 = _mm512_extracti64x4_epi64(v, 1);
+            if (dtype == ORK_DT_BF16) {
+                a = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v0), 16));
+                c = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v1), 16));
+            } else {
+                a = _mm512_cvtph_ps(v0);
+                c = _mm512_cvtph_ps(v1);
+            }
+        }
+        lo[b] = san512(a, &nf);
+        hi[b] = san512(c, &nf);
+    }
+    transpose16x16_f32(lo);
+    transpose16x16_f32(hi);
+    for (int i = 0; i < 16; i++) {
+        _mm512_storeu_ps(xr[i], lo[i]);
+        _mm512_storeu_ps(xr[16 + i], hi[i]);
+    }
+    return nf;
+}
+#endif
+
+static int64_t load_src_x(int lv, const void *x, int dtype, int64_t off0, float *xb, float (*xr)[G]) {
+#ifdef ORK_NF4OPT_X86
+    if (lv == LV_AVX512 && (dtype == ORK_DT_F32 || dtype == ORK_DT_BF16 || dtype == ORK_DT_F16))
+        return load_src512(x, dtype, off0, xr);
+#endif
+    (void)lv;
+    const int esz = dtype == ORK_DT_F32 ? 4 : 2;
+    const int64_t nf = ork_widen((const char *)x + off0 * esz, dtype, (int64_t)G * DQB, xb);
+    for (int i = 0; i < G * DQB; i++) xb[i] = (f2u(xb[i]) & 0x7f800000u) == 0x7f800000u ? 0.0f : xb[i];
+    for (int b = 0; b < G; b++)
+        for (int i = 0; i < DQB; i++) xr[i][b] = xb[b * DQB + i];
+    return nf;
+}
+
+/* q0 of 16 blocks (ork_nf4dq_encode's per-block rule), AVX-512: the binary search by gathers */
+#ifdef ORK_NF4OPT_X86
+T512 static void q0_512(const float *dg, const float *sc, float off, const float *mid, int *q0) {
+    const __m512 s = _mm512_loadu_ps(sc);
+    const __m512 r = _mm512_sub_ps(_mm512_loadu_ps(dg), _mm512_set1_ps(off));
+    const __mmask16 sp = _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ);
+    const __m512 v = _mm512_maskz_div_ps(sp, r, _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), sp, s));
+    __m512i pos = _mm512_setzero_si512();
+    for (int step = 128; step; step >>= 1) {
+        const __m512i st = _mm512_set1_epi32(step);
+        const __m512 t = _mm512_i32gather_ps(_mm512_add_epi32(pos, _mm512_set1_epi32(step - 1)), mid, 4);
+        pos = _mm512_mask_add_epi32(pos, _mm512_cmp_ps_mask(t, v, _CMP_LT_OQ), pos, st);
+    }
+    pos = _mm512_mask_mov_epi32(pos, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(255));
+    _mm512_storeu_si512(q0, pos);
+}
+#endif
+
+/* the packed codes of 16 blocks: pp[i][b] (the byte i of block b, as int32) to pk[b][i] */
+static void pack_t(const int32_t (*pp)[G], uint8_t (*pk)[DQB / 2]) {
+#if defined(__x86_64__) || defined(__SSE2__)
+    __m128i r[16];
+    for (int i = 0; i < 16; i++) {
+        const __m128i a = _mm_packs_epi32(_mm_loadu_si128((const __m128i *)pp[i]), _mm_loadu_si128((const __m128i *)(pp[i] + 4)));
+        const __m128i c = _mm_packs_epi32(_mm_loadu_si128((const __m128i *)(pp[i] + 8)), _mm_loadu_si128((const __m128i *)(pp[i] + 12)));
+        r[i] = _mm_packus_epi16(a, c);
+    }
+    /* 16 x 16 bytes: four rounds of interleaving rows j and j + 8 (a perfect shuffle each round) */
+    for (int round = 0; round < 4; round++) {
+        __m128i t[16];
+        for (int j = 0; j < 8; j++) {
+            t[2 * j] = _mm_unpacklo_epi8(r[j], r[j + 8]);
+            t[2 * j + 1] = _mm_unpackhi_epi8(r[j], r[j + 8]);
+        }
+        for (int j = 0; j < 16; j++) r[j] = t[j];
+    }
+    for (int b = 0; b < 16; b++) _mm_storeu_si128((__m128i *)pk[b], r[b]);
+#else
+    for (int b = 0; b < G; b++)
+        for (int i = 0; i < DQB / 2; i++) pk[b][i] = (uint8_t)pp[i][b];
+#endif
+}
+
+/* unit weights: no column weights and the plain weighting (every w is 1) */
+#define UNIT(col_w, weighting) ((col_w) == NULL && (weighting) == ORK_NF4W_PLAIN)
 
 static void load_group(const float *xb, const float *cwb, int weighting, int nb, int blk, float (*x)[G],
                        double (*w)[G]) {
@@ -475,6 +770,11 @@ void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const flo
     for (int64_t g0 = b0; g0 < b1; g0 += G) {
         const int nb = (int)(b1 - g0 < G ? b1 - g0 : G);
         const int64_t off0 = g0 * blk;
+        if (blk == DQB && tries == 1 && !codes && UNIT(col_w, weighting) && nb == G && off0 + G * DQB <= n) {
+            nf += load_src_x(lv, x, dtype, off0, xb, xr);
+            group32u_run(lv, (const float (*)[G])xr, absmax + g0);
+            continue;
+        }
         nf += gather_group(x, dtype, n, k, col_w, blk, g0, nb, xb, cwb);
         for (int b = 0; b < G; b++) tail[b] = b < nb && off0 + (int64_t)(b + 1) * blk > n;
 #ifdef ORK_NF4OPT_X86
@@ -537,29 +837,51 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
     float xr[DQB][G];
     double wr[DQB][G];
     uint8_t pk[G][DQB / 2];
+    int32_t pp[DQB / 2][G];
     int q0[G], qo[G];
     float sc[G];
     for (int64_t g0 = b0; g0 < b1; g0 += G) {
         const int nb = (int)(b1 - g0 < G ? b1 - g0 : G);
-        nf += gather_group(x, dtype, n, k, col_w, DQB, g0, nb, xb, cwb);
+        const int fast = UNIT(col_w, weighting) && nb == G && (g0 + G) * DQB <= n;
+        if (fast) {
+            nf += load_src_x(lv, x, dtype, g0 * DQB, xb, xr);
+            for (int b = 0; b < G; b++) sc[b] = scale[(g0 + b) / ORK_NF4DQ_GROUP];
 #ifdef ORK_NF4OPT_X86
-        if (lv == LV_AVX512) load_group512(xb, cwb, weighting, DQB, xr, wr);
-        else
+            if (lv == LV_AVX512) q0_512(d + g0, sc, offset, mid, q0);
+            else
 #endif
-            load_group(xb, cwb, weighting, nb, DQB, xr, wr);
-        for (int b = 0; b < G; b++) {
-            sc[b] = b < nb ? scale[(g0 + b) / ORK_NF4DQ_GROUP] : 0.0f;
-            const float r = (b < nb ? d[g0 + b] : 0.0f) - offset;
-            const float v = sc[b] > 0.0f ? r / sc[b] : 0.0f; /* past the end: 0, the code 127 */
-            q0[b] = dq_nearest(mid, v);
+                for (int b = 0; b < G; b++) {
+                    const float r = d[g0 + b] - offset;
+                    q0[b] = dq_nearest(mid, sc[b] > 0.0f ? r / sc[b] : 0.0f);
+                }
+            dq32u_run(lv, (const float (*)[G])xr, q0, sc, offset, dq, pp, qo, ax, ae);
+            pack_t((const int32_t (*)[G])pp, pk);
+        } else {
+            nf += gather_group(x, dtype, n, k, col_w, DQB, g0, nb, xb, cwb);
+#ifdef ORK_NF4OPT_X86
+            if (lv == LV_AVX512) load_group512(xb, cwb, weighting, DQB, xr, wr);
+            else
+#endif
+                load_group(xb, cwb, weighting, nb, DQB, xr, wr);
+            for (int b = 0; b < G; b++) {
+                sc[b] = b < nb ? scale[(g0 + b) / ORK_NF4DQ_GROUP] : 0.0f;
+                const float r = (b < nb ? d[g0 + b] : 0.0f) - offset;
+                const float v = sc[b] > 0.0f ? r / sc[b] : 0.0f; /* past the end: 0, the code 127 */
+                q0[b] = dq_nearest(mid, v);
+            }
+            dq_run(lv, (const float (*)[G])xr, (const double (*)[G])wr, q0, sc, offset, dq, pk, qo, ax, ae);
         }
-        dq_run(lv, (const float (*)[G])xr, (const double (*)[G])wr, q0, sc, offset, dq, pk, qo, ax, ae);
         for (int b = 0; b < nb; b++) {
             const int64_t off = (g0 + b) * DQB;
             absmax_q[g0 + b] = (uint8_t)qo[b];
             const int len = (int)(n - off < DQB ? n - off : DQB);
             if (len == DQB) memcpy(codes + off / 2, pk[b], DQB / 2);
-            else memcpy(codes + off / 2, pk[b], (size_t)((len + 1) / 2));
+            else {
+                memcpy(codes + off / 2, pk[b], (size_t)((len + 1) / 2));
+                /* odd n: the last byte's low nibble is the padding, code 7 as the reference writes it (the padding
+                 * element's own code is 0 when no candidate is ever taken, e.g. an error of +inf) */
+                if (len & 1) codes[off / 2 + len / 2] = (uint8_t)((pk[b][len / 2] & 0xf0) | 7);
+            }
         }
     }
     if (st) fold_stats(ax, ae, nf, st);

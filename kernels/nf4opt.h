@@ -35,6 +35,12 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
 /* The SIMD body the two encoders run now: 0 portable, 1 AVX2, 2 AVX-512 (x86: follows ork_codecs_isa()),
  * 3 NEON (every aarch64 build). */
 int ork_nf4opt_level(void);
+/* For the tests: the unit-weight bodies' NF4 lookups of level lv (0..3, as ork_nf4opt_level) on n values s: the
+ * value of each code (q, and CB[code] in qc), the value alone (qq), and where |s| <= 1.1 the unclamped value (qn1)
+ * and the values of the codes of s and -s from one lookup (qp, qn); 0 elsewhere. -1 if this build or CPU has no
+ * such level (x86 follows ork_codecs_isa()). */
+int ork_nf4opt_lookups(int lv, const float *s, int64_t n, float *q, float *qc, float *qq, float *qn1, float *qp,
+                       float *qn);
 /* CDEF END */
 
 #endif

@@ -202,7 +202,10 @@ class Cases:
                     names = [f"{t}_d{p}" for p in ("c", "q", "s", "o")]
                     self._cmd(f"nf4dq_encode {DT[dt]} {x.size} {k} {wc} 9 {tag}_x {cwf} {' '.join(names)} {t}_dst",
                               dict(zip(names, dparts)) | {f"{t}_dst": _x86_dq_stats(x, k, colw, wc, 9)})
-                    if wname == "plain":
+                    if wname == "plain":  # chunks of 48 blocks: the unit-weight bodies (16 full blocks at a time)
+                        names48 = [f"{t}_e{p}" for p in ("c", "q", "s", "o")]
+                        self._cmd(f"nf4dq_encode {DT[dt]} {x.size} {k} {wc} 48 {tag}_x {cwf} {' '.join(names48)} "
+                                  f"{t}_est", dict(zip(names48, dparts)) | {f"{t}_est": _x86_dq_stats(x, k, colw, wc, 48)})
                         for name, part in zip(names, dparts):
                             self._put(name + "_in", part)
                         self._cmd(f"nf4dq_decode {x.size} {' '.join(n_ + '_in' for n_ in names)} {t}_dd",

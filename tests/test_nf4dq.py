@@ -276,3 +276,109 @@ def test_runtime_decode_of_any_range(e0, e1):
     rc = lib.ork_rt_nf4dq_decode(p(c, "uint8_t *"), c.size, p(q, "uint8_t *"), q.size, p(s, "float *"), s.size,
                                  float(o[0]), e0, e1, p(out, "float *"))
     assert rc == 0 and out.tobytes() == want.tobytes()
+
+
+def _unit_cases():
+    """Inputs for the unit-weight bodies (kernels/nf4opt_body.inc group32u / dq32u: no column weights, the plain
+    weighting, 16 full blocks at a time): every edge case grown to several full groups of 16 blocks and a ragged
+    end, and groups mixing dead (all-zero, subnormal) blocks with live ones and a few huge ones."""
+    rng = np.random.default_rng(7)
+    out = {}
+    for name, x in _edge_cases().items():
+        out[name] = np.resize(x.ravel(), 16 * 32 * 5 + 77)
+    mixed = _heavy((16 * 32 * 8 + 3,), 5)
+    blocks = mixed[: 16 * 32 * 8].reshape(-1, 32)
+    blocks[::5] = 0.0
+    blocks[1::7] = (rng.standard_normal((len(blocks[1::7]), 32)) * 1e-41).astype(np.float32)
+    blocks[2::9] *= np.float32(3e34)
+    blocks[3::11, 5] = np.float32(-3.3e38)
+    out["mixed"] = mixed
+    out["one_value"] = np.full(16 * 32 * 3, -0.75, np.float32)
+    return out
+
+
+@pytest.mark.parametrize("case", list(_unit_cases()))
+def test_unit_weight_bodies_equal_numpy(case):
+    x = _unit_cases()[case]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            sq = set()
+            want = R.nf4dq_encode(x)
+            for lvl in LEVELS:
+                codecs.set_isa(lvl)
+                e = _enc(x)
+                _same(e, want, f"{case} {lvl}")
+                sq.add(e.sqnr_db)
+            assert len(sq) == 1, sq
+    finally:
+        codecs.set_isa(None)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+def test_unit_weight_bodies_16bit_and_nonfinite(dtype):
+    x = _heavy((12, 700), 3)
+    x[1, 7], x[2, 9], x[3, 11], x[11, 650] = np.nan, np.inf, -np.inf, np.nan
+    src = {"f32": x, "f16": x.astype(np.float16), "bf16": (x.view(np.uint32) >> 16).astype(np.uint16)}[dtype]
+    want = R.nf4dq_encode(src)
+    try:
+        for lvl in LEVELS:
+            codecs.set_isa(lvl)
+            e = _enc(src)
+            assert e.nonfinite == 4
+            _same(e, want, f"{dtype} {lvl}")
+    finally:
+        codecs.set_isa(None)
+
+
+def _lookup_values() -> np.ndarray:
+    """Values where an NF4 lookup could go wrong: every midpoint and +-midpoint, every bin edge of the two bin maps
+    (codecs.c's (s * 15.5f) + 16, the unit bodies' fma(s, 14.5f, 16)) and the +-1.03 / +-1.1 clamps, each with
+    the 64 floats either side; random values in [-1.2, 1.2]; zeros, subnormals, huge values, infinities."""
+    mids = (R.CODEBOOK[:-1] + R.CODEBOOK[1:]) / np.float32(2)
+    edges = [(np.float32(k) - np.float32(16)) / np.float32(15.5) for k in range(33)]
+    edges += [(np.float32(k) - np.float32(16)) / np.float32(14.5) for k in range(33)]
+    centres = np.concatenate([mids, -mids, np.array(edges, np.float32),
+                              np.array([1.03, -1.03, 1.1, -1.1, 1.0, -1.0, 0.0], np.float32)]).astype(np.float32)
+    out = [centres]
+    up, down = centres.copy(), centres.copy()
+    for _ in range(64):
+        up, down = np.nextafter(up, np.float32(np.inf)), np.nextafter(down, np.float32(-np.inf))
+        out += [up, down]
+    rng = np.random.default_rng(3)
+    out.append(rng.uniform(-1.2, 1.2, 100_000).astype(np.float32))
+    out.append(np.array([0.0, -0.0, 1e-45, -1e-45, 1e-38, 3.3e38, -3.3e38, np.inf, -np.inf, 7.5, -7.5], np.float32))
+    return np.ascontiguousarray(np.concatenate(out).astype(np.float32))
+
+
+def test_unit_body_lookups_are_the_nf4_rule():
+    """Every lookup the unit bodies use (the AVX-512 wide bins with their clamp, the pair of s and -s from one bin,
+    AVX2's and the portable ones) gives bitsandbytes' code: the number of float32 midpoints strictly below s."""
+    from orkpack._kernels import ffi, lib
+
+    s = _lookup_values()
+    mids = (R.CODEBOOK[:-1] + R.CODEBOOK[1:]) / np.float32(2)
+    want = R.CODEBOOK[np.searchsorted(mids, s, side="left")]
+    want_neg = R.CODEBOOK[np.searchsorted(mids, -s, side="left")]
+    inside = np.abs(s) <= np.float32(1.1)
+    levels = {"portable": 0, "avx2": 1, "avx512": 2}
+    tried = []
+    try:
+        for name in LEVELS:
+            codecs.set_isa(name)
+            outs = [np.empty_like(s) for _ in range(6)]
+            rc = lib.ork_nf4opt_lookups(levels[name], ffi.cast("float *", ffi.from_buffer(s)), s.size,
+                                        *(ffi.cast("float *", ffi.from_buffer(o)) for o in outs))
+            if rc != 0:
+                continue
+            tried.append(name)
+            q, qc, qq, qn1, qp, qn = outs
+            for got, what in ((q, "value"), (qc, "code"), (qq, "value alone")):
+                bad = np.nonzero(got.view(np.uint32) != want.view(np.uint32))[0]
+                assert bad.size == 0, (name, what, s[bad[:5]], got[bad[:5]], want[bad[:5]])
+            for got, ref, what in ((qn1, want, "unclamped"), (qp, want, "pair +s"), (qn, want_neg, "pair -s")):
+                bad = np.nonzero(inside & (got.view(np.uint32) != ref.view(np.uint32)))[0]
+                assert bad.size == 0, (name, what, s[bad[:5]], got[bad[:5]], ref[bad[:5]])
+    finally:
+        codecs.set_isa(None)
+    assert tried == LEVELS

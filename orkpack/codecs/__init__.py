@@ -25,6 +25,8 @@ same for every ``threads`` value.
 from __future__ import annotations
 
 import math
+import os
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -62,7 +64,23 @@ def set_isa(level: str | None) -> str:
     return ISA_NAMES[lib.ork_codecs_set_isa(want)]
 
 
-isa()  # pick the level once, at import, on one thread
+def _isa_cap() -> None:
+    """ORKPACK_ISA=portable|avx2|avx512 caps the kernels' SIMD level (the bytes never depend on it: for benches and
+    for people checking a slower CPU's speed); unset or empty: the best the CPU has."""
+    cap = os.environ.get("ORKPACK_ISA", "").strip().lower()
+    if not cap:
+        isa()
+        return
+    ranks = {v: k for k, v in ISA_NAMES.items()}
+    if cap not in ranks:
+        sys.stderr.write(f"warning: ORKPACK_ISA={cap!r} ignored: give one of {', '.join(ISA_NAMES.values())}\n")
+        isa()
+        return
+    best = lib.ork_codecs_set_isa(-1)
+    lib.ork_codecs_set_isa(min(best, ranks[cap]))
+
+
+_isa_cap()  # pick the level once, at import, on one thread
 
 
 @dataclass

@@ -44,8 +44,6 @@ import numpy as np
 from .. import stats as act_stats
 from ..codecs import reference as ref
 from ..errors import OrkError, escape_name
-from ..model import forward
-from ..model.hparams import NotEvaluable
 from ..sources.base import as_float32
 
 ALPHAS = tuple(round(0.05 * i, 2) for i in range(21))
@@ -280,6 +278,9 @@ def plan(src, infos, stats_path: Path, stats=None, *, alpha: float | None = None
     ``untie_head`` also the tied head's, as an untied smoothed copy (module docstring) when its search smooths.
     Returns (plan, warning lines). OrkError (one line) for a model the forward pass cannot describe or
     statistics that do not fit it."""
+    from ..model import forward  # here: the forward pass (and scipy) only for a build that smooths
+    from ..model.hparams import NotEvaluable
+
     where = f"statistics {escape_name(str(stats_path))}"
     try:
         hp = forward.model_hparams(src)
