@@ -53,20 +53,23 @@ def need(*names: str) -> Path:
 
 def perplexity(model: Path, text: Path, ctx: int, chunks: int, *extra: str, binary_path: Path | None = None,
                timeout: float = 600) -> tuple[float, str]:
-    """llama-perplexity's final perplexity of ``model`` on ``text`` (chunks of ``ctx``, F32 KV cache, no flash
-    attention, one thread: orkpack eval's float32 attention), and its log. The value is the last chunk's running
-    perplexity ``[chunks]x``, which is the final estimate; llama.cpp's asynchronous log can lose its last lines
-    at exit (seen on 0c1e570: one run in six lacked them, more often on a loaded machine), so a run missing it is
-    repeated, at most five times; the "Final estimate: PPL = " line is read as well where the running value was lost."""
+    """llama-perplexity's perplexity of ``model`` on the first ``chunks`` chunks of ``text`` (chunks of ``ctx``,
+    F32 KV cache, no flash attention, one thread: orkpack eval's float32 attention), and its log: the running
+    perplexity ``[chunks]x``, which is the final estimate of a run of ``chunks`` chunks. llama.cpp's asynchronous
+    log loses its last lines at exit (its logger is never flushed: llama.cpp issue 22142; seen on 0c1e570 in one
+    run of six, and in most runs on a loaded machine), so the run scores one chunk more than asked (``text`` must
+    hold it) and reads the value printed before that last chunk's work; a run missing it is repeated, at most
+    twice."""
     exe = binary_path or need("llama-perplexity")
-    argv = [str(exe), "-m", str(model), "-f", str(text), "-c", str(ctx), "-b", str(ctx), "--chunks", str(chunks),
+    argv = [str(exe), "-m", str(model), "-f", str(text), "-c", str(ctx), "-b", str(ctx), "--chunks", str(chunks + 1),
             "-t", "1", "-ctk", "f32", "-ctv", "f32", "-fa", "off", *extra]
     log = ""
-    for _ in range(6):
+    for _ in range(3):
         r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         log = r.stdout + r.stderr
         assert r.returncode == 0, log[-2000:]
-        m = re.search(rf"\[{chunks}\]([0-9.]+)", log) or re.search(r"Final estimate: PPL = ([0-9.]+)", log)
+        assert f"over {chunks + 1} chunks" in log, f"{text} holds fewer than {chunks + 1} chunks of {ctx}: {log[-800:]}"
+        m = re.search(rf"\[{chunks}\]([0-9.]+)", log)
         if m:
             return float(m.group(1)), log
     raise AssertionError(f"no perplexity of chunk {chunks} in llama-perplexity's output: {log[-1500:]}")
