@@ -222,7 +222,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=version_call
 @_fail_cleanly
 def build(
     context: typer.Context,
-    source: str = typer.Argument(..., help="An HF folder (config.json + safetensors), a .safetensors file, a .gguf file, "
+    source: str = typer.Argument(..., metavar="SOURCE", help="An HF folder (config.json + safetensors), a .safetensors file, a .gguf file, "
                                  "or a hub model: " + HUB_HELP),
     output: Path = typer.Option(..., "-o", "--output", help="The .orkpack file to write (atomically)."),
     revision: Optional[str] = typer.Option(None, "--revision", metavar="REV", help=REVISION_HELP),
@@ -276,6 +276,9 @@ def build(
     as int8 tiles (with a host NF4 copy for decode where it pays), then spends
     what is left on int8 quality; --goal and the --min-*/--max-ram constraints
     change that. --npu/--cpu/--int8/--nf4/--keep pin items.
+
+    A hub model is fetched (or found in the cache) by its name:
+    orkpack build HuggingFaceTB/SmolLM2-135M-Instruct -o smol.orkpack
     """
     from orkpack.build import BuildOptions, build as run_build
     from orkpack.render import build_summary
@@ -365,7 +368,7 @@ def inspect(
 @_fail_cleanly
 def plan(
     context: typer.Context,
-    model: str = typer.Argument(..., help="A config.json, an HF folder, a .safetensors or a .gguf file (headers only: no "
+    model: str = typer.Argument(..., metavar="MODEL", help="A config.json, an HF folder, a .safetensors or a .gguf file (headers only: no "
                                 "weights are read), or a hub model: " + HUB_HELP),
     revision: Optional[str] = typer.Option(None, "--revision", metavar="REV", help=REVISION_HELP),
     board: str = typer.Option("rk3588-32g", "--board", help="A board profile name (rk3588-32g, rk3588-16g, rk3588-8g) or a TOML file."),
@@ -564,7 +567,7 @@ def export(
 @app.command()
 @_fail_cleanly
 def imatrix(
-    source: str = typer.Argument(..., help="The float checkpoint: an HF folder, .safetensors or .gguf, or a hub model: " + HUB_HELP),
+    source: str = typer.Argument(..., metavar="SOURCE", help="The float checkpoint: an HF folder, .safetensors or .gguf, or a hub model: " + HUB_HELP),
     revision: Optional[str] = typer.Option(None, "--revision", metavar="REV", help=REVISION_HELP),
     output: Path = typer.Option(..., "-o", "--output", metavar="FILE", help="The statistics to write (GGUF imatrix, atomically); llama-quantize --imatrix reads it too."),
     text: Optional[Path] = typer.Option(None, "--text", metavar="FILE", help="UTF-8 text to run (default: the built-in prose, ~2,300 tokens). Gather on a text other than the one you score."),

@@ -213,6 +213,21 @@ def test_eval_by_hub_name(hubcache, built):
     assert d == direct
 
 
+def test_imatrix_and_verify_source_by_hub_name(hubcache, built):
+    """`orkpack imatrix ORG/NAME` gathers the same statistics as from the snapshot folder; `verify --source ORG/NAME`
+    locates the model the same way (and a missing one is its one line, exit 2)."""
+    out = hubcache["base"] / "out"
+    for name, src in (("by-name", REPO), ("direct", hubcache["snap1"])):
+        r = _cli(hubcache, "imatrix", src, "-o", out / f"{name}.imatrix.gguf", "--ctx", "64", "--chunks", "1", "--json")
+        assert r.returncode == 0, r.stderr
+    assert (out / "by-name.imatrix.gguf").read_bytes() == (out / "direct.imatrix.gguf").read_bytes()
+    r = _cli(hubcache, "verify", built[0], "--device", "host", "--reference", "--source", REPO, "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = _cli(hubcache, "verify", built[0], "--device", "host", "--reference", "--source", "nobody/nothing")
+    assert r.returncode == 2 and "nobody/nothing: no such file or folder, and not in the Hugging Face cache" in \
+        r.stdout + r.stderr
+
+
 def test_one_gguf_file_of_a_gguf_repo(hubcache):
     """ORG/NAME:FILE.gguf takes that file (not the repo's other GGUF); its pack records the file and the commit."""
     d = _plan_json(_cli(hubcache, "plan", f"{GGUF_REPO}:tiny-Q8_0.gguf", "--json"))
