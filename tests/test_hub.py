@@ -368,3 +368,89 @@ def test_a_local_path_never_imports_huggingface_hub(hubcache):
         r = subprocess.run([sys.executable, "-c", code.format(spec)], capture_output=True, text=True,
                            env=_env(hubcache), timeout=300)
         assert r.stderr.strip().splitlines()[-1] == want, r.stderr
+
+
+# ------------------------------------------------------------------------------------------- online, at the boundary
+
+def _fake_hub(monkeypatch, listing, commit, folder, calls, *, snapshot=None):
+    """huggingface_hub's three calls replaced at its own API (the network is not reachable from the tests):
+    model_info answers ``listing`` at ``commit``; the downloads record what they are asked and return ``folder``."""
+    from types import SimpleNamespace
+
+    hh = pytest.importorskip("huggingface_hub")
+    info = SimpleNamespace(sha=commit, siblings=[SimpleNamespace(rfilename=f) for f in listing])
+    monkeypatch.setattr(hh.HfApi, "model_info", lambda self, repo, revision=None, **kw: calls.append(
+        ("info", repo, revision)) or info)
+
+    def file(repo, filename, *, revision=None, **kw):
+        calls.append(("file", filename, revision))
+        return str(folder / filename)
+
+    def snap(repo, *, revision=None, allow_patterns=None, **kw):
+        calls.append(("snapshot", list(allow_patterns), revision))
+        if snapshot is not None:
+            raise snapshot
+        return str(folder)
+
+    monkeypatch.setattr(hh, "hf_hub_download", file)
+    monkeypatch.setattr(hh, "snapshot_download", snap)
+    return hh
+
+
+def test_online_the_download_asks_for_the_plan_only(monkeypatch, hubcache):
+    """Online: the listing comes from model_info, the index is fetched first, and snapshot_download is asked (at the
+    revision given, so huggingface_hub records refs/<revision> for later offline runs) for exactly the planned files:
+    huggingface_hub's own filter of the repo's whole listing by those patterns gives back that plan and nothing else."""
+    filt = pytest.importorskip("huggingface_hub.utils").filter_repo_objects
+    listing = sorted(_folder_files(hubcache["snap1"])) + ["flax_model.msgpack", "original/consolidated.00.pth",
+                                                           "consolidated.safetensors", "model-[x].safetensors"]
+    calls = []
+    _fake_hub(monkeypatch, listing, C1, hubcache["snap1"], calls)
+    loc = hub.locate(REPO, revision="v1")
+    assert loc.path == hubcache["snap1"] and loc.origin == hub.Origin(REPO, "v1", C1)
+    assert calls[0] == ("info", REPO, "v1") and calls[1] == ("file", hub.INDEX, "v1")
+    kind, patterns, rev = calls[2]
+    assert kind == "snapshot" and rev == "v1"
+    assert sorted(filt(listing, allow_patterns=patterns)) == sorted(
+        ["config.json", "tokenizer.json", "tokenizer_config.json", hub.INDEX,
+         "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"])
+
+
+def test_online_one_gguf_file(monkeypatch, hubcache):
+    calls = []
+    _fake_hub(monkeypatch, ["README.md", "tiny-F16.gguf", "tiny-Q8_0.gguf"], G1, hubcache["gsnap"], calls)
+    loc = hub.locate(f"{GGUF_REPO}:tiny-Q8_0.gguf")
+    assert loc.path == hubcache["gsnap"] / "tiny-Q8_0.gguf"
+    assert loc.origin == hub.Origin(GGUF_REPO, "main", G1, "tiny-Q8_0.gguf")
+    assert [c[0] for c in calls] == ["info", "file"]  # that one file, no snapshot
+    with pytest.raises(SourceError, match=r"the repo has no file tiny-Q4_0\.gguf; its GGUF files: tiny-F16\.gguf, "
+                                          r"tiny-Q8_0\.gguf$"):
+        hub.locate(f"{GGUF_REPO}:tiny-Q4_0.gguf")
+
+
+@pytest.mark.parametrize("err,said", [
+    (OSError(104, "Connection reset by peer"), r"the download stopped \(ConnectionResetError\); run the command again: "
+                                               "it resumes"),
+    (OSError(28, "No space left on device"), "cannot write the Hugging Face cache"),
+])
+def test_online_a_download_that_fails_is_one_line(monkeypatch, hubcache, err, said):
+    _fake_hub(monkeypatch, sorted(_folder_files(hubcache["snap1"])), C1, hubcache["snap1"], [], snapshot=err)
+    with pytest.raises(SourceError, match=said):
+        hub.locate(REPO)
+
+
+def test_online_the_hubs_refusals_are_one_line(monkeypatch):
+    hh = pytest.importorskip("huggingface_hub")
+    from huggingface_hub import errors
+
+    http = pytest.importorskip(errors.Response.__module__.split(".")[0])  # the HTTP library huggingface_hub uses
+    response = http.Response(404, request=http.Request("GET", "https://huggingface.co/api/models/o/n"))
+    for cls, said in ((errors.RepositoryNotFoundError, "no model o/n on the Hugging Face hub"),
+                      (errors.GatedRepoError, "the repo is gated; accept its terms"),
+                      (errors.RevisionNotFoundError, "no revision v7 on the hub")):
+        def refuse(self, repo, revision=None, _cls=cls, **kw):
+            raise _cls("refused", response=response)
+
+        monkeypatch.setattr(hh.HfApi, "model_info", refuse)
+        with pytest.raises(SourceError, match=said):
+            hub.locate("o/n", revision="v7")
