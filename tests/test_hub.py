@@ -157,6 +157,19 @@ def test_revision_picks_another_commit(hubcache):
     assert "not in the Hugging Face cache" in line and "--revision v9" in line
 
 
+def test_a_cluster_plan_records_the_hub_origin(hubcache):
+    """`orkpack plan ORG/NAME --boards ...`: the cluster plan and each node's tier map name the repo and its commit."""
+    d = _plan_json(_cli(hubcache, "plan", REPO, "--boards", "rk3588-16g,rk3588-16g", "--ctx", "256", "--json"))
+    want = {"repo": REPO, "revision": "main", "commit": C1}
+    assert d["model"]["source"] == REPO and d["model"]["hub"] == want
+    from orkpack.tiers.cluster import node_tiermap, plan_cluster
+
+    plan, _, _ = plan_cluster(hub.Located(hubcache["snap1"], hub.Origin(REPO, "main", C1)), "rk3588-16g,rk3588-16g",
+                              ctx=256, baseline=False)
+    used = [j for j, n in enumerate(plan.nodes) if n["used"]]
+    assert used and all(node_tiermap(plan, j).model["hub"] == want for j in used)
+
+
 def _normalized(path: Path) -> tuple[dict, bytes]:
     with Pack.open(path) as p:
         h = json.loads(json.dumps(p.header))
