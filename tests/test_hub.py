@@ -445,10 +445,11 @@ def test_online_one_gguf_file(monkeypatch, hubcache):
     (OSError(104, "Connection reset by peer"), r"the download stopped \(ConnectionResetError\); run the command again: "
                                                "it resumes"),
     (OSError(28, "No space left on device"), "cannot write the Hugging Face cache"),
+    (ValueError("a bug"), None),  # anything else is a bug and keeps its traceback
 ])
 def test_online_a_download_that_fails_is_one_line(monkeypatch, hubcache, err, said):
     _fake_hub(monkeypatch, sorted(_folder_files(hubcache["snap1"])), C1, hubcache["snap1"], [], snapshot=err)
-    with pytest.raises(SourceError, match=said):
+    with pytest.raises(SourceError if said else ValueError, match=said or "a bug"):
         hub.locate(REPO)
 
 
@@ -467,3 +468,15 @@ def test_online_the_hubs_refusals_are_one_line(monkeypatch):
         monkeypatch.setattr(hh.HfApi, "model_info", refuse)
         with pytest.raises(SourceError, match=said):
             hub.locate("o/n", revision="v7")
+
+
+def test_online_a_hub_error_mid_download_is_one_line(monkeypatch, hubcache):
+    from huggingface_hub import errors
+
+    http = pytest.importorskip(errors.Response.__module__.split(".")[0])
+    response = http.Response(503, request=http.Request("GET", "https://huggingface.co/o/n/resolve/main/x"))
+    _fake_hub(monkeypatch, sorted(_folder_files(hubcache["snap1"])), C1, hubcache["snap1"], [],
+              snapshot=errors.HfHubHTTPError("503 Server Error: Service Unavailable", response=response))
+    with pytest.raises(SourceError, match=r"the download failed \(503 Server Error: Service Unavailable\); run the "
+                                          "command again"):
+        hub.locate(REPO)

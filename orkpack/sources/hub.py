@@ -91,7 +91,6 @@ class HubName:
 
 
 def _valid_file(f: str) -> bool:
-    p = PurePosixPath(f)
     return (f.lower().endswith(".gguf") and not f.startswith("/") and "\\" not in f
             and all(part not in ("", ".", "..") for part in f.split("/")))
 
@@ -130,11 +129,6 @@ def locate(spec, *, revision: str | None = None) -> Located:
                               "of a hub model (ORG/NAME, or hf://ORG/NAME), and this is a local path; drop --revision")
         return Located(Path(spec))
     return _fetch(name, revision)
-
-
-def path_of(spec) -> Path:
-    """The local path of a checkpoint that :func:`locate` has resolved (a Located) or that is a path."""
-    return spec.path if isinstance(spec, Located) else Path(spec)
 
 
 # ------------------------------------------------------------------------------------------ what to download
@@ -275,6 +269,12 @@ def _fetch(name: HubName, revision: str | None) -> Located:
         refused = _hub_refused(e, name, revision)
         if refused is not None:
             raise refused from None
+        from huggingface_hub.errors import HfHubHTTPError
+
+        if isinstance(e, HfHubHTTPError):  # the hub answered with an error mid-download (5xx, 403, ...)
+            said = str(e).splitlines()[0] if str(e) else e.__class__.__name__
+            raise SourceError(f"{escape_name(name.label)}: the download failed ({escape_name(said, 120)}); run the "
+                              "command again: it resumes where it stopped") from None
         if isinstance(e, OSError) and getattr(e, "errno", None) is not None and not _is_network_errno(e):
             raise SourceError(f"{escape_name(name.label)}: cannot write the Hugging Face cache "
                               f"{escape_name(str(hh.constants.HF_HUB_CACHE))} ({e.strerror}); free space there or "
