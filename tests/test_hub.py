@@ -255,6 +255,17 @@ def test_one_gguf_file_of_a_gguf_repo(hubcache):
     assert prov["hub"] == {"repo": GGUF_REPO, "revision": "main", "commit": G1, "file": "tiny-F16.gguf"}
 
 
+def test_eval_of_a_hub_gguf_against_a_hub_source(hubcache):
+    """`orkpack eval ORG/NAME ORG/NAME-GGUF:FILE.gguf`, llama.cpp's quantization of the same model, both by name."""
+    ids = hubcache["base"] / "ids.txt"  # the synth GGUF carries no tokenizer: token ids instead of a text
+    ids.write_text(" ".join(str((7 * i) % 512) for i in range(130)))
+    r = _cli(hubcache, "eval", REPO, f"{GGUF_REPO}:tiny-Q8_0.gguf", "--tokens", ids, "--json", "--ctx", "64")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
+    assert d["kind"] == "gguf" and d["pack"] == f"{GGUF_REPO}:tiny-Q8_0.gguf" and d["source"] == REPO
+    assert d["pack_hub"] == {"repo": GGUF_REPO, "revision": "main", "commit": G1, "file": "tiny-Q8_0.gguf"}
+
+
 def test_what_a_repo_lacks_is_one_line(hubcache):
     line = _one_line_error(_cli(hubcache, "plan", GGUF_REPO))
     assert "holds no safetensors weights, only GGUF files" in line and f"{GGUF_REPO}:tiny-F16.gguf" in line
