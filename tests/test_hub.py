@@ -234,8 +234,13 @@ def test_imatrix_and_verify_source_by_hub_name(hubcache, built):
         r = _cli(hubcache, "imatrix", src, "-o", out / f"{name}.imatrix.gguf", "--ctx", "64", "--chunks", "1", "--json")
         assert r.returncode == 0, r.stderr
     assert (out / "by-name.imatrix.gguf").read_bytes() == (out / "direct.imatrix.gguf").read_bytes()
-    r = _cli(hubcache, "verify", built[0], "--device", "host", "--reference", "--source", REPO, "--json")
+    rot = out / "rotated.orkpack"  # verify --source checks a rotated pack's tensors against the source it names
+    r = _cli(hubcache, "build", REPO, "-o", rot, "--no-plan", "--npu", "*", "--rotate", "--threads", "1")
+    assert r.returncode == 0, r.stderr
+    r = _cli(hubcache, "verify", rot, "--device", "host", "--reference", "--source", REPO, "--json")
     assert r.returncode == 0, r.stdout + r.stderr
+    r = _cli(hubcache, "verify", rot, "--device", "host", "--reference", "--source", REPO, "--revision", "v2", "--json")
+    assert r.returncode == 1 and "rotation" in r.stdout, r.stdout + r.stderr  # another commit: other weights
     r = _cli(hubcache, "verify", built[0], "--device", "host", "--reference", "--source", "nobody/nothing")
     assert r.returncode == 2 and "nobody/nothing: no such file or folder, and not in the Hugging Face cache" in \
         r.stdout + r.stderr
