@@ -144,7 +144,7 @@ def read_weight_map(path: Path) -> dict[str, str]:
     if not isinstance(wm, dict) or not wm or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
         raise SourceError(f"{escape_name(str(path))}: no usable 'weight_map' (tensor -> shard file); restore the "
                           "original index")
-    for shard in set(wm.values()):
+    for shard in sorted(set(wm.values())):
         if Path(shard).name != shard or shard in (".", ".."):
             raise SourceError(f"{escape_name(str(path))}: shard {escape_name(shard)!r} is not a plain file name; "
                               "fix the index")
