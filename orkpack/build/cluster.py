@@ -20,8 +20,9 @@ def build_nf4_format(opts) -> str:
     return choose(opts.nf4_mode, opts.nf4_weighting, None, opts.nf4_format).format
 
 
-def prepare_cluster_build(source: Path, out_dir: Path, opts, boards: str, network: str | None = None):
-    """Every check and the plan, before anything is written: (plan, the memory-proportional plan or None)."""
+def prepare_cluster_build(source, out_dir: Path, opts, boards: str, network: str | None = None):
+    """Every check and the plan, before anything is written: (plan, the memory-proportional plan or None, the
+    source located: a hub name downloaded or found in the cache once the options are checked, orkpack/sources/hub.py)."""
     if opts.tiermap is not None or not opts.plan:
         raise OrkError("--boards plans the cluster itself: drop --tiermap / --no-plan")
     out_dir = Path(out_dir)
@@ -29,23 +30,25 @@ def prepare_cluster_build(source: Path, out_dir: Path, opts, boards: str, networ
         raise OrkError(f"{escape_name(str(out_dir))}: with --boards, -o names a folder (one pack per board and "
                        "cluster.json)")
     from ..files import identity
+    from ..sources.hub import locate
 
-    src = Path(source)
+    if not out_dir.parent.is_dir():
+        raise OrkError(f"{escape_name(str(out_dir))}: folder {escape_name(str(out_dir.parent))} does not exist; create it first")
+    source = locate(source, revision=opts.revision)
+    src = source.path
     home = identity(src if src.is_dir() else src.parent)
     if home is not None and identity(out_dir) == home:
         raise OrkError(f"{escape_name(str(out_dir))}: is the model's own folder; the packs and cluster.json would be "
                        "written among its files: give another folder")
-    if not out_dir.parent.is_dir():
-        raise OrkError(f"{escape_name(str(out_dir))}: folder {escape_name(str(out_dir.parent))} does not exist; create it first")
     goal = opts.goal_of()
-    plan, base, _ = plan_cluster(Path(source), boards, network=network, profile=opts.profile, ctx=opts.ctx,
+    plan, base, _ = plan_cluster(source, boards, network=network, profile=opts.profile, ctx=opts.ctx,
                                  kv_type=opts.kv_type, prefill_m=opts.prefill_m, pins=opts.pins(),
                                  ignore_unknown=opts.ignore_unknown, goal=goal, prompt=opts.prompt,
                                  runtime=getattr(opts, "runtime", None), nf4_format=build_nf4_format(opts))
-    return plan, base
+    return plan, base, source
 
 
-def write_cluster(source: Path, out_dir: Path, opts, plan: ClusterPlan, base: ClusterPlan | None, *, on_node=None):
+def write_cluster(source, out_dir: Path, opts, plan: ClusterPlan, base: ClusterPlan | None, *, on_node=None):
     """One self-contained pack per used node (only its tensors, placed by its own tier map), then
     ``out_dir/cluster.json``. On any failure what this call wrote is removed. Returns ([BuildResult], cluster dict)."""
     import json
@@ -69,7 +72,7 @@ def write_cluster(source: Path, out_dir: Path, opts, plan: ClusterPlan, base: Cl
             name = node_pack_name(plan, j)
             if on_node:
                 on_node(j, name)
-            results.append(run_build(Path(source), out_dir / name, node_opts, placement_map=tm,
+            results.append(run_build(source, out_dir / name, node_opts, placement_map=tm,
                                      select={t.name for t in sub.tensors}))
             written.append(out_dir / name)
             packs.append(name)
@@ -90,7 +93,7 @@ def write_cluster(source: Path, out_dir: Path, opts, plan: ClusterPlan, base: Cl
 def build_cluster(source: Path, out_dir: Path, opts, boards: str, network: str | None = None, *, on_node=None):
     """Plan ``source`` across ``boards``, then write the packs and ``cluster.json`` (write_cluster).
     Returns (plan, [BuildResult], cluster dict)."""
-    plan, base = prepare_cluster_build(source, out_dir, opts, boards, network)
+    plan, base, source = prepare_cluster_build(source, out_dir, opts, boards, network)
     results, d = write_cluster(source, out_dir, opts, plan, base, on_node=on_node)
     return plan, results, d
 
@@ -100,7 +103,7 @@ def build_cluster_command(source: Path, output: Path, opts, boards: str, network
     import json
     import sys
 
-    plan, base = prepare_cluster_build(source, output, opts, boards, network)  # bad input: one line, no bar
+    plan, base, source = prepare_cluster_build(source, output, opts, boards, network)  # bad input: one line, no bar
     with progress(not json_out) as prog:
         task = prog.add_task("build", total=None, tensor="")
         results, d = write_cluster(source, output, opts, plan, base,

@@ -149,7 +149,7 @@ def sub_manifest(man: Manifest, layers: list[int], client: bool) -> tuple[Manife
     each of its items' index in ``man``)."""
     keep = set(layers)
     tensors = [t for t in man.tensors if (_layer(t.name) in keep) or (client and _layer(t.name) is None)]
-    sub = Manifest(_shim_facts(man.facts, layers), tensors, man.origin, man.source)
+    sub = Manifest(_shim_facts(man.facts, layers), tensors, man.origin, man.source, hub=man.hub)
     index = {it.key: i for i, it in enumerate(man.items)}
     return sub, [index[it.key] for it in sub.items]
 
@@ -651,7 +651,7 @@ def node_tiermap(plan: ClusterPlan, j: int):
                  "method": "joint layer split and tier maps across boards: one MILP per stage (HiGHS; docs/CLUSTER.md)",
                  "items": len(idx), "decode_slack": None, "prefill_slack": None}
     model = {"source": man.source, "origin": man.origin, **man.recorded_facts(), "tensors": len(sub.tensors), "items": len(idx),
-             "assumptions": list(man.warnings)}
+             "assumptions": list(man.warnings)} | ({"hub": man.hub} if man.hub else {})
     return TierMap(decisions, model=model, board=board.to_json(), options=options, objective=objective, budget=budget,
                    prediction=prediction)
 
@@ -686,7 +686,8 @@ def to_json(plan: ClusterPlan, baseline: ClusterPlan | None = None, packs: list[
         nodes.append(d)
     out = {"schema": "orkpack.cluster", "version": 1,
            "model": {"source": plan.full[0].source, "arch": plan.full[0].facts.get("arch"),
-                     "n_layers": plan.full[0].facts.get("n_layers")},
+                     "n_layers": plan.full[0].facts.get("n_layers")}
+           | ({"hub": plan.full[0].hub} if plan.full[0].hub else {}),
            "options": plan.options, "goal": plan.goal.to_json(), "network": plan.network.to_json(),
            "split": plan.split, "nodes": nodes, "prediction": plan.prediction,
            "objective": {"stages": plan.stages, "program": plan.program,
@@ -700,11 +701,12 @@ def to_json(plan: ClusterPlan, baseline: ClusterPlan | None = None, packs: list[
 
 # ------------------------------------------------------------------------------------------------ plan command
 
-def plan_cluster(model: Path, boards: str, *, network: str | None = None, profile: Path | None = None, ctx: int = 8192,
+def plan_cluster(model, boards: str, *, network: str | None = None, profile: Path | None = None, ctx: int = 8192,
                  kv_type: str = "f16", prefill_m: int = 512, pins: dict | None = None, ignore_unknown: bool = False,
                  goal: solver.Goal | None = None, prompt: int = 512, baseline: bool = True,
                  runtime: str | None = None, nf4_format: str | None = None):
-    """(plan, the memory-proportional plan of the same boards or None, manifest)."""
+    """(plan, the memory-proportional plan of the same boards or None, manifest); ``model``: a path, a hub name or
+    a located one (orkpack/sources/hub.py)."""
     from .manifest import manifest_from_path
 
     spec = parse_cluster(boards, network, runtime, nf4_format)
@@ -794,11 +796,14 @@ def render(plan: ClusterPlan, base: ClusterPlan | None, console) -> None:
         console.print(f"[yellow]warning:[/] {w_}")
 
 
-def plan_cluster_command(model: Path, boards: str, *, network: str | None, json_out: bool, output: Path | None,
-                         console, **kw) -> int:
+def plan_cluster_command(model, boards: str, *, network: str | None, json_out: bool, output: Path | None,
+                         console, revision: str | None = None, **kw) -> int:
     import json
 
+    from ..sources.hub import locate
     from .command import write_atomic
+
+    model = locate(model, revision=revision)  # a hub name downloaded (or found in the cache) once, here
 
     if output is not None and not Path(output).parent.is_dir():
         raise OrkError(f"{escape_name(str(output))}: folder {escape_name(str(Path(output).parent))} does not exist; "
