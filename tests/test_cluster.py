@@ -648,6 +648,12 @@ def test_cluster_refusal_names_only_the_constraints_given(small_model):
     rc, lines = _orkpack("plan", small_model, "--boards", "rk3588-8g,rk3588-8g", "--min-decode-tok-s", "1e9",
                          "--max-ram", "1GiB")
     assert rc == 2 and "does not fit" in lines[0] and "within --max-ram" in lines[0], lines
+    # the KV cache at its smallest already: --kv-type q8_0 is not offered again
+    for extra in ([], ["--max-ram", "1GiB"]):
+        rc, lines = _orkpack("plan", small_model, "--boards", "rk3588-8g,rk3588-8g", "--kv-type", "q8_0",
+                             "--ctx", "200000000", *extra)
+        assert rc == 2 and "does not fit" in lines[0] and "q8_0 KV" in lines[0], lines
+        assert "try --kv-type" not in lines[0] and "a shorter --ctx" in lines[0], lines
 
 
 @pytest.mark.parametrize("text", ["boards = [", 'boards = ["rk3588-8g"]\nhosts = [\n'])

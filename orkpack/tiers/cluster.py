@@ -564,6 +564,7 @@ def _no_fit(man: Manifest, spec: ClusterSpec, ctx: int, kv_type: str, kv: int,
     room = sum(max(0, c - b.reserve_bytes) for c, b in zip(caps, spec.boards))
     names = ",".join(b.name for b in spec.boards)
     binds = max_ram is not None and any(c < b.total_bytes for c, b in zip(caps, spec.boards))
+    also = "--kv-type q8_0 or a shorter --ctx" if kv_type == "f16" else "a shorter --ctx"  # (q8_0 is the least KV)
     if binds:
         full = sum(b.total_bytes - b.reserve_bytes for b in spec.boards)
         # the least --max-ram whose room (each board's cap less its reserve) adds up to the need: necessary, not
@@ -586,11 +587,10 @@ def _no_fit(man: Manifest, spec: ClusterSpec, ctx: int, kv_type: str, kv: int,
         return OrkError(f"{escape_name(man.source)} does not fit on {names} within --max-ram {max_ram}: it needs at "
                         f"least {_b(need)} (every item NF4, {kv_type} KV at ctx {ctx}) and a contiguous layer split "
                         f"within each board's budgets; --max-ram {max_ram} less each board's reserve leaves "
-                        f"{_b(room)} in all; {advice}, or try --kv-type q8_0 or a shorter --ctx")
+                        f"{_b(room)} in all; {advice}, or try {also}")
     return OrkError(f"{escape_name(man.source)} does not fit on {names}: it needs at least {_b(need)} "
                     f"(every item NF4, {kv_type} KV at ctx {ctx}) and a contiguous layer split within each board's "
-                    f"budgets; the boards offer {_b(room)} in all; add a board, or try --kv-type q8_0 "
-                    "or a shorter --ctx")
+                    f"budgets; the boards offer {_b(room)} in all; add a board, or try {also}")
 
 
 def _infeasible(man: Manifest, spec: ClusterSpec, ctx: int, kv_type: str, kv: int, goal: solver.Goal,
