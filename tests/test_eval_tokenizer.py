@@ -126,6 +126,32 @@ def test_real_smollm2_gguf_matches_llama_cpps_tokenizer(tmp_path):
         assert ours.encode(text) == ref, text[:60]
 
 
+@pytest.mark.parametrize("pre", ["smollm", "starcoder", "codeshell"])
+def test_digit_first_vocabulary_matches_its_own_tokenizer_json(tmp_path, pre):
+    """A byte-level BPE trained here with SmolLM's pre-tokenizer (Digits(individual_digits) then ByteLevel), written
+    as a GGUF naming a digit-first split: the eval's tokenizer gives the trained tokenizer's own ids (the original
+    tokenizer.json), on whitespace runs before digits too."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    special = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    t = Tokenizer(models.BPE())
+    t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                               pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    t.train_from_iterator([PROSE, *DIGIT_TEXTS] * 3, trainers.BpeTrainer(
+        vocab_size=800, special_tokens=special, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    t.add_special_tokens(special)
+    data = json.loads(t.to_str())
+    vocab = sorted(data["model"]["vocab"].items(), key=lambda kv: kv[1])
+    tokens = [tok for tok, _ in vocab]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
+    assert any(tok.startswith("Ċ") and tok.endswith("ĠĠ") for tok in tokens)  # whitespace runs were learned whole
+    path = _gguf_with_vocab(tmp_path, "gpt2", tokens, [3 if tok in special else 1 for tok in tokens], merges=merges,
+                            pre=pre)
+    ours = _ours(path)
+    for text in (*DIGIT_TEXTS, PROSE, TRICKY):
+        assert ours.encode(text) == t.encode(text).ids, text[:60]
+
+
 @pytest.mark.parametrize("pre", [None, "qwen2", "llama-bpe"])
 def test_byte_level_bpe_gguf_matches_transformers(tmp_path, pre):
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
