@@ -9,7 +9,7 @@ The same ids as transformers' tokenizer of the same model:
   BPE over the record's tokens and merges, split by the pre-tokenizer its ``tokenizer.ggml.pre``
   names when that is one of :data:`SPLITS` (else GPT-2's own split). Where transformers 5.24 has no
   split for a name llama.cpp implements (``smollm`` and the other digit-first names), this follows
-  llama.cpp, which is the original tokenizer.json's split (docs/EVAL.md, "The tokenizer on digits"), not
+  llama.cpp, which is the original tokenizer.json's split (docs/EVAL.md, "The tokenizer against llama.cpp's"), not
   transformers' GPT-2 fallback; ``llama`` is a SentencePiece-style
   BPE with byte fallback, whose merges come from the tokens' scores. CONTROL tokens are special and
   USER_DEFINED ones whole; the BOS token is prepended when ``tokenizer.ggml.add_bos_token`` says so
