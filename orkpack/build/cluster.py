@@ -20,6 +20,47 @@ def build_nf4_format(opts) -> str:
     return choose(opts.nf4_mode, opts.nf4_weighting, None, opts.nf4_format).format
 
 
+def _input_files(opts, boards: str, network: str | None) -> list[Path]:
+    """The files a cluster build reads besides the source: --profile, --imatrix, --runtime, --network and the
+    --boards files (a cluster file and the board files it or the list names)."""
+    out = [Path(p) for p in (opts.profile, getattr(opts, "imatrix", None), getattr(opts, "runtime", None), network)
+           if p is not None]
+    names = [x.strip() for x in str(boards or "").split(",")]
+    if len(names) == 1 and names[0].endswith(".toml") and Path(names[0]).is_file():
+        import tomllib
+
+        try:
+            listed = tomllib.loads(Path(names[0]).read_text(encoding="utf-8")).get("boards")
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            listed = None  # the plan names the bad file
+        if isinstance(listed, list):
+            names += [x for x in listed if isinstance(x, str)]
+    out += [Path(x) for x in names if x]
+    return [p for p in out if p.is_file()]
+
+
+def _refuse_input_folder(src: Path, out_dir: Path, opts, boards: str, network: str | None) -> None:
+    """-o must not be the model's folder, lie inside it, or hold any input (the source, or a file an option
+    names): the packs and cluster.json are never written among or over what the build reads."""
+    out = out_dir.resolve()
+    where = escape_name(str(out_dir))
+    if src.is_dir():
+        home = src.resolve()
+        if out == home:
+            raise OrkError(f"{where}: is the model's own folder; the packs and cluster.json would be written among "
+                           "its files: give another folder")
+        if out.is_relative_to(home):
+            raise OrkError(f"{where}: is inside the model's folder {escape_name(str(src))}; the packs and "
+                           "cluster.json would be written among its files: give a folder outside it")
+    elif src.exists() and out == src.resolve().parent:
+        raise OrkError(f"{where}: is the model's own folder; the packs and cluster.json would be written among "
+                       "its files: give another folder")
+    for p in ([src] if src.exists() else []) + _input_files(opts, boards, network):
+        if p.resolve().is_relative_to(out):
+            raise OrkError(f"{where}: holds an input of this build ({escape_name(str(p))}); the packs and "
+                           "cluster.json would be written beside it: give a folder that holds none of the inputs")
+
+
 def prepare_cluster_build(source, out_dir: Path, opts, boards: str, network: str | None = None):
     """Every check and the plan, before anything is written: (plan, the memory-proportional plan or None, the
     source located: a hub name downloaded or found in the cache once the options are checked, orkpack/sources/hub.py)."""
@@ -29,17 +70,12 @@ def prepare_cluster_build(source, out_dir: Path, opts, boards: str, network: str
     if out_dir.suffix == ".orkpack" or (out_dir.exists() and not out_dir.is_dir()):
         raise OrkError(f"{escape_name(str(out_dir))}: with --boards, -o names a folder (one pack per board and "
                        "cluster.json)")
-    from ..files import identity
     from ..sources.hub import locate
 
     if not out_dir.parent.is_dir():
         raise OrkError(f"{escape_name(str(out_dir))}: folder {escape_name(str(out_dir.parent))} does not exist; create it first")
     source = locate(source, revision=opts.revision)
-    src = source.path
-    home = identity(src if src.is_dir() else src.parent)
-    if home is not None and identity(out_dir) == home:
-        raise OrkError(f"{escape_name(str(out_dir))}: is the model's own folder; the packs and cluster.json would be "
-                       "written among its files: give another folder")
+    _refuse_input_folder(source.path, out_dir, opts, boards, network)
     goal = opts.goal_of()
     plan, base, _ = plan_cluster(source, boards, network=network, profile=opts.profile, ctx=opts.ctx,
                                  kv_type=opts.kv_type, prefill_m=opts.prefill_m, pins=opts.pins(),
