@@ -116,6 +116,17 @@ def test_loopback_cluster_runs_the_plan(tmp_path):
         assert n_layer_tensors == 6 * 9, sorted(placed)  # 9 tensors a layer, all found in the log
         single = run([str(completion), "-m", "model.gguf", "-t", "1"], gen)
         text_of = lambda res: res.stdout.strip()  # noqa: E731
+        # llama.cpp's asynchronous log loses its last lines at exit now and then (llama.cpp issue 22142; seen here
+        # on a loaded machine: the single run's text 8 tokens short of the same text): a run whose text is a strict
+        # prefix of the other's is run again, at most twice, before the two are compared
+        for _ in range(2):
+            a, b = text_of(dist), text_of(single)
+            if a == b or not (a.startswith(b) or b.startswith(a)):
+                break
+            if len(b) < len(a):
+                single = run([str(completion), "-m", "model.gguf", "-t", "1"], gen)
+            else:
+                dist = run([*client[:3], str(completion), *client[4:]], gen)
         assert text_of(dist) and text_of(dist) == text_of(single), (text_of(dist), text_of(single))
         words = tmp_path / "words.txt"
         words.write_text(" ".join(["the of and to in is was that for on with as by at from"] * 60) + "\n")
