@@ -43,7 +43,8 @@ from .run import _check_same_model, _is_gguf, _rotation_untied, pack_hparams
 from .weights import CPU_ACTS, EvalError, PackWeights
 
 KEEP_BYTES = 4 << 30  # matrices decoded once and kept across steps when their float32 fits in this (else per step)
-_STOP_KEYS = (("eos", "tokenizer.ggml.eos_token_id"), ("end of text", "tokenizer.ggml.eot_token_id"),
+# the record's end-of-generation ids (llama.cpp's EOG set: EOS, end of turn, end of message), by what they mean
+_STOP_KEYS = (("eos", "tokenizer.ggml.eos_token_id"), ("end of turn", "tokenizer.ggml.eot_token_id"),
               ("end of message", "tokenizer.ggml.eom_token_id"))
 
 
