@@ -171,6 +171,8 @@ def test_generate_json_reports_ids_texts_and_rates(model, packs):
     assert r["parted_at"] is None and "source" not in r["answers"] and r["sampling"] == {"greedy": True}
     assert r["stop_tokens"] == {"2": "eos"}  # <|im_end|>, the tokenizer_config's eos (JSON keys are strings)
     assert _json(packs["default"], "-p", PROMPT, "-n", 3)["answers"]["pack"]["tokens"] == a["tokens"][:3]  # -n
+    q8 = _json(packs["default"], "-p", PROMPT, "-n", 3, "--cpu-act", "q8")  # eval's other CPU activations
+    assert q8["cpu_act"] == "q8" and "activations q8" in q8["numerics"] and q8["answers"]["pack"]["generated"] == 3
 
 
 def test_generate_streams_each_token_as_it_comes(packs):
@@ -202,7 +204,8 @@ def test_seeded_sampling_is_reproducible(packs):
 
     a, b, c = answer("--seed", "5"), answer("--seed", "5"), answer("--seed", "6")
     assert a == b and a != c
-    assert answer("--seed", "5", "--top-k", "1") == _json(packs["default"], "-p", PROMPT, "-n", 12)["answers"]["pack"]["tokens"]
+    greedy = _json(packs["default"], "-p", PROMPT, "-n", 12)["answers"]["pack"]["tokens"]
+    assert answer("--seed", "5", "--top-k", "1") == greedy != a
     r = _json(packs["default"], "-p", PROMPT, "-n", 2, "--temp", "0.7", "--top-p", "0.9", "--top-k", "40")
     assert r["sampling"] == {"greedy": False, "temp": 0.7, "top_k": 40, "top_p": 0.9, "seed": 0}
 
@@ -217,7 +220,8 @@ def test_sampler_top_k_and_top_p():
 def test_a_float_pack_parts_from_its_source_nowhere(model, packs):
     r = _json(packs["float"], "--source", model, "-p", PROMPT, "-n", 16)
     assert r["parted_at"] is None
-    assert r["answers"]["pack"]["tokens"] == r["answers"]["source"]["tokens"] and r["answers"]["source"]["generated"] == 16
+    assert r["answers"]["pack"]["tokens"] == r["answers"]["source"]["tokens"]
+    assert r["answers"]["source"]["generated"] == 16
     res = _cli("generate", packs["float"], "--source", model, "-p", PROMPT, "-n", 4)
     assert res.exit_code == 0 and "--- source (float32):" in res.stdout and "agree on every token (4)" in res.stdout
 

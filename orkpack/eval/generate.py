@@ -103,8 +103,8 @@ def check_options(opts: Options) -> None:
     if not (math.isfinite(opts.top_p) and 0 < opts.top_p <= 1):
         raise EvalError(f"--top-p {opts.top_p}: give a probability in (0, 1]")
     if opts.temp == 0 and (opts.top_k or opts.top_p < 1 or opts.seed is not None):
-        given = [f for f, on in (("--top-k", opts.top_k), ("--top-p", opts.top_p < 1), ("--seed", opts.seed is not None))
-                 if on]
+        flags = (("--top-k", opts.top_k), ("--top-p", opts.top_p < 1), ("--seed", opts.seed is not None))
+        given = [f for f, on in flags if on]
         raise EvalError(f"{' / '.join(given)} shape sampling, and greedy decoding (--temp 0, the default) samples "
                         "nothing: add --temp T (e.g. 0.8), or drop them")
     if opts.cpu_act not in CPU_ACTS:

@@ -68,7 +68,8 @@ def _compiled(text: str, where: str):
     try:
         return env.from_string(text), jinja2.exceptions.TemplateError
     except jinja2.exceptions.TemplateError as e:
-        raise ChatError(f"{where}: its chat template does not parse ({escape_name(str(e), 120)}); drop --chat") from None
+        raise ChatError(f"{where}: its chat template does not parse ({escape_name(str(e), 120)}); "
+                        "drop --chat") from None
 
 
 def render(model: Mapping | None, messages: list[dict], where: str, add_generation_prompt: bool = True) -> str:
