@@ -406,11 +406,12 @@ def _mix(m: str, i: int, h: np.ndarray, hp: Hparams, w: Weights, kv: dict, pos0:
     """Mixer ``m`` of layer i on the normed input h: attention with the K/V store later KV-sharing layers read
     (gemma4's kv_from), its position and its cache; a recurrent mixer with its state slot (and the run's store)."""
     slot = state.slot(i, m) if state is not None else None
-    if m == "attn":
-        return _attention(i, h, hp, w, kv, pos0, slot)
+    fn, args = _MIXERS[m], (i, h, hp, w)
+    if m == "attn":  # (i, x, hp, w[, kv, pos0, slot])
+        return fn(*args, kv, pos0, slot) if hp.kv_from or slot is not None else fn(*args)
     if m in _STORE:
-        return _MIXERS[m](i, h, hp, w, kv, state=slot)
-    return _MIXERS[m](i, h, hp, w, state=slot)
+        args += (kv,)
+    return fn(*args, state=slot) if slot is not None else fn(*args)
 
 
 # the FFN block of a layer (archs Forward.ffn): the MLP (or experts), or rwkv7's channel mix
