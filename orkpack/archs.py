@@ -119,7 +119,7 @@ class T:
     ``when``: the names of layer/model flags that must all hold (``!flag``: must not).
     ``experts``: one HF tensor per expert (``{e}`` in the name), stacked on read.
     ``each``: a dim: one HF tensor per k in 0..each-1 (``{k}`` in the name), which the converter stacks into one
-    tensor (``Family.stacks``; gemma3n's altup_projections.{k}).
+    tensor (a ``Family.stack`` entry with ``hf``; gemma3n's altup_projections.{k}).
     """
     name: str
     shape: tuple
@@ -384,14 +384,21 @@ class Split:
 
 @dataclass(frozen=True)
 class Stack:
-    """Checkpoint tensors llama.cpp's converter writes as one, stacked along a new first axis in the order of
-    ``parts``: the stacked tensor's canonical name (``glob``) with ``old`` replaced by each part names the pieces, each
-    a whole stored tensor (the same dtype and shape), so the stack is their bytes in turn and changes no value.
-    RWKV7's token-shift mixes ``x_r, x_w, x_k, x_v, x_a, x_g`` (1, 1, H) -> ``time_mix_lerp_fused`` (6, 1, 1, H)
-    (Rwkv7Model.modify_tensors)."""
+    """Checkpoint tensors llama.cpp's converter writes as one, stacked along a new first axis; each piece a whole
+    stored tensor (the same dtype and shape), so the stack is their bytes in turn and changes no value. ``glob`` is
+    the stacked tensor's canonical name (a glob over layers). The pieces are named one of two ways:
+
+    * ``old`` and ``parts``: the stacked name with ``old`` replaced by each part is a piece's canonical name, in the
+      order of ``parts`` (RWKV7's token-shift mixes ``x_r, x_w, x_k, x_v, x_a, x_g`` (1, 1, H) ->
+      ``time_mix_lerp_fused`` (6, 1, 1, H); Rwkv7Model.modify_tensors);
+    * ``hf``: a regex on the HF name (after the family's ``renames``) whose one group is the piece's index k, as
+      many pieces as the checkpoint holds, slice k the one of index k (gemma3n's
+      ``model.altup_projections.{k}.weight`` -> ``altup_proj.weight``); the readers stack them on read, as experts.
+    """
     glob: str
-    old: str
-    parts: tuple[str, ...]
+    old: str = ""
+    parts: tuple[str, ...] = ()
+    hf: str = ""
 
 
 @dataclass(frozen=True)
@@ -440,12 +447,10 @@ class Family:
     generated: tuple[tuple[str, Callable[[Mapping, dict], Any]], ...] = ()  # (canonical name, (text config, dims)
     # -> float32 array or None): tensors llama.cpp's converter computes from the config (generate_extra_tensors),
     # which an HF reader lists too (gemma4's rope_freqs.weight: the full layers' proportional RoPE)
-    stacks: tuple[tuple[str, str], ...] = ()  # (regex on the HF name after ``renames``, one group the index;
-    # canonical name): HF tensors the converter stacks into one 3-D tensor, index k its slice k (gemma3n's
-    # model.altup_projections.{k}.weight -> altup_proj.weight); the readers stack them on read, as the experts
     ffn_widths: bool = False  # intermediate_size may be a list, one FFN width per layer (gemma3n); the facts'
     # intermediate is the widest, each layer's tensors its own (dims ``I_layers``)
-    stack: tuple[Stack, ...] = ()  # checkpoint tensors the converter writes as one stacked tensor (:class:`Stack`)
+    stack: tuple[Stack, ...] = ()  # checkpoint tensors the converter writes as one stacked tensor (:class:`Stack`:
+    # named canonical parts, or indexed HF tensors)
     copies: tuple[tuple[str, str], ...] = ()  # (canonical name, canonical name of its source): a tensor the converter
     # writes a second time under another name (RWKV7's layer-0 time_mix_v0/v1/v2, copies of a0/a1/a2 that llama.cpp
     # loads and never uses), which an HF reader lists too, the same stored bytes
@@ -1858,8 +1863,8 @@ _F.append(
     Family("gemma3n_text", "GEMMA3N", _GEMMA3N_LAYER, _GEMMA3N_TOP, swa="layer_types", defaults=_GEMMA3N_DEFAULTS,
            classes=("Gemma3nForCausalLM",), more_dims=_gemma3n_dims, layer_flags=_gemma3n_layer, ffn_widths=True,
            renames=((r"\.altup\.correct_output_scale$", ".altup.correct_output_scale.weight"),),
-           stacks=((r"^model\.altup_projections\.(\d+)\.weight$", "altup_proj.weight"),
-                   (r"^model\.altup_unembed_projections\.(\d+)\.weight$", "altup_unembd_proj.weight")),
+           stack=(Stack("altup_proj.weight", hf=r"^model\.altup_projections\.(\d+)\.weight$"),
+                  Stack("altup_unembd_proj.weight", hf=r"^model\.altup_unembed_projections\.(\d+)\.weight$")),
            lookups=("per_layer_token_embd.weight",), kv_shared="nshared", forward=_FWD_GEMMA3N),
 )
 _GEMMA3N = _F[-1]
@@ -2251,8 +2256,8 @@ def converter_layout(cfg: Mapping[str, Any] | None, name: str, shape: tuple[int,
 
 
 def converter_stacks(cfg: Mapping[str, Any] | None, names) -> list[tuple[str, tuple[str, ...]]]:
-    """[(stacked name, its parts' canonical names in order)] of the family's :class:`Stack` entries whose parts are
-    all among ``names`` (canonical names as the converter layout gives them, before stacking)."""
+    """[(stacked name, its parts' canonical names in order)] of the family's named-part :class:`Stack` entries whose
+    parts are all among ``names`` (canonical names as the converter layout gives them, before stacking)."""
     fam = config_family(cfg) if isinstance(cfg, Mapping) else None
     if fam is None or not fam.stack:
         return []
@@ -2260,6 +2265,8 @@ def converter_stacks(cfg: Mapping[str, Any] | None, names) -> list[tuple[str, tu
 
     have, out = set(names), []
     for st in fam.stack:
+        if not st.parts:  # indexed HF pieces: stacked on read (stacked_slice)
+            continue
         for n in sorted(have):
             stacked = n.replace(st.parts[0], st.old)
             if st.parts[0] not in n or not matches(stacked, st.glob):
@@ -2524,11 +2531,11 @@ def canonical_name(hf_name: str, arch: str | None, n_layers: int) -> str | None:
 @lru_cache(maxsize=64)
 def _stacks(arch: str) -> tuple[tuple[re.Pattern, str], ...]:
     fam = FAMILIES.get(arch)
-    return tuple((re.compile(a), b) for a, b in fam.stacks) if fam else ()
+    return tuple((re.compile(st.hf), st.glob) for st in fam.stack if st.hf) if fam else ()
 
 
 def stacked_slice(hf_name: str, arch: str | None) -> tuple[str, int] | None:
-    """(canonical stacked name, index) of an HF tensor the converter stacks with its siblings (``Family.stacks``:
+    """(canonical stacked name, index) of an HF tensor the converter stacks with its siblings (a ``Family.stack`` entry with ``hf``:
     gemma3n's ``model.altup_projections.1.weight`` -> ("altup_proj.weight", 1)); None for every other tensor."""
     if not arch or not _stacks(arch):
         return None

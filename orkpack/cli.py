@@ -53,6 +53,11 @@ IMATRIX_HELP = ("Activation statistics (orkpack imatrix SOURCE -o FILE, or llama
                 "activations (SmoothQuant folded into the weights) and clip int8 rows (docs/EVAL.md).")
 BOARDS_HELP = ("Plan across several boards over llama.cpp RPC: a comma-separated list of board names or TOML files "
                "(node 0 is the client), or a cluster TOML file (docs/CLUSTER.md).")
+HUB_HELP = ("ORG/NAME downloads a Hugging Face hub model (only config, tokenizer and safetensors files; "
+            "ORG/NAME:FILE.gguf one GGUF file) into huggingface_hub's cache, or finds it there offline; an existing "
+            "local path always wins (hf://ORG/NAME forces the hub, ./ORG/NAME is always a path).")
+REVISION_HELP = ("The hub revision of a model named ORG/NAME: a branch, tag or commit (default main); the pack or "
+                 "tier map records the commit it resolved to. HF_TOKEN, HF_HUB_OFFLINE and HF_HUB_CACHE apply.")
 NETWORK_HELP = "The link between the boards with --boards: 1gbe (default), 2.5gbe, 10gbe, or a TOML file with a [network] table."
 
 
@@ -150,6 +155,33 @@ def _progress(enabled: bool):
     )
 
 
+class _BuildBar:
+    """The build's bar on stderr, from the moment the source is open (after huggingface_hub's own download bars, which
+    a live bar would swallow) until the end."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self.prog, self.task = enabled, None, None
+
+    def open(self) -> None:
+        if self.enabled and self.prog is None:
+            self.prog = _progress(True)
+            self.prog.start()
+            self.task = self.prog.add_task("build", total=None, tensor="")
+
+    def start(self, total: int) -> None:
+        self.open()
+        if self.prog is not None:
+            self.prog.update(self.task, total=total)
+
+    def advance(self, n: int, name: str) -> None:
+        if self.prog is not None:
+            self.prog.update(self.task, advance=n, tensor=name)
+
+    def stop(self) -> None:
+        if self.prog is not None:
+            self.prog.stop()
+
+
 class _LazyBar:
     """A progress bar on stderr that appears with the first progress report (so an early error is one line)."""
 
@@ -190,8 +222,10 @@ def _root(version: bool = typer.Option(False, "--version", callback=version_call
 @_fail_cleanly
 def build(
     context: typer.Context,
-    source: Path = typer.Argument(..., help="An HF folder (config.json + safetensors), a .safetensors file, or a .gguf file."),
+    source: str = typer.Argument(..., metavar="SOURCE", help="An HF folder (config.json + safetensors), a .safetensors file, a .gguf file, "
+                                 "or a hub model: " + HUB_HELP),
     output: Path = typer.Option(..., "-o", "--output", help="The .orkpack file to write (atomically)."),
+    revision: Optional[str] = typer.Option(None, "--revision", metavar="REV", help=REVISION_HELP),
     int8: List[str] = typer.Option([], "--int8", metavar="GLOB", help="Store matching tensors as int8 (per-channel)."),
     nf4: List[str] = typer.Option([], "--nf4", metavar="GLOB", help="Store matching tensors as NF4."),
     keep: List[str] = typer.Option([], "--keep", metavar="GLOB", help="Keep matching tensors in their source float type."),
@@ -242,6 +276,9 @@ def build(
     as int8 tiles (with a host NF4 copy for decode where it pays), then spends
     what is left on int8 quality; --goal and the --min-*/--max-ram constraints
     change that. --npu/--cpu/--int8/--nf4/--keep pin items.
+
+    A hub model is fetched (or found in the cache) by its name:
+    orkpack build HuggingFaceTB/SmolLM2-135M-Instruct -o smol.orkpack
     """
     from orkpack.build import BuildOptions, build as run_build
     from orkpack.render import build_summary
@@ -257,7 +294,7 @@ def build(
         max_ram=parse_bytes(max_ram, "--max-ram"), max_kld=max_kld, max_bytes=parse_bytes(max_bytes, "--max-bytes"),
         bpw=bpw, bytes_of=bytes_of, prompt=prompt, given=_given(context),
         smooth=not no_smooth, smooth_alpha=smooth_alpha, clip=not no_clip, untie_head=not no_untie_head,
-        rotate=rotate, rotate_seed=rotate_seed, rotate_heads=not no_rotate_heads,
+        rotate=rotate, rotate_seed=rotate_seed, rotate_heads=not no_rotate_heads, revision=revision,
     )
     if not rotate and ("rotate_seed" in opts.given or no_rotate_heads):
         raise OrkError("--rotate-seed / --no-rotate-heads without --rotate: add --rotate, or drop them")
@@ -267,15 +304,11 @@ def build(
         _cluster_only(boards, board_given="board" in opts.given)
         raise typer.Exit(build_cluster_command(source, output, opts, boards, network, json_out=json_out,
                                                console=_out(), progress=_progress))
-    with _progress(not json_out) as prog:
-        task = prog.add_task("build", total=None, tensor="")
-        r = run_build(
-            source,
-            output,
-            opts,
-            on_start=lambda total: prog.update(task, total=total),
-            on_progress=lambda n, name: prog.update(task, advance=n, tensor=name),
-        )
+    bar = _BuildBar(not json_out)
+    try:
+        r = run_build(source, output, opts, on_open=bar.open, on_start=bar.start, on_progress=bar.advance)
+    finally:
+        bar.stop()
     for line in r.info:
         print(f"info: {line}", file=sys.stderr)
     for w in r.warnings:
@@ -335,7 +368,9 @@ def inspect(
 @_fail_cleanly
 def plan(
     context: typer.Context,
-    model: Path = typer.Argument(..., help="A config.json, an HF folder, a .safetensors or a .gguf file (headers only: no weights are read)."),
+    model: str = typer.Argument(..., metavar="MODEL", help="A config.json, an HF folder, a .safetensors or a .gguf file (headers only: no "
+                                "weights are read), or a hub model: " + HUB_HELP),
+    revision: Optional[str] = typer.Option(None, "--revision", metavar="REV", help=REVISION_HELP),
     board: str = typer.Option("rk3588-32g", "--board", help="A board profile name (rk3588-32g, rk3588-16g, rk3588-8g) or a TOML file."),
     runtime: Optional[str] = typer.Option(None, "--runtime", help=RUNTIME_HELP),
     profile: Optional[Path] = typer.Option(None, "--profile", help="Hotness profile: orkpack JSON, llama.cpp imatrix (.gguf or .dat), or a timing CSV. Default: analytic."),
@@ -383,11 +418,11 @@ def plan(
                                               console=None if json_out else _out(), profile=profile, ctx=ctx,
                                               kv_type=kv_type, prefill_m=prefill_m, pins=pins,
                                               ignore_unknown=ignore_unknown, goal=g, prompt=prompt, runtime=runtime,
-                                              nf4_format=nf4_format))
+                                              nf4_format=nf4_format, revision=revision))
     code = plan_command(model, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, pins=pins,
                         ignore_unknown=ignore_unknown, json_out=json_out, output=output, console=None if json_out else _out(), goal=g,
                         prompt=prompt, frontier_out=frontier_axis(frontier, frontier_size), runtime=runtime,
-                        nf4_format=nf4_format)
+                        nf4_format=nf4_format, revision=revision)
     raise typer.Exit(code)
 
 
@@ -400,13 +435,14 @@ def verify(
     threads: int = typer.Option(0, "--threads", "-t", help="Load threads (0: all cores)."),
     reference: bool = typer.Option(False, "--reference", help="Also compare every quantized tensor against the numpy reference."),
     keep_going: bool = typer.Option(False, "--keep-going", help="Report every failure, not only the first."),
-    source: Optional[Path] = typer.Option(None, "--source", metavar="SOURCE", help="With --reference: the checkpoint a rotated pack (build --rotate) was built from; each rotated tensor is checked against it under the recorded rotation."),
+    source: Optional[str] = typer.Option(None, "--source", metavar="SOURCE", help="With --reference: the checkpoint a rotated pack (build --rotate) was built from (a path, or a hub model ORG/NAME); each rotated tensor is checked against it under the recorded rotation."),
+    revision: Optional[str] = typer.Option(None, "--revision", metavar="REV", help="With --source ORG/NAME: its hub revision (branch, tag or commit)."),
     json_out: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ):
     """Load packs the way the board does and check every byte. Exit 0: passed; 1: a check failed; 2: unusable input."""
     from orkpack.runtime.command import verify_command
 
-    code = verify_command(packs, device=device, inflate=inflate, threads=threads or (os.cpu_count() or 1), reference=reference, keep_going=keep_going, json_out=json_out, console=_out(), source=source)
+    code = verify_command(packs, device=device, inflate=inflate, threads=threads or (os.cpu_count() or 1), reference=reference, keep_going=keep_going, json_out=json_out, console=_out(), source=source, revision=revision)
     raise typer.Exit(code)
 
 
@@ -457,7 +493,8 @@ def calibrate(
 @app.command(name="eval")
 @_fail_cleanly
 def eval_(
-    models: List[Path] = typer.Argument(..., metavar="[SOURCE] PACK", help="PACK: an .orkpack or a (quantized) GGUF; SOURCE (optional, first): the float checkpoint it came from, the reference."),
+    models: List[str] = typer.Argument(..., metavar="[SOURCE] PACK", help="PACK: an .orkpack or a (quantized) GGUF; SOURCE (optional, first): the float checkpoint it came from, the reference. Either may be a hub model: " + HUB_HELP),
+    revision: Optional[str] = typer.Option(None, "--revision", metavar="REV", help="The hub revision (branch, tag or commit) of SOURCE named ORG/NAME (of PACK without SOURCE)."),
     text: Optional[Path] = typer.Option(None, "--text", metavar="FILE", help="UTF-8 text to score (default: the built-in prose, ~2,300 tokens)."),
     tokens: Optional[Path] = typer.Option(None, "--tokens", metavar="FILE", help="Token ids to score instead of a text (integers separated by spaces)."),
     ctx: int = typer.Option(512, "--ctx", metavar="N", help="Chunk length: each chunk is one sequence, scored on its second half (as llama-perplexity)."),
@@ -482,7 +519,7 @@ def eval_(
         raise OrkError(f"give PACK, or SOURCE PACK ({len(models)} paths given)")
     source, pack = (None, models[0]) if len(models) == 1 else models
     opts = Options(text=text, tokens=tokens, ctx=ctx, chunks=chunks, act=act, cpu_act=cpu_act, per_tensor=per_tensor,
-                   per_tensor_tokens=per_tensor_tokens, threads=threads, sensitivity=sens)
+                   per_tensor_tokens=per_tensor_tokens, threads=threads, sensitivity=sens, revision=revision)
     if output is not None and not sens:
         raise OrkError("-o writes the profile of --sensitivity: add --sensitivity")
     bar = _LazyBar(not json_out)
@@ -569,7 +606,8 @@ def export(
 @app.command()
 @_fail_cleanly
 def imatrix(
-    source: Path = typer.Argument(..., help="The float checkpoint: an HF folder, .safetensors or .gguf."),
+    source: str = typer.Argument(..., metavar="SOURCE", help="The float checkpoint: an HF folder, .safetensors or .gguf, or a hub model: " + HUB_HELP),
+    revision: Optional[str] = typer.Option(None, "--revision", metavar="REV", help=REVISION_HELP),
     output: Path = typer.Option(..., "-o", "--output", metavar="FILE", help="The statistics to write (GGUF imatrix, atomically); llama-quantize --imatrix reads it too."),
     text: Optional[Path] = typer.Option(None, "--text", metavar="FILE", help="UTF-8 text to run (default: the built-in prose, ~2,300 tokens). Gather on a text other than the one you score."),
     tokens: Optional[Path] = typer.Option(None, "--tokens", metavar="FILE", help="Token ids to run instead of a text (integers separated by spaces)."),
@@ -590,7 +628,7 @@ def imatrix(
     try:
         if not rotate and (rotate_seed or no_rotate_heads):
             raise OrkError("--rotate-seed / --no-rotate-heads without --rotate: add --rotate, or drop them")
-        stats = gather(source, output, text=text, tokens=tokens, ctx=ctx, chunks=chunks, threads=threads,
+        stats = gather(source, output, revision=revision, text=text, tokens=tokens, ctx=ctx, chunks=chunks, threads=threads,
                        progress=bar.update, rotate=(rotate_seed, not no_rotate_heads) if rotate else None)
     finally:
         bar.stop()

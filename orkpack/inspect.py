@@ -96,6 +96,10 @@ def _clean_provenance(prov) -> dict | None:
     out = dict(prov)
     srcs = prov.get("sources")
     out["sources"] = [s for s in srcs if isinstance(s, dict) and isinstance(s.get("file"), str)] if isinstance(srcs, list) else []
+    h = prov.get("hub")  # a hub model's origin (orkpack/sources/hub.py): shown only when every field is a string
+    if "hub" in out and not (isinstance(h, dict) and all(isinstance(h.get(k), str) for k in ("repo", "revision", "commit"))
+                             and isinstance(h.get("file", ""), str)):
+        out.pop("hub")
     return out
 
 

@@ -47,6 +47,13 @@ def build_summary(console: Console, r) -> None:
     )
 
 
+def hub_line(h: dict) -> str:
+    """A hub origin (provenance.hub, a tier map's model.hub) for people: ``ORG/NAME[:FILE] @ COMMIT12 (REVISION)``."""
+    name = escape_name(h["repo"], 100) + (f":{escape_name(h['file'], 100)}" if h.get("file") else "")
+    rev = h.get("revision")
+    return f"{name} @ {escape_name(h['commit'], 40)[:12]}" + (f" ({escape_name(rev, 60)})" if rev and rev != h["commit"] else "")
+
+
 def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> None:
     prov = f.get("provenance") or {}
     head = Table(title=f"{escape_name(f['file'])}", show_header=False)
@@ -55,7 +62,8 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
     head.add_row("format", f"orkpack {f['format_version']} (tool {f['tool'].get('version') if f.get('tool') else '?'})")
     head.add_row("size", f"{human_bytes(f['file_size'])} (data {human_bytes(f['data_size'])}, header {human_bytes(f['header_size'])})")
     head.add_row("checksums", ", ".join(f"{k}: {v}" for k, v in f["checksums"].items()))
-    head.add_row("source", f"{prov.get('source_format', '?')}: " + ", ".join(escape_name(s["file"]) for s in prov.get("sources", [])))
+    head.add_row("source", f"{prov.get('source_format', '?')}: " + ", ".join(escape_name(s["file"]) for s in prov.get("sources", []))
+                 + (f" (hub {hub_line(prov['hub'])})" if prov.get("hub") else ""))
     head.add_row("arch", str(f.get("arch")))
     head.add_row("tensors", str(f["tensor_count"]))
     line = _model_line(f.get("model"))

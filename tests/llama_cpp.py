@@ -73,3 +73,33 @@ def perplexity(model: Path, text: Path, ctx: int, chunks: int, *extra: str, bina
         if m:
             return float(m.group(1)), log
     raise AssertionError(f"no perplexity of chunk {chunks} in llama-perplexity's output: {log[-1500:]}")
+
+
+def tokenize(model: Path, texts: list[str], tmp: Path) -> list[list[int]]:
+    """llama.cpp's own token ids of each of ``texts`` for the GGUF ``model`` (BOS as its vocabulary adds it, special
+    tokens not parsed: llama-perplexity's ``common_tokenize(ctx, text, true)``), by tests/oracle/tokenize.c compiled
+    here against the built libllama. Skips, saying why, without the build, its headers or a C compiler."""
+    import numpy as np
+
+    lib = next((d for d in bin_dirs() if (d / "libllama.so").is_file()), None)
+    if lib is None:
+        pytest.skip("llama.cpp's libllama is not built (bash scripts/build_llama_cpp.sh builds it)")
+    src_tree = lib.parent.parent
+    if not (src_tree / "include" / "llama.h").is_file():
+        pytest.skip(f"llama.cpp's headers are not beside its build ({src_tree / 'include'})")
+    cc = next((c for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
+    if cc is None:
+        pytest.skip("no C compiler for tests/oracle/tokenize.c")
+    exe = tmp / "tokenize"
+    r = subprocess.run([cc, "-O2", "-o", str(exe), str(ROOT / "tests" / "oracle" / "tokenize.c"),
+                        f"-I{src_tree / 'include'}", f"-I{src_tree / 'ggml' / 'include'}", f"-L{lib}", "-lllama",
+                        "-lggml", "-lggml-base", f"-Wl,-rpath,{lib}"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = []
+    for i, text in enumerate(texts):
+        txt, ids = tmp / f"text{i}.txt", tmp / f"ids{i}.i32"
+        txt.write_bytes(text.encode("utf-8"))
+        r = subprocess.run([str(exe), str(model), str(txt), str(ids)], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        out.append(np.fromfile(ids, dtype=np.int32).tolist())
+    return out

@@ -600,3 +600,68 @@ def test_cluster_packs_store_the_node_maps_bytes(built):
                     assert sum(v["size"] for v in s["parts"].values()) == dec.bytes
                     nf4 += 1
     assert nf4
+
+
+# ------------------------------------------------------------------------------------------ issue 27's refusals
+
+def _orkpack(*args: str) -> tuple[int, list[str]]:
+    res = subprocess.run([sys.executable, "-m", "orkpack", *map(str, args)], capture_output=True, text=True)
+    assert "Traceback" not in res.stderr, res.stderr
+    return res.returncode, [x for x in res.stderr.splitlines() if x.strip()]
+
+
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory):
+    from orkpack import synth
+
+    return synth.write_hf_model(tmp_path_factory.mktemp("small") / "m", hidden=64, intermediate=128, heads=2,
+                                kv_heads=1, vocab=512, seed=3)
+
+
+@pytest.mark.parametrize("boards", ["rk3588-8g,rk3588-8g", "rk3588-8g"])
+def test_cluster_refusal_names_the_max_ram_that_binds(small_model, boards):
+    """A --max-ram below the boards' reserves: the refusal says the model does not fit within --max-ram (not that
+    the boards offer their whole RAM) and names a least --max-ram it needs (a bound: one byte less is refused;
+    on one board it is exact: that value plans)."""
+    rc, lines = _orkpack("plan", small_model, "--boards", boards, "--max-ram", "1GiB")
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("error:"), lines
+    assert "within --max-ram 1073741824" in lines[0] and "offer 13.00 GiB in all" not in lines[0], lines
+    least = int(re.search(r"raise --max-ram to at least (\d+) ", lines[0]).group(1))
+    assert least > load_board("rk3588-8g").reserve_bytes
+    rc, lines = _orkpack("plan", small_model, "--boards", boards, "--max-ram", least - 1)
+    assert rc == 2 and "within --max-ram" in lines[0], lines
+    if "," not in boards:
+        rc, lines = _orkpack("plan", small_model, "--boards", boards, "--max-ram", least, "--json")
+        assert rc == 0, lines
+    rc, lines = _orkpack("plan", small_model, "--boards", boards, "--max-ram", "7GiB", "--json")
+    assert rc == 0, lines
+
+
+def test_cluster_refusal_names_only_the_constraints_given(small_model):
+    rc, lines = _orkpack("plan", small_model, "--boards", "rk3588-8g,rk3588-8g", "--min-decode-tok-s", "1e9")
+    assert rc == 2 and len(lines) == 1 and "--min-decode-tok-s 1e+09" in lines[0], lines
+    assert "--max-ram" not in lines[0] and "--max-kld" not in lines[0], lines
+    rc, lines = _orkpack("plan", small_model, "--boards", "rk3588-8g,rk3588-8g", "--min-decode-tok-s", "1e9",
+                         "--max-kld", "1e-12")
+    assert rc == 2 and len(lines) == 1 and "--min-decode-tok-s 1e+09 and --max-kld 1e-12" in lines[0], lines
+    # a model that does not fit at all is told so, whatever else was asked
+    rc, lines = _orkpack("plan", small_model, "--boards", "rk3588-8g,rk3588-8g", "--min-decode-tok-s", "1e9",
+                         "--max-ram", "1GiB")
+    assert rc == 2 and "does not fit" in lines[0] and "within --max-ram" in lines[0], lines
+    # the KV cache at its smallest already: --kv-type q8_0 is not offered again
+    for extra in ([], ["--max-ram", "1GiB"]):
+        rc, lines = _orkpack("plan", small_model, "--boards", "rk3588-8g,rk3588-8g", "--kv-type", "q8_0",
+                             "--ctx", "200000000", *extra)
+        assert rc == 2 and "does not fit" in lines[0] and "q8_0 KV" in lines[0], lines
+        assert "try --kv-type" not in lines[0] and "a shorter --ctx" in lines[0], lines
+
+
+@pytest.mark.parametrize("text", ["boards = [", 'boards = ["rk3588-8g"]\nhosts = [\n'])
+def test_a_bad_cluster_file_is_called_a_cluster_file(small_model, tmp_path, text):
+    f = tmp_path / "c.toml"
+    f.write_text(text)
+    for cmd in (["plan", small_model], ["build", small_model, "-o", tmp_path / "o"]):
+        rc, lines = _orkpack(*cmd, "--boards", f)
+        assert rc == 2 and len(lines) == 1 and "not valid TOML" in lines[0], lines
+        assert "network file" not in lines[0] and "fix the cluster or board file" in lines[0], lines
+        assert not (tmp_path / "o").exists()

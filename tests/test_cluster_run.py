@@ -158,3 +158,28 @@ def test_cluster_build_refuses_the_model_folder(tmp_path):
     r = CliRunner().invoke(app, ["build", str(hf), "--boards", "rk3588-32g,rk3588-32g", "-o", str(hf)])
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and "own folder" in r.output, r.output
     assert sorted(p.name for p in hf.iterdir()) == before
+
+
+def test_cluster_build_refuses_a_folder_inside_or_holding_an_input(tmp_path):
+    """-o inside the model's folder, or a folder that holds the model or a file an option names (a cluster file):
+    one line, exit 2, nothing written anywhere."""
+    hf = synth.write_hf_model(tmp_path / "hf", layers=2, hidden=64, intermediate=128, heads=2, kv_heads=1, vocab=512,
+                              seed=1)
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    cl = conf / "c.toml"
+    cl.write_text('boards = ["rk3588-32g", "rk3588-32g"]\n')
+    (tmp_path / "g").mkdir()
+    gg = synth.write_gguf_from_hf(hf, tmp_path / "g" / "m.gguf")
+    two = ["--boards", "rk3588-32g,rk3588-32g"]
+    cases = [([str(hf), *two, "-o", str(hf / "packs")], "inside the model's folder"),
+             ([str(hf), *two, "-o", str(tmp_path)], "holds an input"),
+             ([str(hf), "--boards", str(cl), "-o", str(conf)], "holds an input"),
+             ([str(gg), *two, "-o", str(gg.parent)], "own folder"),
+             ([str(gg), *two, "-o", str(tmp_path)], "holds an input")]
+    snap = lambda: sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))  # noqa: E731
+    before = snap()
+    for args, needle in cases:
+        r = CliRunner().invoke(app, ["build", *args])
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1 and needle in r.output, (args, r.output)
+        assert snap() == before, args

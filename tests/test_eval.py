@@ -343,3 +343,29 @@ def test_llama_quant_of_an_hf_folder_is_llama_cpp_laid_out(model, tmp):
     ka, kb = (_paths(r)["llama.cpp CPU"]["kld"]["mean"] for r in (a, b))
     assert ka == pytest.approx(kb, rel=1e-6, abs=1e-9)
     assert not any(p.name.endswith(".f32.gguf") for p in tmp.iterdir())  # the float intermediate is gone
+
+
+def test_unknown_architecture_gets_the_eval_s_own_advice(model, tmp):
+    """A pack of a model_type orkpack has no family for (built from its weights, generically): eval, imatrix and
+    export refuse it in one line with their own way out, not plan's "Plan from the weights instead"."""
+    import json
+    import shutil
+
+    unk = tmp / "unknown"
+    shutil.copytree(model, unk)
+    cfg = json.loads((unk / "config.json").read_text())
+    cfg.update(model_type="mystery", architectures=["MysteryForCausalLM"])
+    (unk / "config.json").write_text(json.dumps(cfg))
+    pack = tmp / "unknown.orkpack"
+    build(unk, pack, BuildOptions(threads=1))
+    cases = [(("eval", pack), "orkpack verify"), (("eval", unk, pack), "orkpack verify"),
+             (("imatrix", unk, "-o", tmp / "u.gguf"), "orkpack verify"),
+             (("export", pack, "-o", tmp / "u.gguf"), "cannot be exported")]
+    for args, want in cases:
+        res = _cli(*args)
+        assert res.exit_code == 2, (args, res.output)
+        line = res.stderr.strip()
+        assert len(line.splitlines()) == 1 and "'mystery' is not a known architecture" in line, (args, line)
+        assert want in line and "Plan from the weights" not in line, (args, line)
+    assert not (tmp / "u.gguf").exists()
+    assert _cli("verify", pack).exit_code == 0

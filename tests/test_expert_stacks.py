@@ -69,8 +69,8 @@ def test_every_declared_3d_tensor_is_an_expert_stack(fam):
     names, and they are exactly the tensors whose items are experts."""
     m = manifest_from_config(TINY[fam])
     three = {t.name: t.shape for t in m.tensors if len(t.shape) == 3}
-    # the converter's own stacks of other tensors (gemma3n's AltUp projections: archs Family.stacks) stay float
-    own = {name for _, name in archs.FAMILIES[fam].stacks}
+    # the converter's own stacks of other tensors (gemma3n's AltUp projections: archs Family.stack, indexed) stay float
+    own = {st.glob for st in archs.FAMILIES[fam].stack if st.hf}
     assert all(why_float(n, three[n]) for n in own & set(three)) and not any(i.tensor in own for i in m.items)
     three = {n: s for n, s in three.items() if n not in own}
     assert all(is_expert_stack(n, s) for n, s in three.items()), three

@@ -306,3 +306,64 @@ def test_transformers_5_rope_parameters(tmp_path):
     model = modelkv.from_hf(tmp_path, cfg)
     assert M.get(model, "llama.rope.freq_base") == 100000.0
     assert M.get(model, "llama.rope.scaling.type") == "linear" and M.get(model, "llama.rope.scaling.factor") == 2.0
+
+
+# ------------------------------------------------------------------------------ tokenizer.ggml.pre of an HF folder
+
+def _llama_cpp_tree() -> Path | None:
+    import os
+
+    for p in ([Path(os.environ["ORKPACK_LLAMA_CPP"])] if os.environ.get("ORKPACK_LLAMA_CPP") else []) + \
+            [Path(__file__).resolve().parents[1] / ".cache" / "llama.cpp"]:
+        if (p / "conversion" / "base.py").is_file() or (p / "convert_hf_to_gguf.py").is_file():
+            return p
+    return None
+
+
+def test_pre_tokenizer_table_is_the_pinned_converters():
+    """orkpack/data/tokenizer_pre.json is scripts/tokenizer_pre_table.py's copy of the pinned llama.cpp's table."""
+    import importlib.util
+
+    tree = _llama_cpp_tree()
+    if tree is None:
+        pytest.skip("llama.cpp's converter source is not unpacked (scripts/test.sh unpacks it into .cache/llama.cpp)")
+    spec_ = importlib.util.spec_from_file_location(
+        "tokenizer_pre_table", Path(__file__).resolve().parents[1] / "scripts" / "tokenizer_pre_table.py")
+    mod = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(mod)
+    shipped = json.loads(modelkv.PRE_TABLE.read_text(encoding="utf-8"))
+    fresh = mod.table(tree, "x")
+    assert shipped["chktxt"] == fresh["chktxt"] and shipped["names"] == fresh["names"]
+    assert "smollm" in shipped["names"].values() and len(shipped["names"]) > 50
+
+
+def test_hf_record_names_the_pre_tokenizer_as_the_converter_does(tmp_path):
+    """An HF folder's record names its pre-tokenizer as convert_hf_to_gguf.py's get_vocab_base_pre does: the
+    sha256 of str() of transformers' ids of the converter's check text (computed here with transformers itself),
+    looked up in the converter's table; SmolLM2's tokenizer (rebuilt from the real GGUF's vocabulary with its
+    tokenizer.json's pre-tokenizer, Digits then ByteLevel) is "smollm"; a tokenizer the table lacks is "default"."""
+    import hashlib
+
+    transformers = pytest.importorskip("transformers")
+    from tokenizers import pre_tokenizers
+
+    from orkpack.model.tokenizer import from_model
+    from orkpack.sources.gguf import GGUFSource
+    from test_eval_tokenizer import real_smollm2
+
+    with GGUFSource(real_smollm2()) as s:
+        tok = from_model(s.model_metadata())._t
+    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    table = json.loads(modelkv.PRE_TABLE.read_text(encoding="utf-8"))
+    for name, write in (("smol", lambda f: (f / "tokenizer.json").write_text(tok.to_str())),
+                        ("synthetic", lambda f: write_tokenizer(f, n_merges=200))):
+        folder = synth.write_hf_model(tmp_path / name, layers=1, hidden=64, intermediate=128, heads=2, kv_heads=1,
+                                      vocab=512)
+        write(folder)
+        if name == "smol":
+            (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+        ids = transformers.AutoTokenizer.from_pretrained(str(folder)).encode(table["chktxt"])
+        want = table["names"].get(hashlib.sha256(str(ids).encode()).hexdigest(), "default")
+        model = modelkv.from_hf(folder, json.loads((folder / "config.json").read_text()))
+        assert M.get(model, "tokenizer.ggml.pre") == want == {"smol": "smollm", "synthetic": "default"}[name]

@@ -10,7 +10,7 @@ import pytest
 
 from orkpack.tiers.board import load_board
 from orkpack.tiers.manifest import manifest_from_config
-from orkpack.tiers.profile import BODY_KLD, HEAD_KLD, load_profile
+from orkpack.tiers.profile import BODY_KLD, HEAD_KLD, SIZE_EXP, SIZE_REF, active_params, load_profile, size_factor
 from orkpack.tiers.solver import solve
 
 BOARD = load_board("rk3588-32g")
@@ -39,36 +39,53 @@ def test_tied_embedding_is_the_head_and_weighs_as_the_head():
     man = manifest_from_config(SMOLLM2)
     assert not any(it.role == "output" for it in man.items)
     prof, s = _sens(man)
+    assert active_params(man) == SIZE_REF and size_factor(man) == 1.0  # the model the constants were measured on
     assert s[("token_embd.weight", None)] == pytest.approx(HEAD_KLD)
     body = [v for k, v in s.items() if k[0] != "token_embd.weight"]
     assert sum(body) == pytest.approx(BODY_KLD)
     # the head (28 M elements) outweighs 32 FFN matrices of the same total element count
     ffn = s[("blk.0.ffn_up.weight", None)]
     assert 32 * 1536 * 576 == 49152 * 576 and s[("token_embd.weight", None)] > 32 * ffn
-    # the body shares by element count times the kind's factor (GQA ratio 9 / 3 = 3 for K, 4 x 3 for V, 2 for down)
+    # the body shares by element count times the kind's factor (GQA ratio 9 / 3 = 3 for K, 5 x 3 for V, 2 for down)
     q = s[("blk.3.attn_q.weight", None)]
     assert s[("blk.3.ffn_up.weight", None)] / q == pytest.approx(1536 / 576)
     assert s[("blk.3.ffn_down.weight", None)] / q == pytest.approx(2 * 1536 / 576)
     assert s[("blk.3.attn_k.weight", None)] / q == pytest.approx(3 * 192 / 576)
-    assert s[("blk.3.attn_v.weight", None)] / q == pytest.approx(12 * 192 / 576)
+    assert s[("blk.3.attn_v.weight", None)] / q == pytest.approx(15 * 192 / 576)
 
 
 def test_untied_head_is_output_weight_and_the_embedding_is_body():
     man = manifest_from_config(_cfg("qwen3_moe"))
     prof, s = _sens(man)
-    assert s[("output.weight", None)] == pytest.approx(HEAD_KLD)
+    size = size_factor(man)
+    assert s[("output.weight", None)] == pytest.approx(size * HEAD_KLD)
     emb = next(i for i in man.items if i.role == "embedding")
     q = next(i for i in man.items if i.tensor == "blk.0.attn_q.weight")
     assert s[emb.key] / s[q.key] == pytest.approx(emb.k * emb.k / q.numel)  # a lookup: as a K x K matrix
     down = next(i for i in man.items if i.tensor.endswith("ffn_down_exps.weight"))
     up = next(i for i in man.items if i.tensor == down.tensor.replace("down", "up") and i.expert == down.expert)
     assert s[down.key] / s[up.key] == pytest.approx(2.0)
-    assert sum(v for k, v in s.items() if k[0] != "output.weight") == pytest.approx(BODY_KLD)
+    assert sum(v for k, v in s.items() if k[0] != "output.weight") == pytest.approx(size * BODY_KLD)
     # an expert weighs by the tokens it sees (uniform routing: top_k / n_experts of a dense matrix's share)
     it = next(i for i in man.items if i.role == "expert" and "ffn_up" in i.tensor)
     dense = next(i for i in man.items if i.tensor == "blk.0.attn_q.weight")
     r = it.n_experts_used / it.n_experts
     assert s[it.key] / s[dense.key] == pytest.approx(r * it.numel / dense.numel)
+
+
+def test_a_larger_model_loses_less_by_the_size_law():
+    """docs/TIERMAP.md section 3: both constants scale by (N / SIZE_REF) ** -SIZE_EXP, N the parameters a token
+    reads (an expert's elements times used / total experts), so an MoE scales by its active parameters."""
+    moe = manifest_from_config(_cfg("qwen3_moe"))
+    n = sum(it.numel * (it.n_experts_used / it.n_experts if it.role == "expert" else 1) for it in moe.items)
+    assert active_params(moe) == pytest.approx(n) and n < 0.2 * sum(it.numel for it in moe.items)
+    assert size_factor(moe) == pytest.approx((n / SIZE_REF) ** -SIZE_EXP)
+    big, small = manifest_from_config(_cfg("llama31_70b")), manifest_from_config(SMOLLM2)
+    t_big, t_small = (sum(load_profile(None, m, BOARD, 512).sensitivity) for m in (big, small))
+    assert t_small == pytest.approx(HEAD_KLD + BODY_KLD)
+    # 70B reads 525x the parameters: it loses (1 / 525) ** 0.21 = 0.27 of what SmolLM2 loses
+    assert t_big / t_small == pytest.approx((active_params(big) / SIZE_REF) ** -SIZE_EXP)
+    assert 0.2 < t_big / t_small < 0.35
 
 
 def test_routing_profile_moves_expert_sensitivity(tmp_path):

@@ -315,5 +315,9 @@ def test_shipped_tier_maps_facts():
         assert js["budget"]["npu"]["used"] <= js["budget"]["npu"]["cap"]
         assert js["budget"]["ram"]["used"] <= js["budget"]["ram"]["cap"]
     big = maps["qwen2.5-32b.rk3588-32g.ctx8192.json"]
-    assert big["budget"]["npu"]["headroom"] < 0.02 * big["budget"]["npu"]["cap"]  # NPU at its cap
+    # the NPU all but full: prefill's optimum fills it, and the quality stage gives back at most the 1 % prefill
+    # slack (here 0.12 %) for int8 on the host, which frees 2.4 % of the NPU
+    assert big["budget"]["npu"]["headroom"] < 0.03 * big["budget"]["npu"]["cap"]
+    pre = next(s for s in big["objective"]["stages"] if s["metric"] == "prefill")
+    assert big["prediction"]["prefill_s_per_chunk"] <= pre["value"] * 1.01 * (1 + 1e-9)
     assert big["options"]["ctx"] == 8192 and big["budget"]["ram"]["kv_cache"] > 0  # fully resident, KV counted

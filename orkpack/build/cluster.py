@@ -20,32 +20,71 @@ def build_nf4_format(opts) -> str:
     return choose(opts.nf4_mode, opts.nf4_weighting, None, opts.nf4_format).format
 
 
-def prepare_cluster_build(source: Path, out_dir: Path, opts, boards: str, network: str | None = None):
-    """Every check and the plan, before anything is written: (plan, the memory-proportional plan or None)."""
+def _input_files(opts, boards: str, network: str | None) -> list[Path]:
+    """The files a cluster build reads besides the source: --profile, --imatrix, --runtime, --network and the
+    --boards files (a cluster file and the board files it or the list names)."""
+    out = [Path(p) for p in (opts.profile, getattr(opts, "imatrix", None), getattr(opts, "runtime", None), network)
+           if p is not None]
+    names = [x.strip() for x in str(boards or "").split(",")]
+    if len(names) == 1 and names[0].endswith(".toml") and Path(names[0]).is_file():
+        import tomllib
+
+        try:
+            listed = tomllib.loads(Path(names[0]).read_text(encoding="utf-8")).get("boards")
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            listed = None  # the plan names the bad file
+        if isinstance(listed, list):
+            names += [x for x in listed if isinstance(x, str)]
+    out += [Path(x) for x in names if x]
+    return [p for p in out if p.is_file()]
+
+
+def _refuse_input_folder(src: Path, out_dir: Path, opts, boards: str, network: str | None) -> None:
+    """-o must not be the model's folder, lie inside it, or hold any input (the source, or a file an option
+    names): the packs and cluster.json are never written among or over what the build reads."""
+    out = out_dir.resolve()
+    where = escape_name(str(out_dir))
+    if src.is_dir():
+        home = src.resolve()
+        if out == home:
+            raise OrkError(f"{where}: is the model's own folder; the packs and cluster.json would be written among "
+                           "its files: give another folder")
+        if out.is_relative_to(home):
+            raise OrkError(f"{where}: is inside the model's folder {escape_name(str(src))}; the packs and "
+                           "cluster.json would be written among its files: give a folder outside it")
+    elif src.exists() and out == src.resolve().parent:
+        raise OrkError(f"{where}: is the model's own folder; the packs and cluster.json would be written among "
+                       "its files: give another folder")
+    for p in ([src] if src.exists() else []) + _input_files(opts, boards, network):
+        if p.resolve().is_relative_to(out):
+            raise OrkError(f"{where}: holds an input of this build ({escape_name(str(p))}); the packs and "
+                           "cluster.json would be written beside it: give a folder that holds none of the inputs")
+
+
+def prepare_cluster_build(source, out_dir: Path, opts, boards: str, network: str | None = None):
+    """Every check and the plan, before anything is written: (plan, the memory-proportional plan or None, the
+    source located: a hub name downloaded or found in the cache once the options are checked, orkpack/sources/hub.py)."""
     if opts.tiermap is not None or not opts.plan:
         raise OrkError("--boards plans the cluster itself: drop --tiermap / --no-plan")
     out_dir = Path(out_dir)
     if out_dir.suffix == ".orkpack" or (out_dir.exists() and not out_dir.is_dir()):
         raise OrkError(f"{escape_name(str(out_dir))}: with --boards, -o names a folder (one pack per board and "
                        "cluster.json)")
-    from ..files import identity
+    from ..sources.hub import locate
 
-    src = Path(source)
-    home = identity(src if src.is_dir() else src.parent)
-    if home is not None and identity(out_dir) == home:
-        raise OrkError(f"{escape_name(str(out_dir))}: is the model's own folder; the packs and cluster.json would be "
-                       "written among its files: give another folder")
     if not out_dir.parent.is_dir():
         raise OrkError(f"{escape_name(str(out_dir))}: folder {escape_name(str(out_dir.parent))} does not exist; create it first")
+    source = locate(source, revision=opts.revision)
+    _refuse_input_folder(source.path, out_dir, opts, boards, network)
     goal = opts.goal_of()
-    plan, base, _ = plan_cluster(Path(source), boards, network=network, profile=opts.profile, ctx=opts.ctx,
+    plan, base, _ = plan_cluster(source, boards, network=network, profile=opts.profile, ctx=opts.ctx,
                                  kv_type=opts.kv_type, prefill_m=opts.prefill_m, pins=opts.pins(),
                                  ignore_unknown=opts.ignore_unknown, goal=goal, prompt=opts.prompt,
                                  runtime=getattr(opts, "runtime", None), nf4_format=build_nf4_format(opts))
-    return plan, base
+    return plan, base, source
 
 
-def write_cluster(source: Path, out_dir: Path, opts, plan: ClusterPlan, base: ClusterPlan | None, *, on_node=None):
+def write_cluster(source, out_dir: Path, opts, plan: ClusterPlan, base: ClusterPlan | None, *, on_node=None):
     """One self-contained pack per used node (only its tensors, placed by its own tier map), then
     ``out_dir/cluster.json``. On any failure what this call wrote is removed. Returns ([BuildResult], cluster dict)."""
     import json
@@ -69,7 +108,7 @@ def write_cluster(source: Path, out_dir: Path, opts, plan: ClusterPlan, base: Cl
             name = node_pack_name(plan, j)
             if on_node:
                 on_node(j, name)
-            results.append(run_build(Path(source), out_dir / name, node_opts, placement_map=tm,
+            results.append(run_build(source, out_dir / name, node_opts, placement_map=tm,
                                      select={t.name for t in sub.tensors}))
             written.append(out_dir / name)
             packs.append(name)
@@ -90,7 +129,7 @@ def write_cluster(source: Path, out_dir: Path, opts, plan: ClusterPlan, base: Cl
 def build_cluster(source: Path, out_dir: Path, opts, boards: str, network: str | None = None, *, on_node=None):
     """Plan ``source`` across ``boards``, then write the packs and ``cluster.json`` (write_cluster).
     Returns (plan, [BuildResult], cluster dict)."""
-    plan, base = prepare_cluster_build(source, out_dir, opts, boards, network)
+    plan, base, source = prepare_cluster_build(source, out_dir, opts, boards, network)
     results, d = write_cluster(source, out_dir, opts, plan, base, on_node=on_node)
     return plan, results, d
 
@@ -100,7 +139,7 @@ def build_cluster_command(source: Path, output: Path, opts, boards: str, network
     import json
     import sys
 
-    plan, base = prepare_cluster_build(source, output, opts, boards, network)  # bad input: one line, no bar
+    plan, base, source = prepare_cluster_build(source, output, opts, boards, network)  # bad input: one line, no bar
     with progress(not json_out) as prog:
         task = prog.add_task("build", total=None, tensor="")
         results, d = write_cluster(source, output, opts, plan, base,

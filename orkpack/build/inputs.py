@@ -18,6 +18,7 @@ from ..files import hash_file, identity
 from ..pack import spec
 from ..sources import open_source
 from ..sources.base import Skipped, TensorInfo
+from ..sources.hub import Located, Origin, locate
 from .options import BuildOptions
 
 
@@ -30,16 +31,25 @@ class Inputs:
     skipped: list[Skipped]
     late: list[str] = field(default_factory=list)  # what the source says while it is read: into the result, not stderr
     info_lines: list[str] = field(default_factory=list)
+    origin: Origin | None = None  # where a hub model came from (provenance.hub)
+
+    @property
+    def located(self) -> Located:
+        """The source as the planner takes it: its path with its hub origin."""
+        return Located(self.path, self.origin)
 
     def close(self) -> None:
         self.src.close()
 
 
-def open_inputs(src_path: Path, out_path: Path, opts: BuildOptions, select: set[str] | None = None) -> Inputs:
-    """Open the source, refuse an output that is one of the inputs, list its tensors (only ``select``'s, for a
-    cluster node); OrkError (one line) for bad input, with the source closed again."""
+def open_inputs(src_path, out_path: Path, opts: BuildOptions, select: set[str] | None = None) -> Inputs:
+    """Open the source (a path or a :class:`~orkpack.sources.hub.Located`), refuse an output that is one of the
+    inputs, list its tensors (only ``select``'s, for a cluster node); OrkError (one line) for bad input, with the
+    source closed again."""
     late: list[str] = []
-    src = open_source(Path(src_path), on_warning=late.append)
+    loc = locate(src_path)
+    src_path = loc.path
+    src = open_source(src_path, on_warning=late.append)
     try:
         refuse_overwriting_inputs(out_path, src, Path(src_path), opts)
         if opts.rotate:  # the rotated model is the source from here on (orkpack/transforms/rotate.py)
@@ -59,7 +69,8 @@ def open_inputs(src_path: Path, out_path: Path, opts: BuildOptions, select: set[
     except BaseException:
         src.close()
         raise
-    return Inputs(Path(src_path), src, infos, skipped, late, [line] if (line := skipped_line(skipped)) else [])
+    return Inputs(Path(src_path), src, infos, skipped, late, [line] if (line := skipped_line(skipped)) else [],
+                  loc.origin)
 
 
 def build_inputs(src, src_path: Path, opts: BuildOptions) -> list[tuple[Path, str]]:
@@ -123,7 +134,8 @@ def skipped_line(skipped: list[Skipped], per_reason: int = 4) -> str | None:
             f"the config, activation scales; listed in the pack's provenance.skipped): " + "; ".join(bits))
 
 
-def source_provenance(src, opts: BuildOptions, smoothing: dict | None = None) -> dict:
+def source_provenance(src, opts: BuildOptions, smoothing: dict | None = None, origin: Origin | None = None) -> dict:
+    """The header's provenance of the source (docs/FORMAT.md section 2); ``origin``: a hub model's (provenance.hub)."""
     plan = getattr(src, "plan", None)  # a rotated source (orkpack/transforms/rotate.py)
     return {
         "source_format": src.kind,
@@ -131,5 +143,6 @@ def source_provenance(src, opts: BuildOptions, smoothing: dict | None = None) ->
         "arch": src.arch,
         "options": opts.recorded(),
         "skipped": [s.to_json() for s in skipped_of(src)],
-    } | ({} if smoothing is None else {"smoothing": smoothing}) \
+    } | ({} if origin is None else {"hub": origin.recorded()}) \
+        | ({} if smoothing is None else {"smoothing": smoothing}) \
         | ({} if plan is None else {"rotation": plan.provenance})

@@ -61,6 +61,9 @@ class BuildOptions:
     rotate: bool = False
     rotate_seed: int = 0
     rotate_heads: bool = True
+    # the hub revision (branch, tag or commit) of a source named ORG/NAME (orkpack/sources/hub.py); the pack records
+    # it with the commit it resolved to in provenance.hub, not among the options
+    revision: str | None = None
     # the options the user gave explicitly (the CLI fills it), so that --tiermap can refuse the planning
     # options it would ignore even when they equal their defaults (:func:`refuse_ignored_plan_options`)
     given: frozenset = frozenset()

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..sources.hub import locate
 from ..transforms.nf4 import choose as choose_nf4
 from . import encode, options
 from .inputs import open_inputs
@@ -38,20 +39,26 @@ def build(
     opts: BuildOptions,
     *,
     on_start: Callable[[int], None] | None = None,
+    on_open: Callable[[], None] | None = None,
     on_progress: Callable[[int, str], None] | None = None,
     placement_map=None,
     select: set[str] | None = None,
 ) -> BuildResult:
-    """Build ``out_path`` from the checkpoint at ``src_path``. Raises OrkError on bad input, with nothing written.
+    """Build ``out_path`` from the checkpoint at ``src_path`` (a path, or a hub name downloaded into or found in
+    huggingface_hub's cache: orkpack/sources/hub.py). Raises OrkError on bad input, with nothing written.
 
     ``placement_map`` (a TierMap) and ``select`` (tensor names) build one node of a cluster
-    (orkpack/build/cluster.py): only the selected tensors, placed by that node's tier map."""
+    (orkpack/build/cluster.py): only the selected tensors, placed by that node's tier map. ``on_open()`` is called
+    once the source is open (a hub model downloaded: huggingface_hub's own bars are done), before planning;
+    ``on_start(total)`` before encoding, with the bytes ``on_progress(n, tensor)`` will count."""
     t0 = time.perf_counter()
     out_path = Path(out_path)
     options.check(opts, out_path)
     nf4 = choose_nf4(opts.nf4_mode, opts.nf4_weighting, opts.imatrix, opts.nf4_format)  # bad --imatrix: one line
-    inp = open_inputs(Path(src_path), out_path, opts, select)
+    inp = open_inputs(locate(src_path, revision=opts.revision), out_path, opts, select)
     try:
+        if on_open:
+            on_open()
         placed = place(inp, opts, nf4, placement_map)
         tr = encode.prepare(inp, placed, placed.opts)
         placed.nf4.smoothing = tr.smoothing  # the NF4 search weighs smoothed matrices' columns by smoothed statistics

@@ -182,7 +182,7 @@ def follow(inp, opts: BuildOptions, nf4: NF4Choice) -> Placed:
         from ..tiers.command import predict_followed  # the solver's modules (scipy) only when a plan is made
 
         try:
-            tiermap["prediction"], said = predict_followed(tm, inp.path, Path(opts.tiermap))
+            tiermap["prediction"], said = predict_followed(tm, inp.located, Path(opts.tiermap))
         except OrkError as e:  # a hand-made map without a whole board block: no prediction at all
             tiermap["prediction"] = None
             said = [f"no prediction recorded: {e}"]
@@ -195,7 +195,7 @@ def solve(inp, opts: BuildOptions, nf4: NF4Choice) -> Placed:
     from ..tiers.command import plan
 
     tm, _solve_s, _ = plan(
-        inp.path, board=opts.board, profile=opts.profile, ctx=opts.ctx, kv_type=opts.kv_type,
+        inp.located, board=opts.board, profile=opts.profile, ctx=opts.ctx, kv_type=opts.kv_type,
         prefill_m=opts.prefill_m, pins=opts.pins(), ignore_unknown=opts.ignore_unknown,
         goal=opts.goal_of(),
         prompt=opts.prompt, runtime=opts.runtime, nf4_format=nf4.format, npu_storage=opts.npu_storage,

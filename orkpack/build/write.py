@@ -65,7 +65,7 @@ def write_pack(inp: Inputs, infos: list[TensorInfo], placed: Placed, tr: Transfo
     hasher = ThreadPoolExecutor(max_workers=1)  # the source files, while the tensors are encoded (both release the GIL)
     io = ThreadPoolExecutor(max_workers=1)
     try:
-        provenance = hasher.submit(source_provenance, src, opts, tr.smoothing and tr.smoothing.provenance)
+        provenance = hasher.submit(source_provenance, src, opts, tr.smoothing and tr.smoothing.provenance, inp.origin)
         done = Written(out_path)
         # parts wait for the write thread up to half the largest tensor as float32; the writer's buffers
         # (reused from tensor to tensor) can hold that plus one tensor's parts (<= 2 bytes per element)

@@ -105,6 +105,10 @@ def _layout_of(header: dict, where: str):
     cfg = header.get("config")
     if not isinstance(cfg, dict):
         raise ExportError(f"{where}: the pack records no config.json; llama.cpp needs its hyperparameters")
+    if archs.config_family(cfg) is None:  # (model_facts' line advises plan-from-weights: the planner's way out)
+        raise ExportError(f"{where}: model_type {escape_name(repr(cfg.get('model_type')), 60)} is not a known "
+                          "architecture: its tensor layout and hyperparameter keys for llama.cpp are unknown, so it "
+                          "cannot be exported; orkpack verify checks the pack itself")
     try:
         facts = model_facts(cfg)
     except OrkError as e:

@@ -11,15 +11,18 @@ from ..keepfloat import is_expert_stack
 from ..model import forward
 from ..model.weights import SourceWeights
 from ..sources import open_source
+from ..sources.hub import locate
 from ..stats import ActStats, save
 from .collect import Collector, from_acc
 from .text import PROSE, source_record, token_ids
 from .weights import EvalError
 
 
-def gather(source: Path, output: Path, **kw) -> ActStats:
+def gather(source, output: Path, *, revision: str | None = None, **kw) -> ActStats:
     """``orkpack imatrix``: :func:`collect` then :func:`save` to ``output``, which must not be one of the
-    inputs (the source's files, the text)."""
+    inputs (the source's files, the text). ``source``: a path or a hub name (``revision``: its branch, tag or
+    commit; orkpack/sources/hub.py)."""
+    source = locate(source, revision=revision).path
     target = identity(Path(output))
     if target is not None:
         src = open_source(source, on_warning=lambda m: None)

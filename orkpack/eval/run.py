@@ -35,6 +35,7 @@ from ..sources import open_source
 from ..transforms.smoothed import Smoothed, ops_of, shown as smoothing_shown, untied_of
 from ..transforms.rotate import RotatedSource, from_pack as rotation_from_pack, shown as rotation_shown
 from ..sources.gguf import GGUFSource
+from ..sources.hub import Located, locate
 from . import sensitivity
 from .collect import Collector
 from .text import PROSE, source_record, token_ids
@@ -57,6 +58,7 @@ class Options:
     sensitivity: bool = False  # each item's NF4-vs-int8 KLD, estimated from activation statistics (sensitivity.py)
     sensitivity_per_kind: int = 3  # items per kind whose true single-item KLD checks (and scales) the estimate
     threads: int = 1  # BLAS threads (0: the library's default, all cores)
+    revision: str | None = None  # the hub revision of SOURCE (of PACK without SOURCE) named ORG/NAME (sources/hub.py)
 
 
 @dataclass
@@ -246,7 +248,9 @@ def _single_item_klds(pack, src, hp, stub, ids, opts, progress) -> dict:
 
 def evaluate(source: Path | None, pack_path: Path, opts: Options,
              progress: Callable[[float, float, str], None] | None = None) -> dict:
-    """Score PACK (and SOURCE's float model, when given) on the text; the report as a dict (docs/EVAL.md)."""
+    """Score PACK (and SOURCE's float model, when given) on the text; the report as a dict (docs/EVAL.md).
+    SOURCE and PACK may be hub names (``ORG/NAME``, ``ORG/NAME:FILE.gguf``: orkpack/sources/hub.py);
+    ``opts.revision`` is SOURCE's (PACK's without SOURCE)."""
     if opts.ctx < 4 or opts.ctx % 2:
         raise EvalError(f"--ctx {opts.ctx}: give an even chunk length of at least 4 tokens")
     if opts.act not in ACT_SCHEMES:
@@ -255,23 +259,38 @@ def evaluate(source: Path | None, pack_path: Path, opts: Options,
         raise EvalError(f"--cpu-act {opts.cpu_act!r}: choose {' or '.join(CPU_ACTS)}")
     if opts.chunks < 0:
         raise EvalError(f"--chunks {opts.chunks}: give 0 (all) or a positive count")
-    pack_path = Path(pack_path)
-    if not pack_path.exists():
-        raise EvalError(f"{escape_name(str(pack_path))}: no such file; give an .orkpack or a .gguf")
     if opts.threads < 0:
         raise EvalError(f"--threads {opts.threads}: give 0 (all cores) or a positive count")
+    pack_loc = locate(pack_path, revision=opts.revision if source is None else None)
+    pack_path = pack_loc.path
+    if not pack_path.exists():
+        raise EvalError(f"{escape_name(str(pack_path))}: no such file; give an .orkpack or a .gguf")
+    if source is not None:
+        source = locate(source, revision=opts.revision)
     from threadpoolctl import threadpool_limits
 
     closers = []
     try:
         with threadpool_limits(limits=opts.threads or None, user_api="blas"):
-            return _evaluate(source, pack_path, opts, progress, closers)
+            report = _evaluate(source, pack_path, opts, progress, closers)
     finally:
         for c in reversed(closers):
             c()
+    if source is not None:
+        report["source"] = source.shown
+        if source.origin is not None:
+            report["source_hub"] = source.origin.recorded()
+    if pack_loc.origin is not None:
+        report["pack"], report["pack_hub"] = pack_loc.shown, pack_loc.origin.recorded()
+    return report
 
 
-def _evaluate(source, pack_path, opts, progress, closers) -> dict:
+def _name(source: Located) -> str:
+    """A source's name in a profile's note: its hub name, or its file or folder name."""
+    return source.origin.label if source.origin else source.path.name
+
+
+def _evaluate(source: Located | None, pack_path: Path, opts, progress, closers) -> dict:
     quiet = lambda m: None  # noqa: E731 - dequantizing a quantized GGUF is the point here, not a warning
     targets: list[_Target] = []
     if _is_gguf(pack_path):
@@ -434,7 +453,7 @@ def _evaluate(source, pack_path, opts, progress, closers) -> dict:
         report["sensitivity"]["per_tensor_tokens"] = int(sample.size)
         report["_profile"] = sensitivity.to_profile(
             res, f"orkpack eval --sensitivity: KLD each item adds in NF4 rather than int8, {pack_path.name} against "
-                 f"{Path(source).name}, {report['scored']} tokens of statistics, {sample.size}-token sample; "
+                 f"{_name(source)}, {report['scored']} tokens of statistics, {sample.size}-token sample; "
                  f"Spearman {res['spearman']}")
     return report
 

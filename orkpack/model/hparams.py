@@ -223,6 +223,12 @@ def _refuse(fam: archs.Family, tc: Mapping[str, Any], where: str) -> None:
 
 def from_config(cfg: Mapping[str, Any], where: str = "config.json") -> Hparams:
     """Hparams of an HF checkpoint (its parsed config.json)."""
+    if isinstance(cfg, Mapping) and archs.config_family(cfg) is None:
+        # (facts_from_config's line advises plan-from-weights, which is the planner's way out, not the eval's)
+        raise NotEvaluable(f"{where}: model_type {escape_name(repr(cfg.get('model_type')), 60)} is not a known "
+                           "architecture, and the reference forward pass (orkpack eval, orkpack imatrix) runs only the "
+                           f"known ones ({len(archs.SUPPORTED)} families: orkpack/archs.py); it cannot run this "
+                           "model. orkpack verify checks the pack without it")
     facts = archs.facts_from_config(cfg, where)
     fam = archs.FAMILIES[facts["arch"]]
     tc = archs._text_config(cfg, fam, where)

@@ -7,7 +7,10 @@ The same ids as transformers' tokenizer of the same model:
 * a GGUF-style record (``tokenizer.ggml.*``): rebuilt as transformers rebuilds a GGUF's tokenizer
   (``transformers.integrations.gguf``), the reference the tests hold it to: ``gpt2`` is a byte-level
   BPE over the record's tokens and merges, split by the pre-tokenizer its ``tokenizer.ggml.pre``
-  names when that is one of :data:`SPLITS` (else GPT-2's own split); ``llama`` is a SentencePiece-style
+  names when that is one of :data:`SPLITS` (else GPT-2's own split). Where transformers 5.24 has no
+  split for a name llama.cpp implements (``smollm`` and the other digit-first names), this follows
+  llama.cpp, which is the original tokenizer.json's split (docs/EVAL.md, "The tokenizer against llama.cpp's"), not
+  transformers' GPT-2 fallback; ``llama`` is a SentencePiece-style
   BPE with byte fallback, whose merges come from the tokens' scores. CONTROL tokens are special and
   USER_DEFINED ones whole; the BOS token is prepended when ``tokenizer.ggml.add_bos_token`` says so
   (a ``llama`` vocabulary that does not say adds it, as llama.cpp does).
@@ -21,13 +24,23 @@ from typing import Any, Mapping
 from ..errors import OrkError
 from ..pack.model import get
 
-# pre-tokenizer splits by the name llama.cpp gives them in tokenizer.ggml.pre (the published models' regexes)
+# pre-tokenizer splits by the name llama.cpp gives them in tokenizer.ggml.pre (llama.cpp src/llama-vocab.cpp, the
+# published models' regexes): each regex in turn splits every piece the one before it left ("isolated": what no
+# match covers stays a piece of its own), as llama.cpp applies its regex_exprs, then the byte-level spelling.
 _LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
            r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
           r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-SPLITS = {"llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "smaug-bpe": _LLAMA3, "dbrx": _LLAMA3,
-          "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2, "megrez": _QWEN2}
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+# every digit its own piece first, then GPT-2's split of what lies between (HF: Digits(individual_digits=True),
+# then ByteLevel(use_regex=True); SmolLM's vocabulary has no token of two digits and no merge with one)
+_DIGITS_GPT2 = (r"\p{N}", _GPT2)
+SPLITS: dict[str, tuple[str, ...]] = {
+    **{name: (_LLAMA3,) for name in ("llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx")},
+    **{name: (_QWEN2,) for name in ("qwen2", "deepseek-r1-qwen", "megrez")},
+    **{name: _DIGITS_GPT2 for name in ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone",
+                                       "minerva-7b", "mellum2")},
+}
 
 CONTROL, USER_DEFINED = 3, 4
 
@@ -120,8 +133,9 @@ def from_model(model: Mapping | None, where: str = "the pack",
         if split is None:
             t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         else:
-            t.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                                                       pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+            t.pre_tokenizer = pre_tokenizers.Sequence(
+                [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in split]
+                + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
         t.decoder = decoders.ByteLevel()
         special = [AddedToken(x, normalized=False, special=True) for x, ty in zip(tokens, types)
                    if ty == CONTROL and set(x) <= alphabet]

@@ -43,7 +43,8 @@ def verify_command(
     keep_going: bool = False,
     json_out: bool = False,
     console=None,
-    source: Path | None = None,
+    source: Path | str | None = None,
+    revision: str | None = None,
 ) -> int:
     if console is None:
         from rich.console import Console
@@ -55,6 +56,15 @@ def verify_command(
         return _usage(console, json_out, f"--threads {threads}: must be at least 1")
     if source is not None and not reference:
         return _usage(console, json_out, "--source is what --reference compares a rotated pack's tensors with: add --reference")
+    if revision is not None and source is None:
+        return _usage(console, json_out, "--revision is the hub revision of --source ORG/NAME: add --source")
+    if source is not None:  # a hub name: downloaded, or found in huggingface_hub's cache (orkpack/sources/hub.py)
+        from ..sources.hub import locate
+
+        try:
+            source = locate(source, revision=revision).path
+        except OrkError as e:
+            return _usage(console, json_out, f"--source {e}")
     if source is not None and not Path(source).exists():
         return _usage(console, json_out, f"--source {escape_name(str(source))}: no such file or folder")
     try:

@@ -312,6 +312,26 @@ def _rope_scaling(c: Mapping, garch: str, kv: list, warn: Callable[[str], None])
              "metadata; a runtime will run the model without it")
 
 
+PRE_TABLE = Path(__file__).resolve().parents[1] / "data" / "tokenizer_pre.json"
+
+
+def pre_name(tokenizer_json: str) -> str:
+    """The ``tokenizer.ggml.pre`` llama.cpp's converter gives this tokenizer.json (``get_vocab_base_pre``: the sha256
+    of ``str()`` of the ids it encodes the converter's check text to, special tokens added, looked up in the
+    converter's table, orkpack/data/tokenizer_pre.json from scripts/tokenizer_pre_table.py), or ``default`` where
+    the hash is not in the table (where the converter refuses the model) or the tokenizer cannot be loaded."""
+    import hashlib
+
+    try:
+        import tokenizers
+
+        table = json.loads(PRE_TABLE.read_text(encoding="utf-8"))
+        ids = tokenizers.Tokenizer.from_str(tokenizer_json).encode(table["chktxt"]).ids
+    except Exception:  # no tokenizers library, a tokenizer.json it cannot load: the pack still carries the file
+        return "default"
+    return table["names"].get(hashlib.sha256(str(list(ids)).encode()).hexdigest(), "default")
+
+
 def _tokenizer(folder: Path, kv: list, warn: Callable[[str], None]) -> None:
     """tokenizer.ggml.* as llama.cpp's converter writes them, plus tokenizer.json as tokenizer.huggingface.json."""
     import gguf
@@ -352,9 +372,9 @@ def _tokenizer(folder: Path, kv: list, warn: Callable[[str], None]) -> None:
             types.append(int(ttype))
         kv.append(["tokenizer.ggml.model", "string", tok_model])
         if tok_model == "gpt2":
-            # llama.cpp picks the pre-tokenizer by a hash of a test text's tokens; the pack names none
-            # ("default") and carries tokenizer.json, whose pre-tokenizer is the exact one
-            kv.append(["tokenizer.ggml.pre", "string", "default"])
+            # named as llama.cpp's converter names it (a hash of a check text's ids); the pack carries
+            # tokenizer.json too, whose pre-tokenizer is the exact one
+            kv.append(["tokenizer.ggml.pre", "string", pre_name(text) if tj.is_file() else "default"])
         kv.append(["tokenizer.ggml.tokens", "array[string]", json_value("array[string]", tokens)])
         if tok_model == "llama":
             kv.append(["tokenizer.ggml.scores", "array[float32]", json_value("array[float32]", scores)])

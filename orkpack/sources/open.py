@@ -5,21 +5,21 @@
   beside them gives the architecture (without it, it is guessed from the names).
 * a ``.safetensors`` file (a ``config.json`` in the same folder is used if present).
 * a ``.gguf`` file.
+* a hub name (``ORG/NAME``, ``ORG/NAME:FILE.gguf``, ``hf://ORG/NAME``) that is not a local path: downloaded into,
+  or found in, huggingface_hub's cache (orkpack/sources/hub.py), then one of the above.
 
 Every user mistake raises :class:`SourceError` with one line naming the path.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..errors import SourceError, escape_name
 from .config import FACT_KEYS, facts_from_hf_config, load_hf_config
 from .gguf import GGUFSource
+from .hub import INDEX, Located, locate, read_weight_map
 from .safetensors import SafetensorsSource
-
-INDEX = "model.safetensors.index.json"
 
 
 def _n(p: Path) -> str:
@@ -28,18 +28,9 @@ def _n(p: Path) -> str:
 
 def _read_index(folder: Path) -> tuple[list[Path], dict[str, str]]:
     path = folder / INDEX
-    try:
-        idx = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise SourceError(f"{_n(path)}: cannot read the shard index ({e.__class__.__name__}); "
-                          "restore it from the model's original files") from None
-    wm = idx.get("weight_map") if isinstance(idx, dict) else None
-    if not isinstance(wm, dict) or not wm or not all(isinstance(k, str) and isinstance(v, str) for k, v in wm.items()):
-        raise SourceError(f"{_n(path)}: no usable 'weight_map' (tensor -> shard file); restore the original index")
+    wm = read_weight_map(path)
     files = []
     for shard in sorted(set(wm.values())):
-        if Path(shard).name != shard or shard in (".", ".."):
-            raise SourceError(f"{_n(path)}: shard {escape_name(shard)!r} is not a plain file name; fix the index")
         p = folder / shard
         if not p.is_file():
             raise SourceError(f"{_n(path)}: names shard {escape_name(shard)} which is missing from {_n(folder)}; "
@@ -52,14 +43,14 @@ def _config(path: Path) -> dict:
     return load_hf_config(path)
 
 
-def open_source(path: Path | str, *, on_warning: Callable[[str], None] | None = None):
-    """Open a checkpoint (folder, .safetensors or .gguf) as a Source.
+def open_source(path: Path | str | Located, *, on_warning: Callable[[str], None] | None = None):
+    """Open a checkpoint (folder, .safetensors or .gguf; a hub name or a :class:`~.hub.Located`) as a Source.
 
     ``on_warning`` receives the one-per-source message about dequantizing a
     quantized GGUF; without it the message goes to ``warnings.warn``
     (``LossyDequantWarning``).
     """
-    p = Path(path)
+    p = locate(path).path
     if not p.exists():
         raise SourceError(f"{_n(p)}: no such file or folder; check the path")
     if p.is_dir():
@@ -101,8 +92,8 @@ def model_facts(source_or_config: Any) -> dict:
     architecture is unknown (``orkpack.archs.generic_facts`` plans those).
     """
     obj = source_or_config
-    if isinstance(obj, (str, Path)):
-        p = Path(obj)
+    if isinstance(obj, (str, Path, Located)):
+        p = locate(obj).path
         if p.is_dir() or p.name == "config.json":
             cfg_path = p / "config.json" if p.is_dir() else p
             return facts_from_hf_config(load_hf_config(cfg_path), escape_name(str(cfg_path)))

@@ -251,7 +251,7 @@ class SafetensorsSource(FileSource):
         raw, self._skipped, self._recipes = q.raw, q.skipped, q.recipes
         self._entries: dict[str, _Entry] = {}
         groups: dict[tuple[int, str], dict[int, tuple]] = {}
-        stacks: dict[str, dict[int, tuple]] = {}  # the converter's stacked tensors (archs Family.stacks)
+        stacks: dict[str, dict[int, tuple]] = {}  # the converter's stacked tensors (archs Stack, indexed)
         for r in raw:
             t, dtype, shape, fi, off, nb = r
             ex = hf_expert(t)
@@ -295,7 +295,7 @@ class SafetensorsSource(FileSource):
             src = re.sub(rx, star, first[0])
             parts = [_Part(experts[e][3], experts[e][4], experts[e][5]) for e in range(len(experts))]
             self._add(name, src, first[1], (len(experts), *first[2]), parts)
-        # tensors the converter stacks into one (archs Stack: RWKV7's six token-shift mixes) and writes twice (archs
+        # tensors the converter stacks into one (archs Stack, named parts: RWKV7's six token-shift mixes) and writes twice (archs
         # Family.copies: RWKV7's layer-0 v0/v1/v2), listed as it writes them: the parts' stored bytes in turn, the same
         # stored bytes again
         for stacked, names in archs.converter_stacks(self.config, list(self._entries)):

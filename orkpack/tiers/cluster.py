@@ -56,7 +56,8 @@ from ..keepfloat import recorded_globs
 from . import cost, milp, solver
 from .board import Board, load_board
 from .llamacpp import commands, memory_proportional
-from .network import Network, _network_from, _read_toml, load_network
+from .network import Network, _network_from, load_network
+from .tomlfile import read_toml
 from .manifest import Manifest, _layer, state_bytes
 from .profile import Profile, load_profile
 
@@ -85,7 +86,8 @@ def parse_cluster(boards: str, network: str | None = None, runtime: str | None =
     hosts: list[str] | None = None
     net = None
     spec_extra: dict = {}
-    if text.endswith(".toml") and Path(text).is_file() and "boards" in (data := _read_toml(Path(text))):
+    if text.endswith(".toml") and Path(text).is_file() \
+            and "boards" in (data := read_toml(Path(text), escape_name(text), "cluster or board")):
         where = escape_name(text)
         names = data["boards"]
         if not isinstance(names, list) or not all(isinstance(x, str) and x for x in names):
@@ -120,7 +122,7 @@ def parse_cluster(boards: str, network: str | None = None, runtime: str | None =
         net = load_network(network)
     elif net is None:
         p = Path(names[0])
-        client = _read_toml(p) if (names[0].endswith(".toml") and p.is_file()) else {}
+        client = read_toml(p, escape_name(names[0]), "board") if (names[0].endswith(".toml") and p.is_file()) else {}
         net = _network_from(client["network"], escape_name(names[0])) if "network" in client else load_network(None)
     hosts = hosts or [f"node{j}" for j in range(len(bs))]
     if spec_extra.get("ports") is not None:
@@ -149,7 +151,7 @@ def sub_manifest(man: Manifest, layers: list[int], client: bool) -> tuple[Manife
     each of its items' index in ``man``)."""
     keep = set(layers)
     tensors = [t for t in man.tensors if (_layer(t.name) in keep) or (client and _layer(t.name) is None)]
-    sub = Manifest(_shim_facts(man.facts, layers), tensors, man.origin, man.source)
+    sub = Manifest(_shim_facts(man.facts, layers), tensors, man.origin, man.source, hub=man.hub)
     index = {it.key: i for i, it in enumerate(man.items)}
     return sub, [index[it.key] for it in sub.items]
 
@@ -488,8 +490,7 @@ def solve_cluster(man: Manifest, spec: ClusterSpec, *, profile: Path | None = No
         xs, infeasible, optimal, bound, scale = run(tot[key], sense, extra)
         if xs is None:
             if infeasible or x is None:
-                raise _no_fit(man, spec, ctx, kv_type, kv_bytes) if not extra and not caps else OrkError(
-                    "no plan across these boards meets the constraints; relax --min-*-tok-s / --max-kld / --max-ram")
+                raise _infeasible(man, spec, ctx, kv_type, kv_bytes, goal, bool(extra))
             stages.append({"metric": key, "sense": sense, "value": None, "bound": None, "status": "gap"})
             continue
         x = np.round(xs)
@@ -544,16 +545,76 @@ def solve_cluster(man: Manifest, spec: ClusterSpec, *, profile: Path | None = No
     return plan
 
 
-def _no_fit(man: Manifest, spec: ClusterSpec, ctx: int, kv_type: str, kv: int) -> OrkError:
+def _ram_caps(spec: ClusterSpec, max_ram: int | None) -> list[int]:
+    """Each board's RAM cap: its total, or --max-ram where that is less."""
+    return [b.total_bytes if max_ram is None else min(b.total_bytes, max_ram) for b in spec.boards]
+
+
+def _least_need(man: Manifest, spec: ClusterSpec, kv: int) -> int:
+    """Bytes the model needs at the least, on any split: every item NF4, the float tensors, the KV cache."""
     fmt = spec.boards[0].nf4_format  # one build writes every node's pack: one NF4 format
-    need = sum(min(cost.host_nf4_bytes(it.n, it.k, fmt), it.float_bytes) for it in man.items) \
+    return sum(min(cost.host_nf4_bytes(it.n, it.k, fmt), it.float_bytes) for it in man.items) \
         + sum(t.float_bytes for t in man.floats) + kv
-    room = sum(b.total_bytes - b.reserve_bytes for b in spec.boards)
+
+
+def _no_fit(man: Manifest, spec: ClusterSpec, ctx: int, kv_type: str, kv: int,
+            max_ram: int | None = None) -> OrkError:
+    need = _least_need(man, spec, kv)
+    caps = _ram_caps(spec, max_ram)
+    room = sum(max(0, c - b.reserve_bytes) for c, b in zip(caps, spec.boards))
     names = ",".join(b.name for b in spec.boards)
+    binds = max_ram is not None and any(c < b.total_bytes for c, b in zip(caps, spec.boards))
+    also = "--kv-type q8_0 or a shorter --ctx" if kv_type == "f16" else "a shorter --ctx"  # (q8_0 is the least KV)
+    if binds:
+        full = sum(b.total_bytes - b.reserve_bytes for b in spec.boards)
+        # the least --max-ram whose room (each board's cap less its reserve) adds up to the need: necessary, not
+        # always enough (the layers split whole)
+        # and the client's own share: the tensors outside the layers (embedding, head, final norm) are its
+        fmt = spec.boards[0].nf4_format
+        home = sum(min(cost.host_nf4_bytes(it.n, it.k, fmt), it.float_bytes) for it in man.items if it.layer is None) \
+            + sum(t.float_bytes for t in man.floats if _layer(t.name) is None)
+        lo = max(max_ram, spec.boards[0].reserve_bytes + home)
+        hi = max(lo, max(b.total_bytes for b in spec.boards))
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if sum(max(0, min(b.total_bytes, mid) - b.reserve_bytes) for b in spec.boards) >= need:
+                hi = mid
+            else:
+                lo = mid + 1
+        advice = (f"raise --max-ram to at least {lo} (it caps each board, whose reserve counts against it; "
+                  f"without --max-ram the boards offer {_b(full)})" if need <= full else
+                  f"even without --max-ram the boards offer only {_b(full)}; add a board")
+        return OrkError(f"{escape_name(man.source)} does not fit on {names} within --max-ram {max_ram}: it needs at "
+                        f"least {_b(need)} (every item NF4, {kv_type} KV at ctx {ctx}) and a contiguous layer split "
+                        f"within each board's budgets; --max-ram {max_ram} less each board's reserve leaves "
+                        f"{_b(room)} in all; {advice}, or try {also}")
     return OrkError(f"{escape_name(man.source)} does not fit on {names}: it needs at least {_b(need)} "
                     f"(every item NF4, {kv_type} KV at ctx {ctx}) and a contiguous layer split within each board's "
-                    f"budgets; the boards offer {_b(room)} in all; add a board, or try --kv-type q8_0 "
-                    "or a shorter --ctx")
+                    f"budgets; the boards offer {_b(room)} in all; add a board, or try {also}")
+
+
+def _infeasible(man: Manifest, spec: ClusterSpec, ctx: int, kv_type: str, kv: int, goal: solver.Goal,
+                staged: bool) -> OrkError:
+    """Why no plan was found: the model does not fit (whatever the constraints), or the constraints given (named:
+    only those the user gave) cannot all hold."""
+    asked = []
+    if goal.min_decode_tok_s:
+        asked.append(f"--min-decode-tok-s {goal.min_decode_tok_s:g}")
+    if goal.min_prefill_tok_s:
+        asked.append(f"--min-prefill-tok-s {goal.min_prefill_tok_s:g}")
+    if goal.max_kld is not None:
+        asked.append(f"--max-kld {goal.max_kld:g}")
+    if goal.max_ram is not None and any(c < b.total_bytes for c, b in zip(_ram_caps(spec, goal.max_ram), spec.boards)):
+        asked.append(f"--max-ram {goal.max_ram}")
+    if staged:
+        return OrkError("internal: a stage of the cluster plan found no solution where the stage before it did; "
+                        "please report")
+    room = sum(max(0, c - b.reserve_bytes) for c, b in zip(_ram_caps(spec, goal.max_ram), spec.boards))
+    if _least_need(man, spec, kv) > room or not [a for a in asked if not a.startswith("--max-ram")]:
+        return _no_fit(man, spec, ctx, kv_type, kv, goal.max_ram)
+    if len(asked) == 1:
+        return OrkError(f"no plan across these boards meets {asked[0]}; relax it")
+    return OrkError(f"no plan across these boards meets {' and '.join(asked)} together; relax one of them")
 
 
 def _assemble(man, spec, ranges, pick, profs, tj, rows, *, ctx, kv_type, prompt, prefill_m, goal) -> ClusterPlan:
@@ -651,7 +712,7 @@ def node_tiermap(plan: ClusterPlan, j: int):
                  "method": "joint layer split and tier maps across boards: one MILP per stage (HiGHS; docs/CLUSTER.md)",
                  "items": len(idx), "decode_slack": None, "prefill_slack": None}
     model = {"source": man.source, "origin": man.origin, **man.recorded_facts(), "tensors": len(sub.tensors), "items": len(idx),
-             "assumptions": list(man.warnings)}
+             "assumptions": list(man.warnings)} | ({"hub": man.hub} if man.hub else {})
     return TierMap(decisions, model=model, board=board.to_json(), options=options, objective=objective, budget=budget,
                    prediction=prediction)
 
@@ -686,7 +747,8 @@ def to_json(plan: ClusterPlan, baseline: ClusterPlan | None = None, packs: list[
         nodes.append(d)
     out = {"schema": "orkpack.cluster", "version": 1,
            "model": {"source": plan.full[0].source, "arch": plan.full[0].facts.get("arch"),
-                     "n_layers": plan.full[0].facts.get("n_layers")},
+                     "n_layers": plan.full[0].facts.get("n_layers")}
+           | ({"hub": plan.full[0].hub} if plan.full[0].hub else {}),
            "options": plan.options, "goal": plan.goal.to_json(), "network": plan.network.to_json(),
            "split": plan.split, "nodes": nodes, "prediction": plan.prediction,
            "objective": {"stages": plan.stages, "program": plan.program,
@@ -700,11 +762,12 @@ def to_json(plan: ClusterPlan, baseline: ClusterPlan | None = None, packs: list[
 
 # ------------------------------------------------------------------------------------------------ plan command
 
-def plan_cluster(model: Path, boards: str, *, network: str | None = None, profile: Path | None = None, ctx: int = 8192,
+def plan_cluster(model, boards: str, *, network: str | None = None, profile: Path | None = None, ctx: int = 8192,
                  kv_type: str = "f16", prefill_m: int = 512, pins: dict | None = None, ignore_unknown: bool = False,
                  goal: solver.Goal | None = None, prompt: int = 512, baseline: bool = True,
                  runtime: str | None = None, nf4_format: str | None = None):
-    """(plan, the memory-proportional plan of the same boards or None, manifest)."""
+    """(plan, the memory-proportional plan of the same boards or None, manifest); ``model``: a path, a hub name or
+    a located one (orkpack/sources/hub.py)."""
     from .manifest import manifest_from_path
 
     spec = parse_cluster(boards, network, runtime, nf4_format)
@@ -794,11 +857,14 @@ def render(plan: ClusterPlan, base: ClusterPlan | None, console) -> None:
         console.print(f"[yellow]warning:[/] {w_}")
 
 
-def plan_cluster_command(model: Path, boards: str, *, network: str | None, json_out: bool, output: Path | None,
-                         console, **kw) -> int:
+def plan_cluster_command(model, boards: str, *, network: str | None, json_out: bool, output: Path | None,
+                         console, revision: str | None = None, **kw) -> int:
     import json
 
+    from ..sources.hub import locate
     from .command import write_atomic
+
+    model = locate(model, revision=revision)  # a hub name downloaded (or found in the cache) once, here
 
     if output is not None and not Path(output).parent.is_dir():
         raise OrkError(f"{escape_name(str(output))}: folder {escape_name(str(Path(output).parent))} does not exist; "

@@ -42,12 +42,13 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
-def plan(model: Path, *, board: str = "rk3588-32g", profile: Path | None = None, ctx: int = 8192,
+def plan(model, *, board: str = "rk3588-32g", profile: Path | None = None, ctx: int = 8192,
          kv_type: str = "f16", prefill_m: int = 512, pins: dict[str, list[str]] | None = None,
          ignore_unknown: bool = False, goal: Goal | None = None, prompt: int = 512,
          runtime: str | None = None, nf4_format: str | None = None,
          npu_storage: str = "int8") -> tuple[TierMap, float, list]:
-    """(tier map, solve seconds, [manifest, board, profile]) for the build and for ``plan_command``;
+    """(tier map, solve seconds, [manifest, board, profile]) for the build and for ``plan_command``; ``model``: a
+    path, or a hub model located by orkpack/sources/hub.py (its tier map records its hub origin);
     ``runtime``: the runtime path the plan is for (default ggml-ork); ``nf4_format``: the NF4 format the
     build writes host NF4 in, whose bytes the plan counts (dq32 or b64; default dq32); ``npu_storage``: how
     the build stores NPU slices (build --npu-storage: int8, or nf4, which makes a host copy nf4 b64)."""
@@ -76,7 +77,7 @@ def predict_followed(tm: TierMap, model: Path, map_path: Path) -> tuple[dict, li
     from .solver import evaluate
 
     label = escape_name(str(map_path))
-    man = manifest_from_path(Path(model))
+    man = manifest_from_path(model)
     board = board_from_json(tm.board, f"tier map {label}")
     o, warnings = tm.options, []
     prof_name = o.get("profile")
@@ -350,12 +351,15 @@ def render_frontier(points: list[TierMap], console, solve_s: float) -> None:
                   "orkpack build SOURCE --tiermap DIR/frontier-K.json")
 
 
-def plan_command(model: Path, *, board: str = "rk3588-32g", profile: Path | None = None, ctx: int = 8192,
+def plan_command(model, *, board: str = "rk3588-32g", profile: Path | None = None, ctx: int = 8192,
                  kv_type: str = "f16", prefill_m: int = 512, pins: dict[str, list[str]] | None = None,
                  ignore_unknown: bool = False, json_out: bool = False, output: Path | None = None, console=None,
                  goal: Goal | None = None, prompt: int = 512, frontier_out: bool | str = False,
-                 runtime: str | None = None, nf4_format: str | None = None) -> int:
-    """The whole ``orkpack plan``: returns the exit code; raises OrkError for bad input."""
+                 runtime: str | None = None, nf4_format: str | None = None, revision: str | None = None) -> int:
+    """The whole ``orkpack plan``: returns the exit code; raises OrkError for bad input. ``model``: a path or a hub
+    name (``revision``: its branch, tag or commit), located once the options are checked (orkpack/sources/hub.py)."""
+    from ..sources.hub import locate
+
     if console is None and not json_out:  # --json prints no table: rich is not even imported
         from rich.console import Console
 
@@ -366,7 +370,7 @@ def plan_command(model: Path, *, board: str = "rk3588-32g", profile: Path | None
             raise OrkError(f"{escape_name(str(output))}: with --frontier, -o names a folder (one tier map per point); "
                            "create it first")
         b = load_board(board, runtime, nf4_format)
-        man = manifest_from_path(model)
+        man = manifest_from_path(locate(model, revision=revision))
         prof = load_profile(profile, man, b, prefill_m, ignore_unknown=ignore_unknown)
         t0 = time.perf_counter()
         make = size_frontier if frontier_out == "size" else frontier  # --frontier-size, else --frontier
@@ -389,7 +393,7 @@ def plan_command(model: Path, *, board: str = "rk3588-32g", profile: Path | None
         return 0
     if output is not None and not Path(output).parent.is_dir():
         raise OrkError(f"{escape_name(str(output))}: folder {escape_name(str(Path(output).parent))} does not exist; create it first")
-    tm, solve_s, (man, b, prof) = plan(Path(model), board=board, profile=profile, ctx=ctx, kv_type=kv_type,
+    tm, solve_s, (man, b, prof) = plan(locate(model, revision=revision), board=board, profile=profile, ctx=ctx, kv_type=kv_type,
                                        prefill_m=prefill_m, pins=pins, ignore_unknown=ignore_unknown, goal=goal,
                                        prompt=prompt, runtime=runtime, nf4_format=nf4_format)
     text = dumps(tm)

@@ -134,6 +134,7 @@ class Manifest:
     floats: list[TensorEntry] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # what a generic plan assumed
     source_warnings: list[str] = field(default_factory=list)  # about the source itself (a quantized GGUF)
+    hub: dict | None = None  # where a hub model came from (orkpack/sources/hub.py Origin.recorded()), else None
 
     def __post_init__(self) -> None:
         self.tensors = sorted(self.tensors, key=lambda t: _names.natural_key(t.name))
@@ -299,13 +300,23 @@ def manifest_from_config(cfg: dict, source: str = "config.json") -> Manifest:
     return Manifest(facts, tensors, "config", source)
 
 
-def manifest_from_path(path: str | Path) -> Manifest:
-    """A manifest from config.json, an HF folder, a .safetensors file or a .gguf (headers only).
+def manifest_from_path(path) -> Manifest:
+    """A manifest from config.json, an HF folder, a .safetensors file or a .gguf (headers only); or a hub name
+    (``ORG/NAME``, ``ORG/NAME:FILE.gguf``) or a located one (orkpack/sources/hub.py), shown by its hub name.
 
     A folder with weights is read through its headers; a folder holding only
     config.json (or the config.json path itself) is planned from the config.
     """
-    p = Path(path)
+    from ..sources.hub import locate
+
+    loc = locate(path)
+    man = _manifest_of(loc.path)
+    if loc.origin is not None:
+        man.source, man.hub = loc.origin.label, loc.origin.recorded()
+    return man
+
+
+def _manifest_of(p: Path) -> Manifest:
     if not p.exists():
         raise OrkError(f"{escape_name(str(p))}: no such file or folder; give config.json, a model folder, "
                        "a .safetensors or a .gguf file")

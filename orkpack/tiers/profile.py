@@ -135,17 +135,24 @@ def _at_rows(it: Item, m: float, mm: int, board: Board, memo: dict) -> tuple[flo
 
 # The analytic quality weights (docs/TIERMAP.md section 3, "Default sensitivity"), in KLD: what putting
 # an item in NF4 rather than int8 adds to the mean KL divergence of the next-token distribution.
-# Fitted to one measurement (docs/EVAL.md, "The default sensitivity"): `orkpack eval --per-tensor` of
-# SmolLM2-135M-Instruct with every matrix NF4, each item's single-item KLD on 128 tokens: the tied head
-# 0.124; the other 210 items 0.251 together. Per element, against the plain matrices (q, output,
-# gate, up: 1.5e-9 each): attn_k 2.4x, attn_v 12.6x, ffn_down 1.8x. The rule keeps what the field knows
-# and llama.cpp's quantization mixes act on (more bits for output, attn_v, ffn_down), with K and V
-# weighted by how many query heads read each (GQA: heads / kv_heads, 3 there). One small model's
-# figures: a profile measured on your own model (`orkpack eval --sensitivity`) replaces them.
-HEAD_KLD = 0.12
-BODY_KLD = 0.25
-V_FACTOR = 4.0  # attn_v per element, times the GQA ratio
+# Fitted to one measurement on the default NF4 format, nf4dq (docs/EVAL.md, "The default sensitivity"):
+# `orkpack eval --per-tensor` of SmolLM2-135M-Instruct with every matrix NF4, each item's single-item KLD
+# on 128 tokens: the tied head 0.076; the other 210 items 0.171 together. Per element, against the plain
+# matrices (q, output, gate, up: 1.0e-9 each): attn_k 3.8x, attn_v 15.8x, ffn_down 2.0x. The rule keeps
+# what the field knows and llama.cpp's quantization mixes act on (more bits for output, attn_v, ffn_down),
+# with K and V weighted by how many query heads read each (GQA: heads / kv_heads, 3 there). Held out on
+# eight other SmolLM2 packs it predicts 9 to 19 % above their measured decode KLD.
+HEAD_KLD = 0.076
+BODY_KLD = 0.171
+V_FACTOR = 5.0  # attn_v per element, times the GQA ratio
 DOWN_FACTOR = 2.0  # ffn_down (dense, shared expert and routed experts) per element
+# A larger model loses less to the same quantization: both constants scale by (N / SIZE_REF) ** -SIZE_EXP,
+# N the parameters a token reads (an expert's elements times its layer's used / total experts). SIZE_REF is
+# SmolLM2-135M's count by that rule; SIZE_EXP is fitted to llama.cpp's own types at both sizes (docs/EVAL.md,
+# "The default sensitivity across sizes": our SmolLM2 KLDs against llama.cpp's published LLaMA 3 8B ones;
+# seven pairs, each giving 0.08 to 0.41, and families of one size differ by as much as 2.5x).
+SIZE_REF = 134_479_872
+SIZE_EXP = 0.21
 _KIND = re.compile(r"^blk\.\d+\.(attn_k|attn_v|ffn_down|ffn_down_exps|ffn_down_shexp)\.weight$")
 
 
@@ -164,10 +171,12 @@ def default_sensitivity(manifest: Manifest, m_eff: list[float], prefill_m: int) 
     BODY_KLD in proportion to its weight: the elements a token reads through it (element count x its
     routing share for an expert, the element count otherwise; an untied embedding as a K x K matrix:
     a token reads one row of it) times its kind's factor (attn_k: the GQA ratio g = heads / kv_heads;
-    attn_v: 4 g; ffn_down: 2; others 1); the vision encoder's items share it too.
+    attn_v: 5 g; ffn_down: 2; others 1); the vision encoder's items share it too. Both constants scale
+    by :func:`size_factor`.
     """
     f = manifest.facts
     gqa = f["heads"] / f["kv_heads"] if f.get("heads") and f.get("kv_heads") else 1.0
+    size = size_factor(manifest)
     tied = not any(it.role == "output" for it in manifest.items)
     heads = [i for i, it in enumerate(manifest.items) if it.role == "output" or (tied and it.role == "embedding")]
     w = [0.0] * len(manifest.items)
@@ -182,10 +191,22 @@ def default_sensitivity(manifest: Manifest, m_eff: list[float], prefill_m: int) 
     for i in heads:
         w[i] = 0.0
     body = sum(w)
-    out = [BODY_KLD * x / body if body > 0 else 0.0 for x in w]
+    out = [size * BODY_KLD * x / body if body > 0 else 0.0 for x in w]
     for i in heads:
-        out[i] = HEAD_KLD / len(heads)
+        out[i] = size * HEAD_KLD / len(heads)
     return out
+
+
+def active_params(manifest: Manifest) -> float:
+    """The parameters a token reads: every item's elements, an expert's times its layer's used / total experts."""
+    return float(sum(it.numel * (it.n_experts_used / it.n_experts if it.role == "expert" and it.n_experts else 1.0)
+                     for it in manifest.items))
+
+
+def size_factor(manifest: Manifest) -> float:
+    """(N / SIZE_REF) ** -SIZE_EXP: how much less than SmolLM2-135M this model loses to the same quantization."""
+    n = active_params(manifest)
+    return (n / SIZE_REF) ** -SIZE_EXP if n > 0 else 1.0
 
 
 def analytic(manifest: Manifest, board: Board, prefill_m: int, routing: dict[int, float] | None = None) -> Profile:

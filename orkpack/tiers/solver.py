@@ -670,7 +670,8 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
                "default_keep": list(recorded_globs([t.name for t in manifest.tensors],
                                                    [t.shape for t in manifest.tensors]))}
     model = {"source": manifest.source, "origin": manifest.origin, **manifest.recorded_facts(),
-             "tensors": len(manifest.tensors), "items": len(items), "assumptions": list(manifest.warnings)}
+             "tensors": len(manifest.tensors), "items": len(items), "assumptions": list(manifest.warnings)} \
+        | ({"hub": manifest.hub} if manifest.hub else {})
     tm = TierMap(decisions, model=model, board=board.to_json(), options=options, objective=objective,
                  budget=budget, prediction=prediction)
     tm.warnings = list(manifest.source_warnings) + list(manifest.warnings) + pin_warn + list(profile.warnings)
