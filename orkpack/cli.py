@@ -538,6 +538,45 @@ def eval_(
 
 @app.command()
 @_fail_cleanly
+def generate(
+    pack: Path = typer.Argument(..., metavar="PACK", help="The .orkpack whose answer to give."),
+    prompt: Optional[str] = typer.Option(None, "-p", "--prompt", metavar="TEXT", help="The prompt, tokenized by the pack's own tokenizer (its model record)."),
+    tokens: Optional[str] = typer.Option(None, "--tokens", metavar="IDS", help="Token ids instead of a prompt (e.g. '1 520 33'); a pack without a tokenizer answers in ids too."),
+    chat: bool = typer.Option(False, "--chat", help="The prompt is a user message: rendered with the pack's chat template (tokenizer.chat_template) and its generation prompt, and the template's end-of-turn token stops the answer."),
+    source: Optional[Path] = typer.Option(None, "--source", metavar="SRC", help="The float checkpoint the pack was built from: its answer (same prompt, same sampling) beside the pack's, and the first token where they part."),
+    max_tokens: int = typer.Option(64, "-n", "--max-tokens", metavar="N", help="Stop after N tokens (or earlier, at an end-of-generation token)."),
+    temp: float = typer.Option(0.0, "--temp", metavar="T", help="0 (default): greedy, the most likely token; above 0: sample at temperature T."),
+    top_k: int = typer.Option(0, "--top-k", metavar="K", help="With --temp: sample among the K most likely tokens (0: all)."),
+    top_p: float = typer.Option(1.0, "--top-p", metavar="P", help="With --temp: sample among the fewest most likely tokens whose probability reaches P (1: all)."),
+    seed: Optional[int] = typer.Option(None, "--seed", metavar="N", help="With --temp: the sampling generator's seed (default 0); the same seed gives the same answer."),
+    cpu_act: str = typer.Option("float", "--cpu-act", help="CPU activations for int8/NF4 weights: float, or q8 (llama.cpp's Q8_0 blocks), as orkpack eval."),
+    no_cache: bool = typer.Option(False, "--no-cache", help="Run the whole sequence again for every token instead of the KV cache and recurrent states (the same answer, slower: to check the cache, or time it)."),
+    threads: int = typer.Option(1, "--threads", "-t", help="BLAS threads (0: all cores)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the token ids, their texts, where the answers part and the rates as JSON (nothing streamed)."),
+):
+    """The pack's answer to a prompt, streamed as it comes, in the board's decode numerics (the weights orkpack eval's
+    decode path runs: host NF4 copies, int8, floats; every matmul on the CPU), greedy or seeded sampling; prompt and
+    generation tokens per second. Every family orkpack's forward pass runs generates with a KV cache and the
+    recurrent families' states (docs/EVAL.md, "Check a pack by its answers")."""
+    from orkpack.eval.generate import Options, generate as run_generate
+    from orkpack.render import GenerationStream, generation_report
+
+    opts = Options(prompt=prompt, tokens=tokens, chat=chat, max_tokens=max_tokens, temp=temp, top_k=top_k,
+                   top_p=top_p, seed=seed, cpu_act=cpu_act, cache=not no_cache, threads=threads)
+    stream = None if json_out else GenerationStream(sys.stdout)
+    try:
+        r = run_generate(pack, opts, source=source, on_token=stream and stream.token, on_answer=stream and stream.answer)
+    finally:
+        if stream is not None:
+            stream.end()
+    if json_out:
+        print(json.dumps(r, indent=1))
+    else:
+        generation_report(_out(), r)
+
+
+@app.command()
+@_fail_cleanly
 def export(
     pack: Path = typer.Argument(..., metavar="PACK", help="An .orkpack, or a cluster folder (orkpack build --boards -o DIR) or its cluster.json: the node packs as one model."),
     output: Path = typer.Option(..., "-o", "--output", metavar="OUT.gguf", help="The GGUF to write (atomically; never one of the inputs)."),

@@ -227,3 +227,59 @@ def eval_report(console: Console, r: dict, *, rows: int = 20) -> None:
             pt.add_row(escape_name(it["item"]), f"{it['kld_alone']:.5f}", f"{100 * it['share']:.1f} %",
                        "" if it["rel_error"] is None else "exact" if it["snr_db"] is None else f"{it['snr_db']:.2f}")
         console.print(pt)
+
+
+class GenerationStream:
+    """``orkpack generate``'s answers as they come: a label line per answer, then its text (or ids) token by token,
+    written straight to ``out`` and flushed (the pack's numerics are slow; a person watches them arrive)."""
+
+    _LABELS = {"pack": "pack (decode numerics)", "source": "source (float32)"}
+
+    def __init__(self, out):
+        self.out, self.started = out, False
+
+    def answer(self, label: str) -> None:
+        if self.started:
+            self.out.write("\n")
+        self.out.write(f"--- {self._LABELS.get(label, label)}:\n")
+        self.out.flush()
+        self.started = True
+
+    def token(self, label: str, tid: int, piece: str) -> None:
+        if piece:
+            self.out.write(piece)
+            self.out.flush()
+
+    def end(self) -> None:
+        if self.started:
+            self.out.write("\n")
+            self.out.flush()
+
+
+def _rate(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.1f} tok/s"
+
+
+def generation_report(console: Console, r: dict) -> None:
+    """What follows the streamed answers: per answer its stop and rates, then where the two answers part."""
+    how = "greedy" if r["sampling"]["greedy"] else (
+        "sampled: temp {temp}, top-k {top_k}, top-p {top_p}, seed {seed}".format(**r["sampling"]))
+    console.print(f"{len(r['prompt_tokens'])} prompt tokens{' (chat template)' if r['chat'] else ''}, {how}, "
+                  f"{'KV cache and recurrent states' if r['cache'] else 'no cache: the whole sequence every step'}; "
+                  f"weights {r['weights']}", highlight=False)
+    for label, a in r["answers"].items():
+        console.print(f"{label}: {a['generated']} tokens, stopped at {a['stop']}; weights {a['load_s']:.2f} s, prompt "
+                      f"{_rate(a['prompt_tokens_per_s'])} ({a['prompt_s']:.2f} s), generation {_rate(a['tokens_per_s'])} "
+                      f"({a['generation_s']:.2f} s)", highlight=False)
+    if "source" in r["answers"]:
+        p, s = r["answers"]["pack"], r["answers"]["source"]
+        at = r["parted_at"]
+        if at is None:
+            console.print(f"the answers agree on every token ({p['generated']})", highlight=False)
+        else:
+            def tok(a):
+                if at >= len(a["tokens"]):
+                    return "(stopped)"
+                return repr(a["texts"][at]) if a["texts"] else str(a["tokens"][at])
+            console.print(f"the answers part at token {at}: pack {markup_escape(tok(p))}, source {markup_escape(tok(s))}",
+                          highlight=False)

@@ -20,6 +20,10 @@ int8 images plus one block of float32.
 :class:`GGUFWeights` runs a (quantized) GGUF as llama.cpp's CPU backend does: each weight
 dequantized by gguf-py, its activations converted to the weight type's ``vec_dot_type``
 (:func:`numerics.llama_cpp_act`).
+
+``keep=True`` (``orkpack generate``, which runs every matrix again for every token): each matrix is decoded to
+float32 once and kept, across layers and runs (``release`` keeps it): the same products, decoded once instead of once
+a token; the memory of the model's matrices in float32.
 """
 from __future__ import annotations
 
@@ -52,8 +56,18 @@ class _Operand:
     def __init__(self, n: int, k: int, rows: Callable[[int, int], np.ndarray], *, int8=None, quantized=False,
                  engine="cpu"):
         self.n, self.k, self.rows, self.int8, self.quantized, self.engine = n, k, rows, int8, quantized, engine
+        self.dense: np.ndarray | None = None  # every row decoded (PackWeights keep=True)
+
+    def decoded(self) -> "_Operand":
+        """This operand with its rows decoded once and kept (float32 [n, k])."""
+        if self.dense is None:
+            self.dense = np.ascontiguousarray(self.rows(0, self.n), dtype=np.float32)
+            self.rows = lambda r0, r1: self.dense[r0:r1]
+        return self
 
     def matmul(self, x: np.ndarray) -> np.ndarray:
+        if self.dense is not None:
+            return x @ self.dense.T
         out = np.empty((x.shape[0], self.n), dtype=np.float32)
         step = max(1, _BLOCK // max(self.k, 1))
         for r in range(0, self.n, step):
@@ -65,11 +79,13 @@ class PackWeights:
     """The board's numerics of one path over a pack (see the module docstring)."""
 
     def __init__(self, pack: Pack, path: str, *, m: int = 512, act: str = "token", cpu_act: str = "float",
-                 on_matmul: Callable[[str, int | None, str], None] | None = None):
+                 on_matmul: Callable[[str, int | None, str], None] | None = None, keep: bool = False):
         if path not in PATHS or act not in ACT_SCHEMES or cpu_act not in CPU_ACTS:
             raise EvalError(f"unknown numerics: path {path!r}, activations {act!r}, CPU activations {cpu_act!r}")
         self.pack, self.path, self.m, self.act, self.cpu_act = pack, path, int(m), act, cpu_act
         self.on_matmul = on_matmul
+        self.keep = keep
+        self._tables: dict[str, _Operand] = {}  # keep=True: the embedding tables' decoded rows
         self._slices: dict[tuple[str, int | None], tuple[dict, dict]] = {}
         for t, s in pack.slices():
             self._slices[(t["name"], s["expert"])] = (t, s)
@@ -103,7 +119,10 @@ class PackWeights:
     def matmul(self, name: str, x: np.ndarray, expert: int | None = None) -> np.ndarray:
         op = self._cache.get((name, expert))
         if op is None:
-            op = self._cache[(name, expert)] = self._operand(name, expert)
+            shared = self._tables.get(name) if expert is None and self.engine(name) == "cpu" else None
+            op = self._cache[(name, expert)] = shared or self._operand(name, expert)  # (a tied head: its table's rows)
+            if self.keep and op.int8 is None:
+                op.decoded()
         if self.on_matmul:
             self.on_matmul(name, expert, op.engine)
         x = np.asarray(x, dtype=np.float32)
@@ -115,8 +134,16 @@ class PackWeights:
         return op.matmul(x)
 
     def embed(self, ids: np.ndarray, name: str = EMBED) -> np.ndarray:
-        op = self._cpu_operand(self._slice(name, None))
+        op = self._tables.get(name)
+        if op is None:
+            op = self._cache.get((name, None)) if self.keep else None  # a tied head decoded first: its rows
+            if op is None or op.int8 is not None:
+                op = self._cpu_operand(self._slice(name, None))
+            if self.keep:
+                self._tables[name] = op.decoded()
         ids = np.asarray(ids, dtype=np.int64)
+        if op.dense is not None:
+            return op.dense[ids]
         out = np.empty((ids.size, op.k), dtype=np.float32)
         step = max(1, _BLOCK // max(op.k, 1))
         for r in range(0, op.n, step):
@@ -126,7 +153,18 @@ class PackWeights:
         return out
 
     def release(self) -> None:
-        self._cache.clear()
+        if not self.keep:
+            self._cache.clear()
+
+    def preload(self) -> None:
+        """keep=True: decode every matrix slice now (what the first run would decode as it goes), so that a caller can
+        time the runs apart from the decoding."""
+        if not self.keep:
+            return
+        for (name, expert), (_, s) in self._slices.items():
+            if len(s["shape"]) == 2 and s["encoding"] != spec.ENC_RAW and (name, expert) not in self._cache \
+                    and self.engine(name, expert) == "cpu":
+                self._cache[(name, expert)] = self._cpu_operand(s).decoded()
 
     # -- operands ----------------------------------------------------------------------------
     def _operand(self, name: str, expert: int | None) -> _Operand:

@@ -15,6 +15,7 @@ HF folder read so), which the family declares (archs ``Forward``): ``vheads`` ti
 head ``h % ng``) or grouped (Qwen3-Next, transformers' own order: ``h // (nv / ng)``); ``beta_alpha`` split
 (``ssm_beta``, ``ssm_alpha``) or fused (Qwen3-Next's ``ssm_ba``: per key head its value heads' beta, then their
 alpha).
+With a ``state`` slot (orkpack/model/state.py) the conv tail and S start where the sequence so far left them.
 The recurrence runs token by token in float32 on the CPU (as the board runs it): only its matrices see the NPU's
 numerics.
 """
@@ -36,10 +37,12 @@ def _softplus(x: np.ndarray) -> np.ndarray:
     return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20)))).astype(np.float32)  # torch's threshold 20
 
 
-def delta_rule(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray) -> np.ndarray:
-    """The gated delta rule over T tokens: q, k (T, nv, ds), v (T, nv, dv), g and beta (T, nv) -> (T, nv, dv)."""
+def delta_rule(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
+               S: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The gated delta rule over T tokens: q, k (T, nv, ds), v (T, nv, dv), g and beta (T, nv) -> ((T, nv, dv),
+    the state after them); ``S``: the state before them (zeros: a fresh sequence)."""
     T, nv, ds = k.shape
-    S = np.zeros((nv, ds, v.shape[2]), dtype=np.float32)
+    S = np.zeros((nv, ds, v.shape[2]), dtype=np.float32) if S is None else S.copy()
     out = np.empty_like(v)
     decay = np.exp(g).astype(np.float32)
     for t in range(T):
@@ -48,11 +51,12 @@ def delta_rule(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta:
         delta = (v[t] - mem) * beta[t][:, None]
         S += k[t][:, :, None] * delta[:, None, :]
         out[t] = np.einsum("hk,hkv->hv", q[t], S)
-    return out
+    return out, S
 
 
-def deltanet(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
-    """The Gated DeltaNet block of layer ``i`` on the normed hidden states ``x`` (T, H) -> (T, H)."""
+def deltanet(i: int, x: np.ndarray, hp: Hparams, w: Weights, state: dict | None = None) -> np.ndarray:
+    """The Gated DeltaNet block of layer ``i`` on the normed hidden states ``x`` (T, H) -> (T, H); ``state``: its
+    slot of the sequence x continues, advanced past x."""
     p = f"blk.{i}."
     T = x.shape[0]
     ng, ds, di = hp.ssm["ng"], hp.ssm["ds"], hp.ssm["di"]
@@ -60,7 +64,7 @@ def deltanet(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     nv = a.shape[0]
     dv = di // nv
     kernel = np.asarray(w.tensor(p + "ssm_conv1d.weight"), dtype=np.float32).reshape(2 * ng * ds + di, -1)
-    qkv = causal_conv(lin(w, p + "attn_qkv", x), kernel)
+    qkv = causal_conv(lin(w, p + "attn_qkv", x), kernel, state)
     if w.has(p + "ssm_conv1d.bias"):
         qkv = qkv + w.tensor(p + "ssm_conv1d.bias")
     qkv = qkv * expit(qkv)
@@ -80,7 +84,10 @@ def deltanet(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
         b, al = lin(w, p + "ssm_beta", x), lin(w, p + "ssm_alpha", x)
     beta = expit(b)
     g = a * _softplus(al + w.tensor(p + "ssm_dt.bias"))
-    o = delta_rule(q, k, v, g.astype(np.float32), beta.astype(np.float32))
+    o, S = delta_rule(q, k, v, g.astype(np.float32), beta.astype(np.float32),
+                      state.get("S") if state is not None else None)
+    if state is not None:
+        state["S"] = S
     z = lin(w, p + "attn_gate", x).reshape(T, nv, dv)
     o = o / np.sqrt((o * o).mean(-1, keepdims=True) + np.float32(hp.eps))
     o = o * w.tensor(p + "ssm_norm.weight") * (z * expit(z))

@@ -7,6 +7,11 @@ the hidden states of every token are kept, the weights of one layer at a time.
 
 Shapes: ``x`` is (T, hidden); q/k/v are (T, heads, head_dim). Attention runs per KV head and
 block of queries, so its scores take (group x 256 x T) floats at most.
+
+Incremental: given a :class:`orkpack.model.state.State`, ``run`` takes the tokens as the continuation of the
+sequence the state holds (positions from ``state.pos``: RoPE, attention temperature and sliding windows at absolute
+positions), attends over the cached K/V plus the new, carries every recurrent block's state, and leaves the state
+advanced past them: prefill, then one token at a time, gives the full sequence's logits.
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from .deltanet import deltanet
 from .mamba2 import mamba2
 from .rwkv7 import channel_mix, time_mix
 from .shortconv import shortconv
+from .state import State
 from .weights import SourceWeights, Weights
 
 _Q_BLOCK = 256  # queries per attention block
@@ -129,16 +135,18 @@ def _softmax(s: np.ndarray) -> np.ndarray:
 
 
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, hp: Hparams, window: int,
-            sinks: np.ndarray | None = None) -> np.ndarray:
-    """Causal attention: q (T, nh, d), k (T, nkv, d), v (T, nkv, dv) -> (T, nh * dv).
+            sinks: np.ndarray | None = None, q0: int = 0, k0: int = 0) -> np.ndarray:
+    """Causal attention: q (T, nh, d), k (S, nkv, d), v (S, nkv, dv) -> (T, nh * dv).
 
-    ``sinks`` (nh,): a per-head logit in every softmax's denominator that attends to nothing (gpt-oss).
+    ``q0``, ``k0``: the absolute positions of q[0] and k[0] (the keys run to the last query's position; a cache
+    holds the earlier ones). ``sinks`` (nh,): a per-head logit in every softmax's denominator that attends to
+    nothing (gpt-oss).
     """
     T, nh, _ = q.shape
     nkv, dv = k.shape[1], v.shape[2]
     g = nh // nkv
     out = np.empty((T, nh, dv), dtype=np.float32)
-    j = np.arange(T)
+    j = k0 + np.arange(k.shape[0])
     scale = np.float32(hp.attn_scale)
     cap = np.float32(hp.attn_softcap)
     for h in range(nkv):  # contiguous 2-D operands: one BLAS call each (numpy's batched matmul is slow here)
@@ -146,11 +154,12 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, hp: Hparams, window: in
         qh = np.ascontiguousarray(q[:, h * g:(h + 1) * g, :].transpose(1, 0, 2))  # (g, T, d)
         for t0 in range(0, T, _Q_BLOCK):
             t1 = min(T, t0 + _Q_BLOCK)
-            i = np.arange(t0, t1)[:, None]
-            allowed = j[None, :t1] <= i
+            n = q0 + t1 - k0  # the keys up to the block's last query
+            i = (q0 + np.arange(t0, t1))[:, None]
+            allowed = j[None, :n] <= i
             if window:
-                allowed &= i - j[None, :t1] < window
-            s = (qh[:, t0:t1].reshape(-1, qh.shape[2]) @ kh[:t1].T).reshape(g, t1 - t0, t1)
+                allowed &= i - j[None, :n] < window
+            s = (qh[:, t0:t1].reshape(-1, qh.shape[2]) @ kh[:n].T).reshape(g, t1 - t0, n)
             s *= scale
             if cap:
                 s = np.tanh(s / cap) * cap
@@ -162,7 +171,7 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, hp: Hparams, window: in
                 m = np.maximum(s.max(-1, keepdims=True), sk)
                 p = np.exp(s - m)
                 p /= p.sum(-1, keepdims=True) + np.exp(sk - m)
-            out[t0:t1, h * g:(h + 1) * g, :] = (p.reshape(-1, t1) @ vh[:t1]).reshape(g, t1 - t0, dv).transpose(1, 0, 2)
+            out[t0:t1, h * g:(h + 1) * g, :] = (p.reshape(-1, n) @ vh[:n]).reshape(g, t1 - t0, dv).transpose(1, 0, 2)
     return out.reshape(T, nh * dv)
 
 
@@ -182,11 +191,37 @@ def _qk_norm(x: np.ndarray, w: Weights, name: str, hp: Hparams) -> np.ndarray:
     return _norm(x.reshape(T, -1, d), w, name, hp).reshape(T, -1)
 
 
-def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None = None) -> np.ndarray:
-    """One attention layer; ``kv`` holds the (k, v) of the layers a later KV-sharing layer reads (Hparams.kv_from)."""
+def _kv_keep(i: int, hp: Hparams) -> int:
+    """Positions layer i's K/V cache keeps after a run: the last window - 1 of a sliding layer (all the next query can
+    see) when every layer reading it slides too; 0: all."""
+    readers = [i] + [j for j, src in hp.kv_from.items() if src == i]
+    if hp.swa_window and all(j in hp.swa_layers for j in readers):
+        return max(hp.swa_window - 1, 1)
+    return 0
+
+
+def _cached(i: int, k: np.ndarray, v: np.ndarray, pos0: int, hp: Hparams, slot: dict | None):
+    """(k, v, k0): the new K/V after the ones ``slot`` holds, with the absolute position of the first; the slot
+    left holding what the next tokens need (orkpack/model/state.py)."""
+    if slot is None:
+        return k, v, pos0
+    if "k" in slot:
+        k, v, k0 = np.concatenate([slot["k"], k]), np.concatenate([slot["v"], v]), slot["k0"]
+    else:
+        k, v, k0 = np.ascontiguousarray(k), np.ascontiguousarray(v), pos0
+    keep = _kv_keep(i, hp)
+    cut = max(0, k.shape[0] - keep) if keep else 0
+    slot["k"], slot["v"], slot["k0"] = k[cut:], v[cut:], k0 + cut
+    return k, v, k0
+
+
+def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None = None, pos0: int = 0,
+               slot: dict | None = None) -> np.ndarray:
+    """One attention layer; ``kv`` holds the (k, v, k0) of the layers a later KV-sharing layer reads
+    (Hparams.kv_from); ``pos0``: the position of x[0]; ``slot``: this layer's K/V cache (orkpack/model/state.py)."""
     p = f"blk.{i}."
     T = x.shape[0]
-    pos = np.arange(T)
+    pos = pos0 + np.arange(T)
     rope = _rope_for(i, hp)
     window = hp.swa_window if i in hp.swa_layers else 0
     if hp.mla:
@@ -206,6 +241,7 @@ def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None =
         q = np.concatenate([q[..., :nope], q_pe], -1)
         k = np.concatenate([kv[..., :nope], np.broadcast_to(k_pe, (T, hp.heads, rd))], -1)
         v = np.ascontiguousarray(kv[..., nope:])
+        k, v, k0 = _cached(i, k, v, pos0, hp, slot)
     else:
         nh, nkv, d = hp.heads, hp.kv_heads, hp.head_dim
         if hp.head_dim_swa and i in hp.swa_layers:  # gemma4: the sliding layers' own head size and KV heads
@@ -217,7 +253,7 @@ def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None =
             q = q.reshape(T, nh, d)
             if rope is not None:
                 q = _rope(q, rope, pos)
-            k, v = kv[hp.kv_from[i]]
+            k, v, k0 = kv[hp.kv_from[i]]
         elif w.has(p + "attn_qkv.weight"):
             qkv = _lin(w, p + "attn_qkv", x)
             if hp.fwd.qkv == "grouped":  # per KV head: its nh / nkv q heads, then k, then v
@@ -243,14 +279,15 @@ def _attention(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None =
             if qk_norm and hp.fwd.qk_norm_after_rope:  # hunyuan_v1_dense
                 q = _qk_norm(q.reshape(T, -1), w, p + "attn_q_norm", hp).reshape(T, nh, d)
                 k = _qk_norm(k.reshape(T, -1), w, p + "attn_k_norm", hp).reshape(T, nkv, d)
+            k, v, k0 = _cached(i, k, v, pos0, hp, slot)
             if kv is not None and i in set(hp.kv_from.values()):
-                kv[i] = (k, v)
+                kv[i] = (k, v, k0)
         if hp.attn_temp[0]:  # Llama 4's attention temperature (ministral3)
             beta, n = hp.attn_temp
             q = q * (1 + np.float32(beta) * np.log1p(np.floor(pos / n))).astype(np.float32)[:, None, None]
     sink = next((n for n in (p + "attn_sinks", p + "attn_sinks.weight") if w.has(n)), None)
     sinks = w.tensor(sink) if sink else None
-    o = _attend(q, k, v, hp, window, sinks)
+    o = _attend(q, k, v, hp, window, sinks, pos0, k0)
     if hp.fwd.attn_gate and not hp.mla:
         o = o * expit(gate)
     return _lin(w, p + "attn_output", o)
@@ -364,13 +401,28 @@ _MIXERS: dict[str, Callable[..., np.ndarray]] = {
 _STORE = {"rwkv7"}  # the mixers that read or leave values for later layers in the run's store (besides attention's K/V)
 
 
+def _mix(m: str, i: int, h: np.ndarray, hp: Hparams, w: Weights, kv: dict, pos0: int,
+         state: State | None) -> np.ndarray:
+    """Mixer ``m`` of layer i on the normed input h: attention with the K/V store later KV-sharing layers read
+    (gemma4's kv_from), its position and its cache; a recurrent mixer with its state slot (and the run's store)."""
+    slot = state.slot(i, m) if state is not None else None
+    fn, args = _MIXERS[m], (i, h, hp, w)
+    if m == "attn":  # (i, x, hp, w[, kv, pos0, slot])
+        return fn(*args, kv, pos0, slot) if hp.kv_from or slot is not None else fn(*args)
+    if m in _STORE:
+        args += (kv,)
+    return fn(*args, state=slot) if slot is not None else fn(*args)
+
+
 # the FFN block of a layer (archs Forward.ffn): the MLP (or experts), or rwkv7's channel mix
 _FFNS: dict[str, Callable[..., np.ndarray]] = {"mlp": _ffn, "channel_mix": channel_mix}
+_FFN_STATE = {"channel_mix"}  # the FFN blocks that carry a state from token to token (rwkv7's token shift)
 
 
 def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None = None,
-           pli: np.ndarray | None = None) -> np.ndarray:
-    """One decoder layer. ``kv``: the K/V later KV-sharing layers read; ``pli``: the per-layer inputs (T, L, width)."""
+           pli: np.ndarray | None = None, pos0: int = 0, state: State | None = None) -> np.ndarray:
+    """One decoder layer. ``kv``: the K/V later KV-sharing layers read; ``pli``: the per-layer inputs (T, L, width);
+    ``pos0``: the position of x[0]; ``state``: the sequence's caches and recurrent states (orkpack/model/state.py)."""
     p = f"blk.{i}."
     after = hp.fwd.block in ("sandwich", "post")  # the block's output normed
     before = hp.fwd.block != "post"  # its input normed
@@ -378,9 +430,7 @@ def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None = Non
     part = _PARTS.get(hp.arch, {}).get(blk)  # "mixer" | "ffn": the layer is that one block (archs Blocks.parts)
     if part != "ffn":
         h = _norm(x, w, p + "attn_norm", hp) if before else x
-        # (i, x, hp, w); attention also takes the K/V store where later layers reuse K/V (gemma4's kv_from)
-        a = sum(_MIXERS[m](i, h, hp, w, kv) if (m == "attn" and hp.kv_from) or m in _STORE else _MIXERS[m](i, h, hp, w)
-                for m in mixers(blk))
+        a = sum(_mix(m, i, h, hp, w, kv, pos0, state) for m in mixers(blk))
         if after:
             a = _norm(a, w, p + "post_attention_norm", hp)
         x = x + a * np.float32(hp.residual_scale)
@@ -391,8 +441,11 @@ def _layer(i: int, x: np.ndarray, hp: Hparams, w: Weights, kv: dict | None = Non
         if hp.fwd.moe_beside_mlp and w.has(p + "ffn_gate_inp.weight"):
             m = _mlp_and_experts(i, x, hp, w)
         else:
-            m = _FFNS[hp.fwd.ffn](i, _norm(x, w, p + (hp.fwd.ffn_norm if part is None else "attn_norm"), hp)
-                                  if before else x, hp, w)
+            xf = _norm(x, w, p + (hp.fwd.ffn_norm if part is None else "attn_norm"), hp) if before else x
+            if hp.fwd.ffn in _FFN_STATE and state is not None:
+                m = _FFNS[hp.fwd.ffn](i, xf, hp, w, state=state.slot(i, hp.fwd.ffn))
+            else:
+                m = _FFNS[hp.fwd.ffn](i, xf, hp, w)
         if after:
             m = _norm(m, w, p + "post_ffw_norm", hp)
         x = x + m * np.float32(hp.residual_scale)
@@ -431,7 +484,8 @@ def _altup_merged(xs: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     return np.mean(np.stack(ys), axis=0, dtype=np.float32)
 
 
-def _altup_layer(i: int, xs: np.ndarray, hp: Hparams, w: Weights, kv: dict, pli: np.ndarray | None) -> np.ndarray:
+def _altup_layer(i: int, xs: np.ndarray, hp: Hparams, w: Weights, kv: dict, pli: np.ndarray | None,
+                 pos0: int = 0, state: State | None = None) -> np.ndarray:
     """Forward.altup: layer i on the streams xs (n, T, hidden): every stream predicted from all (coefficients from the
     router on the active stream), the layer run on the active prediction, every stream corrected by the layer's
     innovation; the corrected active stream (times altup_correct_scale) through the per-layer input gate added to
@@ -446,7 +500,7 @@ def _altup_layer(i: int, xs: np.ndarray, hp: Hparams, w: Weights, kv: dict, pli:
 
     coef = _lin(w, p + "altup_predict_coef", modalities(xs[a])).reshape(T, n, n)  # [t, to, from]
     pred = (xs + np.einsum("tij,jth->ith", coef, xs)).astype(np.float32)
-    out = _layer(i, pred[a], hp, w, kv, None)
+    out = _layer(i, pred[a], hp, w, kv, None, pos0, state)
     corr = _lin(w, p + "altup_correct_coef", modalities(out)) + np.float32(1)  # (T, n)
     xs = (pred + (out - pred[a])[None] * corr.T[:, :, None]).astype(np.float32)
     if pli is not None:
@@ -471,7 +525,8 @@ def _per_layer_inputs(ids: np.ndarray, x: np.ndarray, hp: Hparams, w: Weights) -
 
 def run(source, tokens, *, weights: Weights | None = None, hp: Hparams | None = None,
         on_logits: Callable[[int, np.ndarray], None] | None = None,
-        progress: Callable[[int, int], None] | None = None, chunk: int = _LOGIT_CHUNK) -> np.ndarray | None:
+        progress: Callable[[int, int], None] | None = None, chunk: int = _LOGIT_CHUNK,
+        state: State | None = None, last: bool = False) -> np.ndarray | None:
     """Logits (T, vocab) float32 of ``tokens`` under the model in ``source`` (an opened Source).
 
     ``hp``: the hyperparameters (default: :func:`model_hparams` of the source).
@@ -480,6 +535,9 @@ def run(source, tokens, *, weights: Weights | None = None, hp: Hparams | None = 
     ``on_logits(t0, block)``: receives the logits in blocks of ``chunk`` tokens instead of one
     (T, vocab) array (then None is returned): a long text's logits need not fit in memory.
     ``progress(done, total)``: after each layer and each block of logits.
+    ``state``: a :class:`orkpack.model.state.State`; the tokens continue the sequence it holds (positions from
+    ``state.pos``), and it is left advanced past them (the KV cache and recurrent states; module docstring).
+    ``last``: only the last token's logits, (1, vocab) (what a generation step needs).
     """
     if source is None and (hp is None or weights is None):
         raise ValueError("run() without a source needs both hp and weights")
@@ -492,11 +550,13 @@ def run(source, tokens, *, weights: Weights | None = None, hp: Hparams | None = 
     if ids.min() < 0 or ids.max() >= hp.vocab:
         raise SourceError(f"{where}: token id {int(ids.max() if ids.max() >= hp.vocab else ids.min())} is outside "
                           f"the vocabulary (0..{hp.vocab - 1}); tokenize with this model's tokenizer")
-    if hp.rope is not None and hp.rope.params.get("rope_type") == "dynamic" and hp.max_pos and ids.size > hp.max_pos:
+    pos0 = state.pos if state is not None else 0
+    if hp.rope is not None and hp.rope.params.get("rope_type") == "dynamic" and hp.max_pos and \
+            pos0 + ids.size > hp.max_pos:
         raise NotEvaluable(f"{where}: dynamic RoPE scaling beyond max_position_embeddings ({hp.max_pos} tokens) is "
                            "not evaluable yet; use fewer tokens")
     T = ids.size
-    total = hp.n_layers + -(-T // chunk)
+    total = hp.n_layers + (1 if last else -(-T // chunk))
     x = w.embed(ids) * np.float32(hp.embed_scale)
     if hp.fwd.embed_norm:  # rwkv7: layer 0's pre-norm on the embeddings
         x = _norm(x, w, hp.fwd.embed_norm, hp)
@@ -505,18 +565,21 @@ def run(source, tokens, *, weights: Weights | None = None, hp: Hparams | None = 
     xs = _altup_streams(x, hp, w) if hp.altup[0] else None  # gemma3n's AltUp streams
     for i in range(hp.n_layers):
         if xs is not None:
-            xs = _altup_layer(i, xs, hp, w, kv, pli)
+            xs = _altup_layer(i, xs, hp, w, kv, pli, pos0, state)
         else:
-            x = _layer(i, x, hp, w, kv, pli)
+            x = _layer(i, x, hp, w, kv, pli, pos0, state)
         w.release()
         if progress:
             progress(i + 1, total)
+    if state is not None:
+        state.pos += T
     if xs is not None:
         x = _altup_merged(xs, hp, w)
-    x = _norm(x, w, hp.fwd.output_norm, hp)
+    first = T - 1 if last else 0  # the first token whose logits are computed
+    x = _norm(x[first:], w, hp.fwd.output_norm, hp)
     head = "output.weight" if w.has("output.weight") else "token_embd.weight"
-    out = None if on_logits else np.empty((T, hp.vocab), dtype=np.float32)
-    for t0 in range(0, T, chunk):
+    out = None if on_logits else np.empty((T - first, hp.vocab), dtype=np.float32)
+    for t0 in range(0, T - first, chunk):
         lg = w.matmul(head, x[t0: t0 + chunk])
         if hp.logit_scale != 1.0:
             lg = lg / np.float32(hp.logit_scale)
@@ -524,7 +587,7 @@ def run(source, tokens, *, weights: Weights | None = None, hp: Hparams | None = 
             cap = np.float32(hp.final_softcap)
             lg = np.tanh(lg / cap) * cap
         if on_logits:
-            on_logits(t0, lg)
+            on_logits(first + t0, lg)
         else:
             out[t0: t0 + lg.shape[0]] = lg
         if progress:

@@ -16,7 +16,8 @@ The tensors are read by their canonical GGUF names as llama.cpp's converter lays
 ``ssm_in.weight`` (2D + 2GN + H, E), ``ssm_conv1d.weight`` (D + 2GN, K) with ``ssm_conv1d.bias``,
 ``ssm_dt.bias`` (H,), ``ssm_a`` (H, 1) = -exp(A_log), ``ssm_d`` (H, 1), ``ssm_norm.weight`` (G, D / G) and
 ``ssm_out.weight`` (E, D); every size (D, G, N, H, K) is read off those shapes. The scan runs token by token
-from a zero state (a fresh sequence: llama.cpp's states start at zero), in float64, all heads at once; the
+from a zero state (a fresh sequence: llama.cpp's states start at zero; with a ``state`` slot, from the conv tail
+and SSM state the sequence so far left, orkpack/model/state.py), in float64, all heads at once; the
 recurrence runs in float on the CPU whatever the pack's numerics (only ssm_in and ssm_out are matrices).
 """
 from __future__ import annotations
@@ -32,8 +33,9 @@ def _silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-def mamba2(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
-    """The Mamba2 block of layer ``i`` on the normed hidden states ``x`` (T, E) -> (T, E)."""
+def mamba2(i: int, x: np.ndarray, hp: Hparams, w: Weights, state: dict | None = None) -> np.ndarray:
+    """The Mamba2 block of layer ``i`` on the normed hidden states ``x`` (T, E) -> (T, E); ``state``: its slot of
+    the sequence x continues, advanced past x."""
     p = f"blk.{i}."
     T = x.shape[0]
     a = np.asarray(w.tensor(p + "ssm_a"), dtype=np.float64).reshape(-1)  # (H,)
@@ -55,7 +57,7 @@ def mamba2(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
     zxbcdt = lin(w, p + "ssm_in", x).astype(np.float64)
     z, xbc, dt = zxbcdt[:, :D], zxbcdt[:, D: D + C_dim], zxbcdt[:, D + C_dim: D + C_dim + H]
 
-    conv = causal_conv(xbc, k)
+    conv = causal_conv(xbc, k, state)
     if w.has(p + "ssm_conv1d.bias"):
         conv += w.tensor(p + "ssm_conv1d.bias")
     xbc = _silu(conv)
@@ -66,12 +68,15 @@ def mamba2(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
 
     dt = np.logaddexp(0.0, dt + np.asarray(w.tensor(p + "ssm_dt.bias"), dtype=np.float64))  # softplus, (T, H)
     decay = np.exp(dt * a)  # (T, H)
-    state = np.zeros((H, P, N))
+    S = state.get("ssm") if state is not None else None
+    S = np.zeros((H, P, N)) if S is None else S.copy()
     y = np.empty((T, H, P))
     for t in range(T):
-        state *= decay[t][:, None, None]
-        state += (dt[t][:, None] * xs[t])[:, :, None] * B[t][:, None, :]
-        y[t] = np.einsum("hpn,hn->hp", state, C[t])
+        S *= decay[t][:, None, None]
+        S += (dt[t][:, None] * xs[t])[:, :, None] * B[t][:, None, :]
+        y[t] = np.einsum("hpn,hn->hp", S, C[t])
+    if state is not None:
+        state["ssm"] = S
     y += xs * d_skip[:, None]
 
     g = y.reshape(T, D) * _silu(z)

@@ -2,7 +2,8 @@
 ``build_rwkv7_time_mix`` / ``build_rwkv7_channel_mix``), the mixer and the FFN of an ``rwkv7`` layer in the reference
 forward pass.
 
-On the normed hidden states x (T, H), with x_prev the same shifted one token (zeros before the first):
+On the normed hidden states x (T, H), with x_prev the same shifted one token (zeros before the first; with a
+``state`` slot, orkpack/model/state.py, the last x of the sequence so far, and S where it left it):
 
     xr, xw, xk, xv, xa, xg = x + (x_prev - x) * time_mix_lerp_fused          # six token-shift lerps
     r = receptance(xr); k = key(xk); v = value(xv)
@@ -34,34 +35,43 @@ from .weights import Weights
 _DECAY = np.float32(np.exp(-0.5))  # fla's 0.6065306597126334 (llama.cpp's graph: 0.606531)
 
 
-def _shifted(x: np.ndarray) -> np.ndarray:
-    """x one token later: row t holds x[t - 1], row 0 zeros (the token shift of a fresh sequence)."""
+def _shifted(x: np.ndarray, state: dict | None = None) -> np.ndarray:
+    """x one token later: row t holds x[t - 1], row 0 zeros (the token shift of a fresh sequence) or, with a
+    ``state`` slot, the last x it holds (then the slot keeps x's last row)."""
     out = np.zeros_like(x)
     out[1:] = x[:-1]
+    if state is not None:
+        if "shift" in state:
+            out[0] = state["shift"]
+        state["shift"] = x[-1].copy()
     return out
 
 
-def wkv7(r: np.ndarray, w: np.ndarray, k: np.ndarray, v: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """ggml's rwkv_wkv7 over T tokens: every argument (T, heads, hs) -> the outputs (T, heads, hs)."""
+def wkv7(r: np.ndarray, w: np.ndarray, k: np.ndarray, v: np.ndarray, a: np.ndarray, b: np.ndarray,
+         S: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """ggml's rwkv_wkv7 over T tokens: every argument (T, heads, hs) -> (the outputs (T, heads, hs), the state after
+    them); ``S``: the state before them (zeros: a fresh sequence)."""
     T, nh, hs = r.shape
-    S = np.zeros((nh, hs, hs), dtype=np.float32)  # (head, value i, key j)
+    if S is None:
+        S = np.zeros((nh, hs, hs), dtype=np.float32)  # (head, value i, key j)
     out = np.empty_like(v)
     for t in range(T):
         sa = np.einsum("hij,hj->hi", S, a[t])
         S = S * w[t][:, None, :] + v[t][:, :, None] * k[t][:, None, :] + sa[:, :, None] * b[t][:, None, :]
         out[t] = np.einsum("hij,hj->hi", S, r[t])
-    return out
+    return out, S
 
 
-def time_mix(i: int, x: np.ndarray, hp: Hparams, w: Weights, store: dict) -> np.ndarray:
+def time_mix(i: int, x: np.ndarray, hp: Hparams, w: Weights, store: dict, state: dict | None = None) -> np.ndarray:
     """The time mix of layer ``i`` on the normed hidden states ``x`` (T, H) -> (T, H); ``store`` keeps layer 0's
-    values for the later layers' value residual."""
+    values (of the same tokens) for the later layers' value residual; ``state``: its slot of the sequence x
+    continues, advanced past x."""
     p = f"blk.{i}."
     T, H = x.shape
     hs = hp.ssm["hs"]
     nh = H // hs
     mix = w.tensor(p + "time_mix_lerp_fused.weight").reshape(-1, H)
-    sx = _shifted(x) - x
+    sx = _shifted(x, state) - x
     xr, xw, xk, xv, xa, xg = (x + sx * mix[j] for j in range(6))
     r = lin(w, p + "time_mix_receptance", xr)
     k = lin(w, p + "time_mix_key", xk)
@@ -80,7 +90,9 @@ def time_mix(i: int, x: np.ndarray, hp: Hparams, w: Weights, store: dict) -> np.
     k = k * (np.float32(1) + (a - np.float32(1)) * w.tensor(p + "time_mix_k_a.weight"))
     heads = lambda z: z.reshape(T, nh, hs).astype(np.float32)  # noqa: E731
     r3, k3, v3, a3 = heads(r), heads(k), heads(v), heads(a)
-    o = wkv7(r3, heads(decay), k3, v3, -kk, kk * a3)
+    o, S = wkv7(r3, heads(decay), k3, v3, -kk, kk * a3, state.get("wkv") if state is not None else None)
+    if state is not None:
+        state["wkv"] = S
     mu = o.mean(-1, keepdims=True)
     oc = o - mu
     o = oc / np.sqrt((oc * oc).mean(-1, keepdims=True) + np.float32(hs * hp.eps))
@@ -90,9 +102,10 @@ def time_mix(i: int, x: np.ndarray, hp: Hparams, w: Weights, store: dict) -> np.
     return lin(w, p + "time_mix_output", (o * g).astype(np.float32))
 
 
-def channel_mix(i: int, x: np.ndarray, hp: Hparams, w: Weights) -> np.ndarray:
-    """The channel mix of layer ``i`` on the normed hidden states ``x`` (T, H) -> (T, H)."""
+def channel_mix(i: int, x: np.ndarray, hp: Hparams, w: Weights, state: dict | None = None) -> np.ndarray:
+    """The channel mix of layer ``i`` on the normed hidden states ``x`` (T, H) -> (T, H); ``state``: its slot of
+    the sequence x continues, advanced past x."""
     p = f"blk.{i}."
-    xk = x + (_shifted(x) - x) * w.tensor(p + "channel_mix_lerp_k.weight").reshape(-1)
+    xk = x + (_shifted(x, state) - x) * w.tensor(p + "channel_mix_lerp_k.weight").reshape(-1)
     h = np.maximum(lin(w, p + "channel_mix_key", xk), np.float32(0))
     return lin(w, p + "channel_mix_value", (h * h).astype(np.float32))

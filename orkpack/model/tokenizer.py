@@ -56,14 +56,21 @@ class Tokenizer:
         self._t = backend
         self._bos = bos
 
-    def encode(self, text: str) -> list[int]:
-        ids = list(self._t.encode(text, add_special_tokens=True).ids)
-        if self._bos is not None and (not ids or ids[0] != self._bos):
+    def encode(self, text: str, special: bool = True) -> list[int]:
+        """The ids of ``text``; ``special=False``: no special tokens added (no BOS: a rendered chat template writes
+        its own, as transformers' ``apply_chat_template`` tokenizes it)."""
+        ids = list(self._t.encode(text, add_special_tokens=special).ids)
+        if special and self._bos is not None and (not ids or ids[0] != self._bos):
             ids.insert(0, self._bos)
         return ids
 
     def decode(self, ids: list[int]) -> str:
         return self._t.decode(list(ids), skip_special_tokens=False)
+
+    def is_special(self, tid: int) -> bool:
+        """Whether ``tid`` is a special (control) token: one the text never spells, such as an end of turn."""
+        tok = self._t.get_added_tokens_decoder().get(int(tid))
+        return bool(tok is not None and tok.special)
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -91,8 +98,10 @@ def _scored_merges(tokens: list[str], scores: list[float]) -> list[tuple[str, st
     return [(a, b) for a, b, _ in merges]
 
 
-def from_model(model: Mapping | None, where: str = "the pack") -> Tokenizer:
-    """The tokenizer a model record describes (TokenizerError naming what is missing)."""
+def from_model(model: Mapping | None, where: str = "the pack",
+               instead: str = "give --tokens FILE with token ids instead") -> Tokenizer:
+    """The tokenizer a model record describes (TokenizerError naming what is missing and, for a record that has
+    none, what to do ``instead``)."""
     try:
         import tokenizers
         from tokenizers import AddedToken, Regex, decoders, models, pre_tokenizers
@@ -100,7 +109,7 @@ def from_model(model: Mapping | None, where: str = "the pack") -> Tokenizer:
         raise TokenizerError("the eval needs the tokenizers library: pip install tokenizers") from None
     if not model:
         raise TokenizerError(f"{where}: carries no model record (a pack before format 1.3, or a source without "
-                             "config.json): rebuild the pack, or give the source beside it")
+                             f"config.json): rebuild the pack, or {instead}")
     hf = get(model, "tokenizer.huggingface.json")
     if hf is not None:
         return Tokenizer(tokenizers.Tokenizer.from_str(hf), None)
@@ -108,10 +117,10 @@ def from_model(model: Mapping | None, where: str = "the pack") -> Tokenizer:
     tokens = get(model, "tokenizer.ggml.tokens")
     if kind is None or not isinstance(tokens, list):
         raise TokenizerError(f"{where}: carries no tokenizer (its source had no tokenizer.json, tokenizer.model or "
-                             "tokenizer.ggml.* keys); give --tokens FILE with token ids instead")
+                             f"tokenizer.ggml.* keys); {instead}")
     if kind not in ("gpt2", "llama"):
         raise TokenizerError(f"{where}: tokenizer {kind!r} cannot be built for the eval yet (gpt2 and llama "
-                             "vocabularies can, or a tokenizer.json); give --tokens FILE with token ids instead")
+                             f"vocabularies can, or a tokenizer.json); {instead}")
     types = get(model, "tokenizer.ggml.token_type") or [1] * len(tokens)
     if kind == "gpt2":
         spell = bytes_to_unicode()

@@ -15,7 +15,8 @@ The forward pass (:mod:`orkpack.model.forward`) never touches a file. It asks a 
 :class:`SourceWeights` is the float provider over an :mod:`orkpack.sources` reader: exact
 float32 of what the source stores. It keeps the tensors one layer reads (as stored: BF16 stays
 16-bit) until ``release``, and widens large matrices to float32 in row blocks, so its memory is
-one layer's stored weights plus one block.
+one layer's stored weights plus one block. ``keep=True``: it keeps every tensor it has read (``release`` keeps
+them), for a caller that runs the model again and again (``orkpack generate``): the model's stored weights in memory.
 """
 from __future__ import annotations
 
@@ -67,10 +68,11 @@ class Wrapped:
 class SourceWeights:
     """Float32 weights straight from a Source (see the module docstring)."""
 
-    def __init__(self, source):
+    def __init__(self, source, keep: bool = False):
         self.source = source
         self.infos = {t.name: t for t in source.tensors()}
         self._cache: dict[str, np.ndarray] = {}
+        self.keep = keep
 
     def has(self, name: str) -> bool:
         return name in self.infos
@@ -95,13 +97,20 @@ class SourceWeights:
         return matmul_rows(x, w)
 
     def embed(self, ids: np.ndarray, name: str = EMBED) -> np.ndarray:
-        if name not in self.infos:
-            self._raw(name)  # the one-line error
+        if name not in self.infos or self.keep:
+            return as_float32(self._raw(name)[ids])  # (not there: the one-line error)
         w = self.source.read(name)  # not cached: the rows are read where a token needs them (the head reads its own)
         return as_float32(w[ids])
 
     def release(self) -> None:
-        self._cache.clear()
+        if not self.keep:
+            self._cache.clear()
+
+    def preload(self) -> None:
+        """keep=True: read every tensor now (what the first run would read as it goes)."""
+        if self.keep:
+            for name in self.infos:
+                self._raw(name)
 
 
 def matmul_rows(x: np.ndarray, w: np.ndarray) -> np.ndarray:
