@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..errors import OrkError
+from ..errors import OrkError, escape_name
 from ..pack.model import get
 
 # pre-tokenizer splits by the name llama.cpp gives them in tokenizer.ggml.pre (the published models' regexes)
@@ -90,7 +90,16 @@ def from_model(model: Mapping | None, where: str = "the pack") -> Tokenizer:
                              "config.json): rebuild the pack, or give the source beside it")
     hf = get(model, "tokenizer.huggingface.json")
     if hf is not None:
-        return Tokenizer(tokenizers.Tokenizer.from_str(hf), None)
+        if not isinstance(hf, str):
+            raise TokenizerError(f"{where}: its tokenizer.huggingface.json is not a string; rebuild the pack")
+        try:
+            return Tokenizer(tokenizers.Tokenizer.from_str(hf), None)
+        except BaseException as e:  # noqa: BLE001 - the tokenizers library refuses it (any class, a Rust panic too)
+            if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+                raise
+            why = (str(e).splitlines() or [""])[0][:160]
+            raise TokenizerError(f"{where}: its tokenizer.huggingface.json does not load in the tokenizers library "
+                                 f"({escape_name(why)}); give --tokens FILE with token ids instead") from None
     kind = get(model, "tokenizer.ggml.model")
     tokens = get(model, "tokenizer.ggml.tokens")
     if kind is None or not isinstance(tokens, list):

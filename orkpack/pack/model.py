@@ -82,7 +82,7 @@ def check_type(typ: Any, v: Any, depth: int = 0) -> str | None:
         if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
             return f"{typ} value {escape_name(repr(v), 40)} out of range"
     elif typ in ("float32", "float64"):
-        if not (isinstance(v, (int, float)) and not isinstance(v, bool)) and v not in _NONFINITE:
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool)) and not (isinstance(v, str) and v in _NONFINITE):
             return f"{typ} value {escape_name(repr(v), 40)} is not a number"
     elif typ == "bool":
         if not isinstance(v, bool):

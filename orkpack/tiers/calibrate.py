@@ -63,6 +63,7 @@ NEEDS = {
 OPTIONAL = ("chunk", "set", "runtime", "id", "note")
 COLUMNS = ("kind",) + tuple(dict.fromkeys(c for cs in NEEDS.values() for c in cs)) + OPTIONAL
 DEFAULT_CHUNK = 512
+MIN_VALUE, MAX_VALUE = 1e-15, 1e15  # a timing's seconds or tok/s: beyond these it is not a measurement
 DIGITS = 4  # significant digits of a fitted constant in the written board
 ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = ROOT / "docs" / "calibration" / "published.csv"
@@ -153,8 +154,9 @@ def _posnum(raw: str, col: str, where: str) -> float:
         v = float(raw)
     except ValueError:
         v = float("nan")
-    if not (math.isfinite(v) and v > 0):
-        raise OrkError(f"{where}: '{col}' must be a positive number (got {escape_name(raw, 40)!r})")
+    if not (math.isfinite(v) and MIN_VALUE <= v <= MAX_VALUE):
+        raise OrkError(f"{where}: '{col}' must be a positive number from {MIN_VALUE:g} to {MAX_VALUE:g} "
+                       f"(got {escape_name(raw, 40)!r})")
     return v
 
 
@@ -361,7 +363,14 @@ class Fit:
         return {"n": int(len(e)), "median_abs_pct": round(float(np.median(np.abs(e))) * 100, 1),
                 "worst_abs_pct": round(float(np.max(np.abs(e))) * 100, 1),
                 "within_35_pct": int((np.abs(e) <= 0.35).sum()),
-                "rms_log_pct": round(float(np.sqrt(np.mean(np.log1p(e) ** 2))) * 100, 1)}
+                "rms_log_pct": round(float(np.sqrt(np.mean(self.log_errors(st) ** 2))) * 100, 1)}
+
+    def log_errors(self, st: str) -> np.ndarray:
+        """log(predicted) - log(measured) over the ``st`` rows: log1p of a relative error of -1 + 1e-17 (a
+        measurement 1e17 times the prediction) is not -inf in this form."""
+        keep = np.array([p.set == st for p in self.points])
+        meas = np.array([p.value for p in self.points])[keep]
+        return np.log(self.after[keep]) - np.log(meas)
 
 
 def fit(points: list[Point], base: Board, *, digits: int = DIGITS, only: tuple[str, ...] | None = None) -> Fit:
@@ -486,6 +495,12 @@ def calibrate(times: str | Path, output: str | Path, *, board: str = "rk3588-32g
     if len(named) > 1:
         raise OrkError(f"{_where(times)}: the rows name runtime paths {', '.join(named)}; one file calibrates one "
                        "runtime path (split it)")
+    from ..files import option_file, refuse_over_inputs
+
+    refuse_over_inputs(output, [(times, "the timing CSV"), (option_file(board), "the --board file"),
+                                (option_file(runtime), "the --runtime file")]
+                       + [(p.config, f"the config of line {p.line}") for p in points if p.config is not None],
+                       "the runtime file")
     f = fit(points, base)
     f.board = replace(f.board, runtime=name)
     text = runtime_toml(f, name, times.name, base.name, base.runtime)

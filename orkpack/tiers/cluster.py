@@ -798,8 +798,12 @@ def plan_cluster_command(model: Path, boards: str, *, network: str | None, json_
                          console, **kw) -> int:
     import json
 
-    from .command import write_atomic
+    from ..files import refuse_over_inputs
+    from .command import plan_inputs, write_atomic
 
+    if output is not None:
+        refuse_over_inputs(Path(output), plan_inputs(model, runtime=kw.get("runtime"), profile=kw.get("profile"),
+                                                     boards=boards, network=network), "the cluster plan")
     if output is not None and not Path(output).parent.is_dir():
         raise OrkError(f"{escape_name(str(output))}: folder {escape_name(str(Path(output).parent))} does not exist; "
                        "create it first")
