@@ -974,7 +974,7 @@ def case_toml(env: Env, rng, index) -> Case:
             bdoc = tomllib.loads((ROOT / "tiermaps" / "boards" / "rk3588-8g.toml").read_text(encoding="utf-8"))
             if rng.random() < 0.5:
                 bdoc = mutate_tree(rng, bdoc, _toml_values, log=log)
-            files["b.toml"] = toml_dumps(bdoc).encode("utf-8", "surrogatepass")
+            files["b.toml"] = (toml_dumps(bdoc) if isinstance(bdoc, dict) else _tval(bdoc)).encode("utf-8", "surrogatepass")
             doc["boards"][0] = "@D@/b.toml"
     name = f"{sub}.toml"
     doc = mutate_tree(rng, doc, _toml_values, log=log)
@@ -1212,7 +1212,7 @@ def _check_cli(res, allowed=(0, 2), want_json=False) -> Outcome:
 
 
 def run_case(env: Env, case: Case) -> Outcome:
-    d = env.work / "case"
+    d = env.work / f"case-{os.getpid()}"
     shutil.rmtree(d, ignore_errors=True)
     d.mkdir()
     if case.kind == "tokenizer":
@@ -1480,7 +1480,7 @@ def fuzz(env: Env, kind: str, *, seed: int = 0, cases: int | None = None, second
         cs = [make_case(env, kind, seed, j) for j in range(i, i + n)]
         outs = outcomes(env, cs, fork)
         packs = []
-        cdir = env.work / "cpacks"
+        cdir = env.work / f"cpacks-{os.getpid()}"
         shutil.rmtree(cdir, ignore_errors=True)
         cdir.mkdir()
         for c, o in zip(cs, outs):
@@ -1529,6 +1529,35 @@ def save_finding(f: Finding, folder: Path, seed: int) -> Path:
     return d
 
 
+def _generic(text: str, d: Path, env: Env) -> str:
+    """An error line with the case folder and the environment's paths spelled as the argv templates spell them."""
+    return text.replace(str(d), "{D}").replace(str(env.hf), "{HF}").replace(str(env.work), "{E}")
+
+
+def save_case(env: Env, kind: str, seed: int, index: int, folder: Path, finding: str) -> Path:
+    """Case ``index`` of ``seed`` saved as a regression (after its fix): its input files and a sidecar with the
+    command and the outcome it must keep (exit code and error line); raises if the case is not clean now."""
+    case = make_case(env, kind, seed, index)
+    o = run_guarded(env, case)
+    if not o.ok:
+        raise RuntimeError(f"{kind} case {index} of seed {seed} is still a finding: {o.sig}")
+    f = Finding(kind, finding, case, o)
+    d = save_finding(f, folder, seed)
+    side = json.loads((d / "case.json").read_text())
+    side["expect"] = {"code": o.code, "error": _generic(o.error, env.work / f"case-{os.getpid()}", env)}
+    side["note"] = "found by fuzz/fuzz_inputs.py before its fix; replayed by tests/test_fuzz_inputs.py"
+    (d / "case.json").write_text(json.dumps(side, indent=1, ensure_ascii=True) + "\n")
+    return d
+
+
+def replay_saved(env: Env, d: Path) -> tuple[Outcome, dict]:
+    """Run a saved regression; (outcome, sidecar)."""
+    side = json.loads((d / "case.json").read_text())
+    o = run_guarded(env, load_saved(d))
+    o.error = _generic(o.error, env.work / f"case-{os.getpid()}", env)
+    return o, side
+
+
 def load_saved(d: Path) -> Case:
     side = json.loads((d / "case.json").read_text())
     files = {}
@@ -1548,7 +1577,7 @@ def subprocess_sample(env: Env, kind: str, seed: int, n: int, log=print) -> int:
     bad = 0
     for j in range(n):
         case = make_case(env, kind, seed, j)
-        d = env.work / "case"
+        d = env.work / f"case-{os.getpid()}"
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir()
         if kind == "tokenizer":
@@ -1591,6 +1620,9 @@ def main(argv=None) -> int:
     ap.add_argument("--save", type=Path, nargs="?", const=REGRESSIONS)
     ap.add_argument("--replay", type=int, help="run this one case and print its mutations and outcome")
     ap.add_argument("--subprocess", type=int, metavar="N", help="also N cases per kind through python -m orkpack")
+    ap.add_argument("--save-case", nargs=2, metavar=("INDEX", "NOTE"), help="save case INDEX of --seed "
+                    "(one --kind) as a regression under fuzz/regressions/inputs/ with its outcome now (after the "
+                    "fix); NOTE: what it found")
     a = ap.parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)
     kinds = [k.strip() for k in a.kind.split(",") if k.strip()]
@@ -1603,6 +1635,9 @@ def main(argv=None) -> int:
         check = a.check
         if not a.no_c and check is None and {"model", "tokenizer"} & set(kinds):
             check = build_check(tmp / "c", a.sanitize)
+        if a.save_case:
+            print(save_case(env, kinds[0], a.seed, int(a.save_case[0]), REGRESSIONS, a.save_case[1]))
+            return 0
         if a.replay is not None:
             for k in kinds:
                 c = make_case(env, k, a.seed, a.replay)

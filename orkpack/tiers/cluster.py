@@ -109,13 +109,20 @@ def parse_cluster(boards: str, network: str | None = None, runtime: str | None =
         if bind is not None and bind != "0.0.0.0":
             raise OrkError(f"{where}: 'bind' may only be \"0.0.0.0\" (every interface; each rpc-server binds to its "
                            "own host otherwise)")
-        spec_extra = {"ports": ports, "cpus": cpus, "bind": bind}
+        spec_extra = {"ports": ports, "cpus": cpus, "bind": bind, "where": where}
     else:
         names = [x.strip() for x in text.split(",")]
         if not text or any(not x for x in names):
             raise OrkError("--boards: give a comma-separated list of boards (e.g. rk3588-32g,rk3588-32g) or a "
                            "cluster .toml file; an empty name is not a board")
-    bs = [load_board(n, runtime, nf4_format) for n in names]
+    bs = []
+    for i, n in enumerate(names):
+        try:
+            bs.append(load_board(n, runtime, nf4_format))
+        except OrkError as e:
+            if "where" in spec_extra:  # a board the cluster file names: say which file and entry
+                raise OrkError(f"{spec_extra['where']}: boards[{i}]: {e}") from None
+            raise
     if network is not None:
         net = load_network(network)
     elif net is None:
@@ -127,6 +134,7 @@ def parse_cluster(boards: str, network: str | None = None, runtime: str | None =
         pairs = list(zip(hosts, spec_extra["ports"]))
         if len(set(pairs)) != len(pairs):
             raise OrkError(f"{escape_name(text)}: two nodes share a host and port; give each rpc-server its own port")
+    spec_extra.pop("where", None)
     return ClusterSpec(bs, hosts, net, **spec_extra)
 
 

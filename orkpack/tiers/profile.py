@@ -319,6 +319,11 @@ def _finish_imatrix(entries: dict[str, tuple[np.ndarray, np.ndarray]], where: st
         kind_, idx = r
         if not idx:
             continue
+        sq = np.asarray(sq, dtype=np.float64)
+        if not np.isfinite(sq).all() or (sq < 0).any() or (counts is not None and (
+                not np.isfinite(np.asarray(counts, dtype=np.float64)).all() or (np.asarray(counts) < 0).any())):
+            raise OrkError(f"{where}: {escape_name(name)} holds negative or non-finite statistics; the file is damaged "
+                           "(regenerate it with llama-imatrix or orkpack imatrix)")
         n_rows = sq.shape[0]
         if n_rows not in (1, len(idx)):
             raise OrkError(f"{where}: {escape_name(name)} has {n_rows} expert rows, the model has {len(idx)}")
