@@ -597,7 +597,8 @@ class Env:
         (w / "dat.json").write_text(json.dumps(dat_structure_json(dat_structure(st))))
         build(hf, w / "h.orkpack", BuildOptions(threads=1, plan=False))
         kv = _odd_kv()
-        src = synth.write_gguf_model(w / "m.gguf", kv=kv)
+        src = synth.write_gguf_model(w / "m.gguf", kv=kv, layers=1, hidden=64, intermediate=96, heads=2, kv_heads=1,
+                                     vocab=64)
         build(src, w / "g.orkpack", BuildOptions(threads=1, plan=False))
         # calibration CSVs: published.csv by runtime path, with the configs it names
         cal = w / "cal"
