@@ -60,7 +60,7 @@ def from_gguf_fields(fields: Mapping[str, Any]) -> dict:
 _SCALING_TYPE_NAME = {"dynamic": "linear"}
 
 # GGUF token types (llama.cpp's llama_token_type / gguf.TokenType)
-MAX_VOCAB = 1 << 22  # token ids of a tokenizer.json (the largest published vocabularies hold 262k tokens)
+MAX_VOCAB = 1 << 20  # token ids of a tokenizer.json (the largest published vocabularies hold 262k tokens)
 _TOKEN_TYPES = {"NORMAL": 1, "UNKNOWN": 2, "CONTROL": 3, "USER_DEFINED": 4, "UNUSED": 5, "BYTE": 6}
 
 
@@ -450,6 +450,9 @@ class _HfVocab:
                           f"({escape_name(repr(a), 60)})")
             added[a["id"]] = a
         n = max([*vocab.values(), *added, -1]) + 1
+        named = len(set(vocab.values()) | set(added))
+        if n - named > max(1024, named):  # the padding a pack's header would carry as [PADn] tokens
+            raise bad(f"token ids run to {n - 1} but only {named} ids have a token")
         by_id: list = [None] * n
         for tok, i in vocab.items():
             by_id[i] = tok
