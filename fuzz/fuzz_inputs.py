@@ -43,7 +43,7 @@ The contract, checked on every case: exit 0 with sane output (a pack that opens,
 strict JSON), or exit 2 (``verify``/``inspect``: 1, a damaged pack, too) with exactly one ``error:`` line on
 stderr that names the input file (its name appears in the line); no traceback; no exception other than
 orkpack's own; nothing at the output path after a failure; every input file byte for byte as it was; no
-more than 20 s a case. ``model`` and ``tokenizer`` also run ``orkpack-check`` (--check, or built
+more than 20 s of CPU a case. ``model`` and ``tokenizer`` also run ``orkpack-check`` (--check, or built
 here) on the packs: its exit code must equal ``orkpack verify``'s, and with ``--model`` each record entry
 must read the same in both readers (the same values, hashed as tests/test_model_record.py does, or both
 refusing it; the C API reads no nested arrays and no uint64 above INT64_MAX: those it may refuse).
@@ -83,7 +83,8 @@ from fuzz_structure import Raw, dumps as jdumps  # noqa: E402
 
 KINDS = ("imatrix", "tokenizer", "model", "toml", "csv")
 REGRESSIONS = ROOT / "fuzz" / "regressions" / "inputs"
-TIMEOUT = 20.0
+TIMEOUT = 20.0  # CPU seconds a case may take before it is a hang
+WALL_TIMEOUT = 120.0
 TINY = dict(layers=1, hidden=64, intermediate=96, heads=2, kv_heads=1, vocab=512, shards=1)
 TEXT = "the quick brown fox jumps over the lazy dog; a cat sat on the mat and then it ran away again\n" * 3
 
@@ -1329,19 +1330,24 @@ def _alarm(_s, _f):
 def run_guarded(env: Env, case: Case) -> Outcome:
     import signal
 
-    old = signal.signal(signal.SIGALRM, _alarm)
-    signal.setitimer(signal.ITIMER_REAL, TIMEOUT)
+    # TIMEOUT seconds of this process's CPU time (a loaded shared box does not make a slow case a hang), and
+    # WALL_TIMEOUT of wall time as a backstop (a case blocked on something)
+    old = signal.signal(signal.SIGPROF, _alarm), signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_PROF, TIMEOUT)
+    signal.setitimer(signal.ITIMER_REAL, WALL_TIMEOUT)
     t0 = time.perf_counter()
     try:
         return run_case(env, case)
     except _Hang as e:
-        return Outcome(False, "hang", f"hang (> {TIMEOUT:.0f} s) at " + _signature(e).split(" at ", 1)[1],
+        return Outcome(False, "hang", f"hang (> {TIMEOUT:.0f} s CPU) at " + _signature(e).split(" at ", 1)[1],
                        traceback.format_exc()[-3000:], seconds=time.perf_counter() - t0)
     except Exception as e:  # noqa: BLE001 - the harness's own trouble is reported, never hidden
         return Outcome(False, "harness", _signature(e), traceback.format_exc()[-3000:])
     finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
+        signal.signal(signal.SIGPROF, old[0])
+        signal.signal(signal.SIGALRM, old[1])
 
 
 def outcomes(env: Env, cases: list[Case], fork: bool = True) -> list[Outcome]:

@@ -1015,6 +1015,9 @@ int orkpack_kv_floats(const orkpack_t *pk, const orkpack_kv_t *kv, double *out, 
         if (vt && vt->kind == JTOK_NUM && !cJSON_IsBool(x)) {
             out[i] = vt->is_int ? (double)vt->i : vt->d;
             if (vt->is_int && vt->ovf) out[i] = vt->d;
+            if (!isfinite(out[i])) /* 1e400 or a 400-digit integer: beyond a double (nan and inf are strings) */
+                return seterr(err, ORKPACK_E_DAMAGED, "%s: damaged pack: model key %.100s: %s value out of range",
+                              pk->label, kv->key, kv->type);
         } else if (vt && vt->kind == JTOK_STR && strcmp(tokstr(&jj, vt), "nan") == 0) {
             out[i] = NAN;
         } else if (vt && vt->kind == JTOK_STR && strcmp(tokstr(&jj, vt), "inf") == 0) {

@@ -62,6 +62,13 @@ def _py(typ: str, v: Any) -> Any:
     return v
 
 
+def _finite(v) -> bool:
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
 def valid_type(typ: Any, depth: int = 0) -> bool:
     """Whether ``typ`` spells a GGUF value type: one of TYPES, or ``array[T]`` of one (nested up to 8 deep)."""
     if not isinstance(typ, str):
@@ -95,6 +102,8 @@ def check_type(typ: Any, v: Any, depth: int = 0) -> str | None:
     elif typ in ("float32", "float64"):
         if not (isinstance(v, (int, float)) and not isinstance(v, bool)) and not (isinstance(v, str) and v in _NONFINITE):
             return f"{typ} value {escape_name(repr(v), 40)} is not a number"
+        if not isinstance(v, str) and not _finite(v):  # 1e400 or a 400-digit integer: beyond a double (nan/inf are strings)
+            return f"{typ} value {escape_name(repr(v), 40)} out of range"
     elif typ == "bool":
         if not isinstance(v, bool):
             return "bool value is not true/false"

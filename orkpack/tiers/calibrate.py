@@ -63,6 +63,7 @@ NEEDS = {
 OPTIONAL = ("chunk", "set", "runtime", "id", "note")
 COLUMNS = ("kind",) + tuple(dict.fromkeys(c for cs in NEEDS.values() for c in cs)) + OPTIONAL
 DEFAULT_CHUNK = 512
+MAX_INT = 1 << 20  # a timing's m, n, k, prompt or chunk (the cost model loops over K segments and chunks)
 MIN_VALUE, MAX_VALUE = 1e-15, 1e15  # a timing's seconds or tok/s: beyond these it is not a measurement
 DIGITS = 4  # significant digits of a fitted constant in the written board
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,9 +144,9 @@ def _posint(raw: str, col: str, where: str, allow_zero: bool = False) -> int:
         v = int(raw)
     except ValueError:
         v = None
-    if v is None or v < 0 or (v == 0 and not allow_zero):
-        raise OrkError(f"{where}: '{col}' must be a {'non-negative' if allow_zero else 'positive'} integer "
-                       f"(got {escape_name(raw, 40)!r})")
+    if v is None or v < 0 or (v == 0 and not allow_zero) or v > MAX_INT:
+        raise OrkError(f"{where}: '{col}' must be a {'non-negative' if allow_zero else 'positive'} integer up to "
+                       f"{MAX_INT} (got {escape_name(raw, 40)!r})")
     return v
 
 
@@ -501,7 +502,11 @@ def calibrate(times: str | Path, output: str | Path, *, board: str = "rk3588-32g
                                 (option_file(runtime), "the --runtime file")]
                        + [(p.config, f"the config of line {p.line}") for p in points if p.config is not None],
                        "the runtime file")
-    f = fit(points, base)
+    try:
+        f = fit(points, base)
+    except OrkError as e:  # the fit's own refusals (no fit row, NPU rows on a runtime without it) name the file too
+        msg = str(e)
+        raise OrkError(msg if msg.startswith(_where(times)) else f"{_where(times)}: {msg}") from None
     f.board = replace(f.board, runtime=name)
     text = runtime_toml(f, name, times.name, base.name, base.runtime)
     check = parse_runtime(tomllib.loads(text), _where(output))  # never write a file load_runtime would refuse
