@@ -33,6 +33,23 @@ def refuse_over_inputs(output: Path, inputs, writes: str = "the output") -> None
             raise OrkError(f"{escape_name(str(output))}: is {what}; {writes} would replace it; give another output path")
 
 
+def is_file(path) -> bool:
+    """Path.is_file that says False for a path the OS refuses to look up (a name over 255 bytes: ENAMETOOLONG,
+    a NUL byte), which pathlib raises for."""
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
+def exists(path) -> bool:
+    """Path.exists, False for a path the OS refuses to look up (see is_file)."""
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):
+        return False
+
+
 def option_file(value) -> Path | None:
     """The file an option that takes a name or a path names, when it is a file (else None: a shipped name)."""
     if value is None:

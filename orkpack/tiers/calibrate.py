@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import OrkError, escape_name
+from ..files import is_file
 from . import cost, solver
 from .board import Board, load_board
 from .runtime import RUNTIME_SCHEMA, RUNTIME_VERSION, TOML_KEYS, parse_runtime
@@ -223,7 +224,7 @@ def read_times(path: str | Path) -> list[Point]:
         if choice not in CHOICES:
             raise OrkError(f"{where}: choice {escape_name(choice, 40)!r} is not one of {', '.join(CHOICES)}")
         cfg = base / cell["config"]
-        if not cfg.is_file():
+        if not is_file(cfg):
             raise OrkError(f"{where}: config {escape_name(cell['config'], 80)!r} not found (a config.json path "
                            f"relative to {escape_name(str(base) or '.', 80)})")
         prompt = _posint(cell["prompt"], "prompt", where, allow_zero=kind == "decode")

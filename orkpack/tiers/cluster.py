@@ -52,6 +52,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..errors import OrkError, escape_name
+from ..files import is_file
 from ..keepfloat import recorded_globs
 from . import cost, milp, solver
 from .board import Board, load_board
@@ -85,7 +86,7 @@ def parse_cluster(boards: str, network: str | None = None, runtime: str | None =
     hosts: list[str] | None = None
     net = None
     spec_extra: dict = {}
-    if text.endswith(".toml") and Path(text).is_file() and "boards" in (data := _read_toml(Path(text))):
+    if text.endswith(".toml") and is_file(text) and "boards" in (data := _read_toml(Path(text))):
         where = escape_name(text)
         names = data["boards"]
         if not isinstance(names, list) or not all(isinstance(x, str) and x for x in names):
@@ -127,7 +128,7 @@ def parse_cluster(boards: str, network: str | None = None, runtime: str | None =
         net = load_network(network)
     elif net is None:
         p = Path(names[0])
-        client = _read_toml(p) if (names[0].endswith(".toml") and p.is_file()) else {}
+        client = _read_toml(p) if (names[0].endswith(".toml") and is_file(p)) else {}
         net = _network_from(client["network"], escape_name(names[0])) if "network" in client else load_network(None)
     hosts = hosts or [f"node{j}" for j in range(len(bs))]
     if spec_extra.get("ports") is not None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OrkError, escape_name
+from ..files import exists
 from .board import BOARD_DIR
 
 NETWORK_FILE = BOARD_DIR.parent / "networks" / "networks.toml"
@@ -61,7 +62,7 @@ def network_names() -> list[str]:
 def load_network(spec: str | None) -> Network:
     """A shipped link by name (1gbe, 2.5gbe, 10gbe) or a TOML file with a [network] table."""
     s = DEFAULT_NETWORK if spec is None else str(spec)
-    if s.endswith(".toml") or Path(s).exists():
+    if s.endswith(".toml") or exists(s):
         data = _read_toml(Path(s))
         if "network" not in data:
             raise OrkError(f"{escape_name(s)}: no [network] table; see tiermaps/networks/networks.toml")

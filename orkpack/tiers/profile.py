@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import OrkError, escape_name
+from ..files import is_file
 from ..sources import names as _names
 from . import cost
 from .board import Board
@@ -481,7 +482,7 @@ def load_profile(path: str | Path | None, manifest: Manifest, board: Board, pref
     if path is None:
         return analytic(manifest, board, prefill_m)
     p = Path(path)
-    if not p.is_file():
+    if not is_file(p):
         raise OrkError(f"{escape_name(str(p))}: profile not found; give a .json, .gguf (imatrix), .dat or .csv file")
     suf = p.suffix.lower()
     if suf == ".json":
