@@ -64,7 +64,7 @@ def test_regressions_c(env, check, tmp_path):
 
 
 # the small campaigns: (kind, cases) of a few seconds each on a 2-core box
-SAMPLE = [("imatrix", 60), ("tokenizer", 6), ("model", 40), ("toml", 60), ("csv", 6)]
+SAMPLE = [("imatrix", 30), ("tokenizer", 6), ("model", 40), ("toml", 60), ("csv", 3)]
 
 
 @pytest.mark.parametrize("kind, cases", SAMPLE, ids=[k for k, _ in SAMPLE])
