@@ -891,16 +891,30 @@ size_t orkpack_model_kv_count(const orkpack_t *pk) {
     return n;
 }
 
+/* a GGUF value type as the record spells it: one of the 12 names, or "array[T]" of one (nested <= 8 deep), the
+   whole string (orkpack.pack.model.valid_type) */
+static int type_ok(const char *t, size_t len, int depth) {
+    static const char *const names[] = {"uint8", "int8", "uint16", "int16", "uint32", "int32", "float32", "bool",
+                                        "string", "uint64", "int64", "float64"};
+    if (len > 7 && strncmp(t, "array[", 6) == 0 && t[len - 1] == ']' && depth < 8) return type_ok(t + 6, len - 7, depth + 1);
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if (strlen(names[i]) == len && memcmp(t, names[i], len) == 0) return 1;
+    return 0;
+}
+
 static int kv_fill(const orkpack_t *pk, const cJSON *e, size_t i, orkpack_kv_t *out, orkpack_err_t *err) {
     J jj = {&pk->js};
     const cJSON *k = cJSON_IsArray(e) ? e->child : NULL, *t = k ? k->next : NULL, *v = t ? t->next : NULL;
     const jtok_t *kt = valtok(&jj, k), *tt = valtok(&jj, t);
-    if (!v || v->next || !kt || kt->kind != JTOK_STR || !tt || tt->kind != JTOK_STR)
+    if (!v || v->next || !kt || kt->kind != JTOK_STR || kt->len == 0 || !tt || tt->kind != JTOK_STR)
         return seterr(err, ORKPACK_E_DAMAGED, "%s: damaged pack: model.kv[%zu] is not a [key, type, value] entry",
                       pk->label, i);
     out->key = tokstr(&jj, kt);
     out->key_len = kt->len;
     out->type = tokstr(&jj, tt);
+    if (!type_ok(out->type, tt->len, 0))
+        return seterr(err, ORKPACK_E_DAMAGED, "%s: damaged pack: model key %.100s: unknown type %.40s", pk->label,
+                      out->key, out->type);
     out->node_ = v;
     if (strncmp(out->type, "array[", 6) == 0) {
         if (!cJSON_IsArray(v))
@@ -1001,6 +1015,9 @@ int orkpack_kv_floats(const orkpack_t *pk, const orkpack_kv_t *kv, double *out, 
         if (vt && vt->kind == JTOK_NUM && !cJSON_IsBool(x)) {
             out[i] = vt->is_int ? (double)vt->i : vt->d;
             if (vt->is_int && vt->ovf) out[i] = vt->d;
+            if (!isfinite(out[i])) /* 1e400 or a 400-digit integer: beyond a double (nan and inf are strings) */
+                return seterr(err, ORKPACK_E_DAMAGED, "%s: damaged pack: model key %.100s: %s value out of range",
+                              pk->label, kv->key, kv->type);
         } else if (vt && vt->kind == JTOK_STR && strcmp(tokstr(&jj, vt), "nan") == 0) {
             out[i] = NAN;
         } else if (vt && vt->kind == JTOK_STR && strcmp(tokstr(&jj, vt), "inf") == 0) {

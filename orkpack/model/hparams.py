@@ -350,6 +350,19 @@ def _attn_temp(f: archs.Forward, beta: Any, length: Any, where: str) -> tuple[fl
     return float(_num(beta, "llama_4_scaling_beta", where)), n
 
 
+def _of_type(typ: str, v: Any) -> bool:
+    """Whether a metadata value is of the GGUF type a key is read as (ggufkeys.Key.type); ints pass as floats."""
+    if typ.startswith("array["):
+        return isinstance(v, list) and all(_of_type(typ[6:-1], x) for x in v)
+    if typ == "bool":
+        return isinstance(v, bool)
+    if typ == "string":
+        return isinstance(v, str)
+    if typ.startswith("float"):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.ndarray | None, where: str,
               layout: str = "llama.cpp") -> Hparams:
     """Hparams of a GGUF: its metadata, the facts orkpack read from it and its ``rope_freqs.weight``
@@ -370,6 +383,9 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
         v = kv.get(key.at(garch))
         if v is None:
             return key.default if default is _TABLE else default
+        if not _of_type(key.type, v):  # a value of another type than the key's (a hand-edited or hostile record)
+            raise SourceError(f"{where}: {escape_name(key.at(garch), 80)} = {escape_name(repr(v), 40)} is not a "
+                              f"{key.type}; rebuild the pack from its source")
         return v
 
     L, H, nh = facts["n_layers"], facts["hidden"], facts["heads"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..errors import OrkError
+from ..errors import OrkError, escape_name
 from ..pack.model import get
 
 # pre-tokenizer splits by the name llama.cpp gives them in tokenizer.ggml.pre (llama.cpp src/llama-vocab.cpp, the
@@ -112,7 +112,16 @@ def from_model(model: Mapping | None, where: str = "the pack",
                              f"config.json): rebuild the pack, or {instead}")
     hf = get(model, "tokenizer.huggingface.json")
     if hf is not None:
-        return Tokenizer(tokenizers.Tokenizer.from_str(hf), None)
+        if not isinstance(hf, str):
+            raise TokenizerError(f"{where}: its tokenizer.huggingface.json is not a string; rebuild the pack")
+        try:
+            return Tokenizer(tokenizers.Tokenizer.from_str(hf), None)
+        except BaseException as e:  # noqa: BLE001 - the tokenizers library refuses it (any class, a Rust panic too)
+            if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+                raise
+            why = (str(e).splitlines() or [""])[0][:160]
+            raise TokenizerError(f"{where}: its tokenizer.huggingface.json does not load in the tokenizers library "
+                                 f"({escape_name(why)}); give --tokens FILE with token ids instead") from None
     kind = get(model, "tokenizer.ggml.model")
     tokens = get(model, "tokenizer.ggml.tokens")
     if kind is None or not isinstance(tokens, list):
@@ -121,47 +130,88 @@ def from_model(model: Mapping | None, where: str = "the pack",
     if kind not in ("gpt2", "llama"):
         raise TokenizerError(f"{where}: tokenizer {kind!r} cannot be built for the eval yet (gpt2 and llama "
                              f"vocabularies can, or a tokenizer.json); {instead}")
-    types = get(model, "tokenizer.ggml.token_type") or [1] * len(tokens)
-    if kind == "gpt2":
-        spell = bytes_to_unicode()
-        alphabet = set(spell.values())
-        vocab = {(t if set(t) <= alphabet else "".join(spell[b] for b in t.encode("utf-8"))): i
-                 for i, t in enumerate(tokens)}
-        merges = [tuple(m.split(" ", 1)) for m in get(model, "tokenizer.ggml.merges") or []]
-        t = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
-        split = SPLITS.get(get(model, "tokenizer.ggml.pre"))
-        if split is None:
-            t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    _check_ggml(model, tokens, where)
+
+    def build() -> Tokenizer:
+        types = get(model, "tokenizer.ggml.token_type") or [1] * len(tokens)
+        if kind == "gpt2":
+            spell = bytes_to_unicode()
+            alphabet = set(spell.values())
+            vocab = {(t if set(t) <= alphabet else "".join(spell[b] for b in t.encode("utf-8", "surrogateescape"))): i
+                     for i, t in enumerate(tokens)}
+            merges = [tuple(m.split(" ", 1)) for m in get(model, "tokenizer.ggml.merges") or []]
+            t = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+            split = SPLITS.get(get(model, "tokenizer.ggml.pre"))
+            if split is None:
+                t.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+            else:
+                t.pre_tokenizer = pre_tokenizers.Sequence(
+                    [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in split]
+                    + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+            t.decoder = decoders.ByteLevel()
+            special = [AddedToken(x, normalized=False, special=True) for x, ty in zip(tokens, types)
+                       if ty == CONTROL and set(x) <= alphabet]
+            add_bos = get(model, "tokenizer.ggml.add_bos_token", False)
         else:
-            t.pre_tokenizer = pre_tokenizers.Sequence(
-                [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in split]
-                + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-        t.decoder = decoders.ByteLevel()
-        special = [AddedToken(x, normalized=False, special=True) for x, ty in zip(tokens, types)
-                   if ty == CONTROL and set(x) <= alphabet]
-        add_bos = get(model, "tokenizer.ggml.add_bos_token", False)
-    else:
-        scores = get(model, "tokenizer.ggml.scores") or [0.0] * len(tokens)
-        vocab = {x: i for i, x in enumerate(tokens)}
-        unk_id = get(model, "tokenizer.ggml.unknown_token_id")
-        unk = tokens[unk_id] if isinstance(unk_id, int) and 0 <= unk_id < len(tokens) else None
-        t = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=_scored_merges(tokens, scores), unk_token=unk,
-                                            fuse_unk=True, byte_fallback=True))
-        t.normalizer = None
-        add_prefix = get(model, "tokenizer.ggml.add_space_prefix", True)
-        t.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first" if add_prefix else "never",
-                                                   split=False)
-        seq = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
-        if add_prefix:
-            seq.append(decoders.Strip(content=" ", left=1))
-        t.decoder = decoders.Sequence(seq)
-        special = [AddedToken(x, normalized=False, special=True) for x, ty in zip(tokens, types) if ty == CONTROL]
-        add_bos = get(model, "tokenizer.ggml.add_bos_token", True)
-    if special:
-        t.add_special_tokens(special)
-    user = [AddedToken(x, normalized=False, special=False) for x, ty in zip(tokens, types)
-            if ty == USER_DEFINED and x in vocab]
-    if user:
-        t.add_tokens(user)
-    bos_id = get(model, "tokenizer.ggml.bos_token_id")
-    return Tokenizer(t, bos_id if add_bos and isinstance(bos_id, int) else None)
+            scores = get(model, "tokenizer.ggml.scores") or [0.0] * len(tokens)
+            vocab = {x: i for i, x in enumerate(tokens)}
+            unk_id = get(model, "tokenizer.ggml.unknown_token_id")
+            unk = tokens[unk_id] if isinstance(unk_id, int) and 0 <= unk_id < len(tokens) else None
+            t = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=_scored_merges(tokens, scores), unk_token=unk,
+                                                fuse_unk=True, byte_fallback=True))
+            t.normalizer = None
+            add_prefix = get(model, "tokenizer.ggml.add_space_prefix", True)
+            t.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first" if add_prefix else "never",
+                                                       split=False)
+            seq = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+            if add_prefix:
+                seq.append(decoders.Strip(content=" ", left=1))
+            t.decoder = decoders.Sequence(seq)
+            special = [AddedToken(x, normalized=False, special=True) for x, ty in zip(tokens, types) if ty == CONTROL]
+            add_bos = get(model, "tokenizer.ggml.add_bos_token", True)
+        if special:
+            t.add_special_tokens(special)
+        user = [AddedToken(x, normalized=False, special=False) for x, ty in zip(tokens, types)
+                if ty == USER_DEFINED and x in vocab]
+        if user:
+            t.add_tokens(user)
+        bos_id = get(model, "tokenizer.ggml.bos_token_id")
+        return Tokenizer(t, bos_id if add_bos and isinstance(bos_id, int) else None)
+
+    try:
+        return build()
+    except TokenizerError:
+        raise
+    except BaseException as e:  # noqa: BLE001 - the tokenizers library refuses the vocabulary (a Rust panic too)
+        if not isinstance(e, Exception) and type(e).__name__ != "PanicException":
+            raise
+        why = (str(e).splitlines() or [""])[0][:160]
+        raise TokenizerError(f"{where}: its tokenizer.ggml.* keys do not make a tokenizer ({escape_name(why)}); give "
+                             "--tokens FILE with token ids instead") from None
+
+
+def _check_ggml(model: Mapping, tokens: list, where: str) -> None:
+    """TokenizerError naming the first tokenizer.ggml.* key a tokenizer cannot be built from (a record of the right
+    GGUF types can still hold numbers where tokens belong, merges without a space, lists of another length)."""
+    def bad(key: str, what: str):
+        return TokenizerError(f"{where}: its model record's {key} {what}; rebuild the pack from its source, or give "
+                              "--tokens FILE with token ids instead")
+
+    if not all(isinstance(x, str) for x in tokens):
+        raise bad("tokenizer.ggml.tokens", "holds something that is not a string")
+    for key, ok, what in (
+            ("tokenizer.ggml.token_type", lambda v: isinstance(v, list) and all(type(x) is int for x in v),
+             "is not a list of integers"),
+            ("tokenizer.ggml.scores", lambda v: isinstance(v, list) and all(isinstance(x, (int, float)) and
+                                                                            not isinstance(x, bool) for x in v),
+             "is not a list of numbers"),
+            ("tokenizer.ggml.merges", lambda v: isinstance(v, list) and all(isinstance(x, str) and " " in x for x in v),
+             "is not a list of \"left right\" strings"),
+            ("tokenizer.ggml.pre", lambda v: isinstance(v, str), "is not a string")):
+        v = get(model, key)
+        if v is not None and not ok(v):
+            raise bad(key, what)
+    for key in ("tokenizer.ggml.token_type", "tokenizer.ggml.scores"):
+        v = get(model, key)
+        if v is not None and len(v) != len(tokens):
+            raise bad(key, f"holds {len(v)} values for {len(tokens)} tokens")

@@ -62,14 +62,32 @@ def _py(typ: str, v: Any) -> Any:
     return v
 
 
+def _finite(v) -> bool:
+    try:
+        return math.isfinite(float(v))
+    except OverflowError:
+        return False
+
+
+def valid_type(typ: Any, depth: int = 0) -> bool:
+    """Whether ``typ`` spells a GGUF value type: one of TYPES, or ``array[T]`` of one (nested up to 8 deep)."""
+    if not isinstance(typ, str):
+        return False
+    if typ.startswith("array[") and typ.endswith("]") and depth < 8:
+        return valid_type(typ[6:-1], depth + 1)
+    return typ in TYPES
+
+
 def check_type(typ: Any, v: Any, depth: int = 0) -> str | None:
     """Why ``v`` is not a valid JSON value of GGUF type ``typ`` (None when it is)."""
     if not isinstance(typ, str):
         return "type is not a string"
     if typ.startswith("array[") and typ.endswith("]") and depth < 8:
+        inner = typ[6:-1]
+        if not valid_type(inner):  # array[] or array[x]: the element type is checked even for an empty list
+            return f"unknown type {escape_name(typ, 40)!s}"
         if not isinstance(v, list):
             return f"{typ} value is not a list"
-        inner = typ[6:-1]
         for x in v:
             why = check_type(inner, x, depth + 1)
             if why:
@@ -82,8 +100,10 @@ def check_type(typ: Any, v: Any, depth: int = 0) -> str | None:
         if not isinstance(v, int) or isinstance(v, bool) or not lo <= v <= hi:
             return f"{typ} value {escape_name(repr(v), 40)} out of range"
     elif typ in ("float32", "float64"):
-        if not (isinstance(v, (int, float)) and not isinstance(v, bool)) and v not in _NONFINITE:
+        if not (isinstance(v, (int, float)) and not isinstance(v, bool)) and not (isinstance(v, str) and v in _NONFINITE):
             return f"{typ} value {escape_name(repr(v), 40)} is not a number"
+        if not isinstance(v, str) and not _finite(v):  # 1e400 or a 400-digit integer: beyond a double (nan/inf are strings)
+            return f"{typ} value {escape_name(repr(v), 40)} out of range"
     elif typ == "bool":
         if not isinstance(v, bool):
             return "bool value is not true/false"

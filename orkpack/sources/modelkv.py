@@ -60,6 +60,7 @@ def from_gguf_fields(fields: Mapping[str, Any]) -> dict:
 _SCALING_TYPE_NAME = {"dynamic": "linear"}
 
 # GGUF token types (llama.cpp's llama_token_type / gguf.TokenType)
+MAX_VOCAB = 1 << 20  # token ids of a tokenizer.json (the largest published vocabularies hold 262k tokens)
 _TOKEN_TYPES = {"NORMAL": 1, "UNKNOWN": 2, "CONTROL": 3, "USER_DEFINED": 4, "UNUSED": 5, "BYTE": 6}
 
 
@@ -349,7 +350,7 @@ def _tokenizer(folder: Path, kv: list, warn: Callable[[str], None]) -> None:
         model = tdata.get("model") if isinstance(tdata, dict) else None
         mtype = model.get("type") if isinstance(model, dict) else None
         if mtype == "BPE" and isinstance(model.get("vocab"), dict):
-            vocab = _HfVocab(tdata)
+            vocab = _HfVocab(tdata, escape_name(str(tj)))
             tok_model = "llama" if model.get("byte_fallback") else "gpt2"
         else:
             warn(f"{escape_name(str(tj))}: tokenizer model {escape_name(repr(mtype), 30)} is carried only as "
@@ -379,7 +380,31 @@ def _tokenizer(folder: Path, kv: list, warn: Callable[[str], None]) -> None:
         if tok_model == "llama":
             kv.append(["tokenizer.ggml.scores", "array[float32]", json_value("array[float32]", scores)])
         kv.append(["tokenizer.ggml.token_type", "array[int32]", types])
-    special = SpecialVocab(folder, load_merges=(tok_model == "gpt2"), n_vocab=None)
+    tc = folder / "tokenizer_config.json"
+    if tc.is_file():
+        try:
+            cfg = json.loads(tc.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+            raise SourceError(f"{escape_name(str(tc))}: cannot read ({e.__class__.__name__}); restore the original") from None
+        if not isinstance(cfg, dict):
+            raise SourceError(f"{escape_name(str(tc))}: not a JSON object; restore the original")
+    import logging
+
+    class _ToWarn(logging.Handler):  # gguf-py logs what it skips (a chat template of a bad type, ...): one warning line each
+        def emit(self, record):
+            warn(f"{escape_name(str(folder))}: " + escape_name(record.getMessage(), 200))
+
+    log, handler = logging.getLogger("gguf.vocab"), _ToWarn(logging.WARNING)
+    log.addHandler(handler)
+    propagate, log.propagate = log.propagate, False
+    try:
+        special = SpecialVocab(folder, load_merges=(tok_model == "gpt2"), n_vocab=None)
+    except Exception as e:  # noqa: BLE001 - gguf-py's reader of the two files, on any hostile content
+        raise SourceError(f"{escape_name(str(tc))} / tokenizer.json: the special tokens, merges or chat template do "
+                          f"not read ({e.__class__.__name__}); restore the original files") from None
+    finally:
+        log.removeHandler(handler)
+        log.propagate = propagate
     if special.merges:
         kv.append(["tokenizer.ggml.merges", "array[string]", [str(m) for m in special.merges]])
     keys = gguf.Keys.Tokenizer  # the GGUF key of each special token type, as SpecialVocab.add_to_gguf names it
@@ -410,11 +435,44 @@ class _HfVocab:
     order of a BPE vocabulary (llama.cpp's ``LlamaHfVocab`` does the same).
     """
 
-    def __init__(self, tdata: dict):
+    def __init__(self, tdata: dict, where: str = "tokenizer.json"):
         model = tdata["model"]
         vocab = model["vocab"]
-        added = {a["id"]: a for a in tdata.get("added_tokens") or [] if isinstance(a, dict) and isinstance(a.get("id"), int)}
+
+        def bad(what: str):
+            return SourceError(f"{where}: {what}; restore the original tokenizer.json")
+
+        def text_ok(t) -> bool:
+            if not isinstance(t, str):
+                return False
+            try:
+                t.encode("utf-8")
+            except UnicodeEncodeError:  # a lone surrogate (\ud800 in the JSON): no UTF-8 for it
+                return False
+            return True
+
+        def id_ok(i) -> bool:
+            return isinstance(i, int) and not isinstance(i, bool) and 0 <= i < MAX_VOCAB
+
+        for tok, i in vocab.items():
+            if not text_ok(tok):
+                raise bad(f"model.vocab has a token that is not text ({escape_name(repr(tok), 40)})")
+            if not id_ok(i):
+                raise bad(f"model.vocab {escape_name(repr(tok), 40)} has id {escape_name(repr(i), 40)}, not an integer "
+                          f"0..{MAX_VOCAB - 1}")
+        added_list = tdata.get("added_tokens") or []
+        if not isinstance(added_list, list):
+            raise bad("added_tokens is not a list")
+        added = {}
+        for a in added_list:
+            if not isinstance(a, dict) or not id_ok(a.get("id")) or not text_ok(a.get("content", "")):
+                raise bad(f"added_tokens has an entry that is not {{id: 0..{MAX_VOCAB - 1}, content: text}} "
+                          f"({escape_name(repr(a), 60)})")
+            added[a["id"]] = a
         n = max([*vocab.values(), *added, -1]) + 1
+        named = len(set(vocab.values()) | set(added))
+        if n - named > max(1024, named):  # the padding a pack's header would carry as [PADn] tokens
+            raise bad(f"token ids run to {n - 1} but only {named} ids have a token")
         by_id: list = [None] * n
         for tok, i in vocab.items():
             by_id[i] = tok

@@ -185,6 +185,15 @@ def board_names() -> list[str]:
     return sorted(p.stem for p in BOARD_DIR.glob("*.toml"))
 
 
+# the range a board value may take, by key (beyond it no board's: byte counts up to 1 PiB, alignments and
+# segments up to 2^20, 1024 cores, rates from 1e3 to 1e18 a second; the cost model's numbers overflow or round
+# to nothing beyond them)
+RANGES = {"total_bytes": (1, 1 << 50), "reserve_bytes": (0, 1 << 50), "iova_cap_bytes": (0, 1 << 50),
+          "iova_usable_bytes": (0, 1 << 50), "alloc_granularity": (1, 1 << 20), "k_align": (1, 1 << 20),
+          "n_align": (1, 1 << 20), "k_segment": (1, 1 << 20), "cores": (1, 1024), "k_ref": (1, 1 << 20),
+          "int8_ops_per_s_per_core": (1e3, 1e18), "cpu_bytes_per_s": (1e3, 1e18), "npu_bytes_per_s": (1e3, 1e18)}
+
+
 def _num(d: dict, key: str, where: str, kind=int, positive: bool = True):
     v = d.get(key)
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and (kind is float or isinstance(v, int))
@@ -193,6 +202,9 @@ def _num(d: dict, key: str, where: str, kind=int, positive: bool = True):
     if not ok or (positive and v <= 0) or (not positive and v < 0):
         raise OrkError(f"{where}: '{key}' must be a {'positive' if positive else 'non-negative'} "
                        f"{'integer' if kind is int else 'number'}; fix the board file")
+    lo, hi = RANGES.get(key, (-math.inf, math.inf))
+    if not lo <= v <= hi:
+        raise OrkError(f"{where}: '{key}' = {v:g} is outside {lo:g}..{hi:g}; fix the board file")
     return kind(v)
 
 

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import OrkError, escape_name
+from ..files import is_file
 from . import cost, solver
 from .board import Board, load_board
 from .runtime import RUNTIME_SCHEMA, RUNTIME_VERSION, TOML_KEYS, parse_runtime
@@ -63,6 +64,8 @@ NEEDS = {
 OPTIONAL = ("chunk", "set", "runtime", "id", "note")
 COLUMNS = ("kind",) + tuple(dict.fromkeys(c for cs in NEEDS.values() for c in cs)) + OPTIONAL
 DEFAULT_CHUNK = 512
+MAX_INT = 1 << 20  # a timing's m, n, k, prompt or chunk (the cost model loops over K segments and chunks)
+MIN_VALUE, MAX_VALUE = 1e-15, 1e15  # a timing's seconds or tok/s: beyond these it is not a measurement
 DIGITS = 4  # significant digits of a fitted constant in the written board
 ROOT = Path(__file__).resolve().parents[2]
 PUBLISHED = ROOT / "docs" / "calibration" / "published.csv"
@@ -142,9 +145,9 @@ def _posint(raw: str, col: str, where: str, allow_zero: bool = False) -> int:
         v = int(raw)
     except ValueError:
         v = None
-    if v is None or v < 0 or (v == 0 and not allow_zero):
-        raise OrkError(f"{where}: '{col}' must be a {'non-negative' if allow_zero else 'positive'} integer "
-                       f"(got {escape_name(raw, 40)!r})")
+    if v is None or v < 0 or (v == 0 and not allow_zero) or v > MAX_INT:
+        raise OrkError(f"{where}: '{col}' must be a {'non-negative' if allow_zero else 'positive'} integer up to "
+                       f"{MAX_INT} (got {escape_name(raw, 40)!r})")
     return v
 
 
@@ -153,8 +156,9 @@ def _posnum(raw: str, col: str, where: str) -> float:
         v = float(raw)
     except ValueError:
         v = float("nan")
-    if not (math.isfinite(v) and v > 0):
-        raise OrkError(f"{where}: '{col}' must be a positive number (got {escape_name(raw, 40)!r})")
+    if not (math.isfinite(v) and MIN_VALUE <= v <= MAX_VALUE):
+        raise OrkError(f"{where}: '{col}' must be a positive number from {MIN_VALUE:g} to {MAX_VALUE:g} "
+                       f"(got {escape_name(raw, 40)!r})")
     return v
 
 
@@ -220,7 +224,7 @@ def read_times(path: str | Path) -> list[Point]:
         if choice not in CHOICES:
             raise OrkError(f"{where}: choice {escape_name(choice, 40)!r} is not one of {', '.join(CHOICES)}")
         cfg = base / cell["config"]
-        if not cfg.is_file():
+        if not is_file(cfg):
             raise OrkError(f"{where}: config {escape_name(cell['config'], 80)!r} not found (a config.json path "
                            f"relative to {escape_name(str(base) or '.', 80)})")
         prompt = _posint(cell["prompt"], "prompt", where, allow_zero=kind == "decode")
@@ -361,7 +365,14 @@ class Fit:
         return {"n": int(len(e)), "median_abs_pct": round(float(np.median(np.abs(e))) * 100, 1),
                 "worst_abs_pct": round(float(np.max(np.abs(e))) * 100, 1),
                 "within_35_pct": int((np.abs(e) <= 0.35).sum()),
-                "rms_log_pct": round(float(np.sqrt(np.mean(np.log1p(e) ** 2))) * 100, 1)}
+                "rms_log_pct": round(float(np.sqrt(np.mean(self.log_errors(st) ** 2))) * 100, 1)}
+
+    def log_errors(self, st: str) -> np.ndarray:
+        """log(predicted) - log(measured) over the ``st`` rows: log1p of a relative error of -1 + 1e-17 (a
+        measurement 1e17 times the prediction) is not -inf in this form."""
+        keep = np.array([p.set == st for p in self.points])
+        meas = np.array([p.value for p in self.points])[keep]
+        return np.log(self.after[keep]) - np.log(meas)
 
 
 def fit(points: list[Point], base: Board, *, digits: int = DIGITS, only: tuple[str, ...] | None = None) -> Fit:
@@ -486,7 +497,17 @@ def calibrate(times: str | Path, output: str | Path, *, board: str = "rk3588-32g
     if len(named) > 1:
         raise OrkError(f"{_where(times)}: the rows name runtime paths {', '.join(named)}; one file calibrates one "
                        "runtime path (split it)")
-    f = fit(points, base)
+    from ..files import option_file, refuse_over_inputs
+
+    refuse_over_inputs(output, [(times, "the timing CSV"), (option_file(board), "the --board file"),
+                                (option_file(runtime), "the --runtime file")]
+                       + [(p.config, f"the config of line {p.line}") for p in points if p.config is not None],
+                       "the runtime file")
+    try:
+        f = fit(points, base)
+    except OrkError as e:  # the fit's own refusals (no fit row, NPU rows on a runtime without it) name the file too
+        msg = str(e)
+        raise OrkError(msg if msg.startswith(_where(times)) else f"{_where(times)}: {msg}") from None
     f.board = replace(f.board, runtime=name)
     text = runtime_toml(f, name, times.name, base.name, base.runtime)
     check = parse_runtime(tomllib.loads(text), _where(output))  # never write a file load_runtime would refuse

@@ -52,6 +52,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..errors import OrkError, escape_name
+from ..files import is_file
 from ..keepfloat import recorded_globs
 from . import cost, milp, solver
 from .board import Board, load_board
@@ -86,7 +87,7 @@ def parse_cluster(boards: str, network: str | None = None, runtime: str | None =
     hosts: list[str] | None = None
     net = None
     spec_extra: dict = {}
-    if text.endswith(".toml") and Path(text).is_file() \
+    if text.endswith(".toml") and is_file(text) \
             and "boards" in (data := read_toml(Path(text), escape_name(text), "cluster or board")):
         where = escape_name(text)
         names = data["boards"]
@@ -111,24 +112,32 @@ def parse_cluster(boards: str, network: str | None = None, runtime: str | None =
         if bind is not None and bind != "0.0.0.0":
             raise OrkError(f"{where}: 'bind' may only be \"0.0.0.0\" (every interface; each rpc-server binds to its "
                            "own host otherwise)")
-        spec_extra = {"ports": ports, "cpus": cpus, "bind": bind}
+        spec_extra = {"ports": ports, "cpus": cpus, "bind": bind, "where": where}
     else:
         names = [x.strip() for x in text.split(",")]
         if not text or any(not x for x in names):
             raise OrkError("--boards: give a comma-separated list of boards (e.g. rk3588-32g,rk3588-32g) or a "
                            "cluster .toml file; an empty name is not a board")
-    bs = [load_board(n, runtime, nf4_format) for n in names]
+    bs = []
+    for i, n in enumerate(names):
+        try:
+            bs.append(load_board(n, runtime, nf4_format))
+        except OrkError as e:
+            if "where" in spec_extra:  # a board the cluster file names: say which file and entry
+                raise OrkError(f"{spec_extra['where']}: boards[{i}]: {e}") from None
+            raise
     if network is not None:
         net = load_network(network)
     elif net is None:
         p = Path(names[0])
-        client = read_toml(p, escape_name(names[0]), "board") if (names[0].endswith(".toml") and p.is_file()) else {}
+        client = read_toml(p, escape_name(names[0]), "board") if (names[0].endswith(".toml") and is_file(p)) else {}
         net = _network_from(client["network"], escape_name(names[0])) if "network" in client else load_network(None)
     hosts = hosts or [f"node{j}" for j in range(len(bs))]
     if spec_extra.get("ports") is not None:
         pairs = list(zip(hosts, spec_extra["ports"]))
         if len(set(pairs)) != len(pairs):
             raise OrkError(f"{escape_name(text)}: two nodes share a host and port; give each rpc-server its own port")
+    spec_extra.pop("where", None)
     return ClusterSpec(bs, hosts, net, **spec_extra)
 
 
@@ -861,9 +870,13 @@ def plan_cluster_command(model, boards: str, *, network: str | None, json_out: b
                          console, revision: str | None = None, **kw) -> int:
     import json
 
+    from ..files import refuse_over_inputs
     from ..sources.hub import locate
-    from .command import write_atomic
+    from .command import plan_inputs, write_atomic
 
+    if output is not None:
+        refuse_over_inputs(Path(output), plan_inputs(model, runtime=kw.get("runtime"), profile=kw.get("profile"),
+                                                     boards=boards, network=network), "the cluster plan")
     model = locate(model, revision=revision)  # a hub name downloaded (or found in the cache) once, here
 
     if output is not None and not Path(output).parent.is_dir():

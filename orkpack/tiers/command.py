@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from ..errors import OrkError, escape_name
+from ..files import option_file, refuse_over_inputs
 from .board import load_board
 from .manifest import manifest_from_path
 from .profile import load_profile
@@ -351,6 +352,34 @@ def render_frontier(points: list[TierMap], console, solve_s: float) -> None:
                   "orkpack build SOURCE --tiermap DIR/frontier-K.json")
 
 
+def plan_inputs(model, *, board=None, runtime=None, profile=None, boards=None, network=None) -> list:
+    """The files a plan reads, as ``(path, what)`` pairs for :func:`orkpack.files.refuse_over_inputs`: the model
+    (a config.json, a weight file, or every file of its folder), the board, runtime, profile and network files
+    and a cluster's board files."""
+    import tomllib
+
+    out: list = []
+    m = Path(model)
+    if m.is_dir():
+        out += [(f, "a file of the model folder") for f in sorted(m.iterdir()) if f.is_file()]
+    else:
+        out.append((m, "the model"))
+    for v, what in ((board, "the --board file"), (runtime, "the --runtime file"), (profile, "the --profile file"),
+                    (network, "the --network file")):
+        out.append((option_file(v), what))
+    for name in (str(boards).split(",") if boards else []):
+        f = option_file(name.strip())
+        out.append((f, "a --boards file"))
+        if f is not None and f.suffix == ".toml":
+            try:
+                names = tomllib.loads(f.read_text(encoding="utf-8")).get("boards")
+            except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+                names = None
+            for b in names if isinstance(names, list) else []:
+                out.append((option_file(b) if isinstance(b, str) else None, "a board file of the cluster"))
+    return out
+
+
 def plan_command(model, *, board: str = "rk3588-32g", profile: Path | None = None, ctx: int = 8192,
                  kv_type: str = "f16", prefill_m: int = 512, pins: dict[str, list[str]] | None = None,
                  ignore_unknown: bool = False, json_out: bool = False, output: Path | None = None, console=None,
@@ -365,6 +394,9 @@ def plan_command(model, *, board: str = "rk3588-32g", profile: Path | None = Non
 
         console = Console()
     goal = goal or Goal()
+    if output is not None and not frontier_out:
+        refuse_over_inputs(Path(output), plan_inputs(model, board=board, runtime=runtime, profile=profile),
+                           "the tier map")
     if frontier_out:
         if output is not None and not Path(output).is_dir():
             raise OrkError(f"{escape_name(str(output))}: with --frontier, -o names a folder (one tier map per point); "

@@ -11,10 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import OrkError, escape_name
+from ..files import exists
 from .board import BOARD_DIR
 
 NETWORK_FILE = BOARD_DIR.parent / "networks" / "networks.toml"
 DEFAULT_NETWORK = "1gbe"
+# what a [network] value may be: a link of 1 byte/s to 1 PB/s, up to an hour a round trip and a million of them an
+# evaluation (beyond these the cost model's seconds overflow, or round to nothing, and a plan says NaN tok/s)
+LIMITS = {"latency_s": (0.0, 3600.0), "bandwidth_bytes_per_s": (1.0, 1e15), "round_trips_per_eval": (0.0, 1e6)}
 
 
 @dataclass(frozen=True)
@@ -43,10 +47,10 @@ def _network_from(d: object, where: str) -> Network:
     vals = {}
     for k in ("latency_s", "bandwidth_bytes_per_s", "round_trips_per_eval"):
         v = d.get(k)
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0 \
-                or (k == "bandwidth_bytes_per_s" and v <= 0):
-            raise OrkError(f"{where}: [network] '{k}' must be a {'positive' if k.startswith('band') else 'non-negative'} "
-                           "number; see tiermaps/networks/networks.toml")
+        lo, hi = LIMITS[k]
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or not lo <= v <= hi:
+            raise OrkError(f"{where}: [network] '{k}' must be a number from {lo:g} to {hi:g}; "
+                           "see tiermaps/networks/networks.toml")
         vals[k] = float(v)
     return Network(str(d.get("name") or where), source=where, **vals)
 
@@ -58,7 +62,7 @@ def network_names() -> list[str]:
 def load_network(spec: str | None) -> Network:
     """A shipped link by name (1gbe, 2.5gbe, 10gbe) or a TOML file with a [network] table."""
     s = DEFAULT_NETWORK if spec is None else str(spec)
-    if s.endswith(".toml") or Path(s).exists():
+    if s.endswith(".toml") or exists(s):
         data = _read_toml(Path(s))
         if "network" not in data:
             raise OrkError(f"{escape_name(s)}: no [network] table; see tiermaps/networks/networks.toml")

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import OrkError, escape_name
+from ..files import is_file
 from ..sources import names as _names
 from . import cost
 from .board import Board
@@ -340,7 +341,16 @@ def _finish_imatrix(entries: dict[str, tuple[np.ndarray, np.ndarray]], where: st
         kind_, idx = r
         if not idx:
             continue
-        n_rows = sq.shape[0]
+        sq = np.asarray(sq, dtype=np.float64)
+        if not np.isfinite(sq).all() or (sq < 0).any() or (counts is not None and (
+                not np.isfinite(np.asarray(counts, dtype=np.float64)).all() or (np.asarray(counts) < 0).any())):
+            raise OrkError(f"{where}: {escape_name(name)} holds negative or non-finite statistics; the file is damaged "
+                           "(regenerate it with llama-imatrix or orkpack imatrix)")
+        n_rows = sq.shape[0] if sq.ndim else 0
+        if sq.ndim != 2 or n_rows == 0 or (counts is not None and np.asarray(counts).size < n_rows):
+            raise OrkError(f"{where}: {escape_name(name)}: its sums ({'x'.join(map(str, sq.shape)) or 'scalar'}) and "
+                           f"counts ({'none' if counts is None else np.asarray(counts).size}) do not match; the file is "
+                           "damaged (regenerate it with llama-imatrix or orkpack imatrix)")
         if n_rows not in (1, len(idx)):
             raise OrkError(f"{where}: {escape_name(name)} has {n_rows} expert rows, the model has {len(idx)}")
         c = np.ones(n_rows) if counts is None else np.asarray(counts, dtype=np.float64).reshape(-1)[:n_rows]
@@ -391,7 +401,8 @@ def _load_imatrix_gguf(p: Path, manifest, board, prefill_m, ignore) -> Profile:
     for t in r.tensors:
         a = np.asarray(t.data, dtype=np.float64)
         if t.name.endswith(".in_sum2"):
-            sums[t.name[: -len(".in_sum2")]] = a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1)
+            sums[t.name[: -len(".in_sum2")]] = (np.zeros((0, 0)) if a.size == 0 else
+                                                 a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1))
         elif t.name.endswith(".counts"):
             counts[t.name[: -len(".counts")]] = a.reshape(-1)
     entries = {n: (s, counts.get(n)) for n, s in sums.items()}
@@ -492,7 +503,7 @@ def load_profile(path: str | Path | None, manifest: Manifest, board: Board, pref
     if path is None:
         return analytic(manifest, board, prefill_m)
     p = Path(path)
-    if not p.is_file():
+    if not is_file(p):
         raise OrkError(f"{escape_name(str(p))}: profile not found; give a .json, .gguf (imatrix), .dat or .csv file")
     suf = p.suffix.lower()
     if suf == ".json":

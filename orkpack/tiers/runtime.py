@@ -66,12 +66,24 @@ def runtime_names() -> list[str]:
     return sorted(p.stem for p in RUNTIME_DIR.glob("*.toml"))
 
 
-def _num(sec: dict, key: str, where: str, nonneg: bool) -> float:
+# the range a runtime constant may take (a value beyond it is no runtime's: the cost model's seconds overflow,
+# or round to nothing, and the planner's MILP stalls on the coefficients; a plan said NaN or hung)
+RANGES = {
+    "npu_efficiency": (1e-6, 1.0), "npu_k_falloff": (0.0, 10.0), "submit_overhead_s": (0.0, 10.0),
+    "cpu_int8_ops_per_s": (1e3, 1e16), "cpu_nf4_ops_per_s": (1e3, 1e16), "cpu_float_ops_per_s": (1e3, 1e16),
+    "tile_read_factor": (1e-3, 1e3), "decode_fraction": (1e-6, 1.0), "decode_token_s": (0.0, 10.0),
+    "request_s": (0.0, 3600.0),
+}
+
+
+def _num(sec: dict, key: str, where: str, nonneg: bool, rng: tuple[float, float] | None = None) -> float:
     v = sec.get(key)
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v))
     if not ok or (v < 0 if nonneg else v <= 0):
         raise OrkError(f"{where}: '{key}' must be a {'non-negative' if nonneg else 'positive'} number; "
                        "fix the runtime file")
+    if rng is not None and not rng[0] <= v <= rng[1] and not (key in ("efficiency", "bandwidth_fraction") and v > 1):
+        raise OrkError(f"{where}: '{key}' = {v:g} is outside {rng[0]:g}..{rng[1]:g}; fix the runtime file")
     return float(v)
 
 
@@ -107,7 +119,7 @@ def parse_runtime(data: dict, where: str) -> Runtime:
                                "fix the runtime file")
             vals[fld] = v
             continue
-        vals[fld] = _num(s, key, where, fld in _NONNEG)
+        vals[fld] = _num(s, key, where, fld in _NONNEG, RANGES[fld])
     if vals["decode_fraction"] > 1.0:
         raise OrkError(f"{where}: [decode] bandwidth_fraction {vals['decode_fraction']:g} is above 1: no runtime "
                        "decodes faster than the board's cores stream (the board's [stream]); fix the runtime file")

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import OrkError, escape_name
+from ..files import exists, is_file
 
 
 def read_toml(p: Path, where: str, kind: str) -> dict:
@@ -25,9 +26,9 @@ def read_shipped(name_or_path: str | Path, kind: str, directory: Path, names: Ca
     """(parsed TOML, the name to report) of a shipped ``kind`` by name (``directory/NAME.toml``) or a TOML path."""
     s = str(name_or_path)
     p = Path(s)
-    if not (s.endswith(".toml") or p.exists()):
+    if not (s.endswith(".toml") or exists(p)):
         p = directory / f"{s}.toml"
-        if not p.is_file():
+        if not is_file(p):
             raise OrkError(f"unknown {kind} {escape_name(s)!r}; shipped {kind}s: {', '.join(names())}, "
                            f"or give a .toml file (see {folder})")
         return read_toml(p, s, kind), s
