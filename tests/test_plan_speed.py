@@ -216,7 +216,7 @@ def test_plan_json_imports_only_what_it_uses(tmp_path):
     assert json.loads(r.stdout)["schema"] == "orkpack.tiermap"
     mods = set(r.stderr.split())
     assert "scipy.optimize._highspy._core" in mods
-    for m in ("scipy.optimize", "scipy.sparse", "rich", "rich.console", "safetensors", "orkpack.sources.gguf",
+    for m in ("scipy.optimize", "scipy.sparse", "rich", "rich.console", "pydantic", "safetensors", "orkpack.sources.gguf",
               "orkpack.sources.safetensors", "orkpack.sources.open"):
         assert m not in mods, m
 
