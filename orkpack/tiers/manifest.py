@@ -216,6 +216,20 @@ def _layer(name: str) -> int | None:
     return None
 
 
+def _experts(first: Item, count: int):
+    """The items of a stack's ``count`` experts: ``first`` but for the expert index, 0 .. count-1, equal to what
+    ``Item(...)`` makes (the same fields, in the same order), made without the frozen dataclass's one
+    ``object.__setattr__`` per field (a 30B MoE has 18,432 of them)."""
+    fields, new, put, cls = first.__dict__, object.__new__, object.__setattr__, type(first)
+
+    def one(e: int) -> Item:
+        it = new(cls)
+        put(it, "__dict__", {**fields, "expert": e})
+        return it
+
+    return map(one, range(count))
+
+
 def _items(tensors: list[TensorEntry], facts: dict) -> tuple[list[Item], list[TensorEntry]]:
     items: list[Item] = []
     floats: list[TensorEntry] = []
@@ -229,7 +243,7 @@ def _items(tensors: list[TensorEntry], facts: dict) -> tuple[list[Item], list[Te
             e_count, n, k = t.shape
             role, layer = _role(t.name, t.shape, facts), _layer(t.name)
             n_exp, n_used = int(facts.get("n_experts") or e_count), int(facts.get("n_experts_used") or 0)
-            items.extend(Item(t.name, e, n, k, t.dtype, role, layer, n_exp, n_used) for e in range(e_count))
+            items.extend(_experts(Item(t.name, 0, n, k, t.dtype, role, layer, n_exp, n_used), e_count))
         else:
             floats.append(t)
     return items, floats

@@ -180,14 +180,18 @@ def default_sensitivity(manifest: Manifest, m_eff: list[float], prefill_m: int) 
     tied = not any(it.role == "output" for it in manifest.items)
     heads = [i for i, it in enumerate(manifest.items) if it.role == "output" or (tied and it.role == "embedding")]
     w = [0.0] * len(manifest.items)
+    kind: dict[str, float] = {}  # the kind's factor, per tensor (every expert of a stack has its tensor's)
     for i, it in enumerate(manifest.items):
         share = (m_eff[i] / prefill_m if prefill_m else 0.0) if it.role == "expert" else 1.0
+        factor = kind.get(it.tensor)
+        if factor is None:
+            factor = kind[it.tensor] = _kind_factor(it, gqa)
         # an untied embedding is a lookup: a token reads one row, whose error perturbs the hidden state as
         # much as the output error of one hidden x hidden product does; it weighs as that (K x K)
         # another embedding table (gemma4's per-layer one, a row of n_layers x width): its row gates every layer's
         # output through a width x hidden product; it weighs as that row times hidden
         w[i] = float(it.k * it.k) if it.role == "embedding" else float(it.k * f["hidden"]) if it.role == "lookup" \
-            else float(it.numel) * share * _kind_factor(it, gqa)
+            else float(it.numel) * share * factor
     for i in heads:
         w[i] = 0.0
     body = sum(w)

@@ -411,7 +411,7 @@ def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row],
         out.klass.append(got)
     for j, lst in enumerate((out.allowed, out.ram, out.npu, out.dec, out.pre, out.qual, out.share, out.kld,
                              out.read)):
-        lst.extend([classes[c][j] for c in out.klass])
+        lst.extend(map([c[j] for c in classes].__getitem__, out.klass))
     # the KV cache read, and a hybrid's recurrent state read (in kv_bytes) and written back, every token
     dec_bytes = sum(t.float_bytes for t in manifest.floats) + manifest.kv_bytes(max(prompt, 1), kv_type) \
         + state_bytes(manifest.facts)
@@ -464,24 +464,23 @@ def ttft_s(manifest: Manifest, board: Board, profile: Profile, choices: list[str
                         profile.t_npu, choices, fmts))
     else:  # a class holds items of one row: one copy format
         keys = list(zip(klass, choices))
+    # each distinct key is computed once (at its first item); code[i]: item i's key, numbered in order
     first: dict[tuple, int] = {}
-    for i, key in enumerate(keys):
-        first.setdefault(key, i)
-    rhos: dict[tuple, tuple[float, float]] = {}
+    code = np.fromiter((first.setdefault(key, len(first)) for key in keys), dtype=np.intp, count=len(keys))
+    at = np.full(len(first), len(keys), dtype=np.intp)
+    np.minimum.at(at, code, np.arange(len(keys), dtype=np.intp))
+    rhos: list[tuple[float, float]] = []
+    for i in at.tolist():
+        rhos.append(_rho(items[i], profile.m_eff[i], profile.t_cpu[i], profile.t_npu[i], board))
     total, done = board.request_s, 0  # the runtime's fixed cost per request, once
     while done < prompt:
         rows = min(m, prompt - done)
         f = rows / m
         t = board.decode_token_s + _attention_s(manifest, rows, done + rows / 2.0, board) + _float_matmuls_s(manifest, rows, board)
-        per: dict[tuple, float] = {}
-        for key, i in first.items():
-            it = items[i]
-            rho = rhos.get(key)
-            if rho is None:
-                rho = rhos[key] = _rho(it, profile.m_eff[i], profile.t_cpu[i], profile.t_npu[i], board)
-            per[key] = _pre(it, choices[i], profile.m_eff[i] * f, rho, tied and it.role == "embedding", board, fmts[i])
-        for key in keys:  # item by item, in order: the same sum as ever
-            t += per[key]
+        per = np.array([_pre(items[i], choices[i], profile.m_eff[i] * f, rho, tied and items[i].role == "embedding",
+                             board, fmts[i]) for i, rho in zip(at.tolist(), rhos)], dtype=np.float64)
+        # item by item, in order: the same sum as ever (t += each item's seconds; accumulate adds left to right)
+        t = float(np.add.accumulate(np.concatenate(([t], per[code])))[-1]) if len(keys) else t
         total += t
         done += rows
     return total
@@ -508,6 +507,29 @@ def _decision_fields(it: Item, r: _Row, c: str, profile: Profile, i: int, board:
     else:
         enc, nb = "nf4", r.n4
     return (shape, enc, "host", profile.min_m[i], nb, 0.0, r.pin, None, 0)
+
+
+def _in_name_order(decisions: list[Decision]) -> list[Decision]:
+    """``decisions`` sorted by (tensor in natural name order, expert; a tensor's own slice first).
+
+    They come as the items do (each tensor's slices together, experts ascending), then the float tensors: the
+    runs of one tensor are sorted, not the slices (a stable sort by the same key gives the same list); a list
+    that is not so made is sorted slice by slice."""
+    order = {n: j for j, n in enumerate(sorted({d.tensor for d in decisions}, key=_names.natural_key))}
+    runs: list[tuple[int, int, int]] = []  # (order, start, end)
+    tensors = [d.tensor for d in decisions]
+    start = 0
+    for j in range(1, len(tensors) + 1):
+        if j == len(tensors) or tensors[j] != tensors[start]:
+            runs.append((order[tensors[start]], start, j))
+            start = j
+    experts = [d.expert for d in decisions]
+    whole = len(runs) == len(order) and all(
+        (experts[a] is None and b - a == 1) or experts[a:b] == list(range(b - a)) for _, a, b in runs)
+    if not whole:
+        return sorted(decisions, key=lambda d: (order[d.tensor], -1 if d.expert is None else d.expert))
+    runs.sort()
+    return [d for _, a, b in runs for d in decisions[a:b]]
 
 
 def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192, kv_type: str = "f16",
@@ -607,14 +629,27 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
     # alike items (one class of the cost model, the same choice and profile min_m) get the same decision
     # but for their name: its fields are worked out once, the budget counted per class
     seen: dict[tuple, list] = {}
+    new, put = object.__new__, object.__setattr__
     for i, it in enumerate(items):
         key = (md.klass[i], choice[i], profile.min_m[i])
         got = seen.get(key)
         if got is None:
-            got = seen[key] = [_decision_fields(it, rows[i], choice[i], profile, i, board), 0]
+            fields = _decision_fields(it, rows[i], choice[i], profile, i, board)
+            first = Decision(it.tensor, it.expert, *fields)
+            rest = dict(first.__dict__)
+            del rest["tensor"], rest["expert"]
+            got = seen[key] = [fields, 0, rest]
+            decisions.append(first)
+        else:  # what Decision(it.tensor, it.expert, *fields) makes, without one frozen __setattr__ per field
+            d = new(Decision)
+            put(d, "__dict__", {"tensor": it.tensor, "expert": it.expert, **got[2]})
+            decisions.append(d)
         got[1] += 1
-        decisions.append(Decision(it.tensor, it.expert, *got[0]))
-    for fields, count in seen.values():
+    # each embedding table's decision (the first of its tensor in name order: decisions follow the items' order)
+    table_decision: dict[str, Decision] = {}
+    for i in [i for i, it in enumerate(items) if it.role in ("embedding", "lookup")]:
+        table_decision.setdefault(items[i].tensor, decisions[i])
+    for fields, count, _ in seen.values():
         _, _, tier, _, nb, _, _, host_copy, copy_bytes = fields
         if tier == "npu":
             npu_used += nb * count
@@ -627,8 +662,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
         decisions.append(Decision(t.name, None, t.shape, enc, "host", cost.MIN_M_NEVER,
                                   t.float_bytes, 0.0, None))
         host_w["float"] += t.float_bytes
-    order = {n: j for j, n in enumerate(sorted({d.tensor for d in decisions}, key=_names.natural_key))}
-    decisions.sort(key=lambda d: (order[d.tensor], -1 if d.expert is None else d.expert))
+    decisions = _in_name_order(decisions)
 
     ram_used = board.reserve_bytes + kv + npu_used + sum(host_w.values())
     if npu_used > board.iova_usable_bytes or ram_used > cap_total:  # the MILP's constraints guarantee both
@@ -653,7 +687,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
                 "reserve": board.reserve_bytes},
     }
     tied = not any(it.role == "output" for it in items)
-    budget["lookups"] = [_lookup_line(it, next(x for x in decisions if x.tensor == it.tensor), tied)
+    budget["lookups"] = [_lookup_line(it, table_decision[it.tensor], tied)
                          for it in items if it.role in ("embedding", "lookup")]  # every embedding table: a line
     wb = weight_bytes(manifest, md, idx)
     params = weight_params(manifest)
