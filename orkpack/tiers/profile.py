@@ -213,7 +213,10 @@ def size_factor(manifest: Manifest) -> float:
     return (n / SIZE_REF) ** -SIZE_EXP if n > 0 else 1.0
 
 
-def analytic(manifest: Manifest, board: Board, prefill_m: int, routing: dict[int, float] | None = None) -> Profile:
+def analytic(manifest: Manifest, board: Board, prefill_m: int, routing: dict[int, float] | None = None, *,
+             sensitivity: bool = True) -> Profile:
+    """The analytic profile; ``sensitivity`` False leaves the sensitivities empty, for a caller that computes them
+    again (a JSON profile's routing makes its own)."""
     routing = routing or {}
     shape_mm: dict[tuple[int, int], int] = {}
     memo: dict[tuple, tuple[float, float, float]] = {}
@@ -236,7 +239,7 @@ def analytic(manifest: Manifest, board: Board, prefill_m: int, routing: dict[int
         ben.append(b)
         tc.append(c)
         tn.append(n)
-    sens = default_sensitivity(manifest, ms, prefill_m)
+    sens = default_sensitivity(manifest, ms, prefill_m) if sensitivity else []
     return Profile("analytic", "analytic", prefill_m, ben, sens, ms, mms, tc, tn)
 
 
@@ -314,13 +317,14 @@ def _load_json_profile(p: Path, manifest: Manifest, board: Board, prefill_m: int
             benefit.update(zip(idx, _as_list(ent["benefit_us"], len(idx), "benefit_us", w)))
         if "sensitivity" in ent:
             sens.update(zip(idx, _as_list(ent["sensitivity"], len(idx), "sensitivity", w)))
-    prof = analytic(manifest, board, prefill_m)
+    spread = _spread_routing(manifest, routing)
+    prof = analytic(manifest, board, prefill_m, sensitivity=not spread)  # routing makes the sensitivities again
     _unknown(unknown, where, ignore, prof.warnings)
     own = d.get("prefill_m")
     if isinstance(own, int) and not isinstance(own, bool) and own != prefill_m:  # informative only
         prof.warnings.append(f"{where}: written for prefill_m {own}; planning at --prefill-m {prefill_m} "
                              "(its benefit_us are taken as given)")
-    _apply_routing(prof, manifest, board, _spread_routing(manifest, routing))
+    _apply_routing(prof, manifest, board, spread)
     for i, b in benefit.items():  # the NPU saves benefit_us against the host NF4 path
         prof.benefit[i] = b * 1e-6
         prof.t_npu[i] = max(0.0, prof.t_cpu[i] - b * 1e-6)
