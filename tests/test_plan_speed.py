@@ -299,3 +299,34 @@ print("ok")
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_plan_pauses_the_collector_and_restores_it(monkeypatch, capsys):
+    """plan_command and plan run with the cyclic collector paused (their 10^5 small objects hold no cycles) and
+    leave it as they found it, on success and on error alike."""
+    import gc
+
+    from orkpack.errors import OrkError
+    from orkpack.tiers import command
+
+    seen = []
+    real = command.solve
+
+    def spy(*a, **k):
+        seen.append(gc.isenabled())
+        return real(*a, **k)
+
+    monkeypatch.setattr(command, "solve", spy)
+    assert gc.isenabled()
+    assert command.plan_command(ROOT / "tests/fixtures/configs/qwen2.json", json_out=True) == 0
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(OrkError):
+        command.plan_command(ROOT / "tests/fixtures/configs/qwen2.json", json_out=True, ctx=-1)
+    assert gc.isenabled()
+    gc.disable()
+    try:  # a caller's own choice stays
+        command.plan(ROOT / "tests/fixtures/configs/qwen2.json")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    capsys.readouterr()
