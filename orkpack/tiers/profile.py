@@ -177,7 +177,7 @@ def default_sensitivity(manifest: Manifest, m_eff: list[float], prefill_m: int) 
     f = manifest.facts
     gqa = f["heads"] / f["kv_heads"] if f.get("heads") and f.get("kv_heads") else 1.0
     size = size_factor(manifest)
-    tied = not any(it.role == "output" for it in manifest.items)
+    tied = not any(it.role == "output" for it in reversed(manifest.items))  # output.weight sorts last but one
     heads = [i for i, it in enumerate(manifest.items) if it.role == "output" or (tied and it.role == "embedding")]
     w = [0.0] * len(manifest.items)
     kind: dict[str, float] = {}  # the kind's factor, per tensor (every expert of a stack has its tensor's)

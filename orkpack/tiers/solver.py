@@ -393,7 +393,7 @@ def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row],
     # profile values), so the per-item work is one lookup
     memo: dict[tuple, int] = {}
     classes: list[tuple] = []
-    tied = not any(it.role == "output" for it in manifest.items)
+    tied = not any(it.role == "output" for it in reversed(manifest.items))  # output.weight sorts last but one
     for i, (it, r, mi, tc, tn, sens) in enumerate(zip(manifest.items, rows, profile.m_eff, profile.t_cpu,
                                                          profile.t_npu, profile.sensitivity)):
         key = (id(r), it.n, it.k, it.dtype, it.role, mi, tc, tn, sens, None if allowed is None else allowed[i])
@@ -457,18 +457,20 @@ def ttft_s(manifest: Manifest, board: Board, profile: Profile, choices: list[str
     (the items' _rows, optional: by default no NPU slice is stored 4-bit) give each host copy's NF4 format."""
     m = profile.prefill_m
     items = manifest.items
-    tied = not any(it.role == "output" for it in items)
-    fmts = [None] * len(items) if rows is None else [r.copy_fmt for r in rows]
+    tied = not any(it.role == "output" for it in reversed(items))  # output.weight sorts last but one
     if klass is None:
-        keys = list(zip(((it.n, it.k, it.dtype, it.role) for it in items), profile.m_eff, profile.t_cpu,
-                        profile.t_npu, choices, fmts))
+        fmts = [None] * len(items) if rows is None else [r.copy_fmt for r in rows]
+        keys = zip(((it.n, it.k, it.dtype, it.role) for it in items), profile.m_eff, profile.t_cpu,
+                   profile.t_npu, choices, fmts)
     else:  # a class holds items of one row: one copy format
-        keys = list(zip(klass, choices))
+        keys = zip(klass, choices)
     # each distinct key is computed once (at its first item); code[i]: item i's key, numbered in order
     first: dict[tuple, int] = {}
-    code = np.fromiter((first.setdefault(key, len(first)) for key in keys), dtype=np.intp, count=len(keys))
-    at = np.full(len(first), len(keys), dtype=np.intp)
-    np.minimum.at(at, code, np.arange(len(keys), dtype=np.intp))
+    code = np.fromiter((first.setdefault(key, len(first)) for key in keys), dtype=np.intp)
+    at = np.full(len(first), len(code), dtype=np.intp)
+    np.minimum.at(at, code, np.arange(len(code), dtype=np.intp))
+    if klass is not None:  # the copy format of each key's first item
+        fmts = {i: None if rows is None else rows[i].copy_fmt for i in at.tolist()}
     rhos: list[tuple[float, float]] = []
     for i in at.tolist():
         rhos.append(_rho(items[i], profile.m_eff[i], profile.t_cpu[i], profile.t_npu[i], board))
@@ -480,7 +482,7 @@ def ttft_s(manifest: Manifest, board: Board, profile: Profile, choices: list[str
         per = np.array([_pre(items[i], choices[i], profile.m_eff[i] * f, rho, tied and items[i].role == "embedding",
                              board, fmts[i]) for i, rho in zip(at.tolist(), rhos)], dtype=np.float64)
         # item by item, in order: the same sum as ever (t += each item's seconds; accumulate adds left to right)
-        t = float(np.add.accumulate(np.concatenate(([t], per[code])))[-1]) if len(keys) else t
+        t = float(np.add.accumulate(np.concatenate(([t], per[code])))[-1])
         total += t
         done += rows
     return total
@@ -686,7 +688,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
                 "host_copy_nf4": host_w["host_copy_nf4"], "host_float": host_w["float"], "kv_cache": kv,
                 "reserve": board.reserve_bytes},
     }
-    tied = not any(it.role == "output" for it in items)
+    tied = not any(it.role == "output" for it in reversed(items))  # output.weight sorts last but one
     budget["lookups"] = [_lookup_line(it, table_decision[it.tensor], tied)
                          for it in items if it.role in ("embedding", "lookup")]  # every embedding table: a line
     wb = weight_bytes(manifest, md, idx)
