@@ -2538,10 +2538,14 @@ def _holds(when: tuple[str, ...], flags: Mapping[str, bool]) -> bool:
     return all((not flags.get(w[1:], False)) if w.startswith("!") else flags.get(w, False) for w in when)
 
 
-def hf_tensors(cfg: Mapping[str, Any], where: str = "config.json") -> tuple[dict, list[tuple[str, tuple[int, ...], T]]]:
+def hf_tensors(cfg: Mapping[str, Any], where: str = "config.json",
+               expert_runs: dict[int, tuple[int, str]] | None = None) -> tuple[dict, list[tuple[str, tuple[int, ...], T]]]:
     """(facts, [(HF name, shape, template)]): every tensor a checkpoint of this config holds, per expert.
 
     Derivable buffers (``inv_freq``, ``position_ids``, masks) are not listed: they are dropped on read.
+    ``expert_runs`` (a dict, optional) receives, for each run of a stack's experts, its first entry's index ->
+    (the count of experts, the name with ``{e}`` where the expert index goes): entries index .. index + count - 1
+    are experts 0 .. count - 1 of one template, of one shape.
     """
     facts = facts_from_config(cfg, where)
     fam = FAMILIES[facts["arch"]]
@@ -2557,6 +2561,8 @@ def hf_tensors(cfg: Mapping[str, Any], where: str = "config.json") -> tuple[dict
         shape = tuple(_eval(s, di) for s in tpl.shape)
         name = tpl.name if i is None else tpl.name.replace("{i}", str(i))
         if tpl.experts:
+            if expert_runs is not None and d["E"] > 0:
+                expert_runs[len(out)] = (d["E"], name)
             for e in range(d["E"]):
                 out.append((name.replace("{e}", str(e)), shape, tpl))
         elif tpl.each:
