@@ -222,8 +222,18 @@ def analytic(manifest: Manifest, board: Board, prefill_m: int, routing: dict[int
     memo: dict[tuple, tuple[float, float, float]] = {}
     ben, sens, ms, mms, tc, tn = [], [], [], [], [], []
     alike: dict[tuple, tuple] = {}  # (shape, role, experts) -> the row; items with their own routing aside
+    p = None  # the previous item if it had no routing of its own: an alike next one has its very key
     for i, it in enumerate(manifest.items):
+        if p is not None and it.n == p.n and it.k == p.k and it.role == p.role and it.n_experts_used == p.n_experts_used \
+                and it.n_experts == p.n_experts and i not in routing:
+            ms.append(m)
+            mms.append(mm)
+            ben.append(b)
+            tc.append(c)
+            tn.append(n)
+            continue
         key = None if i in routing else (it.n, it.k, it.role, it.n_experts_used, it.n_experts)
+        p = None if key is None else it
         got = None if key is None else alike.get(key)
         if got is None:
             mm = shape_mm.get((it.n, it.k))

@@ -117,9 +117,15 @@ def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]], npu_stora
     rows = []
     has_npu = "npu" in board.engines and board.iova_usable_bytes > 0
     memo: dict[tuple, _Row] = {}  # items alike in shape, role, pins and NPU storage share one (read-only) row
+    p = None  # the previous item if it had no pins and no storage given: an alike next one has its very key
     for i, it in enumerate(manifest.items):
         ks = pins.get(i)
         stored = None if npu_nf4 is None else bool(npu_nf4[i])
+        if ks is None and stored is None and p is not None and it.n == p.n and it.k == p.k and it.dtype == p.dtype \
+                and it.role == p.role:
+            rows.append(rows[-1])
+            continue
+        p = it if ks is None and stored is None else None
         key = (it.n, it.k, it.dtype, it.role, None if ks is None else frozenset(ks), stored)
         r = memo.get(key)
         if r is not None:
@@ -394,8 +400,15 @@ def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row],
     memo: dict[tuple, int] = {}
     classes: list[tuple] = []
     tied = not any(it.role == "output" for it in reversed(manifest.items))  # output.weight sorts last but one
+    p = None  # the previous item's (item, row, m_eff, t_cpu, t_npu, sensitivity): an alike next one has its key
     for i, (it, r, mi, tc, tn, sens) in enumerate(zip(manifest.items, rows, profile.m_eff, profile.t_cpu,
                                                          profile.t_npu, profile.sensitivity)):
+        if allowed is None and p is not None and r is p[1] and mi == p[2] and tc == p[3] and tn == p[4] \
+                and sens == p[5] and it.n == p[0].n and it.k == p[0].k and it.dtype == p[0].dtype \
+                and it.role == p[0].role:
+            out.klass.append(got)
+            continue
+        p = (it, r, mi, tc, tn, sens)
         key = (id(r), it.n, it.k, it.dtype, it.role, mi, tc, tn, sens, None if allowed is None else allowed[i])
         got = memo.get(key)
         if got is None:
