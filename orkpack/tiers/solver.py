@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
+from operator import getitem
 
 import numpy as np
 
@@ -258,6 +259,7 @@ class _Model:
     klass: list[int] = field(default_factory=list)  # items of one class were costed once: all equal
     kld: list[tuple[float, ...]] = field(default_factory=list)  # predicted KLD: the sensitivity where decode reads NF4
     read: list[tuple[float, ...]] = field(default_factory=list)  # weight bytes a decode token reads (share x bytes)
+    class_allowed: list[tuple[str, ...]] = field(default_factory=list)  # the allowed choices of each class
 
 
 def _share(it: Item, m_eff: float, prefill_m: int, tied: bool) -> float:
@@ -425,6 +427,7 @@ def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row],
     for j, lst in enumerate((out.allowed, out.ram, out.npu, out.dec, out.pre, out.qual, out.share, out.kld,
                              out.read)):
         lst.extend(map([c[j] for c in classes].__getitem__, out.klass))
+    out.class_allowed = [c[0] for c in classes]
     # the KV cache read, and a hybrid's recurrent state read (in kv_bytes) and written back, every token
     dec_bytes = sum(t.float_bytes for t in manifest.floats) + manifest.kv_bytes(max(prompt, 1), kv_type) \
         + state_bytes(manifest.facts)
@@ -459,7 +462,15 @@ def _totals(md: _Model, pick: list[int]) -> tuple[float, float, float, float, fl
 
 
 def _baseline(md: _Model, enc: str) -> list[int]:
-    return [a.index(enc) if enc in a else 0 for a in md.allowed]
+    """Per item, the index of choice ``enc`` among its allowed ones (0 where it has none): worked out per class."""
+    per = [a.index(enc) if enc in a else 0 for a in md.class_allowed]
+    return list(map(per.__getitem__, md.klass))
+
+
+def _baseline_choices(md: _Model, enc: str) -> list[str]:
+    """Per item, its choice at :func:`_baseline`'s index (``enc``, or its first allowed choice)."""
+    per = [a[a.index(enc) if enc in a else 0] for a in md.class_allowed]
+    return list(map(per.__getitem__, md.klass))
 
 
 def ttft_s(manifest: Manifest, board: Board, profile: Profile, choices: list[str], prompt: int,
@@ -737,8 +748,8 @@ def weight_bytes(manifest: Manifest, md: _Model, pick: list[int]) -> dict:
     """The weight bytes of an assignment: what the pack holds (``file``) and what a decode token reads (``decode``),
     the float non-items included in both."""
     c = _bytes_const(manifest, "file")
-    return {"file": int(c + sum(md.ram[i][j] for i, j in enumerate(pick))),
-            "decode": int(round(c + sum(md.read[i][j] for i, j in enumerate(pick))))}
+    return {"file": int(c + sum(map(getitem, md.ram, pick))),  # item by item, as ever
+            "decode": int(round(c + sum(map(getitem, md.read, pick))))}
 
 
 def least_weight_bytes(manifest: Manifest, board: Board, profile: Profile, pins: dict[str, list[str]] | None,
@@ -783,9 +794,9 @@ def _unreachable(goal: Goal, md: _Model, which: str | None) -> OrkError:
 
 
 def _phase(md: _Model, idx: list[int], prefill_m: int, ttft: float, prompt: int) -> dict:
-    dec = md.dec_const + sum([d[c] for d, c in zip(md.dec, idx)])  # as _totals sums them, item by item
-    pre = md.pre_const + sum([p[c] for p, c in zip(md.pre, idx)])
-    kld = sum([k[c] for k, c in zip(md.kld, idx)]) if md.kld else 0.0
+    dec = md.dec_const + sum(map(getitem, md.dec, idx))  # as _totals sums them, item by item
+    pre = md.pre_const + sum(map(getitem, md.pre, idx))
+    kld = sum(map(getitem, md.kld, idx)) if md.kld else 0.0
     return {"prefill_tok_s": round(prefill_m / pre, 3), "decode_tok_s": round(1.0 / dec, 3),
             "ttft_s": round(ttft, 4), "prefill_s_per_chunk": round(pre, 9), "decode_s_per_token": round(dec, 9),
             "kld": round(kld, 6)}
@@ -797,7 +808,7 @@ def _prediction(manifest, board, profile, md: _Model, idx, choice, prompt, rows)
     base = {}
     for enc in ("nf4", "int8"):
         bi = _baseline(md, enc)
-        bc = [md.allowed[i][c] for i, c in enumerate(bi)]
+        bc = _baseline_choices(md, enc)  # = [md.allowed[i][c] for i, c in enumerate(bi)]
         base[f"cpu_{enc}"] = _phase(md, bi, m, ttft_s(manifest, board, profile, bc, prompt, md.klass, rows), prompt)
     out.update(prefill_m=m, prompt=prompt, baselines=base,
                model="cost model of the board (docs/TIERMAP.md; constants and their sources: the board TOML, "
