@@ -54,13 +54,107 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any, Callable, Mapping
 
-import gguf
-
 from .errors import SourceError, escape_name
+
+
+class _GgufNames:
+    """What the name maps read of gguf-py: ``MODEL_ARCH``, ``MODEL_ARCH_NAMES``, ``MODEL_TENSORS``, ``TENSOR_NAMES``
+    (gguf/constants.py) and ``get_tensor_name_map`` (gguf/tensor_mapping.py).
+
+    ``import gguf`` runs the package's __init__, which also imports its reader, writer, quantizers, vocab and
+    metadata modules (yaml among them), ~0.04 s that a plan from a config.json never uses (issue 26). Where gguf
+    is not imported yet, the two modules are loaded alone, registered under their own names, so a later
+    ``import gguf`` shares them (its __init__ imports them with ``from .constants import *``); the package then
+    also gets them as attributes (``gguf.constants``), as an ordinary import gives it. Any surprise (another
+    gguf layout) falls back to ``import gguf``."""
+
+    def __getattr__(self, name: str):
+        mods = _gguf_modules()
+        for m in mods:
+            if hasattr(m, name):
+                value = getattr(m, name)
+                setattr(self, name, value)
+                return value
+        raise AttributeError(name)
+
+
+@lru_cache(maxsize=1)
+def _gguf_modules() -> tuple:
+    full = sys.modules.get("gguf")
+    if full is None:
+        try:
+            return _gguf_alone()
+        except Exception:
+            pass
+    import gguf
+
+    return (gguf,)
+
+
+def _gguf_alone() -> tuple:
+    import importlib.abc
+    import importlib.util
+
+    spec = importlib.util.find_spec("gguf")  # the package's spec; its __init__ is not run
+    folder = spec.submodule_search_locations[0]
+    loaded = []
+    for sub in ("constants", "tensor_mapping"):  # tensor_mapping imports from .constants: found registered
+        name = f"gguf.{sub}"
+        if name in sys.modules:
+            loaded.append(sys.modules[name])
+            continue
+        sub_spec = importlib.util.spec_from_file_location(name, f"{folder}/{sub}.py")
+        mod = importlib.util.module_from_spec(sub_spec)
+        sys.modules[name] = mod
+        try:
+            sub_spec.loader.exec_module(mod)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        loaded.append(mod)
+
+    class Parent(importlib.abc.MetaPathFinder):
+        """At the later ``import gguf``: the package as ever, with the two modules as its attributes."""
+
+        def find_spec(self, fullname, path=None, target=None):
+            if fullname != "gguf":
+                return None
+            sys.meta_path.remove(self)
+            pkg = importlib.util.find_spec("gguf")
+            if pkg is None or pkg.loader is None or not hasattr(pkg.loader, "exec_module"):
+                return pkg
+            real = pkg.loader
+
+            class Loader(importlib.abc.Loader):
+                def create_module(self, spec):
+                    return real.create_module(spec)
+
+                def exec_module(self, module):
+                    for sub in ("constants", "tensor_mapping"):
+                        if f"gguf.{sub}" in sys.modules:
+                            setattr(module, sub, sys.modules[f"gguf.{sub}"])
+                    real.exec_module(module)
+
+                def __getattr__(self, name):  # get_resource_reader, is_package, ...: the real loader's
+                    return getattr(real, name)
+
+            pkg.loader = Loader()
+            return pkg
+
+    sys.meta_path.insert(0, Parent())
+    mods = tuple(loaded)
+    if not all(hasattr(mods[0], n) for n in ("MODEL_ARCH", "MODEL_ARCH_NAMES", "MODEL_TENSORS", "TENSOR_NAMES")) \
+            or not hasattr(mods[1], "get_tensor_name_map"):
+        raise ImportError("gguf layout")
+    return mods
+
+
+gguf = _GgufNames()
 
 FACT_KEYS = (
     "arch", "n_layers", "hidden", "intermediate", "heads", "kv_heads", "head_dim", "vocab",
@@ -2444,10 +2538,14 @@ def _holds(when: tuple[str, ...], flags: Mapping[str, bool]) -> bool:
     return all((not flags.get(w[1:], False)) if w.startswith("!") else flags.get(w, False) for w in when)
 
 
-def hf_tensors(cfg: Mapping[str, Any], where: str = "config.json") -> tuple[dict, list[tuple[str, tuple[int, ...], T]]]:
+def hf_tensors(cfg: Mapping[str, Any], where: str = "config.json",
+               expert_runs: dict[int, tuple[int, str]] | None = None) -> tuple[dict, list[tuple[str, tuple[int, ...], T]]]:
     """(facts, [(HF name, shape, template)]): every tensor a checkpoint of this config holds, per expert.
 
     Derivable buffers (``inv_freq``, ``position_ids``, masks) are not listed: they are dropped on read.
+    ``expert_runs`` (a dict, optional) receives, for each run of a stack's experts, its first entry's index ->
+    (the count of experts, the name with ``{e}`` where the expert index goes): entries index .. index + count - 1
+    are experts 0 .. count - 1 of one template, of one shape.
     """
     facts = facts_from_config(cfg, where)
     fam = FAMILIES[facts["arch"]]
@@ -2463,6 +2561,8 @@ def hf_tensors(cfg: Mapping[str, Any], where: str = "config.json") -> tuple[dict
         shape = tuple(_eval(s, di) for s in tpl.shape)
         name = tpl.name if i is None else tpl.name.replace("{i}", str(i))
         if tpl.experts:
+            if expert_runs is not None and d["E"] > 0:
+                expert_runs[len(out)] = (d["E"], name)
             for e in range(d["E"]):
                 out.append((name.replace("{e}", str(e)), shape, tpl))
         elif tpl.each:
@@ -2501,7 +2601,7 @@ def hf_tensors(cfg: Mapping[str, Any], where: str = "config.json") -> tuple[dict
 # --------------------------------------------------------------------------------------------------- names
 
 @lru_cache(maxsize=64)
-def _name_map(gguf_arch: str, n_blocks: int) -> gguf.TensorNameMap:
+def _name_map(gguf_arch: str, n_blocks: int):
     return gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, gguf_arch), n_blocks)
 
 

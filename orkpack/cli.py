@@ -19,6 +19,92 @@ import typer
 from orkpack import __version__
 from orkpack.errors import OrkError
 
+def _plain_coercion() -> None:
+    """Coerce plain option values without pydantic (issue 26): typer 0.29 hands every option's value to a pydantic
+    TypeAdapter, and importing pydantic and building one adapter per option took ~0.08 s of every `orkpack plan`.
+
+    For the option types orkpack declares (str, int, float, bool, Path, their Optional forms and List[str]; no
+    parser, bounds, choices or path checks), a value of the simplest form converts here to what the adapter returns:
+    a str as it is; an int of plain digits by int() (an int default as it is; a float one too); a float of plain decimals by float() (both correctly rounded,
+    as pydantic's parser is); a Path by Path() after the checks typer makes with the default flags (stat, readable).
+    Anything else (another form, a bad value, a path typer would refuse) goes through typer's own adapter, which
+    gives its answer or its error message. Only for the typer version this was checked against
+    (tests/test_cli_coercion.py compares both on every option of every command)."""
+    try:
+        if typer.__version__ != "0.29.2":
+            return
+        from dataclasses import dataclass
+        from typer import _coercion, core
+
+        if core.build_runtime_param is not _coercion.build_runtime_param:
+            return
+    except (AttributeError, ImportError):
+        return
+    import re
+
+    full = _coercion.build_runtime_param
+    digits, decimal = re.compile(r"-?(?:0|[1-9][0-9]{0,17})"), re.compile(r"-?[0-9]{1,17}(?:\.[0-9]{1,17})?")
+
+    def scalar(kind, value):  # the value, or _NO when typer's adapter must decide
+        if type(value) is not str:  # a default: an int or a float of its own type is what the adapter returns
+            return value if kind in (int, float) and type(value) is kind else _NO
+        if kind is str:
+            return value
+        if kind is int:
+            return int(value) if digits.fullmatch(value) else _NO
+        if kind is float:
+            return float(value) if decimal.fullmatch(value) else _NO
+        if kind is Path:
+            if not value or "\0" in value:
+                return _NO
+            p = Path(value)
+            try:
+                os.stat(p)
+            except OSError:
+                return p
+            except ValueError:
+                return _NO
+            return p if os.access(p, os.R_OK) else _NO
+        return _NO
+
+    @dataclass(frozen=True)
+    class _Plain(_coercion.RuntimeParam):
+        kind: object
+        many: bool
+        descriptor: object
+
+        def _coerce_value(self, value, param, ctx):
+            if self.many:
+                got = [scalar(self.kind, v) for v in value] if isinstance(value, (list, tuple)) else [_NO]
+                if _NO not in got:
+                    return got
+            elif self.kind is bool and type(value) is bool:
+                return value
+            else:
+                got = scalar(self.kind, value)
+                if got is not _NO:
+                    return got
+            return full(self.descriptor)._coerce_value(value, param=param, ctx=ctx)
+
+    def plain(descriptor):
+        a, pi = descriptor.annotation, descriptor.parameter_info
+        many = getattr(a, "__origin__", None) is list and getattr(a, "__args__", None) == (str,)
+        kind = str if many else a
+        simple = (descriptor.file_annotation is None and pi.parser is None and pi.min is None and pi.max is None
+                  and not pi.clamp and kind in (str, int, float, bool, Path))
+        if simple and kind is Path:
+            simple = (not pi.exists and pi.file_okay and pi.dir_okay and not pi.writable and pi.readable
+                      and not pi.resolve_path and not pi.allow_dash and pi.path_type is None)
+        if not simple:
+            return full(descriptor)
+        return _Plain(pi, a, kind, many, descriptor)
+
+    core.build_runtime_param = plain
+
+
+_NO = object()
+_plain_coercion()
+
 app = typer.Typer(
     name="orkpack",
     help="Compile LLM checkpoints (safetensors, GGUF) into mixed int8/NF4 .orkpack files for the RK3588 NPU.",

@@ -216,7 +216,7 @@ def test_plan_json_imports_only_what_it_uses(tmp_path):
     assert json.loads(r.stdout)["schema"] == "orkpack.tiermap"
     mods = set(r.stderr.split())
     assert "scipy.optimize._highspy._core" in mods
-    for m in ("scipy.optimize", "scipy.sparse", "rich", "rich.console", "safetensors", "orkpack.sources.gguf",
+    for m in ("scipy.optimize", "scipy.sparse", "rich", "rich.console", "pydantic", "gguf", "yaml", "safetensors", "orkpack.sources.gguf",
               "orkpack.sources.safetensors", "orkpack.sources.open"):
         assert m not in mods, m
 
@@ -271,3 +271,62 @@ def test_bound_tightening_keeps_every_stage_optimum(monkeypatch):
         for a, b in zip(*vals):
             assert a == pytest.approx(b, rel=1e-6, abs=1e-9), (trial, vals)
     assert seen_fixed > 0  # the tightening did fix counts on these instances
+
+
+@pytest.mark.parametrize("first", ["names", "gguf"])
+def test_gguf_name_tables_alone_then_the_whole_package(first):
+    """archs loads gguf-py's constants and tensor_mapping alone where gguf is not imported (a plan from a config
+    never needs the rest); an ``import gguf`` after it, or before it, gives the whole package as ever, sharing
+    those modules, with them as its attributes; the names mapped are the same either way."""
+    code = f"""
+import sys
+if {first!r} == "gguf":
+    import gguf
+from orkpack.sources import names
+from orkpack.archs import gguf as tables, canonical_name
+got = canonical_name("model.layers.3.self_attn.k_proj.weight", "qwen3_moe", 48)
+assert got == "blk.3.attn_k.weight", got
+assert names._is_gguf_name("blk.3.attn_k.weight", "qwen3_moe", 48)
+if {first!r} == "names":
+    assert "gguf" not in sys.modules and "gguf.constants" in sys.modules and "yaml" not in sys.modules
+import gguf
+assert gguf.constants is sys.modules["gguf.constants"] and gguf.tensor_mapping is sys.modules["gguf.tensor_mapping"]
+assert tables.MODEL_ARCH is gguf.MODEL_ARCH is gguf.constants.MODEL_ARCH
+assert tables.get_tensor_name_map is gguf.get_tensor_name_map
+assert gguf.GGUFReader and gguf.GGUFWriter and gguf.quants and gguf.metadata.Metadata
+print("ok")
+"""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+
+
+def test_plan_pauses_the_collector_and_restores_it(monkeypatch, capsys):
+    """plan_command and plan run with the cyclic collector paused (their 10^5 small objects hold no cycles) and
+    leave it as they found it, on success and on error alike."""
+    import gc
+
+    from orkpack.errors import OrkError
+    from orkpack.tiers import command
+
+    seen = []
+    real = command.solve
+
+    def spy(*a, **k):
+        seen.append(gc.isenabled())
+        return real(*a, **k)
+
+    monkeypatch.setattr(command, "solve", spy)
+    assert gc.isenabled()
+    assert command.plan_command(ROOT / "tests/fixtures/configs/qwen2.json", json_out=True) == 0
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(OrkError):
+        command.plan_command(ROOT / "tests/fixtures/configs/qwen2.json", json_out=True, ctx=-1)
+    assert gc.isenabled()
+    gc.disable()
+    try:  # a caller's own choice stays
+        command.plan(ROOT / "tests/fixtures/configs/qwen2.json")
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    capsys.readouterr()

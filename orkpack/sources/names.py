@@ -25,9 +25,8 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
-import gguf
-
 from .. import archs as _archs
+from ..archs import gguf  # gguf-py's name tables (loaded without the rest of gguf where it is not imported)
 
 # HF model_types with an entry in orkpack.archs
 SUPPORTED_ARCHS = _archs.SUPPORTED

@@ -216,6 +216,20 @@ def _layer(name: str) -> int | None:
     return None
 
 
+def _experts(first: Item, count: int):
+    """The items of a stack's ``count`` experts: ``first`` but for the expert index, 0 .. count-1, equal to what
+    ``Item(...)`` makes (the same fields, in the same order), made without the frozen dataclass's one
+    ``object.__setattr__`` per field (a 30B MoE has 18,432 of them)."""
+    fields, new, put, cls = first.__dict__, object.__new__, object.__setattr__, type(first)
+
+    def one(e: int) -> Item:
+        it = new(cls)
+        put(it, "__dict__", {**fields, "expert": e})
+        return it
+
+    return map(one, range(count))
+
+
 def _items(tensors: list[TensorEntry], facts: dict) -> tuple[list[Item], list[TensorEntry]]:
     items: list[Item] = []
     floats: list[TensorEntry] = []
@@ -229,7 +243,7 @@ def _items(tensors: list[TensorEntry], facts: dict) -> tuple[list[Item], list[Te
             e_count, n, k = t.shape
             role, layer = _role(t.name, t.shape, facts), _layer(t.name)
             n_exp, n_used = int(facts.get("n_experts") or e_count), int(facts.get("n_experts_used") or 0)
-            items.extend(Item(t.name, e, n, k, t.dtype, role, layer, n_exp, n_used) for e in range(e_count))
+            items.extend(_experts(Item(t.name, 0, n, k, t.dtype, role, layer, n_exp, n_used), e_count))
         else:
             floats.append(t)
     return items, floats
@@ -251,24 +265,41 @@ def state_bytes(facts: dict) -> int:
 
 def manifest_from_config(cfg: dict, source: str = "config.json") -> Manifest:
     """The manifest an HF checkpoint with this config.json would give, from the config alone."""
-    facts, hf = hf_tensor_list(cfg, source)
+    runs: dict[int, tuple[int, str]] = {}
+    facts, hf = archs.hf_tensors(cfg, source, expert_runs=runs)
     dtype = _TORCH_DTYPE.get(str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))), "BF16")
     L = archs.layers_in_config(cfg) or facts["n_layers"]
     stacked: dict[str, dict[int, tuple[int, ...]]] = {}
     tensors: list[TensorEntry] = []
     per_expert: dict[tuple[str, str], str | None] = {}  # (before, after the expert index) -> stacked name
-    for hf_name, shape in hf:
+
+    def stacked_of(head: str, rest: str, hf_name: str) -> str | None:
+        if (head, rest) not in per_expert:
+            e = _names.hf_expert(hf_name)
+            per_expert[(head, rest)] = None if e is None else f"blk.{e[0]}.ffn_{e[2]}_exps.weight"
+        return per_expert[(head, rest)]
+
+    j = 0
+    while j < len(hf):
+        run = runs.get(j)
+        if run is not None:  # a stack's experts in one run: parsed as one, as the loop below parses each
+            count, pattern = run
+            before, _, after = pattern.partition("{e}")
+            if before.endswith(".experts.") and before.count(".experts.") == 1 and after.startswith(".") \
+                    and "{e}" not in after:
+                run_name = stacked_of(before[: -len(".experts.")], after[1:], hf[j][0])
+                if run_name is not None:
+                    stacked.setdefault(run_name, {}).update(
+                        (e, (shape, hf_name)) for e, (hf_name, shape, _) in enumerate(hf[j: j + count]))
+                    j += count
+                    continue
+        hf_name, shape, _ = hf[j]
+        j += 1
         # a per-expert HF name (``...experts.E.gate_proj.weight``): its stacked tensor and index, exactly as
         # canonical_name + split_expert give them, parsed once per projection rather than once per expert
         head, _, tail = hf_name.partition(".experts.")
         idx, _, rest = tail.partition(".")
-        if idx.isascii() and idx.isdigit():
-            if (head, rest) not in per_expert:
-                e = _names.hf_expert(hf_name)
-                per_expert[(head, rest)] = None if e is None else f"blk.{e[0]}.ffn_{e[2]}_exps.weight"
-            stacked_name = per_expert[(head, rest)]
-        else:
-            stacked_name = None
+        stacked_name = stacked_of(head, rest, hf_name) if idx.isascii() and idx.isdigit() else None
         if stacked_name is not None:
             sp = (stacked_name, int(idx))
         elif (sp := archs.stacked_slice(hf_name, facts["arch"])) is not None:  # the converter's stacks (gemma3n)

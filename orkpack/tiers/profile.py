@@ -178,17 +178,21 @@ def default_sensitivity(manifest: Manifest, m_eff: list[float], prefill_m: int) 
     f = manifest.facts
     gqa = f["heads"] / f["kv_heads"] if f.get("heads") and f.get("kv_heads") else 1.0
     size = size_factor(manifest)
-    tied = not any(it.role == "output" for it in manifest.items)
+    tied = not any(it.role == "output" for it in reversed(manifest.items))  # output.weight sorts last but one
     heads = [i for i, it in enumerate(manifest.items) if it.role == "output" or (tied and it.role == "embedding")]
     w = [0.0] * len(manifest.items)
+    kind: dict[str, float] = {}  # the kind's factor, per tensor (every expert of a stack has its tensor's)
     for i, it in enumerate(manifest.items):
         share = (m_eff[i] / prefill_m if prefill_m else 0.0) if it.role == "expert" else 1.0
+        factor = kind.get(it.tensor)
+        if factor is None:
+            factor = kind[it.tensor] = _kind_factor(it, gqa)
         # an untied embedding is a lookup: a token reads one row, whose error perturbs the hidden state as
         # much as the output error of one hidden x hidden product does; it weighs as that (K x K)
         # another embedding table (gemma4's per-layer one, a row of n_layers x width): its row gates every layer's
         # output through a width x hidden product; it weighs as that row times hidden
         w[i] = float(it.k * it.k) if it.role == "embedding" else float(it.k * f["hidden"]) if it.role == "lookup" \
-            else float(it.numel) * share * _kind_factor(it, gqa)
+            else float(it.numel) * share * factor
     for i in heads:
         w[i] = 0.0
     body = sum(w)
@@ -210,14 +214,27 @@ def size_factor(manifest: Manifest) -> float:
     return (n / SIZE_REF) ** -SIZE_EXP if n > 0 else 1.0
 
 
-def analytic(manifest: Manifest, board: Board, prefill_m: int, routing: dict[int, float] | None = None) -> Profile:
+def analytic(manifest: Manifest, board: Board, prefill_m: int, routing: dict[int, float] | None = None, *,
+             sensitivity: bool = True) -> Profile:
+    """The analytic profile; ``sensitivity`` False leaves the sensitivities empty, for a caller that computes them
+    again (a JSON profile's routing makes its own)."""
     routing = routing or {}
     shape_mm: dict[tuple[int, int], int] = {}
     memo: dict[tuple, tuple[float, float, float]] = {}
     ben, sens, ms, mms, tc, tn = [], [], [], [], [], []
     alike: dict[tuple, tuple] = {}  # (shape, role, experts) -> the row; items with their own routing aside
+    p = None  # the previous item if it had no routing of its own: an alike next one has its very key
     for i, it in enumerate(manifest.items):
+        if p is not None and it.n == p.n and it.k == p.k and it.role == p.role and it.n_experts_used == p.n_experts_used \
+                and it.n_experts == p.n_experts and i not in routing:
+            ms.append(m)
+            mms.append(mm)
+            ben.append(b)
+            tc.append(c)
+            tn.append(n)
+            continue
         key = None if i in routing else (it.n, it.k, it.role, it.n_experts_used, it.n_experts)
+        p = None if key is None else it
         got = None if key is None else alike.get(key)
         if got is None:
             mm = shape_mm.get((it.n, it.k))
@@ -233,7 +250,7 @@ def analytic(manifest: Manifest, board: Board, prefill_m: int, routing: dict[int
         ben.append(b)
         tc.append(c)
         tn.append(n)
-    sens = default_sensitivity(manifest, ms, prefill_m)
+    sens = default_sensitivity(manifest, ms, prefill_m) if sensitivity else []
     return Profile("analytic", "analytic", prefill_m, ben, sens, ms, mms, tc, tn)
 
 
@@ -311,13 +328,14 @@ def _load_json_profile(p: Path, manifest: Manifest, board: Board, prefill_m: int
             benefit.update(zip(idx, _as_list(ent["benefit_us"], len(idx), "benefit_us", w)))
         if "sensitivity" in ent:
             sens.update(zip(idx, _as_list(ent["sensitivity"], len(idx), "sensitivity", w)))
-    prof = analytic(manifest, board, prefill_m)
+    spread = _spread_routing(manifest, routing)
+    prof = analytic(manifest, board, prefill_m, sensitivity=not spread)  # routing makes the sensitivities again
     _unknown(unknown, where, ignore, prof.warnings)
     own = d.get("prefill_m")
     if isinstance(own, int) and not isinstance(own, bool) and own != prefill_m:  # informative only
         prof.warnings.append(f"{where}: written for prefill_m {own}; planning at --prefill-m {prefill_m} "
                              "(its benefit_us are taken as given)")
-    _apply_routing(prof, manifest, board, _spread_routing(manifest, routing))
+    _apply_routing(prof, manifest, board, spread)
     for i, b in benefit.items():  # the NPU saves benefit_us against the host NF4 path
         prof.benefit[i] = b * 1e-6
         prof.t_npu[i] = max(0.0, prof.t_cpu[i] - b * 1e-6)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
+from operator import getitem
 
 import numpy as np
 
@@ -117,9 +118,15 @@ def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]], npu_stora
     rows = []
     has_npu = "npu" in board.engines and board.iova_usable_bytes > 0
     memo: dict[tuple, _Row] = {}  # items alike in shape, role, pins and NPU storage share one (read-only) row
+    p = None  # the previous item if it had no pins and no storage given: an alike next one has its very key
     for i, it in enumerate(manifest.items):
         ks = pins.get(i)
         stored = None if npu_nf4 is None else bool(npu_nf4[i])
+        if ks is None and stored is None and p is not None and it.n == p.n and it.k == p.k and it.dtype == p.dtype \
+                and it.role == p.role:
+            rows.append(rows[-1])
+            continue
+        p = it if ks is None and stored is None else None
         key = (it.n, it.k, it.dtype, it.role, None if ks is None else frozenset(ks), stored)
         r = memo.get(key)
         if r is not None:
@@ -252,6 +259,7 @@ class _Model:
     klass: list[int] = field(default_factory=list)  # items of one class were costed once: all equal
     kld: list[tuple[float, ...]] = field(default_factory=list)  # predicted KLD: the sensitivity where decode reads NF4
     read: list[tuple[float, ...]] = field(default_factory=list)  # weight bytes a decode token reads (share x bytes)
+    class_allowed: list[tuple[str, ...]] = field(default_factory=list)  # the allowed choices of each class
 
 
 def _share(it: Item, m_eff: float, prefill_m: int, tied: bool) -> float:
@@ -393,9 +401,16 @@ def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row],
     # profile values), so the per-item work is one lookup
     memo: dict[tuple, int] = {}
     classes: list[tuple] = []
-    tied = not any(it.role == "output" for it in manifest.items)
+    tied = not any(it.role == "output" for it in reversed(manifest.items))  # output.weight sorts last but one
+    p = None  # the previous item's (item, row, m_eff, t_cpu, t_npu, sensitivity): an alike next one has its key
     for i, (it, r, mi, tc, tn, sens) in enumerate(zip(manifest.items, rows, profile.m_eff, profile.t_cpu,
                                                          profile.t_npu, profile.sensitivity)):
+        if allowed is None and p is not None and r is p[1] and mi == p[2] and tc == p[3] and tn == p[4] \
+                and sens == p[5] and it.n == p[0].n and it.k == p[0].k and it.dtype == p[0].dtype \
+                and it.role == p[0].role:
+            out.klass.append(got)
+            continue
+        p = (it, r, mi, tc, tn, sens)
         key = (id(r), it.n, it.k, it.dtype, it.role, mi, tc, tn, sens, None if allowed is None else allowed[i])
         got = memo.get(key)
         if got is None:
@@ -411,7 +426,8 @@ def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row],
         out.klass.append(got)
     for j, lst in enumerate((out.allowed, out.ram, out.npu, out.dec, out.pre, out.qual, out.share, out.kld,
                              out.read)):
-        lst.extend([classes[c][j] for c in out.klass])
+        lst.extend(map([c[j] for c in classes].__getitem__, out.klass))
+    out.class_allowed = [c[0] for c in classes]
     # the KV cache read, and a hybrid's recurrent state read (in kv_bytes) and written back, every token
     dec_bytes = sum(t.float_bytes for t in manifest.floats) + manifest.kv_bytes(max(prompt, 1), kv_type) \
         + state_bytes(manifest.facts)
@@ -446,7 +462,15 @@ def _totals(md: _Model, pick: list[int]) -> tuple[float, float, float, float, fl
 
 
 def _baseline(md: _Model, enc: str) -> list[int]:
-    return [a.index(enc) if enc in a else 0 for a in md.allowed]
+    """Per item, the index of choice ``enc`` among its allowed ones (0 where it has none): worked out per class."""
+    per = [a.index(enc) if enc in a else 0 for a in md.class_allowed]
+    return list(map(per.__getitem__, md.klass))
+
+
+def _baseline_choices(md: _Model, enc: str) -> list[str]:
+    """Per item, its choice at :func:`_baseline`'s index (``enc``, or its first allowed choice)."""
+    per = [a[a.index(enc) if enc in a else 0] for a in md.class_allowed]
+    return list(map(per.__getitem__, md.klass))
 
 
 def ttft_s(manifest: Manifest, board: Board, profile: Profile, choices: list[str], prompt: int,
@@ -457,31 +481,32 @@ def ttft_s(manifest: Manifest, board: Board, profile: Profile, choices: list[str
     (the items' _rows, optional: by default no NPU slice is stored 4-bit) give each host copy's NF4 format."""
     m = profile.prefill_m
     items = manifest.items
-    tied = not any(it.role == "output" for it in items)
-    fmts = [None] * len(items) if rows is None else [r.copy_fmt for r in rows]
+    tied = not any(it.role == "output" for it in reversed(items))  # output.weight sorts last but one
     if klass is None:
-        keys = list(zip(((it.n, it.k, it.dtype, it.role) for it in items), profile.m_eff, profile.t_cpu,
-                        profile.t_npu, choices, fmts))
+        fmts = [None] * len(items) if rows is None else [r.copy_fmt for r in rows]
+        keys = zip(((it.n, it.k, it.dtype, it.role) for it in items), profile.m_eff, profile.t_cpu,
+                   profile.t_npu, choices, fmts)
     else:  # a class holds items of one row: one copy format
-        keys = list(zip(klass, choices))
+        keys = zip(klass, choices)
+    # each distinct key is computed once (at its first item); code[i]: item i's key, numbered in order
     first: dict[tuple, int] = {}
-    for i, key in enumerate(keys):
-        first.setdefault(key, i)
-    rhos: dict[tuple, tuple[float, float]] = {}
+    code = np.fromiter((first.setdefault(key, len(first)) for key in keys), dtype=np.intp)
+    at = np.full(len(first), len(code), dtype=np.intp)
+    np.minimum.at(at, code, np.arange(len(code), dtype=np.intp))
+    if klass is not None:  # the copy format of each key's first item
+        fmts = {i: None if rows is None else rows[i].copy_fmt for i in at.tolist()}
+    rhos: list[tuple[float, float]] = []
+    for i in at.tolist():
+        rhos.append(_rho(items[i], profile.m_eff[i], profile.t_cpu[i], profile.t_npu[i], board))
     total, done = board.request_s, 0  # the runtime's fixed cost per request, once
     while done < prompt:
         rows = min(m, prompt - done)
         f = rows / m
         t = board.decode_token_s + _attention_s(manifest, rows, done + rows / 2.0, board) + _float_matmuls_s(manifest, rows, board)
-        per: dict[tuple, float] = {}
-        for key, i in first.items():
-            it = items[i]
-            rho = rhos.get(key)
-            if rho is None:
-                rho = rhos[key] = _rho(it, profile.m_eff[i], profile.t_cpu[i], profile.t_npu[i], board)
-            per[key] = _pre(it, choices[i], profile.m_eff[i] * f, rho, tied and it.role == "embedding", board, fmts[i])
-        for key in keys:  # item by item, in order: the same sum as ever
-            t += per[key]
+        per = np.array([_pre(items[i], choices[i], profile.m_eff[i] * f, rho, tied and items[i].role == "embedding",
+                             board, fmts[i]) for i, rho in zip(at.tolist(), rhos)], dtype=np.float64)
+        # item by item, in order: the same sum as ever (t += each item's seconds; accumulate adds left to right)
+        t = float(np.add.accumulate(np.concatenate(([t], per[code])))[-1])
         total += t
         done += rows
     return total
@@ -508,6 +533,29 @@ def _decision_fields(it: Item, r: _Row, c: str, profile: Profile, i: int, board:
     else:
         enc, nb = "nf4", r.n4
     return (shape, enc, "host", profile.min_m[i], nb, 0.0, r.pin, None, 0)
+
+
+def _in_name_order(decisions: list[Decision]) -> list[Decision]:
+    """``decisions`` sorted by (tensor in natural name order, expert; a tensor's own slice first).
+
+    They come as the items do (each tensor's slices together, experts ascending), then the float tensors: the
+    runs of one tensor are sorted, not the slices (a stable sort by the same key gives the same list); a list
+    that is not so made is sorted slice by slice."""
+    order = {n: j for j, n in enumerate(sorted({d.tensor for d in decisions}, key=_names.natural_key))}
+    runs: list[tuple[int, int, int]] = []  # (order, start, end)
+    tensors = [d.tensor for d in decisions]
+    start = 0
+    for j in range(1, len(tensors) + 1):
+        if j == len(tensors) or tensors[j] != tensors[start]:
+            runs.append((order[tensors[start]], start, j))
+            start = j
+    experts = [d.expert for d in decisions]
+    whole = len(runs) == len(order) and all(
+        (experts[a] is None and b - a == 1) or experts[a:b] == list(range(b - a)) for _, a, b in runs)
+    if not whole:
+        return sorted(decisions, key=lambda d: (order[d.tensor], -1 if d.expert is None else d.expert))
+    runs.sort()
+    return [d for _, a, b in runs for d in decisions[a:b]]
 
 
 def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192, kv_type: str = "f16",
@@ -607,14 +655,27 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
     # alike items (one class of the cost model, the same choice and profile min_m) get the same decision
     # but for their name: its fields are worked out once, the budget counted per class
     seen: dict[tuple, list] = {}
+    new, put = object.__new__, object.__setattr__
     for i, it in enumerate(items):
         key = (md.klass[i], choice[i], profile.min_m[i])
         got = seen.get(key)
         if got is None:
-            got = seen[key] = [_decision_fields(it, rows[i], choice[i], profile, i, board), 0]
+            fields = _decision_fields(it, rows[i], choice[i], profile, i, board)
+            first = Decision(it.tensor, it.expert, *fields)
+            rest = dict(first.__dict__)
+            del rest["tensor"], rest["expert"]
+            got = seen[key] = [fields, 0, rest]
+            decisions.append(first)
+        else:  # what Decision(it.tensor, it.expert, *fields) makes, without one frozen __setattr__ per field
+            d = new(Decision)
+            put(d, "__dict__", {"tensor": it.tensor, "expert": it.expert, **got[2]})
+            decisions.append(d)
         got[1] += 1
-        decisions.append(Decision(it.tensor, it.expert, *got[0]))
-    for fields, count in seen.values():
+    # each embedding table's decision (the first of its tensor in name order: decisions follow the items' order)
+    table_decision: dict[str, Decision] = {}
+    for i in [i for i, it in enumerate(items) if it.role in ("embedding", "lookup")]:
+        table_decision.setdefault(items[i].tensor, decisions[i])
+    for fields, count, _ in seen.values():
         _, _, tier, _, nb, _, _, host_copy, copy_bytes = fields
         if tier == "npu":
             npu_used += nb * count
@@ -627,8 +688,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
         decisions.append(Decision(t.name, None, t.shape, enc, "host", cost.MIN_M_NEVER,
                                   t.float_bytes, 0.0, None))
         host_w["float"] += t.float_bytes
-    order = {n: j for j, n in enumerate(sorted({d.tensor for d in decisions}, key=_names.natural_key))}
-    decisions.sort(key=lambda d: (order[d.tensor], -1 if d.expert is None else d.expert))
+    decisions = _in_name_order(decisions)
 
     ram_used = board.reserve_bytes + kv + npu_used + sum(host_w.values())
     if npu_used > board.iova_usable_bytes or ram_used > cap_total:  # the MILP's constraints guarantee both
@@ -652,8 +712,8 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
                 "host_copy_nf4": host_w["host_copy_nf4"], "host_float": host_w["float"], "kv_cache": kv,
                 "reserve": board.reserve_bytes},
     }
-    tied = not any(it.role == "output" for it in items)
-    budget["lookups"] = [_lookup_line(it, next(x for x in decisions if x.tensor == it.tensor), tied)
+    tied = not any(it.role == "output" for it in reversed(items))  # output.weight sorts last but one
+    budget["lookups"] = [_lookup_line(it, table_decision[it.tensor], tied)
                          for it in items if it.role in ("embedding", "lookup")]  # every embedding table: a line
     wb = weight_bytes(manifest, md, idx)
     params = weight_params(manifest)
@@ -688,8 +748,8 @@ def weight_bytes(manifest: Manifest, md: _Model, pick: list[int]) -> dict:
     """The weight bytes of an assignment: what the pack holds (``file``) and what a decode token reads (``decode``),
     the float non-items included in both."""
     c = _bytes_const(manifest, "file")
-    return {"file": int(c + sum(md.ram[i][j] for i, j in enumerate(pick))),
-            "decode": int(round(c + sum(md.read[i][j] for i, j in enumerate(pick))))}
+    return {"file": int(c + sum(map(getitem, md.ram, pick))),  # item by item, as ever
+            "decode": int(round(c + sum(map(getitem, md.read, pick))))}
 
 
 def least_weight_bytes(manifest: Manifest, board: Board, profile: Profile, pins: dict[str, list[str]] | None,
@@ -734,9 +794,9 @@ def _unreachable(goal: Goal, md: _Model, which: str | None) -> OrkError:
 
 
 def _phase(md: _Model, idx: list[int], prefill_m: int, ttft: float, prompt: int) -> dict:
-    dec = md.dec_const + sum([d[c] for d, c in zip(md.dec, idx)])  # as _totals sums them, item by item
-    pre = md.pre_const + sum([p[c] for p, c in zip(md.pre, idx)])
-    kld = sum([k[c] for k, c in zip(md.kld, idx)]) if md.kld else 0.0
+    dec = md.dec_const + sum(map(getitem, md.dec, idx))  # as _totals sums them, item by item
+    pre = md.pre_const + sum(map(getitem, md.pre, idx))
+    kld = sum(map(getitem, md.kld, idx)) if md.kld else 0.0
     return {"prefill_tok_s": round(prefill_m / pre, 3), "decode_tok_s": round(1.0 / dec, 3),
             "ttft_s": round(ttft, 4), "prefill_s_per_chunk": round(pre, 9), "decode_s_per_token": round(dec, 9),
             "kld": round(kld, 6)}
@@ -748,7 +808,7 @@ def _prediction(manifest, board, profile, md: _Model, idx, choice, prompt, rows)
     base = {}
     for enc in ("nf4", "int8"):
         bi = _baseline(md, enc)
-        bc = [md.allowed[i][c] for i, c in enumerate(bi)]
+        bc = _baseline_choices(md, enc)  # = [md.allowed[i][c] for i, c in enumerate(bi)]
         base[f"cpu_{enc}"] = _phase(md, bi, m, ttft_s(manifest, board, profile, bc, prompt, md.klass, rows), prompt)
     out.update(prefill_m=m, prompt=prompt, baselines=base,
                model="cost model of the board (docs/TIERMAP.md; constants and their sources: the board TOML, "

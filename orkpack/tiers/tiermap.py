@@ -9,6 +9,7 @@ a tier map that would let it is rejected.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -68,7 +69,12 @@ class TierMap:
     def __init__(self, decisions: list[Decision], *, model: dict, board: dict, options: dict,
                  objective: dict, budget: dict, prediction: dict):
         checked = set()  # _check reads min_m (and its type), encoding, tier, host_copy: alike decisions pass once
+        p = None  # the previous decision: one whose fields are its very objects passed with it
         for d in decisions:
+            if p is not None and d.min_m is p.min_m and d.encoding is p.encoding and d.tier is p.tier \
+                    and d.host_copy is p.host_copy:
+                continue
+            p = d
             key = (type(d.min_m), d.min_m, d.encoding, d.tier, d.host_copy)
             try:
                 if key in checked:
@@ -80,7 +86,11 @@ class TierMap:
         self.decisions = list(decisions)
         self.model, self.board, self.options = model, board, options
         self.objective, self.budget, self.prediction = objective, budget, prediction
-        self._index = {(d.tensor, d.expert): d for d in self.decisions}
+
+    @functools.cached_property
+    def _index(self) -> dict[tuple[str, int | None], Decision]:
+        """(tensor, expert) -> decision; made at the first lookup (a plan that is only printed makes none)."""
+        return {(d.tensor, d.expert): d for d in self.decisions}
 
     @property
     def nf4_format(self) -> object:
@@ -144,22 +154,30 @@ class TierMap:
         enc = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
         tails: dict[tuple, str] = {}
         tensors: dict[str, list[str]] = {}
+        p = None  # the previous decision: a slice whose fields are its very objects has its text (alike experts)
         for d in self.decisions:
-            b = d.benefit_us
-            # types and the sign of zero too: values equal as numbers can print differently (1 / 1.0 / True, -0.0)
-            key = (d.shape, d.encoding, d.tier, type(d.min_m), d.min_m, type(d.bytes), d.bytes, type(b), b,
-                   math.copysign(1.0, b) if type(b) is float else 0, d.pin, d.host_copy, type(d.host_copy_bytes),
-                   d.host_copy_bytes)
-            tail = tails.get(key)
-            if tail is None:  # the slice's JSON after its "expert" member
-                one = self._slice(d)
-                del one["expert"]
-                tail = tails[key] = enc(one)[1:]
+            if (p is not None and d.shape is p.shape and d.encoding is p.encoding and d.tier is p.tier
+                    and d.min_m is p.min_m and d.bytes is p.bytes and d.benefit_us is p.benefit_us and d.pin is p.pin
+                    and d.host_copy is p.host_copy and d.host_copy_bytes is p.host_copy_bytes):
+                pass  # the same objects print the same: tail stays
+            else:
+                b = d.benefit_us
+                # types and the sign of zero too: values equal as numbers can print differently (1 / 1.0 / True, -0.0)
+                key = (d.shape, d.encoding, d.tier, type(d.min_m), d.min_m, type(d.bytes), d.bytes, type(b), b,
+                       math.copysign(1.0, b) if type(b) is float else 0, d.pin, d.host_copy, type(d.host_copy_bytes),
+                       d.host_copy_bytes)
+                tail = tails.get(key)
+                if tail is None:  # the slice's JSON after its "expert" member
+                    one = self._slice(d)
+                    del one["expert"]
+                    tail = tails[key] = enc(one)[1:]
+            if p is None or d.tensor != p.tensor:
+                parts = tensors.get(d.tensor)
+                if parts is None:
+                    parts = tensors[d.tensor] = []
+            p = d
             e = d.expert
             head = f'{{"expert":{e},' if type(e) is int else f'{{"expert":{enc(e)},'
-            parts = tensors.get(d.tensor)
-            if parts is None:
-                parts = tensors[d.tensor] = []
             parts.append(head + tail)
         return [f'{{"name":{enc(name)},"slices":[{",".join(parts)}]}}' for name, parts in tensors.items()]
 
