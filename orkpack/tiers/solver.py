@@ -22,6 +22,7 @@ optimal or carries the proven gap; deterministic.
 from __future__ import annotations
 
 import fnmatch
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -106,6 +107,17 @@ class _Row:
 
 NPU_STORAGES = ("int8", "nf4")  # orkpack build --npu-storage: how NPU slices are stored
 
+# --npu-storage nf4 leaves the FFN down projections int8 on the NPU: they write the first token's massive
+# activations (the attention sink), whose inputs there are one huge channel, so the NPU's per-token int8
+# activations reduce the product to one weight column and NF4's error on it is not averaged (docs/EVAL.md,
+# "The first token with --npu-storage nf4", issue 25). An --nf4 pin still stores them 4-bit.
+_NPU_INT8_ONLY = re.compile(r"^blk\.\d+\.ffn_down(_exps|_shexp)?\.weight$")
+
+
+def npu_nf4_storable(name: str) -> bool:
+    """Whether ``build --npu-storage nf4`` stores this tensor's NPU slices 4-bit (else int8 tiles)."""
+    return not _NPU_INT8_ONLY.match(name)
+
 
 def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]], npu_storage: str = "int8",
           npu_nf4: list[bool] | None = None) -> list[_Row]:
@@ -120,7 +132,8 @@ def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]], npu_stora
     for i, it in enumerate(manifest.items):
         ks = pins.get(i)
         stored = None if npu_nf4 is None else bool(npu_nf4[i])
-        key = (it.n, it.k, it.dtype, it.role, None if ks is None else frozenset(ks), stored)
+        storable = npu_nf4_storable(it.tensor)
+        key = (it.n, it.k, it.dtype, it.role, None if ks is None else frozenset(ks), stored, storable)
         r = memo.get(key)
         if r is not None:
             rows.append(r)
@@ -134,7 +147,7 @@ def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]], npu_stora
         if forced_tier == "npu" and not has_npu:
             raise OrkError(f"{escape_name(it.name)}: pinned --npu but board {board.name} has no NPU")
         if stored is None:
-            stored = forced_enc == "nf4" or npu_storage == "nf4"
+            stored = forced_enc == "nf4" or (npu_storage == "nf4" and storable)
         fmt = cost.COPY_OF_NF4_STORED if stored else board.nf4_format
         r = memo[key] = _Row(cost.npu_bytes(it.n, it.k, board), cost.host_int8_bytes(it.n, it.k),
                              cost.host_nf4_bytes(it.n, it.k, board.nf4_format), it.float_bytes, eligible, forced_tier,
