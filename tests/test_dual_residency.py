@@ -139,7 +139,7 @@ def test_dual_slices_in_the_pack(w, storage):
             want = PLACE.get(k)
             if want in ("npu", "dual"):
                 # --npu-storage nf4 leaves the FFN down projections int8 tiles (issue 25, docs/EVAL.md)
-                enc = "int8" if storage == "nf4" and ".ffn_down" in k[0] else storage
+                enc = "int8" if storage == "nf4" and ".ffn_down" in k else storage
                 assert s["tier"] == "npu" and s["encoding"] == enc and s["min_m"] == 16
             elif want is not None:
                 assert s["tier"] == "host" and s["encoding"] == want.split()[1]
