@@ -122,7 +122,8 @@ def npu_nf4_storable(name: str) -> bool:
 def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]], npu_storage: str = "int8",
           npu_nf4: list[bool] | None = None) -> list[_Row]:
     """One row per item: its sizes, pins and NPU storage. ``npu_storage`` "nf4" (build --npu-storage nf4)
-    stores every NPU slice 4-bit, as an --nf4 pin stores its items'; ``npu_nf4`` (per item) says instead
+    stores every NPU slice 4-bit but the FFN down projections' (:func:`npu_nf4_storable`), as an --nf4 pin stores
+    its items'; ``npu_nf4`` (per item) says instead
     which NPU slices are stored 4-bit (what a followed tier map's NPU encodings say)."""
     if npu_storage not in NPU_STORAGES:
         raise OrkError(f"--npu-storage {escape_name(str(npu_storage))!r}: choose {' or '.join(NPU_STORAGES)}")
