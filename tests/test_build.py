@@ -220,7 +220,10 @@ def test_npu_storage_nf4_records_the_inflated_image(hf_model, tmp_path):
     out = build(hf_model, tmp_path / "m.orkpack", BuildOptions(threads=1, npu=["blk.0.attn_q.weight"], npu_storage="nf4")).path
     with Pack.open(out) as p:
         npu = [(t, s) for t, s in p.slices() if s["tier"] == "npu"]
-        assert npu and all(s["encoding"] == "nf4" for _, s in npu)
+        # every NPU slice nf4 but the FFN down projections, which stay int8 tiles (issue 25, docs/EVAL.md)
+        assert npu and all(s["encoding"] == ("int8" if ".ffn_down" in t["name"] else "nf4") for t, s in npu)
+        npu = [(t, s) for t, s in npu if s["encoding"] == "nf4"]
+        assert any(t["name"] == "blk.0.attn_q.weight" for t, _ in npu)
         for t, s in npu:
             parts = p.typed_parts(s)
             q, scale, layout = nf4_to_npu_int8(parts["codes"], parts["absmax"], s["shape"])
@@ -330,8 +333,10 @@ def test_verify_passes_on_built_packs(tmp_path, fmt, storage):
     out = build(src, tmp_path / "m.orkpack", BuildOptions(threads=2, npu_storage=storage, board="rk3588-8g",
                                                      npu=["blk.*.ffn_*_exps.weight"])).path
     with Pack.open(out) as p:
-        npu = [s for _, s in p.slices() if s["tier"] == "npu"]
-    assert npu and all(s["encoding"] == storage for s in npu)
+        npu = [(t, s) for t, s in p.slices() if s["tier"] == "npu"]
+    # with nf4 storage the down projections stay int8 tiles (issue 25); the gate / up experts are nf4, inflated
+    assert npu and all(s["encoding"] == ("int8" if ".ffn_down" in t["name"] else storage) for t, s in npu)
+    assert any(s["encoding"] == storage for _, s in npu)
     for inflate in ("direct", "two-step"):
         r = verify_pack(out, inflate=inflate, threads=2, reference=True)
         assert r.exit_code == 0, r.failures

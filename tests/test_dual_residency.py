@@ -138,7 +138,9 @@ def test_dual_slices_in_the_pack(w, storage):
         for k, (t, s) in items.items():
             want = PLACE.get(k)
             if want in ("npu", "dual"):
-                assert s["tier"] == "npu" and s["encoding"] == storage and s["min_m"] == 16
+                # --npu-storage nf4 leaves the FFN down projections int8 tiles (issue 25, docs/EVAL.md)
+                enc = "int8" if storage == "nf4" and ".ffn_down" in k else storage
+                assert s["tier"] == "npu" and s["encoding"] == enc and s["min_m"] == 16
             elif want is not None:
                 assert s["tier"] == "host" and s["encoding"] == want.split()[1]
         for k in DUAL:
@@ -153,7 +155,7 @@ def test_dual_slices_in_the_pack(w, storage):
             parts = pack.host_copy_parts(s)
             assert parts["codes"].dtype == np.uint8 and parts["absmax"].dtype == np.float32
             assert host_copy_slice(s)["tier"] == "host"
-            if storage == "nf4":  # an NPU slice stored nf4 and its host copy: the same encoding of one source slice
+            if s["encoding"] == "nf4":  # an NPU slice stored nf4 and its host copy: the same encoding of one source slice
                 for pn in ("codes", "absmax"):
                     assert pack.part(hc["parts"][pn]).tobytes() == pack.part(s["parts"][pn]).tobytes()
         # the embedded tier map says which items are dual
@@ -581,7 +583,11 @@ def test_a_dq32_map_builds_nf4dq_of_the_bytes_it_counts(w, tmp_path):
     stored4 = build(w["model"], tmp_path / "dq32_nf4.orkpack", BuildOptions(threads=1, tiermap=f, npu_storage="nf4")).path
     with Pack.open(stored4) as pack:
         items = _items(pack)
-        assert all(items[k][1]["encoding"] == items[k][1]["host_copy"]["encoding"] == spec.ENC_NF4 for k in DUAL)
+        down = [k for k in DUAL if ".ffn_down" in k]  # the FFN down projections stay int8 tiles (issue 25)
+        assert down and all(items[k][1]["encoding"] == spec.ENC_INT8 and items[k][1]["host_copy"]["encoding"] ==
+                            spec.ENC_NF4DQ for k in down)
+        assert all(items[k][1]["encoding"] == items[k][1]["host_copy"]["encoding"] == spec.ENC_NF4
+                   for k in DUAL if k not in down)
         assert items["blk.1.attn_v.weight"][1]["encoding"] == spec.ENC_NF4DQ
 
 

@@ -141,8 +141,8 @@ def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts:
         nf4 = choose_nf4(opts.nf4_mode, opts.nf4_weighting, None, opts.nf4_format)
     tensor = name if tensor is None else tensor
 
-    def nf4_encode(b64: bool = False):
-        return nf4.encode(x, tensor=tensor, expert=expert, threads=threads, alloc=alloc, b64=b64)
+    def nf4_encode(b64: bool = False, npu: bool = False):
+        return nf4.encode(x, tensor=tensor, expert=expert, threads=threads, alloc=alloc, b64=b64, npu=npu)
 
     if dec.encoding == spec.ENC_RAW:
         # the source bytes verbatim, copied out of the source's pages (or the reused read buffer)
@@ -156,8 +156,8 @@ def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts:
         npu_tiles = dec.tier == spec.TIER_NPU and dec.encoding == spec.ENC_INT8
         encoding = dec.encoding
         if dec.encoding == spec.ENC_NF4:  # the NF4 of the build's --nf4-format; an NPU slice inflates nf4 (b64)
-            b64 = dec.tier == spec.TIER_NPU
-            enc = nf4_encode(b64)
+            b64 = dec.tier == spec.TIER_NPU  # with bitsandbytes' block scale (FORMAT.md 5; docs/EVAL.md, issue 25)
+            enc = nf4_encode(b64, npu=b64)
             encoding = spec.ENC_NF4 if b64 else nf4.encoding
         else:
             enc = get_codec(dec.encoding).encode(x, npu=npu_tiles, threads=threads, alloc=alloc)

@@ -22,6 +22,7 @@ from ..keepfloat import is_expert_stack, pin_warnings, stays_float
 from ..pack import spec
 from ..sources.base import RAW_DTYPES, TensorInfo, is_raw
 from ..tiers.board import check_nf4_format
+from ..tiers.solver import npu_nf4_storable
 from ..tiers.tiermap import TierMap
 from ..transforms.nf4 import NF4Choice
 from ..transforms.smooth import EMBED, HEAD
@@ -85,7 +86,7 @@ class RulePlacement:
         if stays_float(info.name, info.shape) or hit(o.keep):
             return Decision(FLOAT_ENC_BY_DTYPE.get(info.dtype, spec.ENC_F32), spec.TIER_HOST)
         if hit(o.npu):
-            enc = spec.ENC_NF4 if o.npu_storage == "nf4" else spec.ENC_INT8
+            enc = spec.ENC_NF4 if o.npu_storage == "nf4" and npu_nf4_storable(info.name) else spec.ENC_INT8
             return Decision(enc, spec.TIER_NPU, RULES_MIN_M)
         if hit(o.int8):
             return Decision(spec.ENC_INT8, spec.TIER_HOST)
@@ -117,7 +118,7 @@ class TierMapPlacement:
         d = self.tm.get(info.name, expert)
         enc, tier, min_m = d.encoding, d.tier, d.min_m
         if tier == spec.TIER_NPU:
-            if self.opts.npu_storage == "nf4":
+            if self.opts.npu_storage == "nf4" and npu_nf4_storable(info.name):  # the down projections stay int8
                 enc = spec.ENC_NF4
             return Decision(enc, tier, min_m, host_copy=getattr(d, "host_copy", None))
         if enc in spec.FLOAT_ENCODINGS:

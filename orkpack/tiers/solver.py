@@ -22,6 +22,7 @@ optimal or carries the proven gap; deterministic.
 from __future__ import annotations
 
 import fnmatch
+import re
 from dataclasses import dataclass, field
 from operator import getitem
 
@@ -107,27 +108,41 @@ class _Row:
 
 NPU_STORAGES = ("int8", "nf4")  # orkpack build --npu-storage: how NPU slices are stored
 
+# --npu-storage nf4 leaves the FFN down projections int8 on the NPU: they write the first token's massive
+# activations (the attention sink), whose inputs there are one huge channel, so the NPU's per-token int8
+# activations reduce the product to one weight column and NF4's error on it is not averaged (docs/EVAL.md,
+# "The first token with --npu-storage nf4", issue 25). An --nf4 pin still stores them 4-bit.
+_NPU_INT8_ONLY = re.compile(r"^blk\.\d+\.ffn_down(_exps|_shexp)?\.weight$")
+
+
+def npu_nf4_storable(name: str) -> bool:
+    """Whether ``build --npu-storage nf4`` stores this tensor's NPU slices 4-bit (else int8 tiles)."""
+    return not _NPU_INT8_ONLY.match(name)
+
 
 def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]], npu_storage: str = "int8",
           npu_nf4: list[bool] | None = None) -> list[_Row]:
     """One row per item: its sizes, pins and NPU storage. ``npu_storage`` "nf4" (build --npu-storage nf4)
-    stores every NPU slice 4-bit, as an --nf4 pin stores its items'; ``npu_nf4`` (per item) says instead
+    stores every NPU slice 4-bit but the FFN down projections' (:func:`npu_nf4_storable`), as an --nf4 pin stores
+    its items'; ``npu_nf4`` (per item) says instead
     which NPU slices are stored 4-bit (what a followed tier map's NPU encodings say)."""
     if npu_storage not in NPU_STORAGES:
         raise OrkError(f"--npu-storage {escape_name(str(npu_storage))!r}: choose {' or '.join(NPU_STORAGES)}")
     rows = []
     has_npu = "npu" in board.engines and board.iova_usable_bytes > 0
     memo: dict[tuple, _Row] = {}  # items alike in shape, role, pins and NPU storage share one (read-only) row
-    p = None  # the previous item if it had no pins and no storage given: an alike next one has its very key
+    p, p_storable = None, True  # the previous item if it had no pins and no storage given: an alike next one has its
+    # very key
     for i, it in enumerate(manifest.items):
         ks = pins.get(i)
         stored = None if npu_nf4 is None else bool(npu_nf4[i])
+        storable = npu_nf4_storable(it.tensor) if npu_storage == "nf4" else True  # (only --npu-storage nf4 asks)
         if ks is None and stored is None and p is not None and it.n == p.n and it.k == p.k and it.dtype == p.dtype \
-                and it.role == p.role:
+                and it.role == p.role and storable == p_storable:
             rows.append(rows[-1])
             continue
-        p = it if ks is None and stored is None else None
-        key = (it.n, it.k, it.dtype, it.role, None if ks is None else frozenset(ks), stored)
+        p, p_storable = (it if ks is None and stored is None else None), storable
+        key = (it.n, it.k, it.dtype, it.role, None if ks is None else frozenset(ks), stored, storable)
         r = memo.get(key)
         if r is not None:
             rows.append(r)
@@ -141,7 +156,7 @@ def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]], npu_stora
         if forced_tier == "npu" and not has_npu:
             raise OrkError(f"{escape_name(it.name)}: pinned --npu but board {board.name} has no NPU")
         if stored is None:
-            stored = forced_enc == "nf4" or npu_storage == "nf4"
+            stored = forced_enc == "nf4" or (npu_storage == "nf4" and storable)
         fmt = cost.COPY_OF_NF4_STORED if stored else board.nf4_format
         r = memo[key] = _Row(cost.npu_bytes(it.n, it.k, board), cost.host_int8_bytes(it.n, it.k),
                              cost.host_nf4_bytes(it.n, it.k, board.nf4_format), it.float_bytes, eligible, forced_tier,

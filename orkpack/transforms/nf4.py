@@ -5,7 +5,9 @@ absmax chosen to minimize the squared error (``reference.nf4opt_encode``). The f
 ``dq32`` (the default with ``opt``) writes the nf4dq encoding, bitsandbytes' NF4 at blocksize 32 with its
 double-quantized absmax (4.25 bits a weight; ``reference.nf4dq_encode``); ``b64`` writes nf4, blocks of 64
 with float32 absmax (4.5 bits; the only format of ``bnb``). NPU slices stored 4-bit (``--npu-storage nf4``,
-inflated at load) are always nf4 (b64). With ``--imatrix FILE``
+inflated at load) are always nf4 (b64) with bitsandbytes' own block scale (``bnb``, whatever the mode: each
+block's largest value kept exact; the error-minimizing scale broke the first token's massive activations on
+the NPU's int8 path, docs/EVAL.md "The first token with --npu-storage nf4", issue 25). With ``--imatrix FILE``
 (llama.cpp's imatrix format, ``orkpack imatrix`` or ``llama-imatrix``) the error of input column k
 weighs the column's mean square activation, as llama-quantize weighs its scale search. A tensor the
 imatrix does not cover is encoded with plain weights (and named in one build warning).
@@ -70,9 +72,12 @@ class NF4Choice:
         return spec.NF4_FORMATS[self.format] if self.mode == "opt" else spec.ENC_NF4
 
     def encode(self, x: np.ndarray, *, tensor: str, expert: int | None, threads: int, alloc=np.empty,
-               b64: bool = False) -> Encoded:
-        """The NF4 encoding of one slice under this choice (``b64``: nf4 whatever the format, for NPU slices
-        stored 4-bit); its pack encoding is :attr:`encoding` (nf4 when ``b64``)."""
+               b64: bool = False, npu: bool = False) -> Encoded:
+        """The NF4 encoding of one slice under this choice (``b64``: nf4 whatever the format); its pack encoding
+        is :attr:`encoding` (nf4 when ``b64``). ``npu``: an NPU slice stored 4-bit, inflated to int8 at load:
+        nf4 with bitsandbytes' block scale (``quantize_4bit``'s bytes, absmax = max |x|), whatever the mode."""
+        if npu:
+            return get_codec(spec.ENC_NF4).encode(x, threads=threads, alloc=alloc, mode="bnb")
         k = int(x.shape[-1]) if x.ndim else 1
         cw = self.col_weights(tensor, expert, k) if x.ndim == 2 else None
         if self.encoding == spec.ENC_NF4DQ and not b64:
@@ -87,6 +92,7 @@ class NF4Choice:
             out["format"] = self.format
             out["weighting"] = self.weighting
             out["imatrix"] = self.record
+            out["npu"] = "bnb"  # NPU slices stored nf4 take bitsandbytes' block scale (FORMAT.md 5)
         return out
 
     def warning(self) -> str | None:
