@@ -149,13 +149,12 @@ def test_export_holds_each_paths_weights(tmp):
     p, pf = _read(pre.path)
     assert not dec.head_untied and pre.head_untied and "output.weight" in p and "output.weight" not in d
     assert pf["orkpack.export.path"] == "prefill" and pf["orkpack.export.prefill_m"] == m
-    from orkpack.synth import _llama_cpp_fix  # the export's q/k rows are the converter's permutation of the pack's
-    from orkpack.sources import model_facts
+    from orkpack.sources import converter, model_facts  # the export's q/k rows: the converter's permutation of the pack's
     from orkpack import archs
 
     with Pack.open(pack) as pk:
         facts = model_facts(pk.header["config"])
-        fix = _llama_cpp_fix(archs.FAMILIES[facts["arch"]], facts)
+        fix = converter.rules(archs.FAMILIES[facts["arch"]], facts).fix
         kinds = set()
         for path, got in (("decode", d), ("prefill", p)):
             pw = PackWeights(pk, path, m=m)
