@@ -636,6 +636,9 @@ _F = [
     Family("minicpm3", "MINICPM3", _NORMS + _MLA + _MLP, _llama_top(), attention="mla",
            flags=lambda cfg, d: {"q_lora": bool(d["qlr"])}, defaults={"tie_word_embeddings": True},
            classes=("MiniCPM3ForCausalLM",),
+           # MiniCPM3Model.set_gguf_parameters: both LoRA ranks (q's when set) and the q/k head size nope + rope
+           record=(("attention.q_lora_rank", "qlr", "q_lora"), ("attention.kv_lora_rank", "kvlr", ""),
+                   ("attention.key_length", "nope+rope", "")),
            forward=Forward(embed_scale="scale_emb", residual_scale="depth", logit_scale="dim_base")),
     # ChatGLM3 and GLM-4-9B-chat (model_type chatglm): the transformer.encoder.* layout
     Family("chatglm", "CHATGLM", (

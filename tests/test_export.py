@@ -59,12 +59,38 @@ def text(tmp) -> Path:
     return p
 
 
+# Where synth.TINY's shape is one llama.cpp 0c1e570 cannot run at all (its own converter's GGUF of that folder fails to
+# load or aborts just the same), this test's copy takes the shape of the real releases, which llama.cpp assumes:
+LLAMA_CPP_SHAPE = {
+    # qwen35.cpp / qwen3next.cpp: head_v_dim = ssm_d_state, the key head size (Qwen3.5 / Qwen3-Next: both 128)
+    "linear_value_head_dim": lambda c: c["linear_key_head_dim"],
+    # gemma4.cpp: per_layer_token_embd has n_vocab rows (Gemma 4: vocab_size_per_layer_input = vocab_size)
+    "vocab_size_per_layer_input": lambda c: c["vocab_size"],
+}
+LLAMA_CPP_FAMILY_SHAPE = {
+    # minicpm3.cpp caches the decompressed K/V of n_head_kv heads: MiniCPM3 has num_key_value_heads = heads
+    "minicpm3": lambda c: {"num_key_value_heads": c["num_attention_heads"]},
+    # deepseek2.cpp reads attention.q_lora_rank unless n_layer is a "lite" count (26, 27, 48): a q LoRA (DeepSeek-V2)
+    "deepseek_v2": lambda c: {"q_lora_rank": 48},
+}
+
+
 def _tiny(tmp: Path, family: str) -> Path:
     cfg = copy.deepcopy(synth.TINY[family])
-    (cfg.get("text_config") or cfg)["vocab_size"] = 512  # room for the fixture tokenizer's 459 tokens
+    c = cfg.get("text_config") or cfg
+    c["vocab_size"] = 512  # room for the fixture tokenizer's 459 tokens
+    for k, f in LLAMA_CPP_SHAPE.items():
+        if k in c:
+            c[k] = f(c)
+    c.update(LLAMA_CPP_FAMILY_SHAPE.get(family, lambda c: {})(c))
     folder = synth.write_hf_model(tmp / f"{family}-hf", config=cfg, seed=1)
     synth.write_tokenizer(folder, n_merges=200)
     return folder
+
+
+# the families whose converter class exports multi-token-prediction layers and, for a checkpoint without them (ours:
+# no mtp_num_hidden_layers), must be told so (_Qwen35MtpMixin asserts otherwise)
+NO_MTP = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
 
 
 def _convert(hf: Path, out: Path) -> Path:
@@ -74,8 +100,12 @@ def _convert(hf: Path, out: Path) -> Path:
     if not (LLAMA_CPP / "convert_hf_to_gguf.py").is_file():
         pytest.skip(f"llama.cpp's converter is not at {LLAMA_CPP} (scripts/test.sh unpacks it; or set ORKPACK_LLAMA_CPP)")
     env = dict(os.environ, PYTHONPATH=str(LLAMA_CPP / "gguf-py"))
+    import json
+
+    mt = json.loads((hf / "config.json").read_text()).get("model_type")
     r = subprocess.run([sys.executable, "-c", _RUN_CONVERTER, str(LLAMA_CPP), str(hf), "--outtype", "f32",
-                        "--outfile", str(out)], env=env, capture_output=True, text=True, timeout=600)
+                        "--outfile", str(out), *(["--no-mtp"] if mt in NO_MTP else [])], env=env, capture_output=True,
+                       text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     return out
 

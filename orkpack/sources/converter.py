@@ -9,7 +9,8 @@ checkpoint's own layout because orkpack's forward pass reads that layout:
 
 * q/k rows (and biases) permuted for the families whose converter permutes them (``Forward.gguf_permuted_qk``:
   LlamaModel.permute, pairs of rotary halves interleaved);
-* norm gains stored as ``offset + w`` (gemma's ``Forward.norm_offset``);
+* norm gains stored as ``offset + w`` (gemma's and Qwen3.5 / Qwen3-Next's ``Forward.norm_offset``), but the
+  Gated DeltaNet's gated norm ``ssm_norm`` (a plain gain, which the converter leaves as it is);
 * fused tensors the converter splits: internlm2's grouped ``wqkv`` into ``attn_q`` / ``attn_k`` / ``attn_v``,
   stacked ``gate_up`` experts into gate and up (halves; gpt-oss: even / odd rows);
 * names the converter spells its own way: gpt-oss's attention sinks, ``blk.N.attn_sinks`` in the checkpoint's
@@ -34,6 +35,10 @@ _K = re.compile(r"^blk\.\d+\.attn_k\.(weight|bias)$")
 _GATE_UP_EXPS = re.compile(r"^(blk\.\d+\.)ffn_gate_up_exps\.(weight|bias)$")
 _QKV = re.compile(r"^(blk\.\d+\.)attn_qkv\.(weight|bias)$")
 _SINKS = re.compile(r"^(blk\.\d+\.attn_sinks)$")
+
+# the norms of an offset family that are plain gains: the Gated DeltaNet's gated RMSNorm (Qwen3NextModel.modify_tensors:
+# every norm.weight + 1 but linear_attn.norm.weight, which is ssm_norm)
+_UNOFFSET = ("ssm_norm.weight",)
 
 Part = Callable[[np.ndarray], np.ndarray]
 
@@ -89,14 +94,15 @@ class Rules:
             return np.ascontiguousarray(_permute(a, self.facts["heads"]))
         if fwd.gguf_permuted_qk and _K.match(name):
             return np.ascontiguousarray(_permute(a, self.facts["kv_heads"]))
-        if fwd.norm_offset and name.endswith("norm.weight"):
+        if self.float32(name):
             return as_float32(a) + np.float32(fwd.norm_offset)
         return a
 
     def float32(self, name: str) -> bool:
         """Whether the converter writes ``name`` as F32 whatever the source's type (an offset norm gain)."""
         fwd = self.fam.forward
-        return fwd is not None and bool(fwd.norm_offset) and name.endswith("norm.weight")
+        return fwd is not None and bool(fwd.norm_offset) and name.endswith("norm.weight") and \
+            not name.endswith(_UNOFFSET)
 
     def tensors(self, name: str, shape) -> list[tuple[str, tuple[int, ...], Part]]:
         """:meth:`split` with :meth:`fix` applied to each part."""
