@@ -422,8 +422,8 @@ class Family:
     split: tuple[Split, ...] = ()  # checkpoint tensors the converter cuts into several (or renames): :class:`Split`
     reshape: tuple[tuple[str, tuple], ...] = ()  # (canonical glob, shape over dims): the converter's reshape of the
     # same elements (Mamba2's A and D (H,) -> (H, 1); its grouped norm (D,) -> (G, D / G))
-    record_swa: bool = False  # the converter writes attention.sliding_window_pattern, one bool per layer (true:
-    # sliding), whenever the config has sliding_window (Olmo2Model)
+    record_swa: bool = False  # the record holds attention.sliding_window_pattern, one bool per layer (true:
+    # sliding), whenever the config has sliding_window (Olmo2Model writes it; for Gemma 3 llama.cpp reads it)
     record: tuple[tuple[str, str, str], ...] = ()  # (GGUF key after "{arch}.", expression over the dims, model
     # flags that must hold): a value the converter writes from its own arithmetic (modelkv; :func:`record_values`)
     nextn: bool = False  # the releases hold num_nextn_predict_layers multi-token-prediction layers after the decoder
@@ -586,7 +586,10 @@ _F = [
            defaults={"tie_word_embeddings": True, "query_pre_attn_scalar": 256},
            forward=_FWD_GEMMA2),
     # Gemma3TextConfig defaults (a real config.json leaves some of them out)
+    # record_swa: llama.cpp's gemma3 takes a period of 6 unless the GGUF lists the sliding layers, and Gemma3Model
+    # writes no pattern (every release has 6); the record lists them, so a model of another period runs as it is
     Family("gemma3_text", "GEMMA3", _NORMS + _GEMMA2_NORMS + _QKVO + _QK_NORM + _MLP, _llama_top(), swa="pattern",
+           record_swa=True,
            defaults={"tie_word_embeddings": True, "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
                      "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
                      "sliding_window": 4096, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
@@ -605,7 +608,7 @@ _F = [
                t(_SIGLIP + "post_layernorm.bias", "vH", when="vision"),
                t("multi_modal_projector.mm_input_projection_weight", "vH", "H", when="vision"),
                t("multi_modal_projector.mm_soft_emb_norm.weight", "vH", when="vision"),
-           ), swa="pattern", text_config=True,
+           ), swa="pattern", text_config=True, record_swa=True,
            renames=((r"^(?:language_model\.model\.|model\.language_model\.)", "model."),
                     (r"^language_model\.lm_head\.", "lm_head.")),
            defaults={"tie_word_embeddings": True, "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,

@@ -67,11 +67,20 @@ LLAMA_CPP_SHAPE = {
     # gemma4.cpp: per_layer_token_embd has n_vocab rows (Gemma 4: vocab_size_per_layer_input = vocab_size)
     "vocab_size_per_layer_input": lambda c: c["vocab_size"],
 }
+_G3N_SHAPE = lambda c: {"hidden_size_per_layer_input": 256, "laurel_rank": 64,  # noqa: E731
+                        "intermediate_size": [c["intermediate_size"][0]] * len(c["intermediate_size"])}
 LLAMA_CPP_FAMILY_SHAPE = {
     # minicpm3.cpp caches the decompressed K/V of n_head_kv heads: MiniCPM3 has num_key_value_heads = heads
     "minicpm3": lambda c: {"num_key_value_heads": c["num_attention_heads"]},
     # deepseek2.cpp reads attention.q_lora_rank unless n_layer is a "lite" count (26, 27, 48): a q LoRA (DeepSeek-V2)
     "deepseek_v2": lambda c: {"q_lora_rank": 48},
+    # gemma3.cpp scales attention by 1/sqrt(head_dim) and reads no query_pre_attn_scalar (the releases have it equal,
+    # but 27B's); the multimodal fixture's text_config leaves it at transformers' 256
+    "gemma3": lambda c: {"query_pre_attn_scalar": c["head_dim"]},
+    # gemma3n.cpp: the per-layer embeddings n_embd_altup = 256 wide and LAuReL of rank 64, constants of
+    # llama-hparams.h that no key sets, and one FFN width, layer 0's, for every layer (Gemma 3n: 256, 64, one width)
+    "gemma3n_text": lambda c: _G3N_SHAPE(c),
+    "gemma3n": lambda c: _G3N_SHAPE(c),
 }
 
 

@@ -13,6 +13,8 @@ checkpoint's own layout because orkpack's forward pass reads that layout:
   Gated DeltaNet's gated norm ``ssm_norm`` (a plain gain, which the converter leaves as it is);
 * fused tensors the converter splits: internlm2's grouped ``wqkv`` into ``attn_q`` / ``attn_k`` / ``attn_v``,
   stacked ``gate_up`` experts into gate and up (halves; gpt-oss: even / odd rows);
+* a multimodal release's vision tower and projector, which a pack may hold under their checkpoint names: not in the
+  text model's GGUF (the converter writes them to a separate mmproj file);
 * names the converter spells its own way: gpt-oss's attention sinks, ``blk.N.attn_sinks`` in the checkpoint's
   naming, written ``blk.N.attn_sinks.weight`` (GptOssModel.modify_tensors appends ``.weight``; llama.cpp looks
   the tensor up under that name).
@@ -35,6 +37,9 @@ _K = re.compile(r"^blk\.\d+\.attn_k\.(weight|bias)$")
 _GATE_UP_EXPS = re.compile(r"^(blk\.\d+\.)ffn_gate_up_exps\.(weight|bias)$")
 _QKV = re.compile(r"^(blk\.\d+\.)attn_qkv\.(weight|bias)$")
 _SINKS = re.compile(r"^(blk\.\d+\.attn_sinks)$")
+# a multimodal release's towers a pack keeps under their checkpoint names (Gemma 3's SigLIP and projector): the
+# converter writes them to a separate mmproj GGUF, never the text model's
+_MMPROJ = re.compile(r"^(?:model\.)?(?:vision_tower|multi_modal_projector|visual|audio_tower|embed_vision|embed_audio)\.")
 
 # the norms of an offset family that are plain gains: the Gated DeltaNet's gated RMSNorm (Qwen3NextModel.modify_tensors:
 # every norm.weight + 1 but linear_attn.norm.weight, which is ssm_norm)
@@ -55,9 +60,12 @@ class Rules:
 
     def split(self, name: str, shape: tuple[int, ...]) -> list[tuple[str, tuple[int, ...], Part]]:
         """[(the converter's name, its numpy shape, source array -> that tensor's array)] of the source tensor
-        ``name`` of ``shape``: one entry unless the converter splits it."""
+        ``name`` of ``shape``: one entry unless the converter splits it, none for a tower it writes to the mmproj
+        GGUF."""
         fwd = self.fam.forward
         shape = tuple(int(x) for x in shape)
+        if _MMPROJ.match(name):
+            return []
         e = _GATE_UP_EXPS.match(name)
         if e:  # stacked gate_up experts: gate and up apart (granitemoe: halves; gpt-oss: even / odd rows)
             n = shape[1] // 2
