@@ -81,6 +81,16 @@ LLAMA_CPP_FAMILY_SHAPE = {
     # llama-hparams.h that no key sets, and one FFN width, layer 0's, for every layer (Gemma 3n: 256, 64, one width)
     "gemma3n_text": lambda c: _G3N_SHAPE(c),
     "gemma3n": lambda c: _G3N_SHAPE(c),
+    # starcoder2.cpp: GELU whatever hidden_act says (StarCoder2: gelu_pytorch_tanh); and the fixture's leftover
+    # rms_norm_eps (synth's base) is what the converter and orkpack's HF reader take before norm_epsilon (5 drops it)
+    "starcoder2": lambda c: {"hidden_act": "gelu_pytorch_tanh", "rms_norm_eps": None},
+    # smollm3.cpp: no RoPE on every 4th layer (n_no_rope_layer_step = 4, set in code; the converter writes no
+    # no_rope_layers); SmolLM3-3B's no_rope_layers say the same, the fixture's [1, 0] does not
+    "smollm3": lambda c: {"no_rope_layers": [int((i + 1) % 4 != 0) for i in range(c["num_hidden_layers"])]},
+    # exaone4.cpp: sliding layers only for a 64-layer model (32B; window 4096 set in code), every other layer count
+    # full attention with RoPE everywhere (EXAONE-4.0-1.2B: no sliding layers)
+    "exaone4": lambda c: {"sliding_window": None, "sliding_window_pattern": None,
+                          "layer_types": ["full_attention"] * c["num_hidden_layers"]},
 }
 
 
@@ -91,7 +101,11 @@ def _tiny(tmp: Path, family: str) -> Path:
     for k, f in LLAMA_CPP_SHAPE.items():
         if k in c:
             c[k] = f(c)
-    c.update(LLAMA_CPP_FAMILY_SHAPE.get(family, lambda c: {})(c))
+    for k, v in LLAMA_CPP_FAMILY_SHAPE.get(family, lambda c: {})(c).items():
+        if v is None:
+            c.pop(k, None)
+        else:
+            c[k] = v
     folder = synth.write_hf_model(tmp / f"{family}-hf", config=cfg, seed=1)
     synth.write_tokenizer(folder, n_merges=200)
     return folder
