@@ -579,7 +579,9 @@ _F = [
            forward=Forward(qk_norm="head", refuse=_NO_QWEN_SWA)),
     Family("qwen3_moe", "QWEN3MOE", _NORMS + _QKVO + _QKV_BIAS + _O_BIAS + _QK_NORM + _MLP + _EXPERTS, _llama_top(),
            moe="qwen", flags=_qkv_bias_flag, defaults={"tie_word_embeddings": False},
-           forward=Forward(qk_norm="head", refuse=_NO_QWEN_SWA)),
+           # qwen3moe.cpp normalises the chosen experts' weights always (build_moe_ffn's norm_w = true) and the
+           # converter writes no expert_weights_norm: a GGUF's routing is normalised (every release: norm_topk_prob)
+           forward=Forward(qk_norm="head", refuse=_NO_QWEN_SWA, router_norm_gguf="always")),
     Family("gemma", "GEMMA", _NORMS + _QKVO + _MLP, _llama_top(), defaults={"tie_word_embeddings": True},
            forward=Forward(**_GEMMA)),
     Family("gemma2", "GEMMA2", _NORMS + _GEMMA2_NORMS + _QKVO + _MLP, _llama_top(), swa="even",
