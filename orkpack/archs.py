@@ -251,6 +251,9 @@ class Forward:
     act_sparsity: bool = False  # gemma3n: a layer's MLP gate cut at its mean + std x the normal quantile of its
     # activation_sparsity_pattern (relu(gate - cutoff); llama.cpp's activation_sparsity_scale) before the activation
     logit_scale: str = ""  # "" | a config key the logits are divided by (granite logits_scaling) | dim_base (minicpm)
+    gguf_fixed: tuple[tuple[str, float], ...] = ()  # (config key, value): the numbers llama.cpp's graph of the
+    # family holds as constants, for a GGUF without the scale keys (minicpm3.cpp: scale_emb 12, scale_depth 1.4,
+    # dim_model_base 256, MiniCPM3-4B's; MiniCPM3Model writes none of them)
     router: str = "softmax"  # MoE gate scores: softmax | sigmoid (deepseek-v3 noaux_tc)
     router_norm: str = "config"  # always (mixtral, granitemoe) | config (norm_topk_prob, default false)
     router_norm_gguf: str = "key"  # a GGUF's: key (expert_weights_norm) | always (lfm2_moe: the converter writes no
@@ -644,7 +647,8 @@ _F = [
            # MiniCPM3Model.set_gguf_parameters: both LoRA ranks (q's when set) and the q/k head size nope + rope
            record=(("attention.q_lora_rank", "qlr", "q_lora"), ("attention.kv_lora_rank", "kvlr", ""),
                    ("attention.key_length", "nope+rope", "")),
-           forward=Forward(embed_scale="scale_emb", residual_scale="depth", logit_scale="dim_base")),
+           forward=Forward(embed_scale="scale_emb", residual_scale="depth", logit_scale="dim_base",
+                           gguf_fixed=(("scale_emb", 12.0), ("scale_depth", 1.4), ("dim_model_base", 256.0)))),
     # ChatGLM3 and GLM-4-9B-chat (model_type chatglm): the transformer.encoder.* layout
     Family("chatglm", "CHATGLM", (
         t("transformer.encoder.layers.{i}.input_layernorm.weight", "H"),
