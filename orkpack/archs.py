@@ -2604,6 +2604,10 @@ def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
         return _int(v, f"{garch}.{key}", where, cap=cap)
 
     L = num("block_count", cap=CAPS["n_layers"])
+    if fam.nextn:  # block_count counts the converter's MTP blocks after the decoder layers; llama.cpp's n_layer()
+        # does not (DeepSeek-V3, GLM-4.5: the forward pass runs the decoder layers; a converter's GGUF of a folder
+        # without the MTP layer still counts transformers' default one)
+        L -= min(num("nextn_predict_layers", 0, cap=CAPS["n_nextn"]), L)
     if not fam.nextn and num("nextn_predict_layers", 0):  # the converter's MTP blocks (Qwen3.5 / Qwen3-Next: its default)
         raise SourceError(f"{where}: the GGUF holds {num('nextn_predict_layers', 0)} multi-token-prediction block(s) "
                           f"after the decoder layers ({escape_name(str(garch))}.nextn_predict_layers), which orkpack "
