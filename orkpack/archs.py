@@ -529,6 +529,15 @@ def _qkv_bias_flag(cfg: dict, d: dict) -> dict:
             "mlp_bias": bool(cfg.get("mlp_bias"))}
 
 
+# the head sizes of MLA as llama.cpp's deepseek2 reads an unabsorbed model (one attn_kv_b, no key_length_mla: every
+# head decompressed, "MHA" mode): q/k heads nope + rope, value heads v_head_dim (the record's own: today's converter
+# writes the absorbed layout instead, attn_k_b / attn_v_b with key_length kv_lora_rank + rope)
+_MLA_HEADS = (("attention.key_length", "nope+rope", ""), ("attention.value_length", "vhd", ""))
+# the converter's block_count counts the multi-token-prediction layers after the decoder layers (DeepseekV3Model,
+# Glm4MoeModel: num_hidden_layers + num_nextn_predict_layers; llama.cpp's n_layer() is the difference)
+_NEXTN_BLOCKS = (("block_count", "L+n_nextn", ""),)
+
+
 def _deepseek_flags(default_topk_method: str) -> Callable[[dict, dict], dict]:
     """DeepSeek-V2/V3: a q LoRA when q_lora_rank is set, shared experts, and the routing bias of noaux_tc
     (``topk_method``: V2's default is greedy, V3's noaux_tc)."""
@@ -684,11 +693,11 @@ _F = [
         defaults={"tie_word_embeddings": False, "partial_rotary_factor": 0.5},
         forward=Forward(block="sandwich", mlp="fused", rope="interleaved", smooth=SMOOTH_FUSED)),
     Family("deepseek_v2", "DEEPSEEK2", _NORMS + _MLA + _MLP + _DEEPSEEK_MOE, _llama_top(), attention="mla",
-           moe="deepseek", flags=_deepseek_flags("greedy"),
+           moe="deepseek", flags=_deepseek_flags("greedy"), record=_MLA_HEADS,
            defaults={"tie_word_embeddings": False},
            forward=Forward(rope="interleaved", router_groups="max", router_scale=True)),
     Family("deepseek_v3", "DEEPSEEK2", _NORMS + _MLA + _MLP + _DEEPSEEK_MOE + _NEXTN, _llama_top(), attention="mla",
-           moe="deepseek", flags=_deepseek_flags("noaux_tc"), nextn=True,
+           moe="deepseek", flags=_deepseek_flags("noaux_tc"), nextn=True, record=_MLA_HEADS + _NEXTN_BLOCKS,
            renames=((r"^model\.layers\.(\d+)\.(embed_tokens|enorm|hnorm|eh_proj)\.", r"blk.\1.nextn.\2."),
                     (r"^model\.layers\.(\d+)\.shared_head\.norm\.", r"blk.\1.nextn.shared_head_norm."),
                     (r"^model\.layers\.(\d+)\.shared_head\.head\.", r"blk.\1.nextn.shared_head_head."),
@@ -837,7 +846,7 @@ _F.append(
     # llama.cpp's converter writes as extra blocks
     Family("glm4_moe", "GLM4_MOE", _NORMS + _QKVO + _QKV_BIAS + (
         t(P + "self_attn.q_norm.weight", "hd", when="qk_norm"), t(P + "self_attn.k_norm.weight", "hd", when="qk_norm"),
-    ) + _MLP + _DEEPSEEK_MOE + _NEXTN, _llama_top(), moe="deepseek", nextn=True,
+    ) + _MLP + _DEEPSEEK_MOE + _NEXTN, _llama_top(), moe="deepseek", nextn=True, record=_NEXTN_BLOCKS,
         renames=_F[[f.name for f in _F].index("deepseek_v3")].renames,
         flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("attention_bias")), "qk_norm": bool(cfg.get("use_qk_norm")),
                               "shared": d["n_shared"] > 0, "noaux": True},

@@ -73,7 +73,12 @@ LLAMA_CPP_FAMILY_SHAPE = {
     # minicpm3.cpp caches the decompressed K/V of n_head_kv heads: MiniCPM3 has num_key_value_heads = heads
     "minicpm3": lambda c: {"num_key_value_heads": c["num_attention_heads"]},
     # deepseek2.cpp reads attention.q_lora_rank unless n_layer is a "lite" count (26, 27, 48): a q LoRA (DeepSeek-V2)
-    "deepseek_v2": lambda c: {"q_lora_rank": 48},
+    # (and caches n_head_kv heads of the decompressed K/V as minicpm3's: DeepSeek-V2 has num_key_value_heads = heads)
+    "deepseek_v2": lambda c: {"q_lora_rank": 48, "num_key_value_heads": c["num_attention_heads"]},
+    # DeepSeek-V3's releases state their routing; the fixture leaves it to the defaults, which transformers' (norm,
+    # scale 2.5, 8 groups), the converter's (transformers') and orkpack's (no norm, scale 1, one group) differ on
+    "deepseek_v3": lambda c: {"num_key_value_heads": c["num_attention_heads"], "scoring_func": "sigmoid",
+                              "norm_topk_prob": True, "routed_scaling_factor": 2.5, "n_group": 1, "topk_group": 1},
     # gemma3.cpp scales attention by 1/sqrt(head_dim) and reads no query_pre_attn_scalar (the releases have it equal,
     # but 27B's); the multimodal fixture's text_config leaves it at transformers' 256
     "gemma3": lambda c: {"query_pre_attn_scalar": c["head_dim"]},

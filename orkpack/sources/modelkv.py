@@ -286,7 +286,8 @@ _MROPE_WRITTEN = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
 
 # families whose converter writes expert_gating_func from the router alone (LFM2MoeModel, Glm4MoeModel: always
 # sigmoid, 2; LFM2MoeModel writes neither expert_weights_norm nor expert_weights_scale: llama.cpp always normalises)
-_GATING_WRITTEN = ("lfm2_moe", "glm4_moe")
+_GATING_WRITTEN = ("lfm2_moe", "glm4_moe", "deepseek_v3")  # DeepSeek-V3: TextModel's, from scoring_func "sigmoid"
+# (every release has it; orkpack's forward routes V3 by sigmoid whatever it says)
 
 
 def _rope_scaling(c: Mapping, garch: str, kv: list, warn: Callable[[str], None]) -> None:
