@@ -313,17 +313,28 @@ def test_llama_perplexity_of_the_export_is_evals(tmp, text, family, source):
     assert theirs == pytest.approx(ours, rel=1e-4), (theirs, ours)
 
 
-@pytest.mark.filterwarnings("ignore::UserWarning")  # the source is quantized: re-quantizing it is the point
-def test_real_smollm2_llama_perplexity_is_evals(tmp):
+@pytest.fixture(scope="module")
+def smol_pack(tmp) -> Path:
+    """The real SmolLM2-135M-Instruct's default pack (the default plan: NPU int8 tiles, dual-resident NF4 copies)."""
+    import warnings
+
+    from test_eval_tokenizer import real_smollm2
+
+    pack = tmp / "smol.orkpack"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the source is quantized: re-quantizing it is the point
+        build(real_smollm2(), pack, BuildOptions(threads=1))
+    return pack
+
+
+def test_real_smollm2_llama_perplexity_is_evals(tmp, smol_pack):
     """The real SmolLM2-135M, default plan (NPU int8 tiles, dual-resident host NF4 copies): llama-perplexity of each
     path's export on the built-in prose (2 chunks of 512) is orkpack eval's perplexity of that path with float
     activations, within 1e-3 relative (measured: 2e-5)."""
-    from test_eval_tokenizer import real_smollm2
     from orkpack.eval.text import PROSE
 
     exe = need("llama-perplexity")
-    pack = tmp / "smol.orkpack"
-    build(real_smollm2(), pack, BuildOptions(threads=1))
+    pack = smol_pack
     ours = _eval_ppl(pack, PROSE, 512, 2, act="float")
     for path in ("decode", "prefill"):
         out = export(pack, tmp / f"smol-{path}.gguf", path=path)
@@ -331,3 +342,70 @@ def test_real_smollm2_llama_perplexity_is_evals(tmp):
         assert theirs == pytest.approx(ours[path], rel=1e-3), (path, theirs, ours[path])
         out.path.unlink()
     assert abs(ours["decode"] - ours["prefill"]) > 0.1  # the two paths' weights differ: the test tells them apart
+
+
+CHAT = "What is the capital of France?"
+
+
+def _greedy(pack: Path, ids: list[int], n: int, stop: set[int]) -> list[int]:
+    """orkpack's own forward pass (orkpack/model/forward.py run(), float numerics) on the pack's decode weights,
+    greedy: each next token the argmax of the last position's logits, the full sequence run again per token."""
+    from orkpack.eval.run import pack_hparams
+    from orkpack.model.forward import run
+
+    out: list[int] = []
+    with Pack.open(pack) as pk:
+        hp, w = pack_hparams(pk), PackWeights(pk, "decode")
+        for _ in range(n):
+            nxt = int(np.argmax(run(None, ids + out, weights=w, hp=hp)[-1]))
+            out.append(nxt)
+            if nxt in stop:
+                break
+    return out
+
+
+def test_llama_completion_answers_with_the_packs_chat_template(tmp, smol_pack):
+    """llama.cpp's own llama-completion, in its conversation mode for one turn (-cnv -st) with --jinja (the GGUF's
+    chat template, the pack's record, rendered by llama.cpp's minja), greedy (--temp 0, -n 16, seed 1), on the real
+    SmolLM2 default pack's decode export, answers with the tokens orkpack's own forward pass picks greedily on the
+    same weights for the same templated prompt: the prompt ids llama.cpp lists (--verbose-prompt) are orkpack's
+    tokenizer's ids of the template rendered by jinja2, and the answer llama.cpp prints is orkpack's greedy tokens'
+    text up to the end-of-turn token (llama.cpp stops at an end-of-generation token without printing it)."""
+    import re
+
+    import jinja2
+
+    from orkpack.model.tokenizer import from_model
+    from orkpack.pack.model import value
+
+    exe = need("llama-completion")
+    out = export(smol_pack, tmp / "smol-chat.gguf")
+    with Pack.open(smol_pack) as pk:
+        model = pk.header["model"]
+    kv = {e[0]: value(e) for e in model["kv"]}
+    template = kv["tokenizer.chat_template"]
+    prompt = jinja2.Environment().from_string(template).render(
+        messages=[{"role": "user", "content": CHAT}], add_generation_prompt=True)
+    tok = from_model(model)
+    ids = tok.encode(prompt)
+    r = subprocess.run([str(exe), "-m", str(out.path), "-p", CHAT, "-cnv", "-st", "--jinja", "--temp", "0", "-n", "16",
+                        "--seed", "1", "-t", "1", "--no-warmup", "--verbose-prompt"], capture_output=True, text=True,
+                       timeout=600, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    theirs_ids = [int(x) for x in re.findall(r"^\S+ I +(\d+) -> '", r.stderr, re.M)]
+    n_prompt = int(re.search(r"number of tokens in prompt = (\d+)", r.stderr).group(1))
+    assert len(theirs_ids) == n_prompt, r.stderr[-3000:]
+    assert theirs_ids == ids, (theirs_ids, ids)  # the same templated prompt, token for token
+    eog = {int(kv["tokenizer.ggml.eos_token_id"])} | {i for i, t in enumerate(kv["tokenizer.ggml.tokens"])
+                                                      if t in ("<|im_end|>", "<|endoftext|>")}
+    mine = _greedy(smol_pack, ids, 16, eog)
+    # stdout: the rendered conversation (special tokens not printed), then the answer, then " [end of text]" when
+    # generation stopped at an end-of-generation token
+    shown = r.stdout
+    assert shown.count(CHAT) == 1, shown
+    answer = shown.split(CHAT, 1)[1].split("assistant\n", 1)[1]
+    stopped = answer.rstrip().endswith("[end of text]")
+    answer = answer.rstrip()[: -len("[end of text]")] if stopped else answer
+    want = tok.decode([t for t in mine if t not in eog])
+    assert stopped == (mine[-1] in eog), (shown, mine)
+    assert answer.strip() == want.strip() and want.strip(), (answer, want, mine)
