@@ -288,12 +288,19 @@ def test_same_bytes_and_bad_input(tmp):
 
 # ------------------------------------------------------------------------------------------ llama.cpp runs it
 
-# (family, source): every family whose export llama.cpp's perplexity matches (measured: 1e-8 to 1e-4 relative);
-# phi3 and internlm2 from the HF folder only (the converter needs their own tokenizer classes); the families where
-# the two disagree are listed in docs/EVAL.md ("orkpack export")
-PPL_CASES = [(f, s) for f in ("llama", "qwen3", "gemma2", "granite", "mixtral", "olmo2", "lfm2", "falcon_h1",
-                              "granitemoehybrid", "ministral3", "ernie4_5") for s in ("hf", "converter")] + \
-    [("phi3", "hf"), ("internlm2", "hf"), ("qwen3_moe", "hf"), ("nemotron_h", "hf"), ("gpt_oss", "converter")]
+# (family, source): every family whose export llama.cpp's perplexity matches (measured: 1e-8 to 1.4e-5 relative, gemma3
+# the largest), from the HF folder and from the converter's GGUF; from the folder only: phi3, internlm2 and glm4 (the
+# converter needs their own tokenizer classes or fails on the fixture), rwkv7 (the converter needs RWKV's own
+# tokenizer), nemotron_h (the converter with transformers 5 takes it for nemotron_h_moe: a file llama.cpp refuses too),
+# deepseek_v2 / v3 (the converter's absorbed MLA layout, which orkpack's reader refuses in one line), gemma3 /
+# gemma3_text (the converter trims token_embd to the tokenizer's 462 tokens: llama.cpp refuses its file); the families
+# where the two still disagree are listed in docs/EVAL.md ("orkpack export")
+BOTH = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_text",
+        "qwen3_5_moe", "qwen3_5_moe_text", "gemma", "gemma2", "granite", "granitemoe", "granitemoehybrid", "olmo2",
+        "olmo3", "olmoe", "lfm2", "lfm2_moe", "falcon_h1", "ministral3", "mistral3", "ernie4_5", "exaone4", "smollm3",
+        "starcoder2", "minicpm", "minicpm3", "glm4_moe", "gpt_oss", "hunyuan_v1_dense", "nemotron_h_moe")
+HF_ONLY = ("phi3", "internlm2", "glm4", "rwkv7", "nemotron_h", "deepseek_v2", "deepseek_v3", "gemma3", "gemma3_text")
+PPL_CASES = [(f, s) for f in BOTH for s in ("hf", "converter")] + [(f, "hf") for f in HF_ONLY]
 
 
 @pytest.mark.parametrize("family,source", PPL_CASES)
