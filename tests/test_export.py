@@ -72,6 +72,11 @@ _G3N_SHAPE = lambda c: {"hidden_size_per_layer_input": 256, "laurel_rank": 64,  
 LLAMA_CPP_FAMILY_SHAPE = {
     # minicpm3.cpp caches the decompressed K/V of n_head_kv heads: MiniCPM3 has num_key_value_heads = heads
     "minicpm3": lambda c: {"num_key_value_heads": c["num_attention_heads"]},
+    # ChatGLM's vocabulary is padded_vocab_size (the fixture's 128 would not hold the fixture tokenizer's ids)
+    "chatglm": lambda c: {"padded_vocab_size": 512},
+    # qwen2moe.cpp (and the converter's tensor map) want experts in every layer: no mlp_only_layers (Qwen1.5-MoE has
+    # none)
+    "qwen2_moe": lambda c: {"mlp_only_layers": []},
     # deepseek2.cpp reads attention.q_lora_rank unless n_layer is a "lite" count (26, 27, 48): a q LoRA (DeepSeek-V2)
     # (and caches n_head_kv heads of the decompressed K/V as minicpm3's: DeepSeek-V2 has num_key_value_heads = heads)
     "deepseek_v2": lambda c: {"q_lora_rank": 48, "num_key_value_heads": c["num_attention_heads"]},
@@ -298,7 +303,7 @@ def test_same_bytes_and_bad_input(tmp):
 BOTH = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_text",
         "qwen3_5_moe", "qwen3_5_moe_text", "gemma", "gemma2", "granite", "granitemoe", "granitemoehybrid", "olmo2",
         "olmo3", "olmoe", "lfm2", "lfm2_moe", "falcon_h1", "ministral3", "mistral3", "ernie4_5", "exaone4", "smollm3",
-        "starcoder2", "minicpm", "minicpm3", "glm4_moe", "gpt_oss", "hunyuan_v1_dense", "nemotron_h_moe")
+        "starcoder2", "minicpm", "minicpm3", "glm4_moe", "gpt_oss", "hunyuan_v1_dense", "nemotron_h_moe", "qwen2_moe")
 HF_ONLY = ("phi3", "internlm2", "glm4", "rwkv7", "nemotron_h", "deepseek_v2", "deepseek_v3", "gemma3", "gemma3_text")
 PPL_CASES = [(f, s) for f in BOTH for s in ("hf", "converter")] + [(f, "hf") for f in HF_ONLY]
 
