@@ -345,6 +345,9 @@ class Forward:
     act_sparsity: bool = False  # gemma3n: a layer's MLP gate cut at its mean + std x the normal quantile of its
     # activation_sparsity_pattern (relu(gate - cutoff); llama.cpp's activation_sparsity_scale) before the activation
     logit_scale: str = ""  # "" | a config key the logits are divided by (granite logits_scaling) | dim_base (minicpm)
+    gguf_fixed: tuple[tuple[str, float], ...] = ()  # (config key, value): the numbers llama.cpp's graph of the
+    # family holds as constants, for a GGUF without the scale keys (minicpm3.cpp: scale_emb 12, scale_depth 1.4,
+    # dim_model_base 256, MiniCPM3-4B's; MiniCPM3Model writes none of them)
     router: str = "softmax"  # MoE gate scores: softmax | sigmoid (deepseek-v3 noaux_tc)
     router_norm: str = "config"  # always (mixtral, granitemoe) | config (norm_topk_prob, default false)
     router_norm_gguf: str = "key"  # a GGUF's: key (expert_weights_norm) | always (lfm2_moe: the converter writes no
@@ -523,8 +526,8 @@ class Family:
     split: tuple[Split, ...] = ()  # checkpoint tensors the converter cuts into several (or renames): :class:`Split`
     reshape: tuple[tuple[str, tuple], ...] = ()  # (canonical glob, shape over dims): the converter's reshape of the
     # same elements (Mamba2's A and D (H,) -> (H, 1); its grouped norm (D,) -> (G, D / G))
-    record_swa: bool = False  # the converter writes attention.sliding_window_pattern, one bool per layer (true:
-    # sliding), whenever the config has sliding_window (Olmo2Model)
+    record_swa: bool = False  # the record holds attention.sliding_window_pattern, one bool per layer (true:
+    # sliding), whenever the config has sliding_window (Olmo2Model writes it; for Gemma 3 llama.cpp reads it)
     record: tuple[tuple[str, str, str], ...] = ()  # (GGUF key after "{arch}.", expression over the dims, model
     # flags that must hold): a value the converter writes from its own arithmetic (modelkv; :func:`record_values`)
     nextn: bool = False  # the releases hold num_nextn_predict_layers multi-token-prediction layers after the decoder
@@ -625,6 +628,15 @@ def _qkv_bias_flag(cfg: dict, d: dict) -> dict:
             "mlp_bias": bool(cfg.get("mlp_bias"))}
 
 
+# the head sizes of MLA as llama.cpp's deepseek2 reads an unabsorbed model (one attn_kv_b, no key_length_mla: every
+# head decompressed, "MHA" mode): q/k heads nope + rope, value heads v_head_dim (the record's own: today's converter
+# writes the absorbed layout instead, attn_k_b / attn_v_b with key_length kv_lora_rank + rope)
+_MLA_HEADS = (("attention.key_length", "nope+rope", ""), ("attention.value_length", "vhd", ""))
+# the converter's block_count counts the multi-token-prediction layers after the decoder layers (DeepseekV3Model,
+# Glm4MoeModel: num_hidden_layers + num_nextn_predict_layers; llama.cpp's n_layer() is the difference)
+_NEXTN_BLOCKS = (("block_count", "L+n_nextn", ""),)
+
+
 def _deepseek_flags(default_topk_method: str) -> Callable[[dict, dict], dict]:
     """DeepSeek-V2/V3: a q LoRA when q_lora_rank is set, shared experts, and the routing bias of noaux_tc
     (``topk_method``: V2's default is greedy, V3's noaux_tc)."""
@@ -678,14 +690,19 @@ _F = [
            forward=Forward(qk_norm="head", refuse=_NO_QWEN_SWA)),
     Family("qwen3_moe", "QWEN3MOE", _NORMS + _QKVO + _QKV_BIAS + _O_BIAS + _QK_NORM + _MLP + _EXPERTS, _llama_top(),
            moe="qwen", flags=_qkv_bias_flag, defaults={"tie_word_embeddings": False},
-           forward=Forward(qk_norm="head", refuse=_NO_QWEN_SWA)),
+           # qwen3moe.cpp normalises the chosen experts' weights always (build_moe_ffn's norm_w = true) and the
+           # converter writes no expert_weights_norm: a GGUF's routing is normalised (every release: norm_topk_prob)
+           forward=Forward(qk_norm="head", refuse=_NO_QWEN_SWA, router_norm_gguf="always")),
     Family("gemma", "GEMMA", _NORMS + _QKVO + _MLP, _llama_top(), defaults={"tie_word_embeddings": True},
            forward=Forward(**_GEMMA)),
     Family("gemma2", "GEMMA2", _NORMS + _GEMMA2_NORMS + _QKVO + _MLP, _llama_top(), swa="even",
            defaults={"tie_word_embeddings": True, "query_pre_attn_scalar": 256},
            forward=_FWD_GEMMA2),
     # Gemma3TextConfig defaults (a real config.json leaves some of them out)
+    # record_swa: llama.cpp's gemma3 takes a period of 6 unless the GGUF lists the sliding layers, and Gemma3Model
+    # writes no pattern (every release has 6); the record lists them, so a model of another period runs as it is
     Family("gemma3_text", "GEMMA3", _NORMS + _GEMMA2_NORMS + _QKVO + _QK_NORM + _MLP, _llama_top(), swa="pattern",
+           record_swa=True,
            defaults={"tie_word_embeddings": True, "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
                      "num_hidden_layers": 26, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
                      "sliding_window": 4096, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
@@ -704,7 +721,7 @@ _F = [
                t(_SIGLIP + "post_layernorm.bias", "vH", when="vision"),
                t("multi_modal_projector.mm_input_projection_weight", "vH", "H", when="vision"),
                t("multi_modal_projector.mm_soft_emb_norm.weight", "vH", when="vision"),
-           ), swa="pattern", text_config=True,
+           ), swa="pattern", text_config=True, record_swa=True,
            renames=((r"^(?:language_model\.model\.|model\.language_model\.)", "model."),
                     (r"^language_model\.lm_head\.", "lm_head.")),
            defaults={"tie_word_embeddings": True, "vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216,
@@ -735,7 +752,11 @@ _F = [
     Family("minicpm3", "MINICPM3", _NORMS + _MLA + _MLP, _llama_top(), attention="mla",
            flags=lambda cfg, d: {"q_lora": bool(d["qlr"])}, defaults={"tie_word_embeddings": True},
            classes=("MiniCPM3ForCausalLM",),
-           forward=Forward(embed_scale="scale_emb", residual_scale="depth", logit_scale="dim_base")),
+           # MiniCPM3Model.set_gguf_parameters: both LoRA ranks (q's when set) and the q/k head size nope + rope
+           record=(("attention.q_lora_rank", "qlr", "q_lora"), ("attention.kv_lora_rank", "kvlr", ""),
+                   ("attention.key_length", "nope+rope", "")),
+           forward=Forward(embed_scale="scale_emb", residual_scale="depth", logit_scale="dim_base",
+                           gguf_fixed=(("scale_emb", 12.0), ("scale_depth", 1.4), ("dim_model_base", 256.0)))),
     # ChatGLM3 and GLM-4-9B-chat (model_type chatglm): the transformer.encoder.* layout
     Family("chatglm", "CHATGLM", (
         t("transformer.encoder.layers.{i}.input_layernorm.weight", "H"),
@@ -771,11 +792,11 @@ _F = [
         defaults={"tie_word_embeddings": False, "partial_rotary_factor": 0.5},
         forward=Forward(block="sandwich", mlp="fused", rope="interleaved", smooth=SMOOTH_FUSED)),
     Family("deepseek_v2", "DEEPSEEK2", _NORMS + _MLA + _MLP + _DEEPSEEK_MOE, _llama_top(), attention="mla",
-           moe="deepseek", flags=_deepseek_flags("greedy"),
+           moe="deepseek", flags=_deepseek_flags("greedy"), record=_MLA_HEADS,
            defaults={"tie_word_embeddings": False},
            forward=Forward(rope="interleaved", router_groups="max", router_scale=True)),
     Family("deepseek_v3", "DEEPSEEK2", _NORMS + _MLA + _MLP + _DEEPSEEK_MOE + _NEXTN, _llama_top(), attention="mla",
-           moe="deepseek", flags=_deepseek_flags("noaux_tc"), nextn=True,
+           moe="deepseek", flags=_deepseek_flags("noaux_tc"), nextn=True, record=_MLA_HEADS + _NEXTN_BLOCKS,
            renames=((r"^model\.layers\.(\d+)\.(embed_tokens|enorm|hnorm|eh_proj)\.", r"blk.\1.nextn.\2."),
                     (r"^model\.layers\.(\d+)\.shared_head\.norm\.", r"blk.\1.nextn.shared_head_norm."),
                     (r"^model\.layers\.(\d+)\.shared_head\.head\.", r"blk.\1.nextn.shared_head_head."),
@@ -924,7 +945,7 @@ _F.append(
     # llama.cpp's converter writes as extra blocks
     Family("glm4_moe", "GLM4_MOE", _NORMS + _QKVO + _QKV_BIAS + (
         t(P + "self_attn.q_norm.weight", "hd", when="qk_norm"), t(P + "self_attn.k_norm.weight", "hd", when="qk_norm"),
-    ) + _MLP + _DEEPSEEK_MOE + _NEXTN, _llama_top(), moe="deepseek", nextn=True,
+    ) + _MLP + _DEEPSEEK_MOE + _NEXTN, _llama_top(), moe="deepseek", nextn=True, record=_NEXTN_BLOCKS,
         renames=_F[[f.name for f in _F].index("deepseek_v3")].renames,
         flags=lambda cfg, d: {"qkv_bias": bool(cfg.get("attention_bias")), "qk_norm": bool(cfg.get("use_qk_norm")),
                               "shared": d["n_shared"] > 0, "noaux": True},
@@ -2699,6 +2720,10 @@ def facts_from_gguf(kv: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]]
         return _int(v, f"{garch}.{key}", where, cap=cap)
 
     L = num("block_count", cap=CAPS["n_layers"])
+    if fam.nextn:  # block_count counts the converter's MTP blocks after the decoder layers; llama.cpp's n_layer()
+        # does not (DeepSeek-V3, GLM-4.5: the forward pass runs the decoder layers; a converter's GGUF of a folder
+        # without the MTP layer still counts transformers' default one)
+        L -= min(num("nextn_predict_layers", 0, cap=CAPS["n_nextn"]), L)
     if not fam.nextn and num("nextn_predict_layers", 0):  # the converter's MTP blocks (Qwen3.5 / Qwen3-Next: its default)
         raise SourceError(f"{where}: the GGUF holds {num('nextn_predict_layers', 0)} multi-token-prediction block(s) "
                           f"after the decoder layers ({escape_name(str(garch))}.nextn_predict_layers), which orkpack "

@@ -59,7 +59,8 @@ class Key:
 
 # ---------------------------------------------------------------------------- llama.cpp's TextModel, every family
 CONTEXT_LENGTH = Key("context_length", "uint32", ("max_position_embeddings", "n_ctx", "n_positions", "max_length",
-                                                  "max_sequence_length"), default=4096)
+                                                  "max_sequence_length"), default=4096,
+                     family=_fam((("chatglm",), ("seq_length",))))  # ChatGLMModel: seq_length
 EMBEDDING_LENGTH = Key("embedding_length", "uint32", ("hidden_size", "n_embd", "dim"))
 FEED_FORWARD_LENGTH = Key("feed_forward_length", "uint32", ("intermediate_size", "n_inner", "ffn_hidden_size"))
 BLOCK_COUNT = Key("block_count", "uint32", ("num_hidden_layers", "n_layer", "num_layers"))
@@ -67,7 +68,7 @@ HEAD_COUNT = Key("attention.head_count", "uint32", ("num_attention_heads", "n_he
 HEAD_COUNT_KV = Key("attention.head_count_kv", "uint32", ("num_key_value_heads", "n_head_kv", "multi_query_group_num"))
 ROPE_FREQ_BASE = Key("rope.freq_base", "float32", ("rope_theta", "rotary_emb_base"), default=10000.0)
 RMS_EPS = Key("attention.layer_norm_rms_epsilon", "float32", ("rms_norm_eps",),
-              family=_fam((("lfm2", "lfm2_moe"), ("norm_eps",))), default=1e-6)
+              family=_fam((("lfm2", "lfm2_moe"), ("norm_eps",)), (("chatglm",), ("layernorm_epsilon",))), default=1e-6)
 # starcoder2's own norm_epsilon: tried again after the common spellings (one of them too)
 LAYER_NORM_EPS = Key("attention.layer_norm_epsilon", "float32",
                      ("layer_norm_eps", "layer_norm_epsilon", "norm_epsilon"),

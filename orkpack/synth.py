@@ -722,16 +722,15 @@ def write_gguf_from_hf(folder, path, *, llama_cpp: bool = False) -> Path:
     One tensor in memory at a time.
 
     ``llama_cpp=True`` writes what llama.cpp's converter changes in the weights and metadata
-    the reference forward pass reads (:mod:`orkpack.model`): q/k rows (and biases) permuted for
-    the families whose converter permutes them (``Forward.gguf_permuted_qk``), norm gains stored
-    as ``offset + w`` (gemma's ``Forward.norm_offset``, as F32), and the hyperparameters
-    (epsilon, RoPE base and scaling, softcaps, multipliers, routing) under llama.cpp's keys; the
-    fused tensors the converter splits are split (internlm2's grouped wqkv, stacked gate_up experts),
-    the others stay fused.
+    the reference forward pass reads (:mod:`orkpack.model`), by the converter's rules
+    (:mod:`orkpack.sources.converter`, the copy ``orkpack export`` uses too: q/k rows permuted,
+    gemma's norm offsets as F32, the fused tensors the converter splits split, its own names),
+    and the hyperparameters (epsilon, RoPE base and scaling, softcaps, multipliers, routing)
+    under llama.cpp's keys.
     """
     import gguf
 
-    from .sources import model_facts, open_source
+    from .sources import converter, model_facts, open_source
     from .sources.base import as_float32
 
     src = open_source(folder)
@@ -739,13 +738,13 @@ def write_gguf_from_hf(folder, path, *, llama_cpp: bool = False) -> Path:
         f = model_facts(src)
         cfg = src.config
         fam = archs.FAMILIES[f["arch"]]
-        extra, fix, added = None, (lambda name, a: a), {}
+        extra, added = None, {}
+        conv = converter.rules(fam, f) if llama_cpp else None
         if llama_cpp:
             from .model.hparams import from_config, rope_factors, to_gguf
 
             hp = from_config(cfg)
             extra = to_gguf(hp)
-            fix = _llama_cpp_fix(fam, f)
             if rope_factors(hp) is not None and not any(t.name == "rope_freqs.weight" for t in src.tensors()):
                 # llama3 RoPE: llama.cpp's converter writes the factors as a tensor (gemma4's: the reader lists it)
                 added["rope_freqs.weight"] = rope_factors(hp)
@@ -754,11 +753,12 @@ def write_gguf_from_hf(folder, path, *, llama_cpp: bool = False) -> Path:
         gt = {np.dtype(np.float32): gguf.GGMLQuantizationType.F32, np.dtype(np.float16): gguf.GGMLQuantizationType.F16,
               np.dtype(np.uint16): gguf.GGMLQuantizationType.BF16}
         infos = [t for t in src.tensors() if t.dtype not in ("BOOL", "I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64")]
-        split = _llama_cpp_split(fam, f) if llama_cpp else (lambda t: [(t.name, t.shape, lambda a: a)])
+        split = (lambda t: conv.tensors(t.name, t.shape)) if llama_cpp else \
+            (lambda t: [(t.name, t.shape, lambda a: a)])
         entries = []  # (GGUF name, shape, type, the array from the source tensor's)
         for t in infos:  # the type each tensor is read as, from its source dtype
             q = {"F16": np.float16, "BF16": np.uint16}.get(t.dtype, np.float32)
-            if llama_cpp and fam.forward is not None and fam.forward.norm_offset and t.name.endswith("norm.weight"):
+            if llama_cpp and conv.float32(t.name):
                 q = np.float32
             for name, shape, part in split(t):
                 entries.append((name, t.name, shape, gt[np.dtype(q)], part))
@@ -771,7 +771,7 @@ def write_gguf_from_hf(folder, path, *, llama_cpp: bool = False) -> Path:
         w.write_kv_data_to_file()
         w.write_ti_data_to_file()
         for name, src_name, _, k, part in entries:
-            a = fix(name, part(src.read(src_name)))
+            a = part(src.read(src_name))
             if k == gguf.GGMLQuantizationType.F32:
                 a = as_float32(a)
             if gt[a.dtype] != k:
@@ -783,69 +783,6 @@ def write_gguf_from_hf(folder, path, *, llama_cpp: bool = False) -> Path:
     finally:
         src.close()
     return Path(path)
-
-
-def _llama_cpp_fix(fam: archs.Family, facts: dict):
-    """(canonical name, array) -> the array as llama.cpp's converter stores it (see write_gguf_from_hf)."""
-    import re
-
-    from .sources.base import as_float32
-
-    fwd = fam.forward
-    nh, nkv = facts["heads"], facts["kv_heads"]
-
-    def permute(a: np.ndarray, heads: int) -> np.ndarray:  # llama.cpp's LlamaModel.permute
-        return a.reshape(heads, 2, a.shape[0] // heads // 2, *a.shape[1:]).swapaxes(1, 2).reshape(a.shape)
-
-    def fix(name: str, a: np.ndarray) -> np.ndarray:
-        if fwd is None:
-            return a
-        if fwd.gguf_permuted_qk and re.match(r"^blk\.\d+\.attn_q\.(weight|bias)$", name):
-            return np.ascontiguousarray(permute(a, nh))
-        if fwd.gguf_permuted_qk and re.match(r"^blk\.\d+\.attn_k\.(weight|bias)$", name):
-            return np.ascontiguousarray(permute(a, nkv))
-        if fwd.norm_offset and name.endswith("norm.weight"):
-            return as_float32(a) + np.float32(fwd.norm_offset)
-        return a
-
-    return fix
-
-
-def _llama_cpp_split(fam: archs.Family, facts: dict):
-    """TensorInfo -> [(GGUF name, shape, array -> array)]: the fused tensors llama.cpp's converter splits
-    (internlm2's grouped wqkv into attn_q / attn_k / attn_v, stacked gate_up experts into gate and up);
-    every other tensor as it is."""
-    import re
-
-    nh, nkv, hd = facts["heads"], facts["kv_heads"], facts["head_dim"]
-    grouped = fam.forward is not None and fam.forward.qkv == "grouped"
-
-    interleaved = fam.forward is not None and fam.forward.mlp == "interleaved"
-
-    def split(t):
-        e = re.match(r"^(blk\.\d+\.)ffn_gate_up_exps\.(weight|bias)$", t.name)
-        if e:  # stacked gate_up experts: gate and up apart (granitemoe: halves; gpt-oss: even / odd rows)
-            n = t.shape[1] // 2
-            sl = ((slice(None), slice(0, None, 2)), (slice(None), slice(1, None, 2))) if interleaved else \
-                ((slice(None), slice(0, n)), (slice(None), slice(n, None)))
-            return [(f"{e.group(1)}ffn_{x}_exps.{e.group(2)}", (t.shape[0], n, *t.shape[2:]),
-                     lambda a, s=s: np.ascontiguousarray(a[s])) for x, s in zip(("gate", "up"), sl)]
-        m = re.match(r"^(blk\.\d+\.)attn_qkv\.(weight|bias)$", t.name)
-        if not (grouped and m):
-            return [(t.name, t.shape, lambda a: a)]
-        rest = t.shape[1:]
-
-        def part(which):
-            def fn(a):
-                g = a.reshape(nkv, nh // nkv + 2, hd, *rest)
-                sel = g[:, : nh // nkv] if which == "q" else g[:, -2 if which == "k" else -1]
-                return np.ascontiguousarray(sel).reshape(-1, *rest)
-            return fn
-
-        return [(f"{m.group(1)}attn_{x}.{m.group(2)}", ((nh if x == "q" else nkv) * hd, *rest), part(x))
-                for x in ("q", "k", "v")]
-
-    return split
 
 
 # ------------------------------------------------------------------------------ a tokenizer for fixtures

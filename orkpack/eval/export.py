@@ -12,8 +12,9 @@ tied head's path weights differ from them (prefill of an NPU head with a host co
 Key-value pairs: the pack's model record (docs/FORMAT.md 9) as it is, but ``general.file_type`` (the export's
 type) and two of orkpack's own (``orkpack.export.path``, ``orkpack.export.prefill_m``). A pack built from a GGUF
 holds llama.cpp's layout already; one built from an HF folder is laid out as llama.cpp's converter lays it out
-(``orkpack.synth``'s converter rules: q/k rows permuted where the converter permutes them, gemma's norm offset,
-the fused tensors the converter splits split, llama3's RoPE factors as ``rope_freqs.weight``).
+(the converter's rules, orkpack/sources/converter.py, the one copy synth.write_gguf_from_hf uses too: q/k rows
+permuted where the converter permutes them, gemma's norm offset, the fused tensors the converter splits split, the
+converter's own names; llama3's RoPE factors as ``rope_freqs.weight``).
 
 A cluster folder (``orkpack build --boards ... -o DIR``: DIR or DIR/cluster.json) exports as one model: every node
 pack's tensors, node by node, under node 0's record (the client's model file, docs/CLUSTER.md).
@@ -29,7 +30,6 @@ import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -94,13 +94,12 @@ def _packs_of(path: Path) -> list[Path]:
 
 
 def _layout_of(header: dict, where: str):
-    """(kind, split, fix, facts) of a pack: how its tensors become llama.cpp's (see the module docstring)."""
+    """(kind, the converter's rules or None) of a pack: how its tensors become llama.cpp's (module docstring)."""
     fmt = (header.get("provenance") or {}).get("source_format")
     if fmt == "gguf":
-        return "gguf", None, None, None
+        return "gguf", None
     from .. import archs
-    from ..sources import model_facts
-    from ..synth import _llama_cpp_fix, _llama_cpp_split  # the converter's rules, one copy (synth.write_gguf_from_hf)
+    from ..sources import converter, model_facts
 
     cfg = header.get("config")
     if not isinstance(cfg, dict):
@@ -117,7 +116,7 @@ def _layout_of(header: dict, where: str):
     if fam is None:
         raise ExportError(f"{where}: architecture {escape_name(str(facts['arch']))} has no orkpack family; its layout "
                           "for llama.cpp is unknown")
-    return "hf", _llama_cpp_split(fam, facts), _llama_cpp_fix(fam, facts), facts
+    return "hf", converter.rules(fam, facts)
 
 
 def _kv_entries(model: dict, arch: str):
@@ -159,7 +158,7 @@ def _embed_values(pk: Pack, s: dict) -> np.ndarray:
     return as_float32(fn(0, s["shape"][0]))
 
 
-def _plan_tensors(pk: Pack, path: str, m: int, qtype_of, split, fix, tied_head: bool):
+def _plan_tensors(pk: Pack, path: str, m: int, qtype_of, conv, tied_head: bool):
     """The _Tensors of one pack, in its order (a stacked tensor from its expert slices)."""
     import gguf
 
@@ -200,12 +199,11 @@ def _plan_tensors(pk: Pack, path: str, m: int, qtype_of, split, fix, tied_head: 
                 out.append(_Tensor("output.weight", shape, q, make))
                 continue
             make = (lambda s=s: _embed_values(pk, s)) if pw.engine(name) == "cpu" else make
-        if split is None:
+        if conv is None:
             out.append(_Tensor(name, shape, q, make))
             continue
-        for gname, gshape, part in split(SimpleNamespace(name=name, shape=shape)):
-            out.append(_Tensor(gname, gshape, q, lambda make=make, part=part, gname=gname: as_float32(
-                fix(gname, part(make())))))
+        for gname, gshape, part in conv.tensors(name, shape):
+            out.append(_Tensor(gname, gshape, q, lambda make=make, part=part: as_float32(part(make()))))
     return out, untied
 
 
@@ -273,12 +271,12 @@ def export(source: Path, out: Path, *, path: str = "decode", dtype: str = "f32",
             if pk.header.get("model") != model:
                 raise ExportError(f"{escape_name(str(pk.path))}: its model record is not node 0's; these packs are "
                                   "not one model")
-        kind, split, fix, facts = _layout_of(first.header, where)
+        kind, conv = _layout_of(first.header, where)
         names = [t["name"] for pk in opened for t in pk.tensors]
         tied_head = "output.weight" not in names
         tensors, untied = [], False
         for pk in opened:
-            ts, u = _plan_tensors(pk, path, m, qtype_of, split, fix, tied_head)
+            ts, u = _plan_tensors(pk, path, m, qtype_of, conv, tied_head)
             tensors += ts
             untied |= u
         if kind == "hf":

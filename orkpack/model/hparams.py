@@ -396,6 +396,9 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
         raise NotEvaluable(f"{where}: MLA with split attn_k_b / attn_v_b (llama.cpp's absorbed layout) is not "
                            "evaluable yet")
     hd = facts["head_dim"]
+    # the value head: its key, else the key length; MLA's (q/k heads nope + rope wide), llama.cpp's own default
+    # n_embd / n_head (MiniCPM3Model writes no value_length: its value heads are hidden / heads wide)
+    vhd = int(get(G.VALUE_LENGTH, H // nh if mla and nh else hd))
     eps = get(G.RMS_EPS, get(G.LAYER_NORM_EPS))
     style = "interleaved" if f.gguf_permuted_qk and layout == "llama.cpp" else f.rope
     rot = int(get(G.ROPE_DIMENSION_COUNT, hd))
@@ -448,8 +451,18 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
     if f.rope_layers == "swa" and swa_layers:  # exaone4: the full layers are NoPE when there are sliding ones
         rope_layers = set(swa_layers)
 
+    # the config numbers llama.cpp's graph takes as constants where the converter writes no key (minicpm3.cpp)
+    fixed = dict(f.gguf_fixed)
+    derived = {"embed": fixed.get(f.embed_scale), "residual": fixed["scale_depth"] / math.sqrt(L)
+               if f.residual_scale == "depth" and "scale_depth" in fixed else None,
+               "logit": H / fixed["dim_model_base"] if f.logit_scale == "dim_base" and "dim_model_base" in fixed
+               else None}
+
     def scale(spec: str, which: str, default: float) -> float:
-        return float(get(_GGUF_SCALE[which], default)) if spec else default
+        if not spec:
+            return default
+        d = derived.get(which)
+        return float(get(_GGUF_SCALE[which], default if d is None else d))
 
     attn_scale = float(get(G.ATTENTION_SCALE, 1.0 if f.attn_scale == "unit" or not hd else hd ** -0.5))  # gemma4: llama.cpp's 1
     embed = math.sqrt(H) if f.embed_scale == "sqrt_hidden" else scale(f.embed_scale, "embed", 1.0)
@@ -461,7 +474,7 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
     return Hparams(
         arch=fam.name, fwd=f, layout="gguf" if layout == "llama.cpp" else "hf", n_layers=L, hidden=H, heads=nh,
         kv_heads=(_kv_heads(kv.get(G.HEAD_COUNT_KV.at(garch)), facts, False) if get(G.KEY_LENGTH_SWA) else 0)
-        or facts["kv_heads"], head_dim=hd, v_head_dim=int(get(G.VALUE_LENGTH, hd)),
+        or facts["kv_heads"], head_dim=hd, v_head_dim=vhd,
         vocab=facts["vocab"], eps=_num(eps, "layer_norm_rms_epsilon", where),
         norm_offset=0.0 if layout == "llama.cpp" else f.norm_offset, act=f.act, rope=rope, rope_swa=rope_swa,
         rope_layers=rope_layers, swa_window=swa_window, swa_layers=swa_layers, attn_scale=attn_scale,
@@ -474,7 +487,7 @@ def from_gguf(kv: Mapping[str, Any], facts: Mapping[str, Any], rope_freqs: np.nd
         routed_scale=float(get(G.EXPERT_WEIGHTS_SCALE)) if f.router_scale else 1.0,
         n_group=n_group, topk_group=int(get(G.EXPERT_GROUP_USED_COUNT)) if n_group > 1 else 1,
         mla={"q_lora_rank": int(get(G.Q_LORA_RANK)), "kv_lora_rank": int(get(G.KV_LORA_RANK)),
-             "nope": hd - rot, "rope": rot, "v_head_dim": int(get(G.VALUE_LENGTH, hd))} if mla else {},
+             "nope": hd - rot, "rope": rot, "v_head_dim": vhd} if mla else {},
         blocks=_gguf_blocks(fam, facts),
         ssm={dim: int(kv[f"{garch}.{key}"]) for dim, key in fam.blocks.gguf_dims if kv.get(f"{garch}.{key}") is not None}
         if fam.blocks is not None else {},

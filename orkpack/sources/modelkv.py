@@ -128,7 +128,7 @@ def _hparams(cfg: Mapping, fam_name: str | None, garch: str, kv: list, warn: Cal
         kv.append([G.ROPE_DIMENSION_COUNT.at(garch), G.ROPE_DIMENSION_COUNT.type, rot])
     _rope_scaling(c, garch, kv, warn)
     if fam is not None and (fam.blocks is not None or fam.more_dims is not None or fam.record or fam.record_swa
-                            or fam.name in _GATING_WRITTEN):
+                            or fam.name in _GATING_WRITTEN or fam.name in _OWN_KEYS):
         _derived(cfg, fam, garch, kv)
 
 
@@ -268,8 +268,18 @@ def _gemma3n(cfg: Mapping, fam, d: dict, put: Callable) -> None:
     put(G.SLIDING_WINDOW_PATTERN, G.SLIDING_WINDOW_PATTERN.type, [k == "sliding_attention" for k in d["kinds"]])
 
 
+def _minicpm(cfg: Mapping, fam, d: dict, put: Callable) -> None:
+    """MiniCPMModel's keys: the residual scale scale_depth / sqrt(layers) and the logit scale hidden /
+    dim_model_base (llama.cpp's minicpm reads both; without them it scales neither)."""
+    depth, base = cfg.get("scale_depth"), cfg.get("dim_model_base")
+    if _valid("float32", depth):
+        put(G.RESIDUAL_SCALE, "float32", float(depth) / d["L"] ** 0.5)
+    if _valid("float32", base) and base:
+        put(G.LOGIT_SCALE, "float32", d["H"] / float(base))
+
+
 _OWN_KEYS: dict[str, Callable] = {"gemma4_text": _gemma4, "gemma4": _gemma4, "gemma3n_text": _gemma3n,
-                                  "gemma3n": _gemma3n}
+                                  "gemma3n": _gemma3n, "minicpm": _minicpm}
 
 
 # families whose converter writes rope.dimension_sections (_Qwen35MRopeMixin)
@@ -277,7 +287,8 @@ _MROPE_WRITTEN = ("qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe")
 
 # families whose converter writes expert_gating_func from the router alone (LFM2MoeModel, Glm4MoeModel: always
 # sigmoid, 2; LFM2MoeModel writes neither expert_weights_norm nor expert_weights_scale: llama.cpp always normalises)
-_GATING_WRITTEN = ("lfm2_moe", "glm4_moe")
+_GATING_WRITTEN = ("lfm2_moe", "glm4_moe", "deepseek_v3")  # DeepSeek-V3: TextModel's, from scoring_func "sigmoid"
+# (every release has it; orkpack's forward routes V3 by sigmoid whatever it says)
 
 
 def _rope_scaling(c: Mapping, garch: str, kv: list, warn: Callable[[str], None]) -> None:
