@@ -62,7 +62,6 @@ import hashlib
 import json
 import math
 import os
-import pickle
 import random
 import re
 import shutil
@@ -1354,42 +1353,9 @@ def outcomes(env: Env, cases: list[Case], fork: bool = True) -> list[Outcome]:
     """run_guarded on each case, in a forked child per batch (one per case again if the child dies)."""
     if not fork:
         return [run_guarded(env, c) for c in cases]
-
-    def child(cs):
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover (the child)
-            os.close(r)
-            try:
-                import resource
-
-                resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))
-                data = pickle.dumps([run_guarded(env, c) for c in cs])
-                with os.fdopen(w, "wb") as f:
-                    f.write(data)
-            finally:
-                os._exit(0)
-        os.close(w)
-        with os.fdopen(r, "rb") as f:
-            data = f.read()
-        _, status = os.waitpid(pid, 0)
-        try:
-            return pickle.loads(data), status
-        except Exception:  # noqa: BLE001
-            return None, status
-
-    outs, _ = child(cases)
-    if outs is not None and len(outs) == len(cases):
-        return outs
-    res = []
-    for c in cases:
-        one, st = child([c])
-        if one is not None and len(one) == 1:
-            res.append(one[0])
-            continue
-        how = f"killed by signal {os.WTERMSIG(st)}" if os.WIFSIGNALED(st) else f"exit {os.WEXITSTATUS(st)}"
-        res.append(Outcome(False, "native", f"the worker process was {how}"))
-    return res
+    return harness.forked_map(lambda c: run_guarded(env, c), cases,
+                              lambda how: Outcome(False, "native", f"the worker process was {how}"),
+                              address_space=4 << 30)
 
 
 # ------------------------------------------------------------------------------------------- the C reader

@@ -854,41 +854,9 @@ def python_outcomes(paths: list[Path], fork: bool = True) -> list[PyOut]:
     to its pack (by re-running the batch's packs one per child), not the end of the fuzzer."""
     if not fork or not hasattr(os, "fork"):
         return [run_python(p) for p in paths]
-    import pickle
-
-    def child(ps):
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover (the child)
-            os.close(r)
-            try:
-                data = pickle.dumps([run_python(p) for p in ps])
-                with os.fdopen(w, "wb") as f:
-                    f.write(data)
-            finally:
-                os._exit(0)
-        os.close(w)
-        with os.fdopen(r, "rb") as f:
-            data = f.read()
-        _, status = os.waitpid(pid, 0)
-        try:
-            return pickle.loads(data), status
-        except Exception:
-            return None, status
-
-    outs, status = child(paths)
-    if outs is not None and len(outs) == len(paths):
-        return outs
-    res = []
-    for p in paths:
-        one, st = child([p])
-        if one is not None and len(one) == 1:
-            res.append(one[0])
-            continue
-        how = f"killed by signal {os.WTERMSIG(st)}" if os.WIFSIGNALED(st) else f"exit {os.WEXITSTATUS(st)}"
-        res.append(PyOut(None, "crash", f"the Python reader's process was {how}",  # (the signal varies with
-                         "python process killed (a native crash in the reader's C parts)"))  # the heap: not in the sig)
-    return res
+    return harness.forked_map(run_python, paths, lambda how: PyOut(
+        None, "crash", f"the Python reader's process was {how}",  # (the signal varies with the heap: not in the sig)
+        "python process killed (a native crash in the reader's C parts)"))
 
 
 @dataclass

