@@ -312,7 +312,8 @@ def test_same_bytes_and_bad_input(tmp):
 # deepseek_v2 / v3 (the converter's absorbed MLA layout, which orkpack's reader refuses in one line), gemma3 /
 # gemma3_text (the converter trims token_embd to the tokenizer's 462 tokens: llama.cpp refuses its file), chatglm (the
 # converter needs ChatGLM's own tokenizer class), gemma4 / gemma4_text (the converter fails on the fixture's
-# tokenizer: "Cannot find Llama BPE tokenizer"); the families where the two still disagree are listed in docs/EVAL.md ("orkpack export")
+# tokenizer: "Cannot find Llama BPE tokenizer"); the families where the two still disagree are listed in
+# docs/EVAL.md ("orkpack export")
 BOTH = ("llama", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "qwen3_next", "qwen3_5", "qwen3_5_text",
         "qwen3_5_moe", "qwen3_5_moe_text", "gemma", "gemma2", "granite", "granitemoe", "granitemoehybrid", "olmo2",
         "olmo3", "olmoe", "lfm2", "lfm2_moe", "falcon_h1", "ministral3", "mistral3", "ernie4_5", "exaone4", "smollm3",
