@@ -98,7 +98,7 @@ LLAMA_CPP_FAMILY_SHAPE = {
     # no_rope_layers); SmolLM3-3B's no_rope_layers say the same, the fixture's [1, 0] does not
     "smollm3": lambda c: {"no_rope_layers": [int((i + 1) % 4 != 0) for i in range(c["num_hidden_layers"])]},
     # ernie4-5.cpp:10 reads the shared expert's width from expert_shared_feed_forward_length, which the converter
-    # (conversion/ernie.py:95-97) writes as intermediate_size // num_key_value_heads, not transformers'
+    # (conversion/ernie.py:94-97) writes as intermediate_size // num_key_value_heads, not transformers'
     # moe_intermediate_size x moe_num_shared_experts; the two agree on the release (ERNIE-4.5-21B-A3B: 12288 // 4 =
     # 1536 x 2), not on the fixture (96 // 2 = 48 against 32 x 1): its dense width made the release's relation
     "ernie4_5_moe": lambda c: {"intermediate_size": c["moe_intermediate_size"] * c["moe_num_shared_experts"]
