@@ -288,11 +288,8 @@ def _evaluable(cfg: dict):
 
 # keys from_hf and to_gguf both write with different values (behaviour before the table, kept): why
 _DISAGREE = {
-    # from_hf writes the head dim when config.json has no partial_rotary_factor; from_config takes the family's
-    # default (archs: 0.5), as llama.cpp's ChatGLM / GLM-4 converters do
-    ("tiny/chatglm", "rope.dimension_count"): "family default partial_rotary_factor",
-    ("fixture/chatglm", "rope.dimension_count"): "family default partial_rotary_factor",
-    ("tiny/glm4", "rope.dimension_count"): "family default partial_rotary_factor",
+    # (from_hf wrote the head dim when config.json had no partial_rotary_factor, from_config the family's default:
+    # from_hf now takes the family's default too, as llama.cpp's ChatGLM / GLM-4 converters do; issue 27)
     # from_config's one epsilon takes rms_norm_eps first (synth's tiny starcoder2 carries both)
     ("tiny/starcoder2", "attention.layer_norm_epsilon"): "rms_norm_eps first",
     ("starcoder2/bad_layer_norm_eps", "attention.layer_norm_epsilon"): "rms_norm_eps first",

@@ -124,6 +124,8 @@ def _hparams(cfg: Mapping, fam_name: str | None, garch: str, kv: list, warn: Cal
         frac = _first(c, ("partial_rotary_factor",))
         if frac is None and isinstance(rp, Mapping):  # transformers 5 keeps it in rope_parameters
             frac = rp.get("partial_rotary_factor")
+        if frac is None and fam is not None:  # the family's own default share (ChatGLMModel: 0.5, as transformers')
+            frac = fam.defaults.get("partial_rotary_factor")
         rot = int(hd * frac) if _valid("float32", frac) and 0 < frac <= 1 else hd
         kv.append([G.ROPE_DIMENSION_COUNT.at(garch), G.ROPE_DIMENSION_COUNT.type, rot])
     _rope_scaling(c, garch, kv, warn)
