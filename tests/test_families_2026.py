@@ -93,8 +93,9 @@ SPECS = [
           "leading_dense_block_count", "expert_gating_func", "expert_weights_scale", "expert_weights_norm",
           "rope.dimension_count"),
          # per layer 2 norms, q k v o, 3 biases, 2 q/k norms; dense 3 or MoE 8. transformers saves
-         # num_nextn_predict_layers 1 but no MTP layer: the converter's --no-mtp (else it counts a block with no tensors)
-         n_tensors=3 + 14 + 2 * 19, convert_args=("--no-mtp",)),
+         # num_nextn_predict_layers 1 but no MTP layer; the converter (without --no-mtp) counts its block all the
+         # same (block_count 3 + 1, no tensors in it), as orkpack's record does (archs _NEXTN_BLOCKS)
+         n_tensors=3 + 14 + 2 * 19),
 ]
 IDS = [s.id for s in SPECS]
 BY_FAM = {s.id: s for s in SPECS}
