@@ -1129,24 +1129,6 @@ def _fill(argv: list, d: Path, env: Env) -> list:
     return [a.replace("{D}", str(d)).replace("{HF}", str(env.hf)).replace("{E}", str(env.work)) for a in argv]
 
 
-def _digest(typ: str, vals) -> str:
-    """What orkpack-check --model prints for an entry (tests/test_model_record.py's _digest)."""
-    import xxhash
-
-    inner = typ[6:-1] if typ.startswith("array[") else typ
-    vals = vals if typ.startswith("array[") else [vals]
-    out = bytearray()
-    for v in vals:
-        if inner == "string":
-            b = v.encode("utf-8", "surrogatepass")
-            out += struct.pack("<Q", len(b)) + b
-        elif inner in ("float32", "float64"):
-            out += b"\xff" * 8 if v != v else struct.pack("<d", v)
-        else:
-            out += struct.pack("<q", int(v))
-    return f"{xxhash.xxh3_64_intdigest(bytes(out)):016x}"
-
-
 def python_entries(model) -> list:
     """Per entry of a model record: ("good", type, count, digest) or ("bad", why) as the Python reader sees it
     (orkpack.pack.model.check_type and value); ("crash", signature) when the reader raised."""
@@ -1172,7 +1154,7 @@ def python_entries(model) -> list:
             elif inner == "uint64" and any(x > 2 ** 63 - 1 for x in (v if typ.startswith("array[") else [v])):
                 out.append(("u64", typ, n))
             else:
-                out.append(("good", typ, n, _digest(typ, v)))
+                out.append(("good", typ, n, harness.model_entry_digest(typ, v)))
         except Exception as ex:  # noqa: BLE001 - the reader's own crash is the finding
             out.append(("crash", _signature(ex)))
     return out

@@ -212,6 +212,23 @@ def _read_all(open_source) -> None:
                 pass
 
 
+def model_entry_digest(typ: str, vals) -> str:
+    """What ``orkpack-check --model`` prints for a model-record entry of type ``typ``: xxh3-64 of its values in turn
+    (a string as its u64 length and UTF-8 bytes, a float as f64 with NaN as eight 0xff bytes, an integer as i64)."""
+    inner = typ[6:-1] if typ.startswith("array[") else typ
+    vals = vals if typ.startswith("array[") else [vals]
+    out = bytearray()
+    for v in vals:
+        if inner == "string":
+            b = v.encode("utf-8", "surrogatepass")
+            out += struct.pack("<Q", len(b)) + b
+        elif inner in ("float32", "float64"):
+            out += b"\xff" * 8 if v != v else struct.pack("<d", v)
+        else:
+            out += struct.pack("<q", int(v))
+    return f"{xxhash.xxh3_64_intdigest(bytes(out)):016x}"
+
+
 def forked_map(fn, items: list, died, *, address_space: int | None = None) -> list:
     """``[fn(x) for x in items]`` in a forked child per batch, so that a native crash (a heap overflow aborts the
     process) or an exhausted address space is pinned to its item, not the end of the fuzzer: when the batch's child

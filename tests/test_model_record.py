@@ -200,22 +200,13 @@ def test_malformed_records_are_named(bad, why):
 
 
 def _digest(typ: str, vals) -> str:
-    import struct as st
+    """What orkpack-check --model prints for an entry (fuzz/harness.py, which the fuzzer checks the C reader with)."""
+    import sys
 
-    import xxhash
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "fuzz"))
+    import harness
 
-    inner = typ[6:-1] if typ.startswith("array[") else typ
-    vals = vals if typ.startswith("array[") else [vals]
-    out = bytearray()
-    for v in vals:
-        if inner == "string":
-            b = v.encode("utf-8", "surrogatepass")
-            out += st.pack("<Q", len(b)) + b
-        elif inner in ("float32", "float64"):
-            out += b"\xff" * 8 if v != v else st.pack("<d", v)
-        else:
-            out += st.pack("<q", int(v))
-    return f"{xxhash.xxh3_64_intdigest(bytes(out)):016x}"
+    return harness.model_entry_digest(typ, vals)
 
 
 def test_c_reader_reads_the_same_record(check, tmp_path):
