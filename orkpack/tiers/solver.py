@@ -678,14 +678,13 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
         if got is None:
             fields = _decision_fields(it, rows[i], choice[i], profile, i, board)
             first = Decision(it.tensor, it.expert, *fields)
-            got = seen[key] = [fields, 0, first.__dict__.copy]
+            rest = dict(first.__dict__)
+            del rest["tensor"], rest["expert"]
+            got = seen[key] = [fields, 0, rest]
             decisions.append(first)
-        else:  # what Decision(it.tensor, it.expert, *fields) makes, without one frozen __setattr__ per field: the
-            # first's fields (copied whole, in their order) with its own tensor and expert
+        else:  # what Decision(it.tensor, it.expert, *fields) makes, without one frozen __setattr__ per field
             d = new(Decision)
-            f = got[2]()
-            f["tensor"], f["expert"] = it.tensor, it.expert
-            put(d, "__dict__", f)
+            put(d, "__dict__", {"tensor": it.tensor, "expert": it.expert, **got[2]})
             decisions.append(d)
         got[1] += 1
     # each embedding table's decision (the first of its tensor in name order: decisions follow the items' order)
