@@ -2623,7 +2623,97 @@ def hf_tensors(cfg: Mapping[str, Any], where: str = "config.json",
 
 @lru_cache(maxsize=64)
 def _name_map(gguf_arch: str, n_blocks: int):
-    return gguf.get_tensor_name_map(getattr(gguf.MODEL_ARCH, gguf_arch), n_blocks)
+    """gguf-py's name map of ``gguf_arch`` for ``n_blocks`` blocks, or what answers its ``get_name`` the same
+    without building it (:class:`_BlockNames`)."""
+    arch = getattr(gguf.MODEL_ARCH, gguf_arch)
+    make = gguf.get_tensor_name_map  # (loads gguf-py's tables)
+    cls = getattr(sys.modules.get(make.__module__), "TensorNameMap", None)
+    if cls is not None and getattr(make, "__code__", None) is not None and make.__code__.co_names == ("TensorNameMap",):
+        try:
+            return _BlockNames(cls, arch, n_blocks)
+        except _Unlike:
+            pass
+    return make(arch, n_blocks)
+
+
+class _Unlike(Exception):
+    """The tables hold a template :class:`_BlockNames` does not read: use gguf-py's own map."""
+
+
+class _BlockNames:
+    """``TensorNameMap(arch, n_blocks).get_name`` without the map (issue 26): gguf-py's constructor writes every
+    block template's name for every block (a 30B MoE: 64 x some 300 templates, ~0.02 s of a plan) and a plan looks
+    up a few hundred names. Here each name is looked up as the constructor's writes would leave it: the last write
+    of the key wins, in the constructor's order (the plain templates, then block by block each tensor's own name
+    and then its templates), a block's key being its template with ``{bid}`` as the block number (``str(bid)``).
+    Built as the constructor runs: it first merges the architecture's own block templates into the class's table
+    (``block_mappings_cfg.update``, which gguf-py does to the class itself, so later maps see it too), and so does
+    this. Only templates holding at most one ``{bid}``, next to no digit, and no other brace are read (a block
+    number is then a whole run of digits of the key); the tables of any other layout raise :class:`_Unlike`.
+    tests/test_plan_speed.py compares it with gguf-py's map on every architecture."""
+
+    _SAFE = re.compile(r"[^{}]*(?:(?<![0-9])\{bid\}(?![0-9])[^{}]*)?")
+    _RUN = re.compile(r"[0-9]+")
+
+    def __init__(self, cls, arch, n_blocks: int):
+        tensors, names = gguf.MODEL_TENSORS[arch], gguf.TENSOR_NAMES
+        self.plain: dict[str, tuple] = {}
+        for tensor, keys in cls.mappings_cfg.items():
+            if tensor not in tensors:
+                continue
+            name = names[tensor]
+            self.plain[name] = (tensor, name)
+            for key in keys:
+                self.plain[key] = (tensor, name)
+        if arch in cls.arch_block_mappings_cfg:
+            cls.block_mappings_cfg.update(cls.arch_block_mappings_cfg[arch])
+        # template with "{bid}" -> its last write within a block: (order, tensor); one without: the same
+        self.per_block: dict[str, tuple] = {}
+        self.same: dict[str, tuple] = {}
+        self.names, self.n_blocks = names, int(n_blocks)
+        for t_index, (tensor, keys) in enumerate(cls.block_mappings_cfg.items()):
+            if tensor not in tensors:
+                continue
+            for pos, key in enumerate((names[tensor], *keys)):
+                if not isinstance(key, str) or not self._SAFE.fullmatch(key):
+                    raise _Unlike(key)
+                (self.per_block if "{bid}" in key else self.same)[key] = ((t_index, pos), tensor)
+
+    def _block(self, key: str):
+        """(block, (order), tensor) of the last block write of ``key``, or None."""
+        best = None
+        if self.n_blocks > 0 and key in self.same:
+            order, tensor = self.same[key]
+            best = (self.n_blocks - 1, order, tensor)
+        for m in self._RUN.finditer(key):
+            run = m.group()
+            if run != str(int(run)) or int(run) >= self.n_blocks:
+                continue
+            got = self.per_block.get(key[: m.start()] + "{bid}" + key[m.end():])
+            if got is not None and (best is None or (int(run), got[0]) > best[:2]):
+                best = (int(run), got[0], got[1])
+        return best
+
+    def _get(self, key: str):
+        b = self._block(key)
+        if b is None:
+            return self.plain.get(key)
+        return b[2], self.names[b[2]].format(bid=b[0])
+
+    def get_type_and_name(self, key: str, try_suffixes=()):
+        result = self._get(key)
+        if result is not None:
+            return result
+        for suffix in try_suffixes:
+            if key.endswith(suffix):
+                result = self._get(key[: -len(suffix)])
+                if result is not None:
+                    return result[0], result[1] + suffix
+        return None
+
+    def get_name(self, key: str, try_suffixes=()):
+        result = self.get_type_and_name(key, try_suffixes)
+        return None if result is None else result[1]
 
 
 @lru_cache(maxsize=64)

@@ -330,3 +330,52 @@ def test_plan_pauses_the_collector_and_restores_it(monkeypatch, capsys):
     finally:
         gc.enable()
     capsys.readouterr()
+
+
+@pytest.mark.parametrize("n_blocks", [0, 1, 3, 64])
+def test_block_names_answer_as_gguf_name_map(n_blocks):
+    """archs._BlockNames (what canonical_name looks names up in, without building gguf-py's map) answers
+    get_type_and_name as gguf-py's TensorNameMap does, on every architecture gguf-py knows: every key of the real
+    map, with a suffix, with its block number past the last block, and names no map holds."""
+    from orkpack import archs
+
+    make = archs.gguf.get_tensor_name_map
+    cls = sys.modules[make.__module__].TensorNameMap
+    assert archs._name_map("QWEN3MOE", 64).__class__ is archs._BlockNames  # the plan's path reads these tables
+    # gguf-py's constructor merges an architecture's own block templates into the class's table, for good (ARCTIC's
+    # rename llama's): put the table back as it was, so the later tests of this process name tensors as before
+    table = dict(cls.block_mappings_cfg)
+    checked = 0
+    try:
+        for arch in list(archs.gguf.MODEL_ARCH):
+            lazy = archs._BlockNames(cls, arch, n_blocks)  # both merge the architecture's templates, as gguf-py does
+            real = make(arch, n_blocks)
+            keys = list(real.mapping)
+            probes = keys + [k + s for k in keys[::7] for s in (".weight", ".bias", ".scale")]
+            probes += [k.replace(f".{b}.", f".{b + n_blocks}.") for k in keys[:: 5] for b in (0, 1, 2)]
+            probes += [f"model.layers.{b}.self_attn.q_proj.weight" for b in (0, 1, 2, 10, 63, 64, 65)]
+            probes += ["model.layers.01.self_attn.q_proj.weight", "nothing", ""]
+            for k in probes:
+                got, want = lazy.get_type_and_name(k, (".weight", ".bias")), real.get_type_and_name(k, (".weight", ".bias"))
+                assert got == want, (arch, k)
+                checked += 1
+    finally:
+        cls.block_mappings_cfg.clear()
+        cls.block_mappings_cfg.update(table)
+        archs._name_map.cache_clear()
+    assert checked > 10_000
+
+
+def test_plan_freezes_the_objects_at_exit():
+    """`orkpack plan` registers gc.freeze as an exit handler (once, however many plans run): finalization then
+    skips the collector's pass over the objects still alive, and the output is whole."""
+    code = ("import atexit, gc, sys\nfrom orkpack.tiers import command\nseen = []\nreal = atexit.register\n"
+            "atexit.register = lambda f, *a, **k: (seen.append(f), real(f, *a, **k))[1]\n"
+            "for _ in range(2):\n    assert command.plan_command(sys.argv[1], json_out=True) == 0\n"
+            "assert seen.count(gc.freeze) == 1, seen\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests/fixtures/configs/qwen2.json")], capture_output=True,
+                       text=True, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    texts = r.stdout.split('{\n "schema"')
+    assert len(texts) == 3 and all(json.loads('{\n "schema"' + t)["schema"] == "orkpack.tiermap" for t in texts[1:])

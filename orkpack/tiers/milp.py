@@ -286,7 +286,10 @@ def _solve(p: Problem, c: np.ndarray, caps: dict[str, float], time_limit: float,
     h = _highs()
     m = _model(p, c, caps, lower, upper)
     # presolve costs more than the whole solve on small models (a few dozen groups: solved at the
-    # root either way); on many groups it is what proves the near-tied later stages fast
+    # root either way); on many groups it is what proves the near-tied later stages fast. (Not always: the
+    # analytic Qwen3-30B-A3B's quality stage, 26 variables, takes 2,289 nodes without it and 1 with it, ~0.2 s,
+    # but returns another of that stage's equally good assignments, so the plan would change: kept as it was,
+    # bench/README.md "planspeed2".)
     highs = _run(m, time_limit, len(p.groups) > PRESOLVE_MIN_GROUPS)
     st = highs.getModelStatus()
     info = highs.getInfo()

@@ -606,7 +606,8 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
     better = {"ram": "min", "npu": "min", "dec": "min", "pre": "min", "q": "max"}
     if goal.max_kld is not None:  # a hard cap on the predicted KLD: one more metric (only then)
         metrics["kld"], better["kld"] = list(md.kld), "min"
-    byte_cap = goal.byte_cap(weight_params(manifest))
+    params = weight_params(manifest)  # (what --bpw is per, and what the budget shows)
+    byte_cap = goal.byte_cap(params)
     if byte_cap is not None:  # a size budget: the pack's weight bytes (= RAM per item), or a token's read
         metrics["bytes"], better["bytes"] = (list(md.ram) if goal.bytes_of == "file" else list(md.read)), "min"
     prob = milp.Problem(tuple(metrics), list(md.allowed), metrics, names, klass=md.klass)
@@ -731,7 +732,6 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
     budget["lookups"] = [_lookup_line(it, table_decision[it.tensor], tied)
                          for it in items if it.role in ("embedding", "lookup")]  # every embedding table: a line
     wb = weight_bytes(manifest, md, idx)
-    params = weight_params(manifest)
     budget["weights"] = {**wb, "params": params, "bpw": round(8 * wb["file"] / max(params, 1), 4),
                          "cap": byte_cap, "of": goal.bytes_of if byte_cap is not None else None}
     if manifest.facts.get("kv_shared_layers"):  # gemma4: layers reusing earlier K/V store none
