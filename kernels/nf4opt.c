@@ -151,20 +151,23 @@ AI T512 vf16 lv_avx512(vf16 s, vi16 *code, const tabs512 *t) {
     *code = (vi16)c;
     return (vf16)q;
 }
-/* The unit-weight bodies' lookups (group32u, dq32u): bins of [-1.1, 1.1], wbin(s) = (int)fma(s, 14.5f, 16.0f), a
- * non-decreasing function of s with wbin(-1.1f) = 0 and wbin(1.1f) = 31; s is first clamped to +-1.1 (vrangeps:
- * the smaller magnitude with the sign of s), which changes no code (every midpoint is within +-0.87); where
- * |s| <= 1.1 is known (the first pass and the scan: |x| <= amax) the clamp is left out. As codecs.c's tables:
- * code = WBASE[v] + (s > WMID[v]) for v = wbin(s), exact as long as no bin holds two midpoints (checked when
- * built; else the unit bodies use the old lookup). The same bins also give the code of -s (the scan's other
- * sign) from the mirrored midpoints NMID_j = -MID[14 - j]: code(-s) = 15 - #{NMID_j <= s} = WNB[v] - (s >= WNMID[v]),
- * WNB[v] = 15 - #{j: wbin(NMID_j) < v} (x * (-inv) is -(x * inv) exactly). */
+/* The unit-weight bodies' lookups (group32u, dq32u): bins of [-1.1, 1.1], wbin(s) = the integer nearest (ties to
+ * even) to s * 14 + 16, a non-decreasing function of s with wbin(-1.1f) = 1 and wbin(1.1f) = 31, found by one fma:
+ * t = fma(s, 14, 2^23 + 16) is 2^23 + wbin(s) (one rounding, of s * 14 + 16 + 2^23: to an integer, as every float
+ * in [2^23, 2^24) is), whose low 5 bits are wbin(s): the index vpermt2ps / vpermps read, with no conversion. s is
+ * first clamped to +-1.1 (vrangeps: the smaller magnitude with the sign of s), which changes no code (every midpoint
+ * is within +-0.87); where |s| <= 1.1 is known (the first pass and the scan: |x| <= amax) the clamp is left out.
+ * As codecs.c's tables: code = WBASE[v] + (s > WMID[v]) for v = wbin(s), exact as long as no bin holds two
+ * midpoints (checked when built; else the unit bodies use the old lookup). The same bins also give the code of -s
+ * (the scan's other sign) from the mirrored midpoints NMID_j = -MID[14 - j]: code(-s) = 15 - #{NMID_j <= s} =
+ * WNB[v] - (s >= WNMID[v]), WNB[v] = 15 - #{j: wbin(NMID_j) < v} (x * (-inv) is -(x * inv) exactly). */
 static float WMID[32], WNMID[32];
 static int32_t WBASE[32], WNB[32];
 static int wtabs_ok; /* 1 valid, -1 not */
 static pthread_once_t wtabs_once = PTHREAD_ONCE_INIT;
+/* 2^23 + wbin(s) as bits: the low 5 bits index the 32-entry tables */
 AI T512 __m512i wbin512(__m512 s) {
-    return _mm512_cvttps_epi32(_mm512_fmadd_ps(s, _mm512_set1_ps(14.5f), _mm512_set1_ps(16.0f)));
+    return _mm512_castps_si512(_mm512_fmadd_ps(s, _mm512_set1_ps(14.0f), _mm512_set1_ps(8388608.0f + 16.0f)));
 }
 T512 static void wtabs_build(void) {
     float m[16], nm[16], e[16] = {-1.1f, 1.1f};
@@ -173,10 +176,11 @@ T512 static void wtabs_build(void) {
         m[k] = k < 15 ? MID[k] : 0.0f;
         nm[k] = k < 15 ? -MID[14 - k] : 0.0f;
     }
-    _mm512_storeu_si512(bm, wbin512(_mm512_loadu_ps(m)));
-    _mm512_storeu_si512(bn, wbin512(_mm512_loadu_ps(nm)));
-    _mm512_storeu_si512(be, wbin512(_mm512_loadu_ps(e)));
-    int ok = be[0] == 0 && be[1] == 31;
+    const __m512i b23 = _mm512_set1_epi32(0x4b000000); /* the bits of 2^23 */
+    _mm512_storeu_si512(bm, _mm512_sub_epi32(wbin512(_mm512_loadu_ps(m)), b23));
+    _mm512_storeu_si512(bn, _mm512_sub_epi32(wbin512(_mm512_loadu_ps(nm)), b23));
+    _mm512_storeu_si512(be, _mm512_sub_epi32(wbin512(_mm512_loadu_ps(e)), b23));
+    int ok = be[0] >= 0 && be[1] <= 31;
     for (int v = 0; v < 32; v++) {
         int base = 0, nbase = 0, hits = 0, nhits = 0;
         WMID[v] = 2.0f;
@@ -591,6 +595,13 @@ AI T512 __m512 san512(__m512 v, int64_t *nf) {
 T512 static int64_t load_src512(const void *x, int dtype, int64_t off0, float (*xr)[G]) {
     __m512 lo[16], hi[16];
     int64_t nf = 0;
+    /* the source streams from memory: ask for the group 4 groups ahead (the stalls on these loads were a third of
+     * this function's time) */
+    {
+        const int esz = dtype == ORK_DT_F32 ? 4 : 2;
+        const char *p = (const char *)x + (off0 + (int64_t)4 * G * DQB) * esz;
+        for (int l = 0; l < G * DQB * esz; l += 64) _mm_prefetch(p + l, _MM_HINT_T0);
+    }
     for (int b = 0; b < G; b++) {
         const int64_t o = off0 + (int64_t)b * DQB;
         __m512 a, c;

@@ -333,11 +333,12 @@ def test_unit_weight_bodies_16bit_and_nonfinite(dtype):
 
 def _lookup_values() -> np.ndarray:
     """Values where an NF4 lookup could go wrong: every midpoint and +-midpoint, every bin edge of the two bin maps
-    (codecs.c's (s * 15.5f) + 16, the unit bodies' fma(s, 14.5f, 16)) and the +-1.03 / +-1.1 clamps, each with
-    the 64 floats either side; random values in [-1.2, 1.2]; zeros, subnormals, huge values, infinities."""
+    (codecs.c's (s * 15.5f) + 16, the unit bodies' round(s * 14 + 16) and the old fma(s, 14.5f, 16)) and the +-1.03 /
+    +-1.1 clamps, each with the 64 floats either side; random values in [-1.2, 1.2]; zeros, subnormals, huge values, infinities."""
     mids = (R.CODEBOOK[:-1] + R.CODEBOOK[1:]) / np.float32(2)
     edges = [(np.float32(k) - np.float32(16)) / np.float32(15.5) for k in range(33)]
     edges += [(np.float32(k) - np.float32(16)) / np.float32(14.5) for k in range(33)]
+    edges += [(np.float32(k) + np.float32(0.5) - np.float32(16)) / np.float32(14) for k in range(33)]
     centres = np.concatenate([mids, -mids, np.array(edges, np.float32),
                               np.array([1.03, -1.03, 1.1, -1.1, 1.0, -1.0, 0.0], np.float32)]).astype(np.float32)
     out = [centres]
