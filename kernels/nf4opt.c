@@ -267,7 +267,7 @@ AI T512 vf16 wq_avx512(vf16 s, vi16 *code, int clamp, const wtabs512 *t) {
 #define LEVELSQ(s) ({ vi16 c_; wq_avx512(s, &c_, 1, &wt); })
 #define LEVELSQN(s) ({ vi16 c_; wq_avx512(s, &c_, 0, &wt); })
 #define LEVELSPN(s, qp, qn) wlv512pn((__m512)(s), (__m512 *)(qp), (__m512 *)(qn), &wt)
-#define GATHERF(tab, idx) ((vf16)_mm512_i32gather_ps((__m512i)(idx), (tab), 4))
+#define DQ_ONEPASS
 #define DCVT(v) ((dv_t_avx512){{(vdn8)lo8((__m512)(v)), (vdn8)hi8((__m512)(v))}})
 #define DTOF(d) ((vf16)_mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps((__m512d)(d).h[0])), \
                                           _mm512_cvtpd_ps((__m512d)(d).h[1]), 1))
@@ -281,7 +281,7 @@ AI T512 vf16 wq_avx512(vf16 s, vi16 *code, int clamp, const wtabs512 *t) {
 #undef LEVELSQ
 #undef LEVELSQN
 #undef LEVELSPN
-#undef GATHERF
+#undef DQ_ONEPASS
 #undef DCVT
 #undef DTOF
 
@@ -501,22 +501,22 @@ static void group32u_run(int lv, const float (*x)[G], float *dout) {
     }
 }
 
-static void dq32u_run(int lv, const float (*x)[G], const int *q0, const float *sc, float off, const float *dq,
+static void dq32u_run(int lv, const float (*x)[G], const int *q0, const float *sc, const float (*dqv)[G], float off,
                       int32_t (*pk)[G], int *qout, double *ax, double *ae) {
     switch (lv) {
 #ifdef ORK_NF4OPT_X86
     case LV_AVX512:
         if (wtabs_ok == 1) {
-            dq32u_avx512(x, q0, sc, off, dq, pk, qout, ax, ae);
+            dq32u_avx512(x, q0, sc, dqv, off, pk, qout, ax, ae);
             break;
         }
         /* fall through */
-    case LV_AVX2: dq32u_avx2(x, q0, sc, off, dq, pk, qout, ax, ae); break;
+    case LV_AVX2: dq32u_avx2(x, q0, sc, dqv, off, pk, qout, ax, ae); break;
 #endif
 #ifdef ORK_NF4OPT_NEON
-    case LV_NEON: dq32u_neon(x, q0, sc, off, dq, pk, qout, ax, ae); break;
+    case LV_NEON: dq32u_neon(x, q0, sc, dqv, off, pk, qout, ax, ae); break;
 #endif
-    default: dq32u_portable(x, q0, sc, off, dq, pk, qout, ax, ae); break;
+    default: dq32u_portable(x, q0, sc, dqv, off, pk, qout, ax, ae); break;
     }
 }
 
@@ -646,18 +646,34 @@ static int64_t load_src_x(int lv, const void *x, int dtype, int64_t off0, float 
     return nf;
 }
 
-/* q0 of 16 blocks (ork_nf4dq_encode's per-block rule), AVX-512: the binary search by gathers */
+/* q0 of 16 blocks (ork_nf4dq_encode's per-block rule), AVX-512: dq_nearest's binary search, each step's
+ * midpoints mid[pos + step - 1] (pos a multiple of 2 step) read from registers: lv (dq_levels) holds them level by
+ * level, step 128 first (1 value, then 2, 4, .., 128), so the step's value is lv[base + pos / (2 step)], a lookup in
+ * 128 / step entries (a permute of 16 or 32, or 2 and 4 of 32 with blends) instead of a gather. */
 #ifdef ORK_NF4OPT_X86
-T512 static void q0_512(const float *dg, const float *sc, float off, const float *mid, int *q0) {
+AI T512 __m512 lv_lookup(const float *t, int n, __m512i idx) {
+    if (n <= 16) return _mm512_permutexvar_ps(idx, _mm512_loadu_ps(t));
+    __m512 c[4];
+    for (int k = 0; k < n / 32; k++)
+        c[k] = _mm512_permutex2var_ps(_mm512_loadu_ps(t + 32 * k), idx, _mm512_loadu_ps(t + 32 * k + 16));
+    if (n == 32) return c[0];
+    const __mmask16 b5 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(32));
+    const __m512 lo = _mm512_mask_mov_ps(c[0], b5, c[1]);
+    if (n == 64) return lo;
+    const __m512 hi = _mm512_mask_mov_ps(c[2], b5, c[3]);
+    return _mm512_mask_mov_ps(lo, _mm512_test_epi32_mask(idx, _mm512_set1_epi32(64)), hi);
+}
+T512 static void q0_512(const float *dg, const float *sc, float off, const float *lv, int *q0) {
     const __m512 s = _mm512_loadu_ps(sc);
     const __m512 r = _mm512_sub_ps(_mm512_loadu_ps(dg), _mm512_set1_ps(off));
     const __mmask16 sp = _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ);
     const __m512 v = _mm512_maskz_div_ps(sp, r, _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), sp, s));
     __m512i pos = _mm512_setzero_si512();
-    for (int step = 128; step; step >>= 1) {
-        const __m512i st = _mm512_set1_epi32(step);
-        const __m512 t = _mm512_i32gather_ps(_mm512_add_epi32(pos, _mm512_set1_epi32(step - 1)), mid, 4);
-        pos = _mm512_mask_add_epi32(pos, _mm512_cmp_ps_mask(t, v, _CMP_LT_OQ), pos, st);
+    int base = 0, lg = 8;
+    for (int step = 128, n = 1; step; step >>= 1, n <<= 1, lg--) {
+        const __m512 t = n == 1 ? _mm512_set1_ps(lv[0]) : lv_lookup(lv + base, n, _mm512_srli_epi32(pos, lg));
+        pos = _mm512_mask_add_epi32(pos, _mm512_cmp_ps_mask(t, v, _CMP_LT_OQ), pos, _mm512_set1_epi32(step));
+        base += n;
     }
     pos = _mm512_mask_mov_epi32(pos, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(255));
     _mm512_storeu_si512(q0, pos);
@@ -811,6 +827,16 @@ static void dq_tables(float *dq, float *mid) {
     for (int i = 0; i < 255; i++) mid[i] = (dq[i] + dq[i + 1]) / 2.0f;
 }
 
+/* dq_nearest's midpoints by binary-search level (q0_512): the level of step s holds mid[2 s k + s - 1], k < 128 / s */
+static void dq_levels(const float *mid, float *lv) {
+    int base = 0;
+    for (int step = 128; step; step >>= 1) {
+        for (int k = 0; k < 128 / step; k++) lv[base + k] = mid[2 * step * k + step - 1];
+        base += 128 / step;
+    }
+    for (int i = base; i < 256 + 16; i++) lv[i] = 0.0f; /* the 16-float loads of the small levels read past them */
+}
+
 /* numpy's searchsorted(mid, v, side="left"): the number of mid strictly below v (NaN sorts last: 255) */
 static int dq_nearest(const float *mid, float v) {
     if (v != v) return 255;
@@ -839,8 +865,9 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
                       const float *d, const float *scale, float offset, int64_t b0, int64_t b1, uint8_t *codes,
                       uint8_t *absmax_q, ork_codec_stats *st) {
     const int lv = level();
-    float dq[256], mid[255];
+    float dq[256], mid[255], lvm[256 + 16];
     dq_tables(dq, mid);
+    dq_levels(mid, lvm);
     double ax[16], ae[16];
     for (int l = 0; l < 16; l++) ax[l] = ae[l] = 0.0;
     int64_t nf = 0;
@@ -850,7 +877,7 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
     uint8_t pk[G][DQB / 2];
     int32_t pp[DQB / 2][G];
     int q0[G], qo[G];
-    float sc[G];
+    float sc[G], dqv[NCAND][G];
     for (int64_t g0 = b0; g0 < b1; g0 += G) {
         const int nb = (int)(b1 - g0 < G ? b1 - g0 : G);
         const int fast = UNIT(col_w, weighting) && nb == G && (g0 + G) * DQB <= n;
@@ -858,14 +885,19 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
             nf += load_src_x(lv, x, dtype, g0 * DQB, xb, xr);
             for (int b = 0; b < G; b++) sc[b] = scale[(g0 + b) / ORK_NF4DQ_GROUP];
 #ifdef ORK_NF4OPT_X86
-            if (lv == LV_AVX512) q0_512(d + g0, sc, offset, mid, q0);
+            if (lv == LV_AVX512) q0_512(d + g0, sc, offset, lvm, q0);
             else
 #endif
                 for (int b = 0; b < G; b++) {
                     const float r = d[g0 + b] - offset;
                     q0[b] = dq_nearest(mid, sc[b] > 0.0f ? r / sc[b] : 0.0f);
                 }
-            dq32u_run(lv, (const float (*)[G])xr, q0, sc, offset, dq, pp, qo, ax, ae);
+            for (int t = 0; t < NCAND; t++)
+                for (int b = 0; b < G; b++) {
+                    const int qq = q0[b] + NF4DQ_CAND[t];
+                    dqv[t][b] = dq[qq < 0 ? 0 : (qq > 255 ? 255 : qq)];
+                }
+            dq32u_run(lv, (const float (*)[G])xr, q0, sc, (const float (*)[G])dqv, offset, pp, qo, ax, ae);
             pack_t((const int32_t (*)[G])pp, pk);
         } else {
             nf += gather_group(x, dtype, n, k, col_w, DQB, g0, nb, xb, cwb);
