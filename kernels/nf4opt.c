@@ -666,13 +666,6 @@ T512 static int64_t load_src512_16(const uint16_t *src, int bf16, float (*xr)[G]
 T512 static int64_t load_src512(const void *x, int dtype, int64_t off0, float (*xr)[G]) {
     __m512 lo[16], hi[16];
     int64_t nf = 0;
-    /* the source streams from memory: ask for the group 4 groups ahead (the stalls on these loads were a third of
-     * this function's time) */
-    {
-        const int esz = dtype == ORK_DT_F32 ? 4 : 2;
-        const char *p = (const char *)x + (off0 + (int64_t)4 * G * DQB) * esz;
-        for (int l = 0; l < G * DQB * esz; l += 64) _mm_prefetch(p + l, _MM_HINT_T0);
-    }
     if (dtype != ORK_DT_F32) return load_src512_16((const uint16_t *)x + off0, dtype == ORK_DT_BF16, xr);
     for (int b = 0; b < G; b++) {
         const int64_t o = off0 + (int64_t)b * DQB;
