@@ -296,31 +296,71 @@ AI T512 vf16 wq_avx512(vf16 s, vi16 *code, int clamp, const wtabs512 *t) {
 #undef DCVT
 #undef DTOF
 
-/* AVX2: numpy's searchsorted(MID, s, side="left") by a branch-free binary search (MID[7]; MID[3] or MID[11];
- * MID[1, 5, 9, 13][pos / 4]; MID[0, 2, .., 14][pos / 2]), then CB[pos] from two permutes of 8 */
+/* AVX2: numpy's searchsorted(MID, s, side="left") by a branch-free binary search, the path bits b1..b4 building
+ * the next level's index (2 idx + b): MID[7]; MID[3] or MID[11] (by bits); MID[1, 5, 9, 13][2 b1 + b2];
+ * MID[0, 2, .., 14][4 b1 + 2 b2 + b3]; pos = 8 b1 + 4 b2 + 2 b3 + b4, then CB[pos] from two permutes of 8 (they read
+ * the low 3 bits) chosen by b1. No blendv (3 uops here): selections by and / xor. */
 static const float MID_Q[8] = {MIDK(1, 2), MIDK(5, 6), MIDK(9, 10), MIDK(13, 14), 0, 0, 0, 0};
 static const float MID_E[8] = {MIDK(0, 1), MIDK(2, 3), MIDK(4, 5), MIDK(6, 7),
                                MIDK(8, 9), MIDK(10, 11), MIDK(12, 13), MIDK(14, 15)};
-typedef struct { __m256 q, e, cl, ch; } tabs256;
+/* The scan's pair (the values of the codes of s and of -s), as the portable level's: from a = |s|, P(a) =
+ * #{m >= 7: MID[m] < a} and N(a) = #{m <= 6: -MID[m] <= a}, each a 3-level search over 7 sorted thresholds
+ * (P's eighth, MID[14], added after: a > MID[14] means P = 8), values CB[7 + P] and CB[7 - N], swapped where s is
+ * negative (by its sign bit: s = -0.0 has both values CB[7]). 32 operations for the pair instead of 47. */
+static const float PL2[8] = {MIDK(8, 9), MIDK(12, 13), 0, 0, 0, 0, 0, 0};
+static const float PL3[8] = {MIDK(7, 8), MIDK(9, 10), MIDK(11, 12), MIDK(13, 14), 0, 0, 0, 0};
+static const float NL2[8] = {-MIDK(5, 6), -MIDK(1, 2), 0, 0, 0, 0, 0, 0};
+static const float NL3[8] = {-MIDK(6, 7), -MIDK(4, 5), -MIDK(2, 3), -MIDK(0, 1), 0, 0, 0, 0};
+static const float VPOS[8] = {CB_7, CB_8, CB_9, CB_10, CB_11, CB_12, CB_13, CB_14};
+static const float VNEG[8] = {CB_7, CB_6, CB_5, CB_4, CB_3, CB_2, CB_1, CB_0};
+typedef struct { __m256 q, e, cl, ch, pl2, pl3, nl2, nl3, vp, vn; } tabs256;
 AI T256 tabs256 tabs256_load(void) {
     tabs256 t;
     t.q = _mm256_loadu_ps(MID_Q);
     t.e = _mm256_loadu_ps(MID_E);
     t.cl = _mm256_loadu_ps(CB);
     t.ch = _mm256_loadu_ps(CB + 8);
+    t.pl2 = _mm256_loadu_ps(PL2);
+    t.pl3 = _mm256_loadu_ps(PL3);
+    t.nl2 = _mm256_loadu_ps(NL2);
+    t.nl3 = _mm256_loadu_ps(NL3);
+    t.vp = _mm256_loadu_ps(VPOS);
+    t.vn = _mm256_loadu_ps(VNEG);
     return t;
 }
+AI T256 __m256i m2i(__m256 m) { return _mm256_castps_si256(m); }
+/* 2 idx + (the compare's bit): idx + idx - mask */
+AI T256 __m256i nexti(__m256i idx, __m256 m) { return _mm256_sub_epi32(_mm256_add_epi32(idx, idx), m2i(m)); }
 AI T256 __m256 lv8(__m256 s, __m256i *code, const tabs256 *t) {
-    const __m256 m8 = _mm256_cmp_ps(s, _mm256_set1_ps(MID[7]), _CMP_GT_OQ);
-    __m256i pos = _mm256_and_si256(_mm256_castps_si256(m8), _mm256_set1_epi32(8));
-    const __m256 t4 = _mm256_blendv_ps(_mm256_set1_ps(MID[3]), _mm256_set1_ps(MID[11]), m8);
-    pos = _mm256_sub_epi32(pos, _mm256_slli_epi32(_mm256_castps_si256(_mm256_cmp_ps(s, t4, _CMP_GT_OQ)), 2));
-    const __m256 t2 = _mm256_permutevar8x32_ps(t->q, _mm256_srli_epi32(pos, 2));
-    pos = _mm256_sub_epi32(pos, _mm256_slli_epi32(_mm256_castps_si256(_mm256_cmp_ps(s, t2, _CMP_GT_OQ)), 1));
-    const __m256 t1 = _mm256_permutevar8x32_ps(t->e, _mm256_srli_epi32(pos, 1));
-    pos = _mm256_sub_epi32(pos, _mm256_castps_si256(_mm256_cmp_ps(s, t1, _CMP_GT_OQ)));
+    const __m256 m1 = _mm256_cmp_ps(s, _mm256_set1_ps(MID[7]), _CMP_GT_OQ);
+    const __m256 t2 = _mm256_xor_ps(_mm256_set1_ps(MID[3]),
+                                    _mm256_and_ps(m1, _mm256_xor_ps(_mm256_set1_ps(MID[3]), _mm256_set1_ps(MID[11]))));
+    __m256i idx = _mm256_srli_epi32(m2i(m1), 31);
+    idx = nexti(idx, _mm256_cmp_ps(s, t2, _CMP_GT_OQ));
+    idx = nexti(idx, _mm256_cmp_ps(s, _mm256_permutevar8x32_ps(t->q, idx), _CMP_GT_OQ));
+    const __m256i pos = nexti(idx, _mm256_cmp_ps(s, _mm256_permutevar8x32_ps(t->e, idx), _CMP_GT_OQ));
     *code = pos;
-    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(t->cl, pos), _mm256_permutevar8x32_ps(t->ch, pos), m8);
+    const __m256 ql = _mm256_permutevar8x32_ps(t->cl, pos), qh = _mm256_permutevar8x32_ps(t->ch, pos);
+    return _mm256_xor_ps(ql, _mm256_and_ps(m1, _mm256_xor_ps(ql, qh)));
+}
+/* #{T < a} (gt) or #{T <= a} (ge) of 7 sorted thresholds: T[3] (t1), {T[1], T[5]} (l2), {T[0], T[2], T[4], T[6]} (l3) */
+AI T256 __m256i cnt7(__m256 a, float t1, __m256 l2, __m256 l3, int ge) {
+    const int op = ge ? _CMP_GE_OQ : _CMP_GT_OQ;
+    __m256i idx = _mm256_srli_epi32(m2i(_mm256_cmp_ps(a, _mm256_set1_ps(t1), op)), 31);
+    idx = nexti(idx, _mm256_cmp_ps(a, _mm256_permutevar8x32_ps(l2, idx), op));
+    return nexti(idx, _mm256_cmp_ps(a, _mm256_permutevar8x32_ps(l3, idx), op));
+}
+AI T256 void lv8pn(__m256 s, __m256 *qp, __m256 *qn, const tabs256 *t) {
+    const __m256 a = _mm256_and_ps(s, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+    const __m256 m8 = _mm256_cmp_ps(a, _mm256_set1_ps(MID[14]), _CMP_GT_OQ);
+    /* CB[7..14] are >= +0 and CB[15] is 1.0, above them all: P = 8 is max(value, 1.0) */
+    const __m256 vp = _mm256_max_ps(_mm256_permutevar8x32_ps(t->vp, cnt7(a, MID[10], t->pl2, t->pl3, 0)),
+                                    _mm256_and_ps(m8, _mm256_set1_ps(1.0f)));
+    const __m256 vn = _mm256_permutevar8x32_ps(t->vn, cnt7(a, -MID[3], t->nl2, t->nl3, 1));
+    const __m256 sw = _mm256_and_ps(_mm256_castsi256_ps(_mm256_srai_epi32(_mm256_castps_si256(s), 31)),
+                                    _mm256_xor_ps(vp, vn));
+    *qp = _mm256_xor_ps(vp, sw);
+    *qn = _mm256_xor_ps(vn, sw);
 }
 AI T256 vf8 lv_avx2(vf8 s, vi8 *code, const tabs256 *t) {
     __m256i c;
@@ -348,11 +388,17 @@ AI T256 vf8 lv_avx2(vf8 s, vi8 *code, const tabs256 *t) {
 #define ATTR T256
 #define LV_SETUP const tabs256 tb = tabs256_load();
 #define LEVELS(s, c) lv_avx2(s, c, &tb)
+#define LEVELSQ(s) ({ vi8 c_; lv_avx2(s, &c_, &tb); })
+#define LEVELSQN(s) LEVELSQ(s)
+#define LEVELSPN(s, qp, qn) lv8pn((__m256)(s), (__m256 *)(qp), (__m256 *)(qn), &tb)
 #include "nf4opt_body.inc"
 #undef SUF
 #undef ATTR
 #undef LV_SETUP
 #undef LEVELS
+#undef LEVELSQ
+#undef LEVELSQN
+#undef LEVELSPN
 #endif
 
 #if defined(__aarch64__)
