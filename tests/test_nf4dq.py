@@ -278,6 +278,42 @@ def test_runtime_decode_of_any_range(e0, e1):
     assert rc == 0 and out.tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("shift", [0, 1, 7, 15])
+@pytest.mark.parametrize("e0", [0, 13])
+def test_runtime_decode_large_output_at_any_alignment(shift, e0):
+    """Outputs of 4 MB and more take the AVX-512 streaming stores (aligned vectors from a misaligned output, partial
+    first and last ones): the bytes of the reference at any float alignment, and of the portable C path; the floats
+    either side of the output are left alone."""
+    from orkpack._kernels import ffi, lib
+    rng = np.random.default_rng(11)
+    n = (1 << 20) + 4133  # whole blocks of more than 4 MB (ORK_RT_STREAM_MIN) from either e0
+    nb = -(-n // 32)
+    c = rng.integers(0, 256, (n + 1) // 2, dtype=np.uint8)
+    q = rng.integers(0, 256, nb, dtype=np.uint8)
+    s = (rng.random(-(-nb // 256)) + 0.5).astype(np.float32)
+    o = np.array([0.01], np.float32)
+    want = R.nf4dq_decode(c, q, s, o, (n,))[e0:]
+
+    def p(a, t):
+        return ffi.cast(t, ffi.from_buffer(a))
+    got = {}
+    try:
+        for level in (-1, 0):  # the best (AVX-512 where the CPU has it), then portable C
+            lib.ork_rt_set_isa(level)
+            buf = np.full(n - e0 + 48, -7.0, np.float32)
+            k = (-(buf.ctypes.data % 64) // 4) % 16 + 16 + shift  # the output `shift` floats past a 64-byte line
+            rc = lib.ork_rt_nf4dq_decode(p(c, "uint8_t *"), c.size, p(q, "uint8_t *"), q.size, p(s, "float *"), s.size,
+                                         float(o[0]), e0, n, p(buf[k:], "float *"))
+            assert rc == 0
+            out = buf[k:k + n - e0]
+            assert out.tobytes() == want.tobytes(), level
+            assert (buf[:k] == -7.0).all() and (buf[k + n - e0:] == -7.0).all(), level
+            got[level] = out.tobytes()
+    finally:
+        lib.ork_rt_set_isa(-1)
+    assert got[-1] == got[0]
+
+
 def _unit_cases():
     """Inputs for the unit-weight bodies (kernels/nf4opt_body.inc group32u / dq32u: no column weights, the plain
     weighting, 16 full blocks at a time): every edge case grown to several full groups of 16 blocks and a ragged
