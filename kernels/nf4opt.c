@@ -972,6 +972,27 @@ void ork_nf4dq_scales(const float *d, int64_t nb, float *scale, float *offset) {
     }
 }
 
+int ork_nf4dq_q0s(int lv, const float *v, int64_t n, int *q0) {
+    float dq[256], mid[255], lvm[256 + 16];
+    dq_tables(dq, mid);
+    dq_levels(mid, lvm);
+    if (lv < 0 || lv > LV_NEON || (lv == LV_AVX512 && level() != LV_AVX512)) return -1;
+    const float one[G] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    for (int64_t e0 = 0; e0 < n; e0 += G) {
+        const int m = n - e0 < G ? (int)(n - e0) : G;
+        float vb[G] = {0};
+        int qb[G];
+        memcpy(vb, v + e0, (size_t)m * sizeof(float));
+#ifdef ORK_NF4OPT_X86
+        if (lv == LV_AVX512) q0_512(vb, one, 0.0f, lvm, qb);
+        else
+#endif
+            for (int b = 0; b < G; b++) qb[b] = dq_nearest(mid, one[b] > 0.0f ? (vb[b] - 0.0f) / one[b] : 0.0f);
+        memcpy(q0 + e0, qb, (size_t)m * sizeof(int));
+    }
+    return 0;
+}
+
 void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const float *col_w, int weighting,
                       const float *d, const float *scale, float offset, int64_t b0, int64_t b1, uint8_t *codes,
                       uint8_t *absmax_q, ork_codec_stats *st) {

@@ -367,6 +367,35 @@ def test_unit_weight_bodies_16bit_and_nonfinite(dtype):
         codecs.set_isa(None)
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_unit_weight_bodies_16bit_edge_groups(dtype):
+    """The 16-bit sources' path of the unit bodies (AVX-512: transposed as words, non-finite words zeroed and counted
+    there): a group of 16 blocks all non-finite, one half NaN, blocks of -0.0, of f16 subnormals, one outlier a
+    block, and a ragged end, against the reference at every level."""
+    rng = np.random.default_rng(17)
+    x = _heavy((16 * 32 * 6 + 45,), 9)
+    g = x[: 16 * 32 * 6].reshape(6, 16, 32)
+    g[1] = np.inf
+    g[1, ::2] = -np.inf
+    g[2, :8] = np.nan
+    g[3, ::3] = -0.0
+    g[4, 1::2] = (rng.standard_normal((8, 32)) * 3e-6).astype(np.float32)  # subnormal as f16
+    g[5, :, 7] = np.float32(3e4)
+    src = x.astype(np.float16) if dtype == "f16" else (x.view(np.uint32) >> 16).astype(np.uint16)
+    want = R.nf4dq_encode(src)
+    nonfinite = int((~np.isfinite(x)).sum())
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            for lvl in LEVELS:
+                codecs.set_isa(lvl)
+                e = _enc(src)
+                assert e.nonfinite == nonfinite, (lvl, e.nonfinite, nonfinite)
+                _same(e, want, f"{dtype} {lvl}")
+    finally:
+        codecs.set_isa(None)
+
+
 def _lookup_values() -> np.ndarray:
     """Values where an NF4 lookup could go wrong: every midpoint and +-midpoint, every bin edge of the two bin maps
     (codecs.c's (s * 15.5f) + 16, the unit bodies' round(s * 14 + 16) and the old fma(s, 14.5f, 16)) and the +-1.03 /
@@ -416,6 +445,38 @@ def test_unit_body_lookups_are_the_nf4_rule():
             for got, ref, what in ((qn1, want, "unclamped"), (qp, want, "pair +s"), (qn, want_neg, "pair -s")):
                 bad = np.nonzero(inside & (got.view(np.uint32) != ref.view(np.uint32)))[0]
                 assert bad.size == 0, (name, what, s[bad[:5]], got[bad[:5]], ref[bad[:5]])
+    finally:
+        codecs.set_isa(None)
+    assert tried == LEVELS
+
+
+def test_q0_is_the_nearest_dq_code_at_every_level():
+    """step 3's q0 (the AVX-512 register search by binary-search level, the scalar search elsewhere) is numpy's
+    searchsorted(DQ_MID, v) at every DQ midpoint, 64 floats either side, the ends, zeros, subnormals, NaN, +-inf."""
+    from orkpack._kernels import ffi, lib
+
+    mids = R.DQ_MID.astype(np.float32)
+    out = [mids, np.array([0.0, -0.0, 1e-45, -1e-45, 1.0, -1.0, 2.0, -2.0, 3e38, -3e38, np.inf, -np.inf, np.nan],
+                          np.float32), R.DQ_CODE.astype(np.float32)]
+    up, down = mids.copy(), mids.copy()
+    for _ in range(64):
+        up, down = np.nextafter(up, np.float32(np.inf)), np.nextafter(down, np.float32(-np.inf))
+        out += [up, down]
+    out.append(np.random.default_rng(5).uniform(-1.05, 1.05, 50_000).astype(np.float32))
+    v = np.ascontiguousarray(np.concatenate(out).astype(np.float32))
+    want = np.searchsorted(mids, v, side="left")
+    levels = {"portable": 0, "avx2": 1, "avx512": 2}
+    tried = []
+    try:
+        for name in LEVELS:
+            codecs.set_isa(name)
+            got = np.empty(v.size, np.int32)
+            if lib.ork_nf4dq_q0s(levels[name], ffi.cast("float *", ffi.from_buffer(v)), v.size,
+                                 ffi.cast("int *", ffi.from_buffer(got))) != 0:
+                continue
+            tried.append(name)
+            bad = np.nonzero(got != want)[0]
+            assert bad.size == 0, (name, v[bad[:5]], got[bad[:5]], want[bad[:5]])
     finally:
         codecs.set_isa(None)
     assert tried == LEVELS
