@@ -772,21 +772,8 @@ ORK_AVX512_TGT static void nf4dq_blocks_avx512(const uint8_t *codes, const uint8
     const __m512i ia = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m512i ib = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
     const __m512i m15 = _mm512_set1_epi32(15);
-    /* a large output: streaming stores (no read for ownership; not read back soon) of 64-byte aligned vectors: with
-     * out m floats past a 64-byte boundary, vector k written is the last m floats of block vector k - 1 and the first
-     * 16 - m of vector k (one two-register permute), the first and last ones partial (masked stores) */
-    const int stream = (size_t)(b1 - b0) * ORK_NF4DQ_BLOCK * sizeof(float) >= ORK_RT_STREAM_MIN &&
-                       ((uintptr_t)out & 3) == 0;
-    const int m = (int)(((uintptr_t)out & 63) / 4);
-    float *const base = out - m; /* 64-byte aligned */
-    __m512i sh = _mm512_setzero_si512();
-    if (stream) {
-        int32_t ix[16];
-        for (int i = 0; i < 16; i++) ix[i] = i + 16 - m;
-        sh = _mm512_loadu_si512(ix);
-    }
-    __m512 prev = _mm512_setzero_ps();
-    int64_t k = 0; /* the next vector of the stream */
+    /* (streaming stores were tried for outputs of 4 MB and more: 2-3x into a reused buffer, but 0.7x into fresh
+     * pages, numpy's np.empty, what every caller decodes into) */
     for (int64_t b = b0; b < b1; b++) {
         float code;
         memcpy(&code, &DQ_CODE_BITS[absmax_q[b]], sizeof code);
@@ -795,28 +782,10 @@ ORK_AVX512_TGT static void nf4dq_blocks_avx512(const uint8_t *codes, const uint8
         const __m512 t = _mm512_mul_ps(cb, _mm512_set1_ps(a));
         const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(codes + b * (ORK_NF4DQ_BLOCK / 2))));
         const __m512i hi = _mm512_srli_epi32(d, 4), lo = _mm512_and_si512(d, m15);
-        const __m512 v[2] = {_mm512_permutexvar_ps(_mm512_permutex2var_epi32(hi, ia, lo), t),
-                             _mm512_permutexvar_ps(_mm512_permutex2var_epi32(hi, ib, lo), t)};
-        if (!stream) {
-            float *o = out + (b - b0) * ORK_NF4DQ_BLOCK;
-            _mm512_storeu_ps(o, v[0]);
-            _mm512_storeu_ps(o + 16, v[1]);
-            continue;
-        }
-        for (int h = 0; h < 2; h++, k++) {
-            if (m == 0) {
-                _mm512_stream_ps(base + 16 * k, v[h]);
-            } else {
-                const __m512 w = _mm512_permutex2var_ps(prev, sh, v[h]);
-                if (k == 0) _mm512_mask_storeu_ps(base, (__mmask16)(0xffffu << m), w);
-                else _mm512_stream_ps(base + 16 * k, w);
-                prev = v[h];
-            }
-        }
+        float *o = out + (b - b0) * ORK_NF4DQ_BLOCK;
+        _mm512_storeu_ps(o, _mm512_permutexvar_ps(_mm512_permutex2var_epi32(hi, ia, lo), t));
+        _mm512_storeu_ps(o + 16, _mm512_permutexvar_ps(_mm512_permutex2var_epi32(hi, ib, lo), t));
     }
-    if (stream && m) /* the last m floats */
-        _mm512_mask_storeu_ps(base + 16 * k, (__mmask16)((1u << m) - 1), _mm512_permutex2var_ps(prev, sh, prev));
-    if (stream) _mm_sfence();
 }
 #endif
 
