@@ -10,6 +10,8 @@
  *   - AVX2: a branch-free binary search over the 15 midpoints (two 8-lane halves, permutes of 8);
  *   - NEON (aarch64): the same binary search with tbl lookups (four 4-lane quarters);
  *   - portable: 15 compares (any other target, and x86 with ork_codecs_set_isa(portable)).
+ * The nf4dq unit-weight bodies (no imatrix: every weight 1) have their own lookups where a level gives them:
+ * AVX-512 wide bins by one fma, AVX2 and portable the scan's pair of values (s and -s) from |s|.
  * The same codes, so the same bytes at every level (tests/test_nf4opt.py, tests/test_nf4dq.py; NEON under
  * qemu-aarch64 in tests/test_aarch64.py). x86 picks the level of ork_codecs_isa(); aarch64 always runs NEON.
  *
