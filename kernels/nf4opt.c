@@ -657,6 +657,21 @@ AI T512 __m512 san512(__m512 v, int64_t *nf) {
  * (word << 16) of each dword and element 2k + 1 its high word (bf16: a float's high half; f16: converted). The
  * round on word bit 1 is qword shifts and blends (no shuffle port), the others word permutes. Non-finite values
  * are found as words (the exponent all ones), counted and zeroed before (zero words widen to +0.0f, as san512). */
+/* round k's word indices (p = 2^(k + 1)): the low register of a pair takes its words l without bit p and the high
+ * one's words l - p; the high register the low one's l + p and its own l with bit p */
+static const int16_t WSWAP_IDX[3][2][32] = {
+    {{0, 1, 2, 3, 32, 33, 34, 35, 8, 9, 10, 11, 40, 41, 42, 43,
+      16, 17, 18, 19, 48, 49, 50, 51, 24, 25, 26, 27, 56, 57, 58, 59},
+     {4, 5, 6, 7, 36, 37, 38, 39, 12, 13, 14, 15, 44, 45, 46, 47,
+      20, 21, 22, 23, 52, 53, 54, 55, 28, 29, 30, 31, 60, 61, 62, 63}},
+    {{0, 1, 2, 3, 4, 5, 6, 7, 32, 33, 34, 35, 36, 37, 38, 39,
+      16, 17, 18, 19, 20, 21, 22, 23, 48, 49, 50, 51, 52, 53, 54, 55},
+     {8, 9, 10, 11, 12, 13, 14, 15, 40, 41, 42, 43, 44, 45, 46, 47,
+      24, 25, 26, 27, 28, 29, 30, 31, 56, 57, 58, 59, 60, 61, 62, 63}},
+    {{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+      32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47},
+     {16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
+      48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63}}};
 AI T512 void wswap(__m512i *r, int k, __m512i ia, __m512i ib) {
     for (int a = 0; a < 16; a++) {
         if (a & (1 << k)) continue;
@@ -688,15 +703,8 @@ T512 static int64_t load_src512_16(const uint16_t *src, int bf16, float (*xr)[G]
         r[a + 1] = _mm512_mask_blend_epi16(0xccccccccu, _mm512_srli_epi64(A, 32), B);
     }
     /* rounds 1..3: register bit k <-> word bit k + 1 */
-    for (int k = 1; k < 4; k++) {
-        const int p = 1 << (k + 1);
-        int16_t ia[32], ib[32];
-        for (int l = 0; l < 32; l++) {
-            ia[l] = (int16_t)((l & p) ? 32 + (l & ~p) : l);
-            ib[l] = (int16_t)((l & p) ? 32 + l : (l | p));
-        }
-        wswap(r, k, _mm512_loadu_si512(ia), _mm512_loadu_si512(ib));
-    }
+    for (int k = 1; k < 4; k++)
+        wswap(r, k, _mm512_loadu_si512(WSWAP_IDX[k - 1][0]), _mm512_loadu_si512(WSWAP_IDX[k - 1][1]));
     for (int k = 0; k < 16; k++) {
         __m512 lo, hi;
         if (bf16) {
