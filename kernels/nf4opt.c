@@ -345,7 +345,8 @@ AI T256 __m256 lv8(__m256 s, __m256i *code, const tabs256 *t) {
     const __m256 ql = _mm256_permutevar8x32_ps(t->cl, pos), qh = _mm256_permutevar8x32_ps(t->ch, pos);
     return _mm256_xor_ps(ql, _mm256_and_ps(m1, _mm256_xor_ps(ql, qh)));
 }
-/* #{T < a} (gt) or #{T <= a} (ge) of 7 sorted thresholds: T[3] (t1), {T[1], T[5]} (l2), {T[0], T[2], T[4], T[6]} (l3) */
+/* #{T < a} (gt) or #{T <= a} (ge) of 7 sorted thresholds T: T[3] (t1), {T[1], T[5]} (l2),
+ * {T[0], T[2], T[4], T[6]} (l3) */
 AI T256 __m256i cnt7(__m256 a, float t1, __m256 l2, __m256 l3, int ge) {
     const int op = ge ? _CMP_GE_OQ : _CMP_GT_OQ;
     __m256i idx = _mm256_srli_epi32(m2i(_mm256_cmp_ps(a, _mm256_set1_ps(t1), op)), 31);
