@@ -295,6 +295,7 @@ AI T512 vf16 wq_avx512(vf16 s, vi16 *code, int clamp, const wtabs512 *t) {
 #define LEVELSQN(s) ({ vi16 c_; wq_avx512(s, &c_, 0, &wt); })
 #define LEVELSPN(s, qp, qn) wlv512pn((__m512)(s), (__m512 *)(qp), (__m512 *)(qn), &wt)
 #define DQ_ONEPASS
+#define UMAX(a, b) ((vu16)_mm512_max_epu32((__m512i)(a), (__m512i)(b)))
 #define DCVT(v) ((dv_t_avx512){{(vdn8)lo8((__m512)(v)), (vdn8)hi8((__m512)(v))}})
 #define DTOF(d) ((vf16)_mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps((__m512d)(d).h[0])), \
                                           _mm512_cvtpd_ps((__m512d)(d).h[1]), 1))
@@ -309,6 +310,7 @@ AI T512 vf16 wq_avx512(vf16 s, vi16 *code, int clamp, const wtabs512 *t) {
 #undef LEVELSQN
 #undef LEVELSPN
 #undef DQ_ONEPASS
+#undef UMAX
 #undef DCVT
 #undef DTOF
 
@@ -408,6 +410,7 @@ AI T256 vf8 lv_avx2(vf8 s, vi8 *code, const tabs256 *t) {
 #define LEVELSQ(s) ({ vi8 c_; lv_avx2(s, &c_, &tb); })
 #define LEVELSQN(s) LEVELSQ(s)
 #define LEVELSPN(s, qp, qn) lv8pn((__m256)(s), (__m256 *)(qp), (__m256 *)(qn), &tb)
+#define UMAX(a, b) ((vu8)_mm256_max_epu32((__m256i)(a), (__m256i)(b)))
 #include "nf4opt_body.inc"
 #undef SUF
 #undef ATTR
@@ -416,6 +419,7 @@ AI T256 vf8 lv_avx2(vf8 s, vi8 *code, const tabs256 *t) {
 #undef LEVELSQ
 #undef LEVELSQN
 #undef LEVELSPN
+#undef UMAX
 #endif
 
 #if defined(__aarch64__)
