@@ -10,6 +10,8 @@
  *   - AVX2: a branch-free binary search over the 15 midpoints (two 8-lane halves, permutes of 8);
  *   - NEON (aarch64): the same binary search with tbl lookups (four 4-lane quarters);
  *   - portable: 15 compares (any other target, and x86 with ork_codecs_set_isa(portable)).
+ * The nf4dq unit-weight bodies (no imatrix: every weight 1) have their own lookups where a level gives them:
+ * AVX-512 wide bins by one fma, AVX2 and portable the scan's pair of values (s and -s) from |s|.
  * The same codes, so the same bytes at every level (tests/test_nf4opt.py, tests/test_nf4dq.py; NEON under
  * qemu-aarch64 in tests/test_aarch64.py). x86 picks the level of ork_codecs_isa(); aarch64 always runs NEON.
  *
@@ -72,6 +74,17 @@ AI vf4 lv_portable(vf4 s, vi4 *code) {
     *code = c;
     return (vf4)cbb;
 }
+/* the unit bodies' (LEVELSU): 15 compares for the code, its value read per lane (nf4dq step 3 122 against 133 ms
+ * with the value by bits; in the weighted bodies the bits are faster: opt encode at 64 0.074 against 0.069-0.071
+ * GB/s with the read) */
+AI vf4 lvt_portable(vf4 s, vi4 *code) {
+    vi4 c = {0, 0, 0, 0};
+    for (int m = 0; m < 15; m++) c -= s > MID[m];
+    *code = c;
+    vf4 q;
+    for (int b = 0; b < 4; b++) q[b] = CB[c[b]];
+    return q;
+}
 /* the value alone (the unit bodies' scan): 15 compares, the code book value by bits, no count (the per-lane bin
  * tables of codecs.c in scalar code were slower here: 0.088 against 0.106 GB/s) */
 AI vf4 lvq_portable(vf4 s) {
@@ -79,6 +92,20 @@ AI vf4 lvq_portable(vf4 s) {
     vu4 cbb = {c0, c0, c0, c0};
     for (int m = 0; m < 15; m++) cbb ^= (vu4)(s > MID[m]) & (f2u(CB[m + 1]) ^ f2u(CB[m]));
     return (vf4)cbb;
+}
+/* the values of the codes of s and of -s (the unit bodies' scan): from a = |s|, the code of a non-negative value is
+ * 7 + P(a), P(a) = #{m >= 7: MID[m] < a}, and of a negative one 7 - N(a), N(a) = #{m <= 6: -MID[m] <= a} (every
+ * MID[m], m <= 6, is below -0.0 and every MID[m], m >= 7, above +0.0), so the 15 compares of a give both values
+ * (s < 0 swaps them; s = +-0: both are code 7) instead of 30 (nf4dq step 1 167 against 220 ms) */
+AI void lvpn_portable(vf4 s, vf4 *qp, vf4 *qn) {
+    const vf4 a = (vf4)((vu4)s & 0x7fffffffu);
+    const uint32_t c7 = f2u(CB[7]);
+    vu4 pb = {c7, c7, c7, c7}, nb = pb;
+    for (int m = 7; m < 15; m++) pb ^= (vu4)(a > MID[m]) & (f2u(CB[m + 1]) ^ f2u(CB[m]));
+    for (int m = 6; m >= 0; m--) nb ^= (vu4)(a >= -MID[m]) & (f2u(CB[m]) ^ f2u(CB[m + 1]));
+    const vu4 neg = (vu4)(s < 0.0f), pos = (vu4)(s > 0.0f);
+    *qp = (vf4)((neg & nb) | (~neg & pb));
+    *qn = (vf4)((pos & nb) | (~pos & pb));
 }
 #define W 4
 #define vf vf4
@@ -93,10 +120,10 @@ AI vf4 lvq_portable(vf4 s) {
 #define LV_SETUP
 #define LEVELS(s, c) lv_portable(s, c)
 #define LVU_SETUP
-#define LEVELSU(s, c) lv_portable(s, c)
+#define LEVELSU(s, c) lvt_portable(s, c)
 #define LEVELSQ(s) lvq_portable(s)
 #define LEVELSQN(s) lvq_portable(s)
-#define LEVELSPN(s, qp, qn) (*(qp) = lvq_portable(s), *(qn) = lvq_portable(-(s)))
+#define LEVELSPN(s, qp, qn) lvpn_portable(s, qp, qn)
 #include "nf4opt_body.inc"
 #undef SUF
 #undef ATTR
@@ -151,20 +178,23 @@ AI T512 vf16 lv_avx512(vf16 s, vi16 *code, const tabs512 *t) {
     *code = (vi16)c;
     return (vf16)q;
 }
-/* The unit-weight bodies' lookups (group32u, dq32u): bins of [-1.1, 1.1], wbin(s) = (int)fma(s, 14.5f, 16.0f), a
- * non-decreasing function of s with wbin(-1.1f) = 0 and wbin(1.1f) = 31; s is first clamped to +-1.1 (vrangeps:
- * the smaller magnitude with the sign of s), which changes no code (every midpoint is within +-0.87); where
- * |s| <= 1.1 is known (the first pass and the scan: |x| <= amax) the clamp is left out. As codecs.c's tables:
- * code = WBASE[v] + (s > WMID[v]) for v = wbin(s), exact as long as no bin holds two midpoints (checked when
- * built; else the unit bodies use the old lookup). The same bins also give the code of -s (the scan's other
- * sign) from the mirrored midpoints NMID_j = -MID[14 - j]: code(-s) = 15 - #{NMID_j <= s} = WNB[v] - (s >= WNMID[v]),
- * WNB[v] = 15 - #{j: wbin(NMID_j) < v} (x * (-inv) is -(x * inv) exactly). */
+/* The unit-weight bodies' lookups (group32u, dq32u): bins of [-1.1, 1.1], wbin(s) = the integer nearest (ties to
+ * even) to s * 14 + 16, a non-decreasing function of s with wbin(-1.1f) = 1 and wbin(1.1f) = 31, found by one fma:
+ * t = fma(s, 14, 2^23 + 16) is 2^23 + wbin(s) (one rounding, of s * 14 + 16 + 2^23: to an integer, as every float
+ * in [2^23, 2^24) is), whose low 5 bits are wbin(s): the index vpermt2ps / vpermps read, with no conversion. s is
+ * first clamped to +-1.1 (vrangeps: the smaller magnitude with the sign of s), which changes no code (every midpoint
+ * is within +-0.87); where |s| <= 1.1 is known (the first pass and the scan: |x| <= amax) the clamp is left out.
+ * As codecs.c's tables: code = WBASE[v] + (s > WMID[v]) for v = wbin(s), exact as long as no bin holds two
+ * midpoints (checked when built; else the unit bodies use the old lookup). The same bins also give the code of -s
+ * (the scan's other sign) from the mirrored midpoints NMID_j = -MID[14 - j]: code(-s) = 15 - #{NMID_j <= s} =
+ * WNB[v] - (s >= WNMID[v]), WNB[v] = 15 - #{j: wbin(NMID_j) < v} (x * (-inv) is -(x * inv) exactly). */
 static float WMID[32], WNMID[32];
 static int32_t WBASE[32], WNB[32];
 static int wtabs_ok; /* 1 valid, -1 not */
 static pthread_once_t wtabs_once = PTHREAD_ONCE_INIT;
+/* 2^23 + wbin(s) as bits: the low 5 bits index the 32-entry tables */
 AI T512 __m512i wbin512(__m512 s) {
-    return _mm512_cvttps_epi32(_mm512_fmadd_ps(s, _mm512_set1_ps(14.5f), _mm512_set1_ps(16.0f)));
+    return _mm512_castps_si512(_mm512_fmadd_ps(s, _mm512_set1_ps(14.0f), _mm512_set1_ps(8388608.0f + 16.0f)));
 }
 T512 static void wtabs_build(void) {
     float m[16], nm[16], e[16] = {-1.1f, 1.1f};
@@ -173,10 +203,11 @@ T512 static void wtabs_build(void) {
         m[k] = k < 15 ? MID[k] : 0.0f;
         nm[k] = k < 15 ? -MID[14 - k] : 0.0f;
     }
-    _mm512_storeu_si512(bm, wbin512(_mm512_loadu_ps(m)));
-    _mm512_storeu_si512(bn, wbin512(_mm512_loadu_ps(nm)));
-    _mm512_storeu_si512(be, wbin512(_mm512_loadu_ps(e)));
-    int ok = be[0] == 0 && be[1] == 31;
+    const __m512i b23 = _mm512_set1_epi32(0x4b000000); /* the bits of 2^23 */
+    _mm512_storeu_si512(bm, _mm512_sub_epi32(wbin512(_mm512_loadu_ps(m)), b23));
+    _mm512_storeu_si512(bn, _mm512_sub_epi32(wbin512(_mm512_loadu_ps(nm)), b23));
+    _mm512_storeu_si512(be, _mm512_sub_epi32(wbin512(_mm512_loadu_ps(e)), b23));
+    int ok = be[0] >= 0 && be[1] <= 31;
     for (int v = 0; v < 32; v++) {
         int base = 0, nbase = 0, hits = 0, nhits = 0;
         WMID[v] = 2.0f;
@@ -263,7 +294,8 @@ AI T512 vf16 wq_avx512(vf16 s, vi16 *code, int clamp, const wtabs512 *t) {
 #define LEVELSQ(s) ({ vi16 c_; wq_avx512(s, &c_, 1, &wt); })
 #define LEVELSQN(s) ({ vi16 c_; wq_avx512(s, &c_, 0, &wt); })
 #define LEVELSPN(s, qp, qn) wlv512pn((__m512)(s), (__m512 *)(qp), (__m512 *)(qn), &wt)
-#define GATHERF(tab, idx) ((vf16)_mm512_i32gather_ps((__m512i)(idx), (tab), 4))
+#define DQ_ONEPASS
+#define UMAX(a, b) ((vu16)_mm512_max_epu32((__m512i)(a), (__m512i)(b)))
 #define DCVT(v) ((dv_t_avx512){{(vdn8)lo8((__m512)(v)), (vdn8)hi8((__m512)(v))}})
 #define DTOF(d) ((vf16)_mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps((__m512d)(d).h[0])), \
                                           _mm512_cvtpd_ps((__m512d)(d).h[1]), 1))
@@ -277,35 +309,77 @@ AI T512 vf16 wq_avx512(vf16 s, vi16 *code, int clamp, const wtabs512 *t) {
 #undef LEVELSQ
 #undef LEVELSQN
 #undef LEVELSPN
-#undef GATHERF
+#undef DQ_ONEPASS
+#undef UMAX
 #undef DCVT
 #undef DTOF
 
-/* AVX2: numpy's searchsorted(MID, s, side="left") by a branch-free binary search (MID[7]; MID[3] or MID[11];
- * MID[1, 5, 9, 13][pos / 4]; MID[0, 2, .., 14][pos / 2]), then CB[pos] from two permutes of 8 */
+/* AVX2: numpy's searchsorted(MID, s, side="left") by a branch-free binary search, the path bits b1..b4 building
+ * the next level's index (2 idx + b): MID[7]; MID[3] or MID[11] (by bits); MID[1, 5, 9, 13][2 b1 + b2];
+ * MID[0, 2, .., 14][4 b1 + 2 b2 + b3]; pos = 8 b1 + 4 b2 + 2 b3 + b4, then CB[pos] from two permutes of 8 (they read
+ * the low 3 bits) chosen by b1. No blendv (3 uops here): selections by and / xor. */
 static const float MID_Q[8] = {MIDK(1, 2), MIDK(5, 6), MIDK(9, 10), MIDK(13, 14), 0, 0, 0, 0};
 static const float MID_E[8] = {MIDK(0, 1), MIDK(2, 3), MIDK(4, 5), MIDK(6, 7),
                                MIDK(8, 9), MIDK(10, 11), MIDK(12, 13), MIDK(14, 15)};
-typedef struct { __m256 q, e, cl, ch; } tabs256;
+/* The scan's pair (the values of the codes of s and of -s), as the portable level's: from a = |s|, P(a) =
+ * #{m >= 7: MID[m] < a} and N(a) = #{m <= 6: -MID[m] <= a}, each a 3-level search over 7 sorted thresholds
+ * (P's eighth, MID[14], added after: a > MID[14] means P = 8), values CB[7 + P] and CB[7 - N], swapped where s is
+ * negative (by its sign bit: s = -0.0 has both values CB[7]). 32 operations for the pair instead of 47. */
+static const float PL2[8] = {MIDK(8, 9), MIDK(12, 13), 0, 0, 0, 0, 0, 0};
+static const float PL3[8] = {MIDK(7, 8), MIDK(9, 10), MIDK(11, 12), MIDK(13, 14), 0, 0, 0, 0};
+static const float NL2[8] = {-MIDK(5, 6), -MIDK(1, 2), 0, 0, 0, 0, 0, 0};
+static const float NL3[8] = {-MIDK(6, 7), -MIDK(4, 5), -MIDK(2, 3), -MIDK(0, 1), 0, 0, 0, 0};
+static const float VPOS[8] = {CB_7, CB_8, CB_9, CB_10, CB_11, CB_12, CB_13, CB_14};
+static const float VNEG[8] = {CB_7, CB_6, CB_5, CB_4, CB_3, CB_2, CB_1, CB_0};
+typedef struct { __m256 q, e, cl, ch, pl2, pl3, nl2, nl3, vp, vn; } tabs256;
 AI T256 tabs256 tabs256_load(void) {
     tabs256 t;
     t.q = _mm256_loadu_ps(MID_Q);
     t.e = _mm256_loadu_ps(MID_E);
     t.cl = _mm256_loadu_ps(CB);
     t.ch = _mm256_loadu_ps(CB + 8);
+    t.pl2 = _mm256_loadu_ps(PL2);
+    t.pl3 = _mm256_loadu_ps(PL3);
+    t.nl2 = _mm256_loadu_ps(NL2);
+    t.nl3 = _mm256_loadu_ps(NL3);
+    t.vp = _mm256_loadu_ps(VPOS);
+    t.vn = _mm256_loadu_ps(VNEG);
     return t;
 }
+AI T256 __m256i m2i(__m256 m) { return _mm256_castps_si256(m); }
+/* 2 idx + (the compare's bit): idx + idx - mask */
+AI T256 __m256i nexti(__m256i idx, __m256 m) { return _mm256_sub_epi32(_mm256_add_epi32(idx, idx), m2i(m)); }
 AI T256 __m256 lv8(__m256 s, __m256i *code, const tabs256 *t) {
-    const __m256 m8 = _mm256_cmp_ps(s, _mm256_set1_ps(MID[7]), _CMP_GT_OQ);
-    __m256i pos = _mm256_and_si256(_mm256_castps_si256(m8), _mm256_set1_epi32(8));
-    const __m256 t4 = _mm256_blendv_ps(_mm256_set1_ps(MID[3]), _mm256_set1_ps(MID[11]), m8);
-    pos = _mm256_sub_epi32(pos, _mm256_slli_epi32(_mm256_castps_si256(_mm256_cmp_ps(s, t4, _CMP_GT_OQ)), 2));
-    const __m256 t2 = _mm256_permutevar8x32_ps(t->q, _mm256_srli_epi32(pos, 2));
-    pos = _mm256_sub_epi32(pos, _mm256_slli_epi32(_mm256_castps_si256(_mm256_cmp_ps(s, t2, _CMP_GT_OQ)), 1));
-    const __m256 t1 = _mm256_permutevar8x32_ps(t->e, _mm256_srli_epi32(pos, 1));
-    pos = _mm256_sub_epi32(pos, _mm256_castps_si256(_mm256_cmp_ps(s, t1, _CMP_GT_OQ)));
+    const __m256 m1 = _mm256_cmp_ps(s, _mm256_set1_ps(MID[7]), _CMP_GT_OQ);
+    const __m256 t2 = _mm256_xor_ps(_mm256_set1_ps(MID[3]),
+                                    _mm256_and_ps(m1, _mm256_xor_ps(_mm256_set1_ps(MID[3]), _mm256_set1_ps(MID[11]))));
+    __m256i idx = _mm256_srli_epi32(m2i(m1), 31);
+    idx = nexti(idx, _mm256_cmp_ps(s, t2, _CMP_GT_OQ));
+    idx = nexti(idx, _mm256_cmp_ps(s, _mm256_permutevar8x32_ps(t->q, idx), _CMP_GT_OQ));
+    const __m256i pos = nexti(idx, _mm256_cmp_ps(s, _mm256_permutevar8x32_ps(t->e, idx), _CMP_GT_OQ));
     *code = pos;
-    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(t->cl, pos), _mm256_permutevar8x32_ps(t->ch, pos), m8);
+    const __m256 ql = _mm256_permutevar8x32_ps(t->cl, pos), qh = _mm256_permutevar8x32_ps(t->ch, pos);
+    return _mm256_xor_ps(ql, _mm256_and_ps(m1, _mm256_xor_ps(ql, qh)));
+}
+/* #{T < a} (gt) or #{T <= a} (ge) of 7 sorted thresholds T: T[3] (t1), {T[1], T[5]} (l2),
+ * {T[0], T[2], T[4], T[6]} (l3) */
+AI T256 __m256i cnt7(__m256 a, float t1, __m256 l2, __m256 l3, int ge) {
+    const int op = ge ? _CMP_GE_OQ : _CMP_GT_OQ;
+    __m256i idx = _mm256_srli_epi32(m2i(_mm256_cmp_ps(a, _mm256_set1_ps(t1), op)), 31);
+    idx = nexti(idx, _mm256_cmp_ps(a, _mm256_permutevar8x32_ps(l2, idx), op));
+    return nexti(idx, _mm256_cmp_ps(a, _mm256_permutevar8x32_ps(l3, idx), op));
+}
+AI T256 void lv8pn(__m256 s, __m256 *qp, __m256 *qn, const tabs256 *t) {
+    const __m256 a = _mm256_and_ps(s, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+    const __m256 m8 = _mm256_cmp_ps(a, _mm256_set1_ps(MID[14]), _CMP_GT_OQ);
+    /* CB[7..14] are >= +0 and CB[15] is 1.0, above them all: P = 8 is max(value, 1.0) */
+    const __m256 vp = _mm256_max_ps(_mm256_permutevar8x32_ps(t->vp, cnt7(a, MID[10], t->pl2, t->pl3, 0)),
+                                    _mm256_and_ps(m8, _mm256_set1_ps(1.0f)));
+    const __m256 vn = _mm256_permutevar8x32_ps(t->vn, cnt7(a, -MID[3], t->nl2, t->nl3, 1));
+    const __m256 sw = _mm256_and_ps(_mm256_castsi256_ps(_mm256_srai_epi32(_mm256_castps_si256(s), 31)),
+                                    _mm256_xor_ps(vp, vn));
+    *qp = _mm256_xor_ps(vp, sw);
+    *qn = _mm256_xor_ps(vn, sw);
 }
 AI T256 vf8 lv_avx2(vf8 s, vi8 *code, const tabs256 *t) {
     __m256i c;
@@ -333,11 +407,19 @@ AI T256 vf8 lv_avx2(vf8 s, vi8 *code, const tabs256 *t) {
 #define ATTR T256
 #define LV_SETUP const tabs256 tb = tabs256_load();
 #define LEVELS(s, c) lv_avx2(s, c, &tb)
+#define LEVELSQ(s) ({ vi8 c_; lv_avx2(s, &c_, &tb); })
+#define LEVELSQN(s) LEVELSQ(s)
+#define LEVELSPN(s, qp, qn) lv8pn((__m256)(s), (__m256 *)(qp), (__m256 *)(qn), &tb)
+#define UMAX(a, b) ((vu8)_mm256_max_epu32((__m256i)(a), (__m256i)(b)))
 #include "nf4opt_body.inc"
 #undef SUF
 #undef ATTR
 #undef LV_SETUP
 #undef LEVELS
+#undef LEVELSQ
+#undef LEVELSQN
+#undef LEVELSPN
+#undef UMAX
 #endif
 
 #if defined(__aarch64__)
@@ -497,22 +579,22 @@ static void group32u_run(int lv, const float (*x)[G], float *dout) {
     }
 }
 
-static void dq32u_run(int lv, const float (*x)[G], const int *q0, const float *sc, float off, const float *dq,
+static void dq32u_run(int lv, const float (*x)[G], const int *q0, const float *sc, const float (*dqv)[G], float off,
                       int32_t (*pk)[G], int *qout, double *ax, double *ae) {
     switch (lv) {
 #ifdef ORK_NF4OPT_X86
     case LV_AVX512:
         if (wtabs_ok == 1) {
-            dq32u_avx512(x, q0, sc, off, dq, pk, qout, ax, ae);
+            dq32u_avx512(x, q0, sc, dqv, off, pk, qout, ax, ae);
             break;
         }
         /* fall through */
-    case LV_AVX2: dq32u_avx2(x, q0, sc, off, dq, pk, qout, ax, ae); break;
+    case LV_AVX2: dq32u_avx2(x, q0, sc, dqv, off, pk, qout, ax, ae); break;
 #endif
 #ifdef ORK_NF4OPT_NEON
-    case LV_NEON: dq32u_neon(x, q0, sc, off, dq, pk, qout, ax, ae); break;
+    case LV_NEON: dq32u_neon(x, q0, sc, dqv, off, pk, qout, ax, ae); break;
 #endif
-    default: dq32u_portable(x, q0, sc, off, dq, pk, qout, ax, ae); break;
+    default: dq32u_portable(x, q0, sc, dqv, off, pk, qout, ax, ae); break;
     }
 }
 
@@ -588,9 +670,78 @@ AI T512 __m512 san512(__m512 v, int64_t *nf) {
     *nf += __builtin_popcount((unsigned)bad);
     return _mm512_maskz_mov_ps((__mmask16)~bad, v);
 }
+/* The 16-bit sources: the 16 blocks (one a register, 32 words) transposed as words, then widened. Four rounds each
+ * swap a bit of the register index (the block's) with a bit of the word index (the element's): after them register
+ * k holds elements 2k and 2k + 1 of every block, word 2b + (i & 1) of it element i of block b, so element 2k is
+ * (word << 16) of each dword and element 2k + 1 its high word (bf16: a float's high half; f16: converted). The
+ * round on word bit 1 is qword shifts and blends (no shuffle port), the others word permutes. Non-finite values
+ * are found as words (the exponent all ones), counted and zeroed before (zero words widen to +0.0f, as san512). */
+/* round k's word indices (p = 2^(k + 1)): the low register of a pair takes its words l without bit p and the high
+ * one's words l - p; the high register the low one's l + p and its own l with bit p */
+static const int16_t WSWAP_IDX[3][2][32] = {
+    {{0, 1, 2, 3, 32, 33, 34, 35, 8, 9, 10, 11, 40, 41, 42, 43,
+      16, 17, 18, 19, 48, 49, 50, 51, 24, 25, 26, 27, 56, 57, 58, 59},
+     {4, 5, 6, 7, 36, 37, 38, 39, 12, 13, 14, 15, 44, 45, 46, 47,
+      20, 21, 22, 23, 52, 53, 54, 55, 28, 29, 30, 31, 60, 61, 62, 63}},
+    {{0, 1, 2, 3, 4, 5, 6, 7, 32, 33, 34, 35, 36, 37, 38, 39,
+      16, 17, 18, 19, 20, 21, 22, 23, 48, 49, 50, 51, 52, 53, 54, 55},
+     {8, 9, 10, 11, 12, 13, 14, 15, 40, 41, 42, 43, 44, 45, 46, 47,
+      24, 25, 26, 27, 28, 29, 30, 31, 56, 57, 58, 59, 60, 61, 62, 63}},
+    {{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
+      32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45, 46, 47},
+     {16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31,
+      48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63}}};
+AI T512 void wswap(__m512i *r, int k, __m512i ia, __m512i ib) {
+    for (int a = 0; a < 16; a++) {
+        if (a & (1 << k)) continue;
+        const int b = a | (1 << k);
+        const __m512i A = r[a], B = r[b];
+        r[a] = _mm512_permutex2var_epi16(A, ia, B);
+        r[b] = _mm512_permutex2var_epi16(A, ib, B);
+    }
+}
+T512 static int64_t load_src512_16(const uint16_t *src, int bf16, float (*xr)[G]) {
+    __m512i r[16];
+    const __m512i e = _mm512_set1_epi16(bf16 ? 0x7f80 : 0x7c00);
+    __mmask32 bad = 0;
+    for (int b = 0; b < G; b++) {
+        r[b] = _mm512_loadu_si512(src + (int64_t)b * DQB);
+        bad |= _mm512_cmpeq_epi16_mask(_mm512_and_si512(r[b], e), e);
+    }
+    int64_t nf = 0;
+    if (bad)
+        for (int b = 0; b < G; b++) {
+            const __mmask32 m = _mm512_cmpeq_epi16_mask(_mm512_and_si512(r[b], e), e);
+            nf += __builtin_popcount((unsigned)m);
+            r[b] = _mm512_maskz_mov_epi16(~m, r[b]);
+        }
+    /* round 0: register bit 0 <-> word bit 1 (words 2, 3 of each qword) */
+    for (int a = 0; a < 16; a += 2) {
+        const __m512i A = r[a], B = r[a + 1];
+        r[a] = _mm512_mask_blend_epi16(0xccccccccu, A, _mm512_slli_epi64(B, 32));
+        r[a + 1] = _mm512_mask_blend_epi16(0xccccccccu, _mm512_srli_epi64(A, 32), B);
+    }
+    /* rounds 1..3: register bit k <-> word bit k + 1 */
+    for (int k = 1; k < 4; k++)
+        wswap(r, k, _mm512_loadu_si512(WSWAP_IDX[k - 1][0]), _mm512_loadu_si512(WSWAP_IDX[k - 1][1]));
+    for (int k = 0; k < 16; k++) {
+        __m512 lo, hi;
+        if (bf16) {
+            lo = _mm512_castsi512_ps(_mm512_slli_epi32(r[k], 16));
+            hi = _mm512_castsi512_ps(_mm512_and_si512(r[k], _mm512_set1_epi32((int)0xffff0000u)));
+        } else {
+            lo = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(r[k]));
+            hi = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(r[k], 16)));
+        }
+        _mm512_storeu_ps(xr[2 * k], lo);
+        _mm512_storeu_ps(xr[2 * k + 1], hi);
+    }
+    return nf;
+}
 T512 static int64_t load_src512(const void *x, int dtype, int64_t off0, float (*xr)[G]) {
     __m512 lo[16], hi[16];
     int64_t nf = 0;
+    if (dtype != ORK_DT_F32) return load_src512_16((const uint16_t *)x + off0, dtype == ORK_DT_BF16, xr);
     for (int b = 0; b < G; b++) {
         const int64_t o = off0 + (int64_t)b * DQB;
         __m512 a, c;
@@ -635,18 +786,34 @@ static int64_t load_src_x(int lv, const void *x, int dtype, int64_t off0, float 
     return nf;
 }
 
-/* q0 of 16 blocks (ork_nf4dq_encode's per-block rule), AVX-512: the binary search by gathers */
+/* q0 of 16 blocks (ork_nf4dq_encode's per-block rule), AVX-512: dq_nearest's binary search, each step's
+ * midpoints mid[pos + step - 1] (pos a multiple of 2 step) read from registers: lv (dq_levels) holds them level by
+ * level, step 128 first (1 value, then 2, 4, .., 128), so the step's value is lv[base + pos / (2 step)], a lookup in
+ * 128 / step entries (a permute of 16 or 32, or 2 and 4 of 32 with blends) instead of a gather. */
 #ifdef ORK_NF4OPT_X86
-T512 static void q0_512(const float *dg, const float *sc, float off, const float *mid, int *q0) {
+AI T512 __m512 lv_lookup(const float *t, int n, __m512i idx) {
+    if (n <= 16) return _mm512_permutexvar_ps(idx, _mm512_loadu_ps(t));
+    __m512 c[4];
+    for (int k = 0; k < n / 32; k++)
+        c[k] = _mm512_permutex2var_ps(_mm512_loadu_ps(t + 32 * k), idx, _mm512_loadu_ps(t + 32 * k + 16));
+    if (n == 32) return c[0];
+    const __mmask16 b5 = _mm512_test_epi32_mask(idx, _mm512_set1_epi32(32));
+    const __m512 lo = _mm512_mask_mov_ps(c[0], b5, c[1]);
+    if (n == 64) return lo;
+    const __m512 hi = _mm512_mask_mov_ps(c[2], b5, c[3]);
+    return _mm512_mask_mov_ps(lo, _mm512_test_epi32_mask(idx, _mm512_set1_epi32(64)), hi);
+}
+T512 static void q0_512(const float *dg, const float *sc, float off, const float *lv, int *q0) {
     const __m512 s = _mm512_loadu_ps(sc);
     const __m512 r = _mm512_sub_ps(_mm512_loadu_ps(dg), _mm512_set1_ps(off));
     const __mmask16 sp = _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ);
     const __m512 v = _mm512_maskz_div_ps(sp, r, _mm512_mask_mov_ps(_mm512_set1_ps(1.0f), sp, s));
     __m512i pos = _mm512_setzero_si512();
-    for (int step = 128; step; step >>= 1) {
-        const __m512i st = _mm512_set1_epi32(step);
-        const __m512 t = _mm512_i32gather_ps(_mm512_add_epi32(pos, _mm512_set1_epi32(step - 1)), mid, 4);
-        pos = _mm512_mask_add_epi32(pos, _mm512_cmp_ps_mask(t, v, _CMP_LT_OQ), pos, st);
+    int base = 0, lg = 8;
+    for (int step = 128, n = 1; step; step >>= 1, n <<= 1, lg--) {
+        const __m512 t = n == 1 ? _mm512_set1_ps(lv[0]) : lv_lookup(lv + base, n, _mm512_srli_epi32(pos, lg));
+        pos = _mm512_mask_add_epi32(pos, _mm512_cmp_ps_mask(t, v, _CMP_LT_OQ), pos, _mm512_set1_epi32(step));
+        base += n;
     }
     pos = _mm512_mask_mov_epi32(pos, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(255));
     _mm512_storeu_si512(q0, pos);
@@ -800,6 +967,16 @@ static void dq_tables(float *dq, float *mid) {
     for (int i = 0; i < 255; i++) mid[i] = (dq[i] + dq[i + 1]) / 2.0f;
 }
 
+/* dq_nearest's midpoints by binary-search level (q0_512): the level of step s holds mid[2 s k + s - 1], k < 128 / s */
+static void dq_levels(const float *mid, float *lv) {
+    int base = 0;
+    for (int step = 128; step; step >>= 1) {
+        for (int k = 0; k < 128 / step; k++) lv[base + k] = mid[2 * step * k + step - 1];
+        base += 128 / step;
+    }
+    for (int i = base; i < 256 + 16; i++) lv[i] = 0.0f; /* the 16-float loads of the small levels read past them */
+}
+
 /* numpy's searchsorted(mid, v, side="left"): the number of mid strictly below v (NaN sorts last: 255) */
 static int dq_nearest(const float *mid, float v) {
     if (v != v) return 255;
@@ -824,12 +1001,34 @@ void ork_nf4dq_scales(const float *d, int64_t nb, float *scale, float *offset) {
     }
 }
 
+int ork_nf4dq_q0s(int lv, const float *v, int64_t n, int *q0) {
+    float dq[256], mid[255], lvm[256 + 16];
+    dq_tables(dq, mid);
+    dq_levels(mid, lvm);
+    if (lv < 0 || lv > LV_NEON || (lv == LV_AVX512 && level() != LV_AVX512)) return -1;
+    const float one[G] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    for (int64_t e0 = 0; e0 < n; e0 += G) {
+        const int m = n - e0 < G ? (int)(n - e0) : G;
+        float vb[G] = {0};
+        int qb[G];
+        memcpy(vb, v + e0, (size_t)m * sizeof(float));
+#ifdef ORK_NF4OPT_X86
+        if (lv == LV_AVX512) q0_512(vb, one, 0.0f, lvm, qb);
+        else
+#endif
+            for (int b = 0; b < G; b++) qb[b] = dq_nearest(mid, one[b] > 0.0f ? (vb[b] - 0.0f) / one[b] : 0.0f);
+        memcpy(q0 + e0, qb, (size_t)m * sizeof(int));
+    }
+    return 0;
+}
+
 void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const float *col_w, int weighting,
                       const float *d, const float *scale, float offset, int64_t b0, int64_t b1, uint8_t *codes,
                       uint8_t *absmax_q, ork_codec_stats *st) {
     const int lv = level();
-    float dq[256], mid[255];
+    float dq[256], mid[255], lvm[256 + 16];
     dq_tables(dq, mid);
+    dq_levels(mid, lvm);
     double ax[16], ae[16];
     for (int l = 0; l < 16; l++) ax[l] = ae[l] = 0.0;
     int64_t nf = 0;
@@ -839,7 +1038,7 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
     uint8_t pk[G][DQB / 2];
     int32_t pp[DQB / 2][G];
     int q0[G], qo[G];
-    float sc[G];
+    float sc[G], dqv[NCAND][G];
     for (int64_t g0 = b0; g0 < b1; g0 += G) {
         const int nb = (int)(b1 - g0 < G ? b1 - g0 : G);
         const int fast = UNIT(col_w, weighting) && nb == G && (g0 + G) * DQB <= n;
@@ -847,14 +1046,19 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
             nf += load_src_x(lv, x, dtype, g0 * DQB, xb, xr);
             for (int b = 0; b < G; b++) sc[b] = scale[(g0 + b) / ORK_NF4DQ_GROUP];
 #ifdef ORK_NF4OPT_X86
-            if (lv == LV_AVX512) q0_512(d + g0, sc, offset, mid, q0);
+            if (lv == LV_AVX512) q0_512(d + g0, sc, offset, lvm, q0);
             else
 #endif
                 for (int b = 0; b < G; b++) {
                     const float r = d[g0 + b] - offset;
                     q0[b] = dq_nearest(mid, sc[b] > 0.0f ? r / sc[b] : 0.0f);
                 }
-            dq32u_run(lv, (const float (*)[G])xr, q0, sc, offset, dq, pp, qo, ax, ae);
+            for (int t = 0; t < NCAND; t++)
+                for (int b = 0; b < G; b++) {
+                    const int qq = q0[b] + NF4DQ_CAND[t];
+                    dqv[t][b] = dq[qq < 0 ? 0 : (qq > 255 ? 255 : qq)];
+                }
+            dq32u_run(lv, (const float (*)[G])xr, q0, sc, (const float (*)[G])dqv, offset, pp, qo, ax, ae);
             pack_t((const int32_t (*)[G])pp, pk);
         } else {
             nf += gather_group(x, dtype, n, k, col_w, DQB, g0, nb, xb, cwb);

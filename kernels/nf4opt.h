@@ -41,6 +41,10 @@ int ork_nf4opt_level(void);
  * such level (x86 follows ork_codecs_isa()). */
 int ork_nf4opt_lookups(int lv, const float *s, int64_t n, float *q, float *qc, float *qq, float *qn1, float *qp,
                        float *qn);
+/* For the tests: ork_nf4dq_encode's q0 (the number of DQ midpoints strictly below v; NaN: 255) of n values v (with
+ * offset 0 and scale 1) at level lv as above (AVX-512: the register search; the others: the scalar one); -1 if
+ * this build or CPU has no such level. */
+int ork_nf4dq_q0s(int lv, const float *v, int64_t n, int *q0);
 /* CDEF END */
 
 #endif

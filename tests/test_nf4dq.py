@@ -278,6 +278,42 @@ def test_runtime_decode_of_any_range(e0, e1):
     assert rc == 0 and out.tobytes() == want.tobytes()
 
 
+@pytest.mark.parametrize("shift", [0, 1, 7, 15])
+@pytest.mark.parametrize("e0", [0, 13])
+def test_runtime_decode_at_any_alignment(shift, e0):
+    """The decode's whole-block path (AVX-512: permutes of each block's 16 values) into outputs at any float alignment,
+    from a block boundary or inside a block: the bytes of the reference and of the portable C path, the floats either
+    side of the output left alone."""
+    from orkpack._kernels import ffi, lib
+    rng = np.random.default_rng(11)
+    n = 32 * 700 + 21
+    nb = -(-n // 32)
+    c = rng.integers(0, 256, (n + 1) // 2, dtype=np.uint8)
+    q = rng.integers(0, 256, nb, dtype=np.uint8)
+    s = (rng.random(-(-nb // 256)) + 0.5).astype(np.float32)
+    o = np.array([0.01], np.float32)
+    want = R.nf4dq_decode(c, q, s, o, (n,))[e0:]
+
+    def p(a, t):
+        return ffi.cast(t, ffi.from_buffer(a))
+    got = {}
+    try:
+        for level in (-1, 0):  # the best (AVX-512 where the CPU has it), then portable C
+            lib.ork_rt_set_isa(level)
+            buf = np.full(n - e0 + 48, -7.0, np.float32)
+            k = (-(buf.ctypes.data % 64) // 4) % 16 + 16 + shift  # the output `shift` floats past a 64-byte line
+            rc = lib.ork_rt_nf4dq_decode(p(c, "uint8_t *"), c.size, p(q, "uint8_t *"), q.size, p(s, "float *"), s.size,
+                                         float(o[0]), e0, n, p(buf[k:], "float *"))
+            assert rc == 0
+            out = buf[k:k + n - e0]
+            assert out.tobytes() == want.tobytes(), level
+            assert (buf[:k] == -7.0).all() and (buf[k + n - e0:] == -7.0).all(), level
+            got[level] = out.tobytes()
+    finally:
+        lib.ork_rt_set_isa(-1)
+    assert got[-1] == got[0]
+
+
 def _unit_cases():
     """Inputs for the unit-weight bodies (kernels/nf4opt_body.inc group32u / dq32u: no column weights, the plain
     weighting, 16 full blocks at a time): every edge case grown to several full groups of 16 blocks and a ragged
@@ -331,13 +367,43 @@ def test_unit_weight_bodies_16bit_and_nonfinite(dtype):
         codecs.set_isa(None)
 
 
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_unit_weight_bodies_16bit_edge_groups(dtype):
+    """The 16-bit sources' path of the unit bodies (AVX-512: transposed as words, non-finite words zeroed and counted
+    there): a group of 16 blocks all non-finite, one half NaN, blocks of -0.0, of f16 subnormals, one outlier a
+    block, and a ragged end, against the reference at every level."""
+    rng = np.random.default_rng(17)
+    x = _heavy((16 * 32 * 6 + 45,), 9)
+    g = x[: 16 * 32 * 6].reshape(6, 16, 32)
+    g[1] = np.inf
+    g[1, ::2] = -np.inf
+    g[2, :8] = np.nan
+    g[3, ::3] = -0.0
+    g[4, 1::2] = (rng.standard_normal((8, 32)) * 3e-6).astype(np.float32)  # subnormal as f16
+    g[5, :, 7] = np.float32(3e4)
+    src = x.astype(np.float16) if dtype == "f16" else (x.view(np.uint32) >> 16).astype(np.uint16)
+    want = R.nf4dq_encode(src)
+    nonfinite = int((~np.isfinite(x)).sum())
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            for lvl in LEVELS:
+                codecs.set_isa(lvl)
+                e = _enc(src)
+                assert e.nonfinite == nonfinite, (lvl, e.nonfinite, nonfinite)
+                _same(e, want, f"{dtype} {lvl}")
+    finally:
+        codecs.set_isa(None)
+
+
 def _lookup_values() -> np.ndarray:
     """Values where an NF4 lookup could go wrong: every midpoint and +-midpoint, every bin edge of the two bin maps
-    (codecs.c's (s * 15.5f) + 16, the unit bodies' fma(s, 14.5f, 16)) and the +-1.03 / +-1.1 clamps, each with
-    the 64 floats either side; random values in [-1.2, 1.2]; zeros, subnormals, huge values, infinities."""
+    (codecs.c's (s * 15.5f) + 16, the unit bodies' round(s * 14 + 16) and the old fma(s, 14.5f, 16)) and the +-1.03 /
+    +-1.1 clamps, each with the 64 floats either side; random values in [-1.2, 1.2]; zeros, subnormals, huge values, infinities."""
     mids = (R.CODEBOOK[:-1] + R.CODEBOOK[1:]) / np.float32(2)
     edges = [(np.float32(k) - np.float32(16)) / np.float32(15.5) for k in range(33)]
     edges += [(np.float32(k) - np.float32(16)) / np.float32(14.5) for k in range(33)]
+    edges += [(np.float32(k) + np.float32(0.5) - np.float32(16)) / np.float32(14) for k in range(33)]
     centres = np.concatenate([mids, -mids, np.array(edges, np.float32),
                               np.array([1.03, -1.03, 1.1, -1.1, 1.0, -1.0, 0.0], np.float32)]).astype(np.float32)
     out = [centres]
@@ -379,6 +445,38 @@ def test_unit_body_lookups_are_the_nf4_rule():
             for got, ref, what in ((qn1, want, "unclamped"), (qp, want, "pair +s"), (qn, want_neg, "pair -s")):
                 bad = np.nonzero(inside & (got.view(np.uint32) != ref.view(np.uint32)))[0]
                 assert bad.size == 0, (name, what, s[bad[:5]], got[bad[:5]], ref[bad[:5]])
+    finally:
+        codecs.set_isa(None)
+    assert tried == LEVELS
+
+
+def test_q0_is_the_nearest_dq_code_at_every_level():
+    """step 3's q0 (the AVX-512 register search by binary-search level, the scalar search elsewhere) is numpy's
+    searchsorted(DQ_MID, v) at every DQ midpoint, 64 floats either side, the ends, zeros, subnormals, NaN, +-inf."""
+    from orkpack._kernels import ffi, lib
+
+    mids = R.DQ_MID.astype(np.float32)
+    out = [mids, np.array([0.0, -0.0, 1e-45, -1e-45, 1.0, -1.0, 2.0, -2.0, 3e38, -3e38, np.inf, -np.inf, np.nan],
+                          np.float32), R.DQ_CODE.astype(np.float32)]
+    up, down = mids.copy(), mids.copy()
+    for _ in range(64):
+        up, down = np.nextafter(up, np.float32(np.inf)), np.nextafter(down, np.float32(-np.inf))
+        out += [up, down]
+    out.append(np.random.default_rng(5).uniform(-1.05, 1.05, 50_000).astype(np.float32))
+    v = np.ascontiguousarray(np.concatenate(out).astype(np.float32))
+    want = np.searchsorted(mids, v, side="left")
+    levels = {"portable": 0, "avx2": 1, "avx512": 2}
+    tried = []
+    try:
+        for name in LEVELS:
+            codecs.set_isa(name)
+            got = np.empty(v.size, np.int32)
+            if lib.ork_nf4dq_q0s(levels[name], ffi.cast("float *", ffi.from_buffer(v)), v.size,
+                                 ffi.cast("int *", ffi.from_buffer(got))) != 0:
+                continue
+            tried.append(name)
+            bad = np.nonzero(got != want)[0]
+            assert bad.size == 0, (name, v[bad[:5]], got[bad[:5]], want[bad[:5]])
     finally:
         codecs.set_isa(None)
     assert tried == LEVELS
