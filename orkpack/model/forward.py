@@ -134,14 +134,35 @@ def _softmax(s: np.ndarray) -> np.ndarray:
     return s
 
 
+_BLAS = None  # threadpoolctl's controller of the loaded BLAS libraries (made at the first attention)
+
+
+def _one_blas_thread():
+    """A context in which BLAS runs on one thread: attention's many small products (a few tens of MFLOP each) ran
+    3-4x faster on one thread than on two on this shared 2-core machine, with the same bits (OpenBLAS splits the
+    rows and columns of a product between threads, never its sums); the weight products keep the caller's threads
+    (orkpack eval --threads)."""
+    global _BLAS
+    if _BLAS is None:
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS = ThreadpoolController()
+    return _BLAS.limit(limits=1, user_api="blas")
+
+
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, hp: Hparams, window: int,
             sinks: np.ndarray | None = None, q0: int = 0, k0: int = 0) -> np.ndarray:
     """Causal attention: q (T, nh, d), k (S, nkv, d), v (S, nkv, dv) -> (T, nh * dv).
 
     ``q0``, ``k0``: the absolute positions of q[0] and k[0] (the keys run to the last query's position; a cache
     holds the earlier ones). ``sinks`` (nh,): a per-head logit in every softmax's denominator that attends to
-    nothing (gpt-oss).
+    nothing (gpt-oss). Its products on one BLAS thread (:func:`_one_blas_thread`).
     """
+    with _one_blas_thread():
+        return _attend_blocks(q, k, v, hp, window, sinks, q0, k0)
+
+
+def _attend_blocks(q, k, v, hp: Hparams, window: int, sinks, q0: int, k0: int) -> np.ndarray:
     T, nh, _ = q.shape
     nkv, dv = k.shape[1], v.shape[2]
     g = nh // nkv
