@@ -5,8 +5,10 @@ tokens (the remainder is dropped; a model that wants a BOS gets it as each chunk
 chunk runs as its own sequence, and the logits at positions ``ctx/2 .. ctx-2`` are scored (each
 predicts the next token of the chunk). Per scored token: the reference's and each path's negative
 log-likelihood of the next token, KL(reference || path) of the next-token distribution, and whether
-their most likely tokens agree. Everything is computed chunk by chunk: one chunk's scored
-reference log-probabilities are kept while its paths run, nothing else of the vocabulary size.
+their most likely tokens agree. The chunks of a run go through the model together, layer by layer
+(forward.Batch: each layer's weights are read and dequantized once for all chunks), every run in step;
+then chunk by chunk each run's scored logits: one chunk's scored reference log-probabilities are kept
+while its paths score, nothing else of the vocabulary size (but each run's output head weights).
 
 PACK is an ``.orkpack`` (its paths: prefill and decode, orkpack.eval.weights.PackWeights) or a
 GGUF (one path: llama.cpp's CPU numerics, GGUFWeights). With SOURCE the reference is its float

@@ -8,6 +8,9 @@ the hidden states of every token are kept, the weights of one layer at a time.
 Shapes: ``x`` is (T, hidden); q/k/v are (T, heads, head_dim). Attention runs per KV head and
 block of queries, so its scores take (group x 256 x T) floats at most.
 
+Several sequences at once (:class:`Batch`, what ``orkpack eval`` runs its chunks as): layer by layer over all of
+them, each layer's weights read once; every sequence's numbers are those it gets alone.
+
 Incremental: given a :class:`orkpack.model.state.State`, ``run`` takes the tokens as the continuation of the
 sequence the state holds (positions from ``state.pos``: RoPE, attention temperature and sliding windows at absolute
 positions), attends over the cached K/V plus the new, carries every recurrent block's state, and leaves the state
@@ -600,7 +603,7 @@ class _Seq:
 
 def head_blocks(T: int, chunk: int, start: int = 0) -> int:
     """Blocks of ``chunk`` logits a sequence of T tokens computes from token ``start`` on (:meth:`Batch.logits`)."""
-    return -(-T // chunk) - min(start, T) // chunk
+    return max(0, -(-T // chunk) - start // chunk)
 
 
 def run(source, tokens, *, weights: Weights | None = None, hp: Hparams | None = None,
