@@ -177,7 +177,8 @@ def main() -> int:
            "load_after": os.getloadavg()[0]}
     if other:
         res.update(against=str(other), against_ratio_median=statistics.median(r["against_ratio"] for r in rounds),
-                   vs_against_median=statistics.median(r["vs_against"] for r in rounds), against_json_identical=identical)
+                   vs_against_median=statistics.median(r["vs_against"] for r in rounds),
+                   against_json_identical=identical)
     if a.json:
         print(json.dumps(res, indent=1))
     else:

@@ -78,7 +78,8 @@ TVNNI static int vnni(const int8_t *x, const float *sx, int64_t M, const int8_t 
     for (int64_t nb = 0; nb < NB; nb += 2) {
         const uint8_t *b0 = wp + nb * K4 * 64, *b1 = b0 + K4 * 64;
         const int64_t n0 = nb * 16, n1 = n0 + 32 < N ? n0 + 32 : N;
-        const __m512i s0 = _mm512_loadu_si512((const void *)(wsum + n0)), s1 = _mm512_loadu_si512((const void *)(wsum + n0 + 16));
+        const __m512i s0 = _mm512_loadu_si512((const void *)(wsum + n0));
+        const __m512i s1 = _mm512_loadu_si512((const void *)(wsum + n0 + 16));
         for (int64_t m0 = 0; m0 < M; m0 += MR) {
             __m512i c00 = _mm512_setzero_si512(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00,
                     c31 = c00;

@@ -509,7 +509,8 @@ def test_batch_gives_each_sequence_its_run(family, tmp_path):
                 got, steps = {}, []
                 b.logits(k, lambda t0, lg: got.__setitem__(t0, lg.copy()), chunk=16, start=start,
                          step=lambda: steps.append(1))
-                assert sorted(got) == list(range(start // 16 * 16, s.size, 16)) and len(steps) == head_blocks(s.size, 16, start)
+                assert sorted(got) == list(range(start // 16 * 16, s.size, 16))
+                assert len(steps) == head_blocks(s.size, 16, start)
                 for t0, lg in got.items():
                     np.testing.assert_array_equal(lg.view(np.uint32), alone[k][t0: t0 + 16].view(np.uint32))
         b.release()

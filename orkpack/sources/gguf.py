@@ -45,6 +45,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueTy
 from gguf import quants as _quants
 
 from ..errors import SourceError, escape_name
+from ..gcpause import without_gc
 from ..pack import spec
 from .base import FLOAT_DTYPES, RAW_DTYPES, FileSource, TensorInfo, array_in, is_raw, map_array
 from .. import archs
@@ -247,6 +248,7 @@ class GGUFSource(FileSource):
     def _fd(self) -> int:
         return self._fds[0] if self._fds else -1
 
+    @without_gc
     def _parse(self, name: str) -> None:
         size = os.fstat(self._fd).st_size
         if size < 24 or os.pread(self._fd, 4, 0) != b"GGUF":
