@@ -385,7 +385,10 @@ def _evaluate(source: Located | None, pack_path: Path, opts, progress, closers) 
         if bos is not None:
             chunk[0] = bos
         chunks.append(chunk)
-    head_blocks = forward.head_blocks(opts.ctx, _LOGIT_BLOCK, first)
+    # the head from the first scored token's block on; from token 0 when every product is measured (--per-tensor's
+    # errors, --sensitivity's statistics: over the whole chunk, as they always were)
+    head_from = 0 if opts.per_tensor or opts.sensitivity else first
+    head_blocks = forward.head_blocks(opts.ctx, _LOGIT_BLOCK, head_from)
     per_run = hp.n_layers + head_blocks
     total = float(n_chunks * len(runs) * per_run)
     stats = {r.label: _Stats() for r in runs}
@@ -424,7 +427,7 @@ def _evaluate(source: Located | None, pack_path: Path, opts, progress, closers) 
                     if progress:
                         progress(done, total, f"chunk {c + 1}/{n_chunks} {label}")
 
-                b.logits(c, on_logits, chunk=_LOGIT_BLOCK, start=first, step=step)
+                b.logits(c, on_logits, chunk=_LOGIT_BLOCK, start=head_from, step=step)
                 lg = np.concatenate(rows)
                 if ri == 0:
                     base_lp = np.concatenate([_log_softmax64(lg[i: i + _KLD_ROWS]).astype(np.float32)
