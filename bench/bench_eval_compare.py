@@ -3,6 +3,7 @@
     python bench/bench_eval_compare.py                       # the real SmolLM2-135M, Q4_0, 3 interleaved rounds
     python bench/bench_eval_compare.py --reps 5 --threads 2 --json
     python bench/bench_eval_compare.py --model M.gguf --type Q4_K_M --bin DIR
+    python bench/bench_eval_compare.py --chunks 4 --against /tmp/base   # also another orkpack tree, same rounds
 
 The job: score a quantized GGUF of a model against its float weights on the built-in prose (chunks of 512,
 each scored on its second half): the float model's perplexity, the quantized model's, and their mean KL
@@ -19,6 +20,10 @@ Cases, each a whole process timed from spawn to exit, every case once per round 
   * llama.cpp: ``llama-perplexity -m f32.gguf -f prose --kl-divergence-base base.kld`` (the base logits), then
     ``llama-perplexity -m q.gguf -f prose --kl-divergence-base base.kld --kl-divergence``; its time is the
     two processes' sum. Both with ``-t T -c 512 -b 512`` (llama.cpp's defaults otherwise).
+
+``--against TREE`` runs a second orkpack tree's eval in every round too (``PYTHONPATH=TREE``, from TREE: e.g.
+``git archive`` of an earlier commit with the built kernels copied in): before and after in one interleaved run,
+its ratio to llama.cpp and to this tree's, and whether its --json is byte-identical to this tree's.
 
 It prints both tools' figures (they must agree: the reference perplexity within 1e-3 relative, the KLD within
 a few percent, llama.cpp storing its base logits in 16 bits) and the wall-time ratio orkpack / llama.cpp per
@@ -71,14 +76,14 @@ def _binaries(bin_dir: str | None) -> tuple[Path, Path]:
 NO_REPACK: list[str] = []  # ["--no-repack"] once llama.cpp's AMX kernels have died of SIGILL here
 
 
-def _run(argv: list[str], env: dict | None = None, llama: bool = False) -> tuple[float, str]:
+def _run(argv: list[str], env: dict | None = None, llama: bool = False, cwd: Path | None = None) -> tuple[float, str]:
     """Seconds and output of one process. A llama.cpp process killed by SIGILL is run again with --no-repack,
     and so is every later one: ggml built with -march=native compiles its AMX kernels where the CPU reports
     AMX, and a VM whose kernel does not grant AMX tile state kills them at the first tile instruction (seen
     here: ggml_backend_amx_mul_mat, `tilezero`, on Q4_0). --no-repack leaves out that buffer type."""
     argv = argv + (NO_REPACK if llama else [])
     t0 = time.perf_counter()
-    r = subprocess.run(argv, capture_output=True, text=True, env=env)
+    r = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd)
     dt = time.perf_counter() - t0
     if llama and r.returncode in (-4, -11) and not NO_REPACK:  # SIGILL, or SIGSEGV (seen too, same kernels)
         NO_REPACK.append("--no-repack")
@@ -109,6 +114,7 @@ def main() -> int:
     ap.add_argument("--chunks", type=int, default=0, help="chunks of 512 to score (0: the whole built-in prose)")
     ap.add_argument("--bin", help="a folder holding llama-perplexity and llama-quantize")
     ap.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "orkpack-bench-eval"))
+    ap.add_argument("--against", type=Path, metavar="TREE", help="also run the orkpack eval of the tree at TREE")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
 
@@ -138,9 +144,18 @@ def main() -> int:
     if a.chunks:
         ork_argv += ["--chunks", str(a.chunks)]
 
-    rounds, ork_out, llama_out = [], None, None
-    for _ in range(a.reps):
+    other = a.against.resolve() if a.against else None
+    other_env = other and dict(os.environ, PYTHONPATH=str(other) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    rounds, ork_out, llama_out, identical = [], None, None, None
+    for i in range(a.reps):
+        t_other = None
+        if other and i % 2:  # the two trees' order alternates
+            t_other, out_other = _run(ork_argv, other_env, cwd=other)
         t_ork, out = _run(ork_argv, env)
+        if other and not i % 2:
+            t_other, out_other = _run(ork_argv, other_env, cwd=other)
+        if other:
+            identical = (identical is not False) and out_other == out
         ork_out = json.loads(out[out.index("{"):])
         t_base, _ = _run([str(ppl_bin), "-m", str(f32), *common_args, "--kl-divergence-base", str(base)], llama=True)
         t_kld, log = _run([str(ppl_bin), "-m", str(q), *common_args, "--kl-divergence-base", str(base),
@@ -148,7 +163,10 @@ def main() -> int:
         llama_out = _llama_figures(log)
         base.unlink(missing_ok=True)
         rounds.append({"orkpack_s": t_ork, "llama_base_s": t_base, "llama_kld_s": t_kld,
-                       "ratio": t_ork / (t_base + t_kld)})
+                       "ratio": t_ork / (t_base + t_kld), "load": os.getloadavg()[0]})
+        if other:
+            rounds[-1].update(against_s=t_other, against_ratio=t_other / (t_base + t_kld), vs_against=t_ork / t_other)
+        print(f"round {i + 1}/{a.reps}: {json.dumps(rounds[-1])}", file=sys.stderr, flush=True)
 
     ref = next(p for p in ork_out["paths"] if p["path"] == "reference")
     gg = next(p for p in ork_out["paths"] if p["path"] != "reference")
@@ -157,16 +175,25 @@ def main() -> int:
            "llama_extra_args": NO_REPACK,
            "ratio_median": statistics.median(r["ratio"] for r in rounds), "orkpack": ours, "llama.cpp": llama_out,
            "load_after": os.getloadavg()[0]}
+    if other:
+        res.update(against=str(other), against_ratio_median=statistics.median(r["against_ratio"] for r in rounds),
+                   vs_against_median=statistics.median(r["vs_against"] for r in rounds),
+                   against_json_identical=identical)
     if a.json:
         print(json.dumps(res, indent=1))
     else:
         print(f"{model.name} {a.type}, {a.threads} threads, {a.reps} interleaved rounds, load {res['load_after']:.1f}")
         for i, r in enumerate(rounds):
             print(f"  round {i + 1}: orkpack {r['orkpack_s']:.1f} s, llama-perplexity {r['llama_base_s']:.1f} + "
-                  f"{r['llama_kld_s']:.1f} s: {r['ratio']:.2f}x")
+                  f"{r['llama_kld_s']:.1f} s: {r['ratio']:.2f}x (load {r['load']:.1f})"
+                  + (f"; {other.name} {r['against_s']:.1f} s: {r['against_ratio']:.2f}x, this / it "
+                     f"{r['vs_against']:.2f}" if other else ""))
         if NO_REPACK:
             print("  llama.cpp ran with --no-repack (its AMX kernels die of SIGILL here)")
         print(f"orkpack / llama.cpp wall, median of rounds: {res['ratio_median']:.2f} (goal <= 1.2)")
+        if other:
+            print(f"  {other}: {res['against_ratio_median']:.2f}; this tree / it, median of rounds: "
+                  f"{res['vs_against_median']:.2f}; --json byte-identical: {identical}")
         print(f"  reference ppl {ours['ppl_base']:.4f} vs {llama_out['ppl_base']}; {a.type} ppl {ours['ppl_q']:.4f} vs "
               f"{llama_out['ppl_q']}; KLD {ours['kld']:.4f} vs {llama_out['kld']}")
     agree = (llama_out["ppl_base"] and abs(ours["ppl_base"] / llama_out["ppl_base"] - 1) < 1e-3

@@ -85,6 +85,51 @@ def test_int8_matmul_is_the_exact_integer_product(k):
     np.testing.assert_array_equal(numerics.int8_matmul(qx, sx, qw, sw), want)
 
 
+@pytest.mark.parametrize("isa", ["portable", "avx2", "avx512"])
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (3, 17, 5), (5, 33, 67), (4, 32, 64), (9, 50, 577), (130, 40, 1536),
+                                   (2, 3, 0), (0, 4, 8), (3, 0, 8)])
+def test_int8_matmul_kernel_is_its_numpy_reference(isa, m, n, k):
+    """kernels/i8gemm.c on each SIMD path it has (ORKPACK_ISA's levels; VNNI where the CPU has it) against the
+    float64 reference and against int64 sums, bit for bit: shapes off every block size (4 rows, 16 / 32 columns,
+    4 k), the int8 extremes -128 and 127 in every row."""
+    from orkpack.codecs import set_isa
+    from orkpack._kernels import lib
+
+    rng = np.random.default_rng(m * 1000 + n * 10 + k)
+    qx = rng.integers(-128, 128, (m, k)).astype(np.int8)
+    qw = rng.integers(-128, 128, (n, k)).astype(np.int8)
+    if m and n and k:
+        qx[0], qw[0] = -128, -128
+        qx[-1, ::2], qw[-1, 1::2] = 127, -128
+    sx = (rng.random(m) * 3e-2).astype(np.float32)
+    sw = (rng.random(n) * 3e-3).astype(np.float32)
+    acc = qx.astype(np.int64) @ qw.astype(np.int64).T
+    want = acc.astype(np.float32) * sx[:, None] * sw[None, :]
+    try:
+        got_isa = set_isa(isa)
+        if isa == "avx512" and got_isa == "avx512":
+            assert lib.ork_i8_matmul_isa() in (1, 2)  # VNNI when the CPU has it, else AVX2
+        got = numerics.int8_matmul(qx, sx, qw, sw)
+    finally:
+        set_isa(None)
+    assert got.dtype == np.float32 and got.shape == (m, n)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    np.testing.assert_array_equal(numerics.int8_matmul_f64(qx, sx, qw, sw).view(np.uint32), want.view(np.uint32))
+
+
+def test_int8_matmul_longest_k_and_beyond():
+    """The kernel's largest K (ORK_I8GEMM_MAX_K: K x 128 x 128 < 2^31) at the accumulator's extreme (every product
+    +16384), and one K more (the float64 reference takes it), both exact."""
+    for k in (numerics._I8_MAX_K, numerics._I8_MAX_K + 1):
+        qx = np.full((2, k), -128, dtype=np.int8)
+        qw = np.full((3, k), -128, dtype=np.int8)
+        qw[1] = 127
+        sx, sw = np.ones(2, np.float32), np.array([1, 1, 0.5], np.float32)
+        acc = qx.astype(np.int64) @ qw.astype(np.int64).T
+        want = acc.astype(np.float32) * sx[:, None] * sw[None, :]
+        np.testing.assert_array_equal(numerics.int8_matmul(qx, sx, qw, sw), want)
+
+
 @pytest.mark.parametrize("shape,kseg", [((70, 100), 8192), ((33, 200), 64)])
 def test_untile_inverts_the_c_codecs_npu_image(shape, kseg):
     w = np.random.default_rng(1).standard_normal(shape).astype(np.float32)

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[1] / "orkpack"
 
 # bottom to top; a module belongs to the first layer one of whose prefixes is the module or a package holding it
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("base", ("orkpack", "orkpack.errors", "orkpack.layout", "orkpack.globs", "orkpack.files")),
+    ("base", ("orkpack", "orkpack.errors", "orkpack.layout", "orkpack.globs", "orkpack.files", "orkpack.gcpause")),
     ("format", ("orkpack.archs", "orkpack.ggufkeys", "orkpack.pack")),
     ("sources", ("orkpack.sources", "orkpack.keepfloat")),
     ("model", ("orkpack.model", "orkpack.synth")),

@@ -479,3 +479,42 @@ def test_activations_of_large_negative_inputs_do_not_overflow():
         y = _act(x, "silu")
     np.testing.assert_allclose(y, x / (1 + np.exp(-x.astype(np.float64))), rtol=1e-6, atol=1e-30)
     assert y.dtype == np.float32
+
+
+@pytest.mark.parametrize("family", ["gemma2", "qwen2_moe", "lfm2", "gemma3n_text", "gemma4_text", "rwkv7",
+                                    "qwen3_next"])
+def test_batch_gives_each_sequence_its_run(family, tmp_path):
+    """forward.Batch (what orkpack eval runs its chunks as: layer by layer over every sequence, the embedding rows of
+    all in one lookup, the output head kept) gives each sequence run()'s logits bit for bit, in the same blocks; from
+    a later token on, only the blocks from the one holding it, the same bits; each layer's weights are read once for
+    all sequences (SourceWeights' reads counted)."""
+    from orkpack.model import SourceWeights, model_hparams
+    from orkpack.model.forward import Batch, head_blocks
+
+    folder = _tiny(tmp_path, family)
+    src = open_source(folder)
+    try:
+        hp = model_hparams(src)
+        seqs = [np.arange(37) % 128, (np.arange(24) * 7 + 3) % 128, np.array([5, 9, 2])]
+        alone = [run(src, s, chunk=16) for s in seqs]
+        reads: list[str] = []
+        w = SourceWeights(src)
+        raw = w._raw
+        w._raw = lambda name: (reads.append(name) if name not in w._cache else None, raw(name))[1]
+        b = Batch(src, seqs, weights=w, hp=hp)
+        for i in range(hp.n_layers):
+            b.layer(i)
+        for k, s in enumerate(seqs):
+            for start in (0, 17):
+                got, steps = {}, []
+                b.logits(k, lambda t0, lg: got.__setitem__(t0, lg.copy()), chunk=16, start=start,
+                         step=lambda: steps.append(1))
+                assert sorted(got) == list(range(start // 16 * 16, s.size, 16))
+                assert len(steps) == head_blocks(s.size, 16, start)
+                for t0, lg in got.items():
+                    np.testing.assert_array_equal(lg.view(np.uint32), alone[k][t0: t0 + 16].view(np.uint32))
+        b.release()
+    finally:
+        src.close()
+    layer_reads = [n for n in reads if n.startswith("blk.")]
+    assert layer_reads and len(layer_reads) == len(set(layer_reads))  # every layer tensor read once for all three

@@ -485,3 +485,51 @@ def test_peak_rss_bounded(tmp_path, kind):
     bound = 3 * r["largest"] + 64 * 2**20
     assert r["total"] > 2 * bound  # the model really is larger than the bound: loading it all would fail
     assert r["growth"] < bound, r
+
+
+def _big_endian_gguf(p: Path) -> None:
+    w = gguf.GGUFWriter(p, "llama", endianess=gguf.GGUFEndian.BIG)
+    w.add_uint32("llama.block_count", 1)
+    w.add_array("tokenizer.ggml.tokens", ["a", "bb", "ccc"])
+    w.add_array("tokenizer.ggml.scores", [0.5, -1.0, 2.0])
+    w.add_float64("x.f64", 1.25)
+    w.add_tensor("blk.0.attn_q.weight", np.arange(8, dtype=np.float32).reshape(2, 4))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gguf_header_reader_is_gguf_pys(tmp_path, models):
+    """GGUFSource's header parse (sources/gguf.py _HeaderReader: gguf-py's GGUFReader on a plain view of its map)
+    gives gguf-py's own fields and tensor table, part by part and byte by byte: a synthetic GGUF, a big-endian one,
+    and the real SmolLM2 (49k tokens, merges) when installed."""
+    from orkpack.sources.gguf import GGUFSource, _HeaderReader
+
+    from test_eval_tokenizer import real_smollm2
+
+    _big_endian_gguf(tmp_path / "be.gguf")
+    paths = [models / "m.gguf", tmp_path / "be.gguf"]
+    try:
+        paths.append(real_smollm2())
+    except BaseException:  # not installed (pytest.skip): the synthetic files alone
+        pass
+    for p in paths:
+        ours, theirs = _HeaderReader(p), gguf.GGUFReader(p)
+        assert ours.byte_order == theirs.byte_order and ours.data_offset == theirs.data_offset
+        assert list(ours.fields) == list(theirs.fields)
+        for key, f in theirs.fields.items():
+            g = ours.fields[key]
+            assert (g.offset, g.name, g.types, g.data) == (f.offset, f.name, f.types, f.data), key
+            assert len(g.parts) == len(f.parts), key
+            for a, b in zip(g.parts, f.parts):
+                assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), key
+            assert repr(g.contents()) == repr(f.contents()), key
+        assert [(t.name, t.tensor_type, t.shape.tolist(), t.n_elements, t.n_bytes, t.data_offset)
+                for t in ours.tensors] == [(t.name, t.tensor_type, t.shape.tolist(), t.n_elements, t.n_bytes,
+                                            t.data_offset) for t in theirs.tensors]
+        del ours, theirs
+    src = GGUFSource(tmp_path / "be.gguf")
+    assert src.metadata["tokenizer.ggml.tokens"] == ["a", "bb", "ccc"] and src.metadata["x.f64"] == 1.25
+    assert [(t.name, t.shape) for t in src.tensors()] == [("blk.0.attn_q.weight", (2, 4))]
+    src.close()

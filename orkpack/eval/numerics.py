@@ -47,9 +47,32 @@ def int8_act(x: np.ndarray, per: str = "token") -> tuple[np.ndarray, np.ndarray]
 def int8_matmul(qx: np.ndarray, sx: np.ndarray, qw: np.ndarray, sw: np.ndarray) -> np.ndarray:
     """``(qx @ qw.T)`` accumulated exactly, rescaled: float32 (T, N) = float32(acc) * sx[:, None] * sw[None, :].
 
-    The integer products are summed in float64, which is exact here (every partial sum is an integer
-    below K * 127 * 127 < 2**53), so the result is the NPU's int32 accumulator whatever the order.
+    The integer sums are exact whatever the order, so the result is the NPU's int32 accumulator: here the C
+    kernel's int32 sums (kernels/i8gemm.c: AVX-512 VNNI, AVX2 or portable C; K up to 131,071), else
+    :func:`int8_matmul_f64`, its numpy reference (tests/test_eval_numerics.py holds the two bit-equal).
     """
+    T, K = qx.shape
+    N = qw.shape[0]
+    from .._kernels import ffi, lib
+
+    if K > _I8_MAX_K:
+        return int8_matmul_f64(qx, sx, qw, sw)
+    qx, qw = np.ascontiguousarray(qx, dtype=np.int8), np.ascontiguousarray(qw, dtype=np.int8)
+    sx, sw = np.ascontiguousarray(sx, dtype=np.float32), np.ascontiguousarray(sw, dtype=np.float32)
+    out = np.empty((T, N), dtype=np.float32)
+    if lib.ork_i8_matmul(ffi.from_buffer("int8_t[]", qx), ffi.from_buffer("float[]", sx), T,
+                         ffi.from_buffer("int8_t[]", qw), ffi.from_buffer("float[]", sw), N, K,
+                         ffi.from_buffer("float[]", out, require_writable=True)) != 0:
+        raise MemoryError("int8_matmul: out of memory")
+    return out
+
+
+_I8_MAX_K = 131071  # kernels/i8gemm.h ORK_I8GEMM_MAX_K: K x 128 x 128 < 2**31
+
+
+def int8_matmul_f64(qx: np.ndarray, sx: np.ndarray, qw: np.ndarray, sw: np.ndarray) -> np.ndarray:
+    """:func:`int8_matmul`'s numpy reference: the integer products summed in float64, which is exact (every
+    partial sum is an integer below K * 127 * 127 < 2**53), then rescaled in float32."""
     T, K = qx.shape
     N = qw.shape[0]
     a = qx.astype(np.float64)

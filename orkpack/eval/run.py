@@ -5,8 +5,10 @@ tokens (the remainder is dropped; a model that wants a BOS gets it as each chunk
 chunk runs as its own sequence, and the logits at positions ``ctx/2 .. ctx-2`` are scored (each
 predicts the next token of the chunk). Per scored token: the reference's and each path's negative
 log-likelihood of the next token, KL(reference || path) of the next-token distribution, and whether
-their most likely tokens agree. Everything is computed chunk by chunk: one chunk's scored
-reference log-probabilities are kept while its paths run, nothing else of the vocabulary size.
+their most likely tokens agree. The chunks of a run go through the model together, layer by layer
+(forward.Batch: each layer's weights are read and dequantized once for all chunks), every run in step;
+then chunk by chunk each run's scored logits: one chunk's scored reference log-probabilities are kept
+while its paths score, nothing else of the vocabulary size (but each run's output head weights).
 
 PACK is an ``.orkpack`` (its paths: prefill and decode, orkpack.eval.weights.PackWeights) or a
 GGUF (one path: llama.cpp's CPU numerics, GGUFWeights). With SOURCE the reference is its float
@@ -373,47 +375,70 @@ def _evaluate(source: Located | None, pack_path: Path, opts, progress, closers) 
     runs = ([ref_target] if ref_target else []) + targets
     float_of = _float_of(pack, src, hp) if opts.per_tensor else None
     first = opts.ctx // 2
-    head_blocks = -(-opts.ctx // _LOGIT_BLOCK)
+    # every chunk runs as its own sequence, all chunks of a run together layer by layer (forward.Batch: each layer's
+    # weights decoded once, not once a chunk), every run in step; then chunk by chunk each run's scored logits (the
+    # blocks of the head from the first scored token on), the reference's first: nothing of the vocabulary size is
+    # kept but one chunk's scored reference log-probabilities (and each run's head weights)
+    chunks = []
+    for c in range(n_chunks):
+        chunk = ids[c * opts.ctx: (c + 1) * opts.ctx].copy()
+        if bos is not None:
+            chunk[0] = bos
+        chunks.append(chunk)
+    # the head from the first scored token's block on; from token 0 when every product is measured (--per-tensor's
+    # errors, --sensitivity's statistics: over the whole chunk, as they always were)
+    head_from = 0 if opts.per_tensor or opts.sensitivity else first
+    head_blocks = forward.head_blocks(opts.ctx, _LOGIT_BLOCK, head_from)
     per_run = hp.n_layers + head_blocks
     total = float(n_chunks * len(runs) * per_run)
     stats = {r.label: _Stats() for r in runs}
     acc: dict = {}
     sacc: dict = {}  # --sensitivity: the reference pass's activation statistics
     done = 0.0
-    for c in range(n_chunks):
-        chunk = ids[c * opts.ctx: (c + 1) * opts.ctx].copy()
-        if bos is not None:
-            chunk[0] = bos
-        nxt = chunk[first + 1:]
-        base_lp = None
-        for ri, r in enumerate(runs):
-            w = r.make()
-            if opts.per_tensor and r is not ref_target:
-                w = _ErrorMeter(w, float_of(), acc.setdefault(r.label, {}))
-            if opts.sensitivity and r is ref_target:
-                w = Collector(w, sacc, output_energy=True)
-            rows = []
-
-            def on_logits(t0, lg, rows=rows):
-                lo, hi = max(t0, first), min(t0 + lg.shape[0], opts.ctx - 1)
-                if hi > lo:
-                    rows.append(lg[lo - t0: hi - t0])
-
-            def prog(d, t, label=r.label, base=done):
+    batches = []
+    for r in runs:
+        w = r.make()
+        if opts.per_tensor and r is not ref_target:
+            w = _ErrorMeter(w, float_of(), acc.setdefault(r.label, {}))
+        if opts.sensitivity and r is ref_target:
+            w = Collector(w, sacc, output_energy=True)
+        batches.append(forward.Batch(src if r is ref_target else stub, chunks, weights=w, hp=r.hp))
+    try:
+        for i in range(hp.n_layers):
+            for r, b in zip(runs, batches):
+                b.layer(i)
+                done += n_chunks
                 if progress:
-                    progress(base + d, total, f"chunk {c + 1}/{n_chunks} {label}")
+                    progress(done, total, f"layer {i + 1}/{hp.n_layers} {r.label}")
+        for c in range(n_chunks):
+            nxt = chunks[c][first + 1:]
+            base_lp = None
+            for ri, (r, b) in enumerate(zip(runs, batches)):
+                rows = []
 
-            forward.run(src if r is ref_target else stub, chunk, weights=w, hp=r.hp, on_logits=on_logits,
-                        progress=prog, chunk=_LOGIT_BLOCK)
-            done += per_run
-            lg = np.concatenate(rows)
-            if ri == 0:
-                base_lp = np.concatenate([_log_softmax64(lg[i: i + _KLD_ROWS]).astype(np.float32)
-                                          for i in range(0, lg.shape[0], _KLD_ROWS)])
-                _score(None, lg, nxt, stats[r.label])
-            else:
-                _score(base_lp, lg, nxt, stats[r.label])
-            del rows, lg
+                def on_logits(t0, lg, rows=rows):
+                    lo, hi = max(t0, first), min(t0 + lg.shape[0], opts.ctx - 1)
+                    if hi > lo:
+                        rows.append(lg[lo - t0: hi - t0])
+
+                def step(label=r.label):
+                    nonlocal done
+                    done += 1
+                    if progress:
+                        progress(done, total, f"chunk {c + 1}/{n_chunks} {label}")
+
+                b.logits(c, on_logits, chunk=_LOGIT_BLOCK, start=head_from, step=step)
+                lg = np.concatenate(rows)
+                if ri == 0:
+                    base_lp = np.concatenate([_log_softmax64(lg[i: i + _KLD_ROWS]).astype(np.float32)
+                                              for i in range(0, lg.shape[0], _KLD_ROWS)])
+                    _score(None, lg, nxt, stats[r.label])
+                else:
+                    _score(base_lp, lg, nxt, stats[r.label])
+                del rows, lg
+    finally:
+        for b in batches:
+            b.release()
     report = {
         "source": None if source is None else str(source),
         "pack": str(pack_path),

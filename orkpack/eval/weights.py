@@ -196,6 +196,19 @@ class GGUFWeights(SourceWeights):
 
     ``source``: an opened GGUF source (orkpack.sources.gguf.GGUFSource)."""
 
+    _last: tuple | None = None  # (x, a copy of x, act, act(x)) of the last product
+
     def matmul(self, name: str, x: np.ndarray, expert: int | None = None) -> np.ndarray:
         act = numerics.llama_cpp_act(self.infos[name].dtype) if name in self.infos else None
-        return super().matmul(name, act(x) if act else x, expert)
+        return super().matmul(name, self._act(act, x) if act else x, expert)
+
+    def _act(self, act, x: np.ndarray) -> np.ndarray:
+        """act(x); the last one kept, since several products take the same input (q, k and v; gate and up): the
+        same array, holding the same bytes, with the same rule gives it again."""
+        last = self._last
+        if last is not None and last[0] is x and last[2] is act and last[1].shape == x.shape and \
+                np.array_equal(last[1].view(np.uint8), np.ascontiguousarray(x).view(np.uint8)):
+            return last[3]
+        y = act(x)
+        self._last = (x, np.array(x, copy=True), act, y)
+        return y

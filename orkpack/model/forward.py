@@ -8,6 +8,9 @@ the hidden states of every token are kept, the weights of one layer at a time.
 Shapes: ``x`` is (T, hidden); q/k/v are (T, heads, head_dim). Attention runs per KV head and
 block of queries, so its scores take (group x 256 x T) floats at most.
 
+Several sequences at once (:class:`Batch`, what ``orkpack eval`` runs its chunks as): layer by layer over all of
+them, each layer's weights read once; every sequence's numbers are those it gets alone.
+
 Incremental: given a :class:`orkpack.model.state.State`, ``run`` takes the tokens as the continuation of the
 sequence the state holds (positions from ``state.pos``: RoPE, attention temperature and sliding windows at absolute
 positions), attends over the cached K/V plus the new, carries every recurrent block's state, and leaves the state
@@ -134,14 +137,35 @@ def _softmax(s: np.ndarray) -> np.ndarray:
     return s
 
 
+_BLAS = None  # threadpoolctl's controller of the loaded BLAS libraries (made at the first attention)
+
+
+def _one_blas_thread():
+    """A context in which BLAS runs on one thread: attention's many small products (a few tens of MFLOP each) ran
+    3-4x faster on one thread than on two on this shared 2-core machine, with the same bits (OpenBLAS splits the
+    rows and columns of a product between threads, never its sums); the weight products keep the caller's threads
+    (orkpack eval --threads)."""
+    global _BLAS
+    if _BLAS is None:
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS = ThreadpoolController()
+    return _BLAS.limit(limits=1, user_api="blas")
+
+
 def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, hp: Hparams, window: int,
             sinks: np.ndarray | None = None, q0: int = 0, k0: int = 0) -> np.ndarray:
     """Causal attention: q (T, nh, d), k (S, nkv, d), v (S, nkv, dv) -> (T, nh * dv).
 
     ``q0``, ``k0``: the absolute positions of q[0] and k[0] (the keys run to the last query's position; a cache
     holds the earlier ones). ``sinks`` (nh,): a per-head logit in every softmax's denominator that attends to
-    nothing (gpt-oss).
+    nothing (gpt-oss). Its products on one BLAS thread (:func:`_one_blas_thread`).
     """
+    with _one_blas_thread():
+        return _attend_blocks(q, k, v, hp, window, sinks, q0, k0)
+
+
+def _attend_blocks(q, k, v, hp: Hparams, window: int, sinks, q0: int, k0: int) -> np.ndarray:
     T, nh, _ = q.shape
     nkv, dv = k.shape[1], v.shape[2]
     g = nh // nkv
@@ -163,7 +187,7 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, hp: Hparams, window: in
             s *= scale
             if cap:
                 s = np.tanh(s / cap) * cap
-            s[:, ~allowed] = -np.inf
+            np.copyto(s, np.float32(-np.inf), where=~allowed)  # (boolean indexing: ~4x slower)
             if sinks is None:
                 p = _softmax(s)
             else:
@@ -523,6 +547,65 @@ def _per_layer_inputs(ids: np.ndarray, x: np.ndarray, hp: Hparams, w: Weights) -
 
 # ----------------------------------------------------------------------------------------------- entry
 
+def _checked_ids(tokens, hp: Hparams, where: str, pos0: int = 0) -> np.ndarray:
+    """The token ids of one sequence as int64, refused in one line when empty, outside the vocabulary, or past what
+    dynamic RoPE scaling evaluates."""
+    ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    if ids.size == 0:
+        raise SourceError(f"{where}: no tokens to evaluate")
+    if ids.min() < 0 or ids.max() >= hp.vocab:
+        raise SourceError(f"{where}: token id {int(ids.max() if ids.max() >= hp.vocab else ids.min())} is outside "
+                          f"the vocabulary (0..{hp.vocab - 1}); tokenize with this model's tokenizer")
+    if hp.rope is not None and hp.rope.params.get("rope_type") == "dynamic" and hp.max_pos and \
+            pos0 + ids.size > hp.max_pos:
+        raise NotEvaluable(f"{where}: dynamic RoPE scaling beyond max_position_embeddings ({hp.max_pos} tokens) is "
+                           "not evaluable yet; use fewer tokens")
+    return ids
+
+
+class _Seq:
+    """One sequence's running values between layers: the hidden states (or gemma3n's AltUp streams), the per-layer
+    inputs, the K/V later KV-sharing layers read."""
+
+    def __init__(self, ids: np.ndarray, x: np.ndarray, hp: Hparams, w: Weights):
+        if hp.fwd.embed_norm:  # rwkv7: layer 0's pre-norm on the embeddings
+            x = _norm(x, w, hp.fwd.embed_norm, hp)
+        self.ids = ids
+        self.pli = _per_layer_inputs(ids, x, hp, w) if hp.per_layer and w.has("per_layer_token_embd.weight") else None
+        self.kv: dict = {}
+        self.xs = _altup_streams(x, hp, w) if hp.altup[0] else None  # gemma3n's AltUp streams
+        self.x = None if self.xs is not None else x
+
+    def layer(self, i: int, hp: Hparams, w: Weights, pos0: int = 0, state: State | None = None) -> None:
+        if self.xs is not None:
+            self.xs = _altup_layer(i, self.xs, hp, w, self.kv, self.pli, pos0, state)
+        else:
+            self.x = _layer(i, self.x, hp, w, self.kv, self.pli, pos0, state)
+
+    def head(self, hp: Hparams, w: Weights, first: int, chunk: int, start: int,
+             emit: Callable[[int, np.ndarray], None], step: Callable[[], None] | None = None) -> None:
+        """The logits of tokens ``first..`` in blocks of ``chunk`` (block t0 covers first + t0 ..), from the block
+        holding token ``start`` on: ``emit(first + t0, block)``; ``step()`` after each."""
+        x = _altup_merged(self.xs, hp, w) if self.xs is not None else self.x
+        x = _norm(x[first:], w, hp.fwd.output_norm, hp)
+        head = "output.weight" if w.has("output.weight") else "token_embd.weight"
+        for t0 in range(max(0, start - first) // chunk * chunk, x.shape[0], chunk):
+            lg = w.matmul(head, x[t0: t0 + chunk])
+            if hp.logit_scale != 1.0:
+                lg = lg / np.float32(hp.logit_scale)
+            if hp.final_softcap:
+                cap = np.float32(hp.final_softcap)
+                lg = np.tanh(lg / cap) * cap
+            emit(first + t0, lg)
+            if step:
+                step()
+
+
+def head_blocks(T: int, chunk: int, start: int = 0) -> int:
+    """Blocks of ``chunk`` logits a sequence of T tokens computes from token ``start`` on (:meth:`Batch.logits`)."""
+    return max(0, -(-T // chunk) - start // chunk)
+
+
 def run(source, tokens, *, weights: Weights | None = None, hp: Hparams | None = None,
         on_logits: Callable[[int, np.ndarray], None] | None = None,
         progress: Callable[[int, int], None] | None = None, chunk: int = _LOGIT_CHUNK,
@@ -538,62 +621,73 @@ def run(source, tokens, *, weights: Weights | None = None, hp: Hparams | None = 
     ``state``: a :class:`orkpack.model.state.State`; the tokens continue the sequence it holds (positions from
     ``state.pos``), and it is left advanced past them (the KV cache and recurrent states; module docstring).
     ``last``: only the last token's logits, (1, vocab) (what a generation step needs).
+    Several sequences at once, each layer's weights read once for all: :class:`Batch`.
     """
     if source is None and (hp is None or weights is None):
         raise ValueError("run() without a source needs both hp and weights")
     hp = hp or model_hparams(source)
     w = weights if weights is not None else SourceWeights(source)
-    ids = np.asarray(tokens, dtype=np.int64).reshape(-1)
     where = escape_name(str(source.root)) if source is not None else "model"
-    if ids.size == 0:
-        raise SourceError(f"{where}: no tokens to evaluate")
-    if ids.min() < 0 or ids.max() >= hp.vocab:
-        raise SourceError(f"{where}: token id {int(ids.max() if ids.max() >= hp.vocab else ids.min())} is outside "
-                          f"the vocabulary (0..{hp.vocab - 1}); tokenize with this model's tokenizer")
     pos0 = state.pos if state is not None else 0
-    if hp.rope is not None and hp.rope.params.get("rope_type") == "dynamic" and hp.max_pos and \
-            pos0 + ids.size > hp.max_pos:
-        raise NotEvaluable(f"{where}: dynamic RoPE scaling beyond max_position_embeddings ({hp.max_pos} tokens) is "
-                           "not evaluable yet; use fewer tokens")
+    ids = _checked_ids(tokens, hp, where, pos0)
     T = ids.size
     total = hp.n_layers + (1 if last else -(-T // chunk))
-    x = w.embed(ids) * np.float32(hp.embed_scale)
-    if hp.fwd.embed_norm:  # rwkv7: layer 0's pre-norm on the embeddings
-        x = _norm(x, w, hp.fwd.embed_norm, hp)
-    pli = _per_layer_inputs(ids, x, hp, w) if hp.per_layer and w.has("per_layer_token_embd.weight") else None
-    kv: dict = {}
-    xs = _altup_streams(x, hp, w) if hp.altup[0] else None  # gemma3n's AltUp streams
+    seq = _Seq(ids, w.embed(ids) * np.float32(hp.embed_scale), hp, w)
     for i in range(hp.n_layers):
-        if xs is not None:
-            xs = _altup_layer(i, xs, hp, w, kv, pli, pos0, state)
-        else:
-            x = _layer(i, x, hp, w, kv, pli, pos0, state)
+        seq.layer(i, hp, w, pos0, state)
         w.release()
         if progress:
             progress(i + 1, total)
     if state is not None:
         state.pos += T
-    if xs is not None:
-        x = _altup_merged(xs, hp, w)
     first = T - 1 if last else 0  # the first token whose logits are computed
-    x = _norm(x[first:], w, hp.fwd.output_norm, hp)
-    head = "output.weight" if w.has("output.weight") else "token_embd.weight"
     out = None if on_logits else np.empty((T - first, hp.vocab), dtype=np.float32)
-    for t0 in range(0, T - first, chunk):
-        lg = w.matmul(head, x[t0: t0 + chunk])
-        if hp.logit_scale != 1.0:
-            lg = lg / np.float32(hp.logit_scale)
-        if hp.final_softcap:
-            cap = np.float32(hp.final_softcap)
-            lg = np.tanh(lg / cap) * cap
+    done = [hp.n_layers]
+
+    def emit(t0, lg):
         if on_logits:
-            on_logits(first + t0, lg)
+            on_logits(t0, lg)
         else:
-            out[t0: t0 + lg.shape[0]] = lg
+            out[t0 - first: t0 - first + lg.shape[0]] = lg
+
+    def step():
+        done[0] += 1
         if progress:
-            progress(hp.n_layers + t0 // chunk + 1, total)
+            progress(done[0], total)
+
+    seq.head(hp, w, first, chunk, first, emit, step)
     w.release()
     return out
+
+
+class Batch:
+    """Several independent sequences through one weight provider, layer by layer: ``layer(i)`` runs layer i on each
+    sequence in turn, then releases the provider, so every layer's weights are read (decoded) once for all of them;
+    ``logits(k, ...)`` then gives sequence k's, the output head kept between sequences until :meth:`release`. Each
+    sequence's numbers are :func:`run`'s, operation for operation (the same products of the same shapes); only the
+    embedding rows of all are looked up in one call. Memory: every sequence's hidden states, one layer's weights."""
+
+    def __init__(self, source, seqs, *, weights: Weights, hp: Hparams):
+        where = escape_name(str(source.root)) if source is not None else "model"
+        ids = [_checked_ids(s, hp, where) for s in seqs]
+        self.hp, self.w = hp, weights
+        x = weights.embed(np.concatenate(ids)) * np.float32(hp.embed_scale)
+        cut = np.cumsum([a.size for a in ids])[:-1]
+        self.seqs = [_Seq(a, xa, hp, weights) for a, xa in zip(ids, np.split(x, cut))]
+
+    def layer(self, i: int) -> None:
+        for s in self.seqs:
+            s.layer(i, self.hp, self.w)
+        self.w.release()
+
+    def logits(self, k: int, on_logits: Callable[[int, np.ndarray], None], *, chunk: int = _LOGIT_CHUNK,
+               start: int = 0, step: Callable[[], None] | None = None) -> None:
+        """Sequence k's logits in blocks of ``chunk`` tokens (``on_logits(t0, block)``, as :func:`run` gives them),
+        from the block holding token ``start`` on (the blocks before it are not computed); ``step()`` after each."""
+        self.seqs[k].head(self.hp, self.w, 0, chunk, start, on_logits, step)
+
+    def release(self) -> None:
+        self.w.release()
 
 
 def logits(path, tokens, **kw) -> np.ndarray | None:

@@ -1,7 +1,6 @@
 """``orkpack plan``: solve a tier map and show it (rich tables) or print it (--json); -o writes it atomically."""
 from __future__ import annotations
 
-import functools
 import gc
 import heapq
 import os
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from ..errors import OrkError, escape_name
 from ..files import option_file, refuse_over_inputs
+from ..gcpause import without_gc as _without_gc
 from .board import load_board
 from .manifest import manifest_from_path
 from .profile import load_profile
@@ -44,25 +44,6 @@ def write_atomic(path: Path, text: str) -> None:
         except OSError:
             pass
         raise
-
-
-def _without_gc(fn):
-    """Run ``fn`` with Python's cyclic garbage collector paused (issue 26): a plan of an 18,626-item MoE makes
-    some 10^5 small objects (items, rows, tuples, decisions) that form no reference cycles, and the collector's
-    passes over them, triggered by their number alone, were ~15 % of the planning. Reference counting frees them
-    as ever; whatever cycles there are wait for the collector's next pass after the plan. Nested calls keep it
-    paused until the outermost returns."""
-    @functools.wraps(fn)
-    def wrapper(*a, **kw):
-        was = gc.isenabled()
-        gc.disable()
-        try:
-            return fn(*a, **kw)
-        finally:
-            if was:
-                gc.enable()
-
-    return wrapper
 
 
 _FROZEN_AT_EXIT = []
