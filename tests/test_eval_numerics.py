@@ -48,6 +48,17 @@ def test_q8_0_rounds_half_away_from_zero():
     assert v[1:5].tolist() == [1.0, -1.0, 3.0, -3.0]
 
 
+def test_roundf_just_below_a_half_is_c_roundf():
+    # the float just below 0.5: |x| + 0.5 in float32 rounds to 1.0; C's roundf (and gguf-py's np_roundf) give 0
+    below = np.nextafter(np.float32(0.5), np.float32(0))
+    x = np.array([below, -below, np.nextafter(np.float32(1.5), np.float32(0)), 0.5, 126.5, 2.0**23 + 1], np.float32)
+    assert numerics.roundf(x).tolist() == [0.0, -0.0, 1.0, 1.0, 127.0, 2.0**23 + 1]
+    q = np.zeros((1, 32), np.float32)
+    q[0, 0], q[0, 1] = 127, below  # d = 1: the Q8_0 value of `below` is 0, as gguf-py's
+    ref = quants.dequantize(quants.quantize(q, Q.Q8_0), Q.Q8_0).reshape(q.shape)
+    assert numerics.q8_0(q)[0, 1] == ref[0, 1] == 0.0
+
+
 @pytest.mark.parametrize("seed", [0, 3])
 def test_int8_activations_per_token_are_the_int8_codec(seed):
     x = _acts(seed, t=9, k=96)

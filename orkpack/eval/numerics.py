@@ -86,8 +86,11 @@ def int8_matmul_f64(qx: np.ndarray, sx: np.ndarray, qw: np.ndarray, sw: np.ndarr
 
 
 def roundf(x: np.ndarray) -> np.ndarray:
-    """C's ``roundf``: to nearest, half away from zero (float32 in, float32 out)."""
-    return (np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))).astype(np.float32)
+    """C's ``roundf``: to nearest, half away from zero (float32 in, float32 out). The sum ``|x| + 0.5`` is taken in
+    float64, where it is exact for every float32: in float32 it rounds 0.49999997 (the float just below a half) up to
+    1.0, where roundf gives 0."""
+    x = np.asarray(x, dtype=np.float32)
+    return (np.sign(x) * np.floor(np.abs(x).astype(np.float64) + 0.5)).astype(np.float32)
 
 
 def _blocks(x: np.ndarray, size: int) -> tuple[np.ndarray, int]:
