@@ -180,6 +180,7 @@ def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
 
 
+_HASH_PIECE = 256 << 10  # bytes hashed by both checksums in turn (stays in the L2 cache)
 _ANON = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS  # private: a shared anonymous mapping is shmem (slower faults)
 
 
@@ -401,10 +402,17 @@ class PackWriter:
         return rec
 
     def _emit(self, mv: memoryview, n: int, rec: dict, offset: int) -> None:
-        """On the write thread: write one part with its padding, checksum both."""
+        """On the write thread: write one part with its padding, checksum both: the part's own xxh3 and the
+        data region's running one in one pass, a cache-sized piece at a time (each piece read from memory once,
+        not the whole part twice)."""
         self._pwrite_all(mv, offset)
-        self._data_hash.update(mv)
-        rec["xxh3"] = xxhash.xxh3_64_hexdigest(mv[:n])
+        part = xxhash.xxh3_64()
+        for i in range(0, n, _HASH_PIECE):
+            piece = mv[i: min(n, i + _HASH_PIECE)]
+            part.update(piece)
+            self._data_hash.update(piece)
+        self._data_hash.update(mv[n:])  # the padding
+        rec["xxh3"] = part.hexdigest()
 
     def _retire(self, job: _Job) -> None:
         self._queued -= job.n
@@ -425,6 +433,10 @@ class PackWriter:
 
     def _drain(self) -> None:
         self._wait_for_room(1 << 62)
+
+    def set_model(self, model: dict | None) -> None:
+        """Set the header's ``model`` record (the constructor's ``model``), any time before :meth:`finish`."""
+        self._meta["model"] = model
 
     def set_provenance(self, provenance: dict | None, *, timestamp: bool = False) -> None:
         """Set the header's provenance; ``timestamp`` adds ``created`` (the only time a header may hold)."""
