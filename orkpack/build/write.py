@@ -10,7 +10,8 @@ I/O (issue 14; bench/README.md has the profile before and after): float and raw 
 file's own pages (``Source.mapped``: no read into a buffer, no copy); the codecs encode into the pack writer's
 reused, page-aligned buffers (``alloc=w.alloc``), which go to the file with no copy, by ``O_DIRECT`` where the file
 system takes it (no page cache to fill, then flush again at fsync). Fresh pages, which the kernel faults in and
-zeroes, are touched about once for the largest tensor's parts, not for every tensor.
+zeroes, are touched once for up to twice the largest tensor's parts (one tensor encoded while the one before it
+is written), not for every tensor.
 
 Memory: tensors stream one at a time. A build maps at most two source tensors (one when the source is float32;
 dequantized types are read into at most two reused buffers instead), holds the parts being encoded (int8: 1/4 of
