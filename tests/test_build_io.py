@@ -225,6 +225,31 @@ def test_hash_file_from_mapped_windows(tmp_path, size):
     want = xxhash.xxh3_64_hexdigest(p.read_bytes())
     assert hash_file(p, window=2 * mmap.ALLOCATIONGRANULARITY) == want
     assert hash_file(p) == want
+    # a build that stopped: the side thread gives up before the next window
+    windows = []
+    got = hash_file(p, window=mmap.ALLOCATIONGRANULARITY, stop=lambda: windows.append(1) or len(windows) > 2)
+    assert got == (None if size > 2 * mmap.ALLOCATIONGRANULARITY else want)
+
+
+def test_build_hashes_the_source_from_when_it_is_opened(tmp_path, monkeypatch):
+    """Issue 26: the source files are hashed on a side thread from open_inputs on (while the build plans and
+    encodes); the provenance holds the same xxh3 as a hash of the file, and a build that fails after opening stops
+    the hashing instead of waiting for it."""
+    from orkpack.build import inputs as build_inputs
+    from orkpack.errors import OrkError
+
+    model = write_hf_model(tmp_path / "m", layers=1, hidden=64, intermediate=128, vocab=64, shards=2, seed=3)
+    started = []
+    real = build_inputs.Inputs.start_hashing
+    monkeypatch.setattr(build_inputs.Inputs, "start_hashing", lambda self: (started.append(self), real(self))[1])
+    out = build(model, tmp_path / "m.orkpack", BuildOptions(threads=1)).path
+    assert len(started) == 1 and len(started[0]._hashes) == 2
+    with Pack.open(out) as pk:
+        recs = pk.header["provenance"]["sources"]
+    assert [r["xxh3"] for r in recs] == [xxhash.xxh3_64_hexdigest((model / r["file"]).read_bytes()) for r in recs]
+    with pytest.raises(OrkError):
+        build(model, tmp_path / "x.orkpack", BuildOptions(threads=1, tiermap=str(tmp_path / "none.json")))
+    assert started[1]._stop.is_set() and not list(tmp_path.glob("x.orkpack*"))
 
 
 def test_mapped_equals_read_gguf_raw_types(tmp_path):

@@ -64,12 +64,13 @@ def write_pack(inp: Inputs, infos: list[TensorInfo], placed: Placed, tr: Transfo
     """Write ``infos`` (the source's tensors, with any untied copies) to ``out_path`` (module docstring); the pack
     appears there whole or not at all."""
     src, opts = inp.src, placed.opts
-    # side threads, while the tensors are encoded: the source files' xxh3 (releases the GIL) and the model record
-    # (config, tokenizer; needed only for the header), so neither holds up the first tensor
+    # side threads, while the tensors are encoded: the provenance (the source files' xxh3, hashed on the inputs'
+    # thread since the source was opened) and the model record (config, tokenizer; only the header needs it)
     side = ThreadPoolExecutor(max_workers=2)
     io = ThreadPoolExecutor(max_workers=1)
     try:
-        provenance = side.submit(source_provenance, src, opts, tr.smoothing and tr.smoothing.provenance, inp.origin)
+        provenance = side.submit(source_provenance, src, opts, tr.smoothing and tr.smoothing.provenance, inp.origin,
+                                 inp.file_xxh3)  # the files' xxh3: hashing since the source was opened
         said: list[str] = []
         model = side.submit(src.model_metadata, said.append)
         done = Written(out_path)
