@@ -263,3 +263,16 @@ def test_mapped_equals_read_gguf_raw_types(tmp_path):
             m = src.mapped(name)
             assert m is not None and m.dtype == arr.dtype and m.shape == arr.shape, name
             assert m.tobytes() == arr.tobytes() == src.read(name).tobytes(), name
+
+
+def test_default_threads_are_the_process_cores(monkeypatch):
+    """--threads 0 means the cores the process may run on: under `taskset -c 0` one encoder thread, not one per core
+    of the machine taking turns on the one core (issue 26: 1.1-1.3x slower)."""
+    from orkpack.build import options
+
+    monkeypatch.setattr(options.os, "sched_getaffinity", lambda pid: {3})
+    monkeypatch.setattr(options.os, "cpu_count", lambda: 64)
+    assert BuildOptions(threads=0).resolved_threads() == 1
+    assert BuildOptions(threads=5).resolved_threads() == 5
+    monkeypatch.setattr(options.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    assert BuildOptions().resolved_threads() == 3
