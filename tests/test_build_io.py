@@ -250,6 +250,22 @@ def test_build_hashes_the_source_from_when_it_is_opened(tmp_path, monkeypatch):
     with pytest.raises(OrkError):
         build(model, tmp_path / "x.orkpack", BuildOptions(threads=1, tiermap=str(tmp_path / "none.json")))
     assert started[1]._stop.is_set() and not list(tmp_path.glob("x.orkpack*"))
+    # a failure while encoding (a NaN refused) stops the hashing too, before the pipeline closes the source
+    stops = []
+    real_stop = build_inputs.Inputs.stop_hashing
+    monkeypatch.setattr(build_inputs.Inputs, "stop_hashing", lambda self: (stops.append(1), real_stop(self))[1])
+    bad = write_hf_model(tmp_path / "bad", layers=1, hidden=64, intermediate=128, vocab=64, shards=1, seed=3)
+    st = bad / "model.safetensors"
+    raw = bytearray(st.read_bytes())
+    hlen = struct.unpack_from("<Q", raw, 0)[0]
+    head = json.loads(raw[8: 8 + hlen])
+    name = next(k for k in head if k.endswith("mlp.up_proj.weight"))
+    off = 8 + hlen + head[name]["data_offsets"][0]
+    raw[off: off + 2] = b"\xc0\x7f"  # a bf16 NaN
+    st.write_bytes(bytes(raw))
+    with pytest.raises(OrkError, match="NaN"):
+        build(bad, tmp_path / "y.orkpack", BuildOptions(threads=1))
+    assert len(stops) >= 2 and not list(tmp_path.glob("y.orkpack*"))  # write_pack's, then close()'s
 
 
 def test_mapped_equals_read_gguf_raw_types(tmp_path):

@@ -51,14 +51,19 @@ class Inputs:
             stop = self._stop.is_set
             self._hashes = {Path(f): self._hashing.submit(hash_file, Path(f), stop=stop) for f in self.src.files}
 
-    def file_xxh3(self, path: Path) -> str:
+    def file_xxh3(self, path: Path) -> str | None:
         """A source file's xxh3 (hex): the side thread's, or hashed here."""
         fut = self._hashes.get(Path(path))
         return fut.result() if fut is not None else hash_file(Path(path))
 
+    def stop_hashing(self) -> None:
+        """A build that fails: the side thread gives up before its next window (no wait for the rest of a
+        large file); :meth:`file_xxh3` is then None."""
+        self._stop.set()
+
     def close(self) -> None:
-        if self._hashing is not None:  # a build that stops early does not wait for the rest of a large file
-            self._stop.set()
+        if self._hashing is not None:
+            self.stop_hashing()
             self._hashing.shutdown(wait=True, cancel_futures=True)
         self.src.close()
 

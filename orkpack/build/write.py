@@ -99,6 +99,9 @@ def write_pack(inp: Inputs, infos: list[TensorInfo], placed: Placed, tr: Transfo
             w.set_provenance(prov, timestamp=opts.timestamp)
             inp.info_lines += tr.info_lines(prov)
             done.path = w.finish()
+    except BaseException:
+        inp.stop_hashing()  # the provenance's future below need not wait for the rest of the source's xxh3
+        raise
     finally:
         for pool in (side, io):
             pool.shutdown(wait=True, cancel_futures=True)
