@@ -45,7 +45,7 @@ def main(data: str) -> None:
         if m:
             children.setdefault(m.group(3), float(m.group(1)))
     print(f"CPU time sampled (cpu-clock): {cpu:.2f} s")
-    groups = [("kernel (all)", ["[kernel.kallsyms]"]), ("C kernels (encode)", ["_kernels.abi3.so"]),
+    groups = [("kernel (all)", ["[kernel.kallsyms]"]), ("C kernels (encode)", [k for k in dso if k.startswith("_kernels.")]),  # abi3 or cpython-3XX
               ("python (interpreter, imports, plan)", [k for k in dso if k.startswith("libpython")]),
               ("xxhash", [k for k in dso if "xxhash" in k])]
     for name, keys in groups:

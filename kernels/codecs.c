@@ -637,6 +637,217 @@ AI T256 void nf4_encode_fast256(const void *x, int dt, int64_t n, int64_t b0, in
     st->sum_err2 = fold(ae);
     st->nonfinite = nf;
 }
+
+/* ------------------------------------------------------------------ int8 encode, SIMD
+ *
+ * The generic int8_encode_body's arithmetic, vectorized: pass 1 the row's absmax from the
+ * finite values' bit patterns (non-finite counted and taken as 0), pass 2 each 32-column
+ * run: v = x * inv, (v + 1.5*2^23) - 1.5*2^23, clamped to [-127, 127] on the integer,
+ * e = x - q * sc. Stats: the generic code's lane l (column l of a run) is lane l mod 8 of
+ * double accumulator l / 8 (AVX-512) or l / 4 (AVX2), summed in the same order (row by
+ * row, run by run), folded lane 0..31: the sums are the generic code's, bit for bit.
+ * Columns past a run's end are zeros, as the generic code pads them (they add +0.0). */
+
+AI T512 __m512 i8_load16_512(const void *x, int dt, int64_t off, __mmask16 m) {
+    if (dt == ORK_DT_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t *)x + off)), 16));
+    if (dt == ORK_DT_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)x + off));
+    return _mm512_maskz_loadu_ps(m, (const float *)x + off);
+}
+
+AI T512 __mmask16 i8_mask16(int64_t len) {
+    return len >= 16 ? (__mmask16)0xffff : len <= 0 ? (__mmask16)0 : (__mmask16)((1u << len) - 1u);
+}
+
+AI T512 void int8_encode_fast512(const void *x, int dt, int64_t N, int64_t K, int64_t r0, int64_t r1,
+                                 int64_t kseg, int8_t *q, float *scale, ork_codec_stats *st) {
+    __m512d ax[4], ae[4];
+    for (int i = 0; i < 4; i++) ax[i] = ae[i] = _mm512_setzero_pd();
+    int64_t nf = 0;
+    const int64_t Np = (N + 31) / 32 * 32;
+    const int64_t nseg = kseg > 0 ? (K + kseg - 1) / kseg : 1;
+    const int64_t segw = kseg > 0 ? kseg : K;
+    const __m512i expm = _mm512_set1_epi32(0x7f800000), absm = _mm512_set1_epi32(0x7fffffff);
+    const __m512i lo127 = _mm512_set1_epi32(-127), hi127 = _mm512_set1_epi32(127);
+    const __m512 magic = _mm512_set1_ps(ROUND_MAGIC);
+    for (int64_t r = r0; r < r1; r++) {
+        if (r >= N) { /* NPU padding row */
+            for (int64_t s = 0; s < nseg; s++) {
+                const int64_t w = K - s * segw < segw ? K - s * segw : segw;
+                for (int64_t j = 0; j * RUN < w; j++) memset(q + tiled_offset(r, s, j, Np, K, kseg), 0, RUN);
+            }
+            continue;
+        }
+        const int64_t roff = r * K;
+        __m512i m = _mm512_setzero_si512();
+        for (int64_t c = 0; c < K; c += 16) {
+            const __m512i v = _mm512_castps_si512(i8_load16_512(x, dt, roff + c, i8_mask16(K - c)));
+            const __mmask16 bad = _mm512_cmpeq_epi32_mask(_mm512_and_si512(v, expm), expm);
+            nf += __builtin_popcount((unsigned)bad);
+            m = _mm512_max_epu32(m, _mm512_maskz_and_epi32((__mmask16)~bad, v, absm));
+        }
+        const float amax = bits2f((uint32_t)_mm512_reduce_max_epu32(m));
+        const float sc = amax / 127.0f;
+        float inv = 127.0f / amax;
+        inv = amax == 0.0f ? 0.0f : (inv > FLT_MAX ? FLT_MAX : inv);
+        scale[r] = sc;
+        const __m512 vinv = _mm512_set1_ps(inv), vsc = _mm512_set1_ps(sc);
+        for (int64_t s = 0; s < nseg; s++) {
+            const int64_t k0 = s * segw;
+            const int64_t w = K - k0 < segw ? K - k0 : segw;
+            for (int64_t j = 0; j * RUN < w; j++) {
+                const int64_t len = w - j * RUN < RUN ? w - j * RUN : RUN;
+                __m128i qb[2];
+                for (int h = 0; h < 2; h++) {
+                    __m512 xv = i8_load16_512(x, dt, roff + k0 + j * RUN + 16 * h, i8_mask16(len - 16 * h));
+                    const __mmask16 bad = _mm512_cmpeq_epi32_mask(_mm512_and_si512(_mm512_castps_si512(xv), expm), expm);
+                    xv = _mm512_maskz_mov_ps((__mmask16)~bad, xv);
+                    const __m512 v = _mm512_mul_ps(xv, vinv);
+                    __m512i qi = _mm512_cvttps_epi32(_mm512_sub_ps(_mm512_add_ps(v, magic), magic));
+                    qi = _mm512_max_epi32(_mm512_min_epi32(qi, hi127), lo127);
+                    const __m512 e = _mm512_sub_ps(xv, _mm512_mul_ps(_mm512_cvtepi32_ps(qi), vsc));
+                    const __m512d xl = _mm512_cvtps_pd(_mm512_castps512_ps256(xv));
+                    const __m512d xh = _mm512_cvtps_pd(_mm512_extractf32x8_ps(xv, 1));
+                    const __m512d el = _mm512_cvtps_pd(_mm512_castps512_ps256(e));
+                    const __m512d eh = _mm512_cvtps_pd(_mm512_extractf32x8_ps(e, 1));
+                    ax[2 * h] = _mm512_add_pd(ax[2 * h], _mm512_mul_pd(xl, xl));
+                    ax[2 * h + 1] = _mm512_add_pd(ax[2 * h + 1], _mm512_mul_pd(xh, xh));
+                    ae[2 * h] = _mm512_add_pd(ae[2 * h], _mm512_mul_pd(el, el));
+                    ae[2 * h + 1] = _mm512_add_pd(ae[2 * h + 1], _mm512_mul_pd(eh, eh));
+                    qb[h] = _mm512_cvtepi32_epi8(qi);
+                }
+                if (kseg > 0) {
+                    int8_t *d = q + tiled_offset(r, s, j, Np, K, kseg);
+                    _mm_storeu_si128((__m128i *)d, qb[0]);
+                    _mm_storeu_si128((__m128i *)(d + 16), qb[1]);
+                } else {
+                    int8_t *d = q + roff + j * RUN;
+                    _mm_mask_storeu_epi8(d, i8_mask16(len), qb[0]);
+                    _mm_mask_storeu_epi8(d + 16, i8_mask16(len - 16), qb[1]);
+                }
+            }
+        }
+    }
+    double tx[I8_LANES], te[I8_LANES];
+    for (int i = 0; i < 4; i++) {
+        _mm512_storeu_pd(tx + 8 * i, ax[i]);
+        _mm512_storeu_pd(te + 8 * i, ae[i]);
+    }
+    st->sum_x2 = fold32(tx);
+    st->sum_err2 = fold32(te);
+    st->nonfinite = nf;
+}
+
+/* AVX2: 8 values at p, widened exactly (dt F32 for a zero-padded float buffer) */
+AI T256 __m256 i8_load8_256(const void *p, int dt) {
+    if (dt == ORK_DT_BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+    if (dt == ORK_DT_F16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_loadu_ps((const float *)p);
+}
+
+AI T256 void int8_encode_fast256(const void *x, int dt, int64_t N, int64_t K, int64_t r0, int64_t r1,
+                                 int64_t kseg, int8_t *q, float *scale, ork_codec_stats *st) {
+    __m256d ax[8], ae[8];
+    for (int i = 0; i < 8; i++) ax[i] = ae[i] = _mm256_setzero_pd();
+    int64_t nf = 0;
+    const int esz = dt == ORK_DT_F32 ? 4 : 2;
+    const int64_t Np = (N + 31) / 32 * 32;
+    const int64_t nseg = kseg > 0 ? (K + kseg - 1) / kseg : 1;
+    const int64_t segw = kseg > 0 ? kseg : K;
+    const __m256i expm = _mm256_set1_epi32(0x7f800000), absm = _mm256_set1_epi32(0x7fffffff);
+    const __m256i lo127 = _mm256_set1_epi32(-127), hi127 = _mm256_set1_epi32(127);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256 magic = _mm256_set1_ps(ROUND_MAGIC);
+    float buf[RUN];
+    for (int64_t r = r0; r < r1; r++) {
+        if (r >= N) { /* NPU padding row */
+            for (int64_t s = 0; s < nseg; s++) {
+                const int64_t w = K - s * segw < segw ? K - s * segw : segw;
+                for (int64_t j = 0; j * RUN < w; j++) memset(q + tiled_offset(r, s, j, Np, K, kseg), 0, RUN);
+            }
+            continue;
+        }
+        const int64_t roff = r * K;
+        const char *row = (const char *)x + roff * esz;
+        __m256i m = _mm256_setzero_si256();
+        int64_t c = 0;
+        for (; c + 8 <= K; c += 8) {
+            const __m256i v = _mm256_castps_si256(i8_load8_256(row + c * esz, dt));
+            const __m256i bad = _mm256_cmpeq_epi32(_mm256_and_si256(v, expm), expm);
+            nf += __builtin_popcount((unsigned)_mm256_movemask_ps(_mm256_castsi256_ps(bad)));
+            m = _mm256_max_epu32(m, _mm256_andnot_si256(bad, _mm256_and_si256(v, absm)));
+        }
+        uint32_t mt[8];
+        _mm256_storeu_si256((__m256i *)mt, m);
+        uint32_t mb = 0;
+        for (int i = 0; i < 8; i++) mb = mt[i] > mb ? mt[i] : mb;
+        if (c < K) {
+            nf += load_run(x, roff + c, (int)(K - c), (int)(K - c), dt, buf);
+            const uint32_t a = f2bits(absmax_of(buf, (int)(K - c)));
+            mb = a > mb ? a : mb;
+        }
+        const float amax = bits2f(mb);
+        const float sc = amax / 127.0f;
+        float inv = 127.0f / amax;
+        inv = amax == 0.0f ? 0.0f : (inv > FLT_MAX ? FLT_MAX : inv);
+        scale[r] = sc;
+        const __m256 vinv = _mm256_set1_ps(inv), vsc = _mm256_set1_ps(sc);
+        for (int64_t s = 0; s < nseg; s++) {
+            const int64_t k0 = s * segw;
+            const int64_t w = K - k0 < segw ? K - k0 : segw;
+            for (int64_t j = 0; j * RUN < w; j++) {
+                const int len = (int)(w - j * RUN < RUN ? w - j * RUN : RUN);
+                const void *p = row + (k0 + j * RUN) * esz;
+                int pdt = dt;
+                if (len < RUN) { /* a short run: widened into a zero-padded buffer (non-finite as 0) */
+                    load_run(x, roff + k0 + j * RUN, len, RUN, dt, buf);
+                    p = buf;
+                    pdt = ORK_DT_F32;
+                }
+                __m256i qi[4];
+                for (int g = 0; g < 4; g++) {
+                    __m256 xv = i8_load8_256((const char *)p + g * 8 * (pdt == ORK_DT_F32 ? 4 : 2), pdt);
+                    const __m256i bad = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(xv), expm), expm);
+                    xv = _mm256_andnot_ps(_mm256_castsi256_ps(bad), xv);
+                    const __m256 v = _mm256_mul_ps(xv, vinv);
+                    __m256i t = _mm256_cvttps_epi32(_mm256_sub_ps(_mm256_add_ps(v, magic), magic));
+                    t = _mm256_max_epi32(_mm256_min_epi32(t, hi127), lo127);
+                    qi[g] = t;
+                    const __m256 e = _mm256_sub_ps(xv, _mm256_mul_ps(_mm256_cvtepi32_ps(t), vsc));
+                    const __m256d xl = _mm256_cvtps_pd(_mm256_castps256_ps128(xv));
+                    const __m256d xh = _mm256_cvtps_pd(_mm256_extractf128_ps(xv, 1));
+                    const __m256d el = _mm256_cvtps_pd(_mm256_castps256_ps128(e));
+                    const __m256d eh = _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1));
+                    ax[2 * g] = _mm256_add_pd(ax[2 * g], _mm256_mul_pd(xl, xl));
+                    ax[2 * g + 1] = _mm256_add_pd(ax[2 * g + 1], _mm256_mul_pd(xh, xh));
+                    ae[2 * g] = _mm256_add_pd(ae[2 * g], _mm256_mul_pd(el, el));
+                    ae[2 * g + 1] = _mm256_add_pd(ae[2 * g + 1], _mm256_mul_pd(eh, eh));
+                }
+                const __m256i by = _mm256_permutevar8x32_epi32(
+                    _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3])), order);
+                if (kseg > 0) {
+                    _mm256_storeu_si256((__m256i *)(q + tiled_offset(r, s, j, Np, K, kseg)), by);
+                } else if (len == RUN) {
+                    _mm256_storeu_si256((__m256i *)(q + roff + j * RUN), by);
+                } else {
+                    int8_t qb[RUN];
+                    _mm256_storeu_si256((__m256i *)qb, by);
+                    memcpy(q + roff + j * RUN, qb, (size_t)len);
+                }
+            }
+        }
+    }
+    double tx[I8_LANES], te[I8_LANES];
+    for (int i = 0; i < 8; i++) {
+        _mm256_storeu_pd(tx + 4 * i, ax[i]);
+        _mm256_storeu_pd(te + 4 * i, ae[i]);
+    }
+    st->sum_x2 = fold32(tx);
+    st->sum_err2 = fold32(te);
+    st->nonfinite = nf;
+}
 #endif
 
 /* ------------------------------------------------------------------ one instance per SIMD level */
@@ -654,8 +865,8 @@ typedef struct {
     switch (dt) { case ORK_DT_F16: CALL(ORK_DT_F16); break; case ORK_DT_BF16: CALL(ORK_DT_BF16); break; \
                   default: CALL(ORK_DT_F32); break; }
 
-/* NF4E: the NF4 encode body of this level (nf4_encode_body: generic) */
-#define INSTANCE(SUF, ATTR, NF4E)                                                                        \
+/* NF4E / I8E: the NF4 / int8 encode body of this level (nf4_encode_body, int8_encode_body: generic) */
+#define INSTANCE(SUF, ATTR, NF4E, I8E)                                                                      \
     ATTR static void nf4_encode_##SUF(const void *x, int dt, int64_t n, int64_t b0, int64_t b1,        \
                                       uint8_t *codes, float *absmax, ork_codec_stats *st) {             \
         if (bins_state == 1) { DT_SWITCH(dt, NF4E) } else { DT_SWITCH(dt, NF4E_CALL) }                  \
@@ -667,7 +878,7 @@ typedef struct {
     ATTR static void int8_encode_##SUF(const void *x, int dt, int64_t N, int64_t K, int64_t r0,        \
                                        int64_t r1, int64_t kseg, int8_t *q, float *scale,               \
                                        ork_codec_stats *st) {                                            \
-        DT_SWITCH(dt, I8E_CALL)                                                                          \
+        DT_SWITCH(dt, I8E)                                                                               \
     }                                                                                                    \
     ATTR static void int8_decode_##SUF(const int8_t *q, const float *scale, int64_t N, int64_t K,       \
                                        int64_t r0, int64_t r1, int64_t kseg, float *out) {              \
@@ -685,13 +896,15 @@ typedef struct {
 #define NF4E256_CALL(T) nf4_encode_fast256(x, T, n, b0, b1, codes, absmax, st)
 #define NF4E512_CALL(T) nf4_encode_fast512(x, T, n, b0, b1, codes, absmax, st)
 #define I8E_CALL(T) int8_encode_body(x, T, N, K, r0, r1, kseg, q, scale, st)
+#define I8E256_CALL(T) int8_encode_fast256(x, T, N, K, r0, r1, kseg, q, scale, st)
+#define I8E512_CALL(T) int8_encode_fast512(x, T, N, K, r0, r1, kseg, q, scale, st)
 #define WIDEN_CALL(T) r = widen_body(x, T, n, out)
 
-INSTANCE(portable, , NF4E_CALL)
+INSTANCE(portable, , NF4E_CALL, I8E_CALL)
 
 #ifdef ORK_HAVE_X86
-INSTANCE(avx2, T256, NF4E256_CALL)
-INSTANCE(avx512, T512, NF4E512_CALL)
+INSTANCE(avx2, T256, NF4E256_CALL, I8E256_CALL)
+INSTANCE(avx512, T512, NF4E512_CALL, I8E512_CALL)
 #endif
 
 static const ork_codec_impl *impl = 0;

@@ -61,13 +61,16 @@ def option_file(value) -> Path | None:
         return None
 
 
-def hash_file(path: Path, window: int = 64 << 20) -> str:
+def hash_file(path: Path, window: int = 64 << 20, stop=None) -> str | None:
     """xxh3 of a whole source file, hashed from its own pages through a moving 64 MB mapping: no copy,
-    no buffer (a read into one costs ~1 s per GB on a 2-core VM), at most one window resident."""
+    no buffer (a read into one costs ~1 s per GB on a 2-core VM), at most one window resident.
+    ``stop()`` true (checked before each window): give up, return None (a build that failed meanwhile)."""
     h = xxhash.xxh3_64()
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
         for off in range(0, size, window):
+            if stop is not None and stop():
+                return None
             n = min(window, size - off)
             with mmap.mmap(f.fileno(), n, flags=_HASH_MAP_FLAGS, prot=mmap.PROT_READ, offset=off) as m:
                 h.update(m)

@@ -225,6 +225,47 @@ def test_hash_file_from_mapped_windows(tmp_path, size):
     want = xxhash.xxh3_64_hexdigest(p.read_bytes())
     assert hash_file(p, window=2 * mmap.ALLOCATIONGRANULARITY) == want
     assert hash_file(p) == want
+    # a build that stopped: the side thread gives up before the next window
+    windows = []
+    got = hash_file(p, window=mmap.ALLOCATIONGRANULARITY, stop=lambda: windows.append(1) or len(windows) > 2)
+    assert got == (None if size > 2 * mmap.ALLOCATIONGRANULARITY else want)
+
+
+def test_build_hashes_the_source_from_when_it_is_opened(tmp_path, monkeypatch):
+    """Issue 26: the source files are hashed on a side thread from open_inputs on (while the build plans and
+    encodes); the provenance holds the same xxh3 as a hash of the file, and a build that fails after opening stops
+    the hashing instead of waiting for it."""
+    from orkpack.build import inputs as build_inputs
+    from orkpack.errors import OrkError
+
+    model = write_hf_model(tmp_path / "m", layers=1, hidden=64, intermediate=128, vocab=64, shards=2, seed=3)
+    started = []
+    real = build_inputs.Inputs.start_hashing
+    monkeypatch.setattr(build_inputs.Inputs, "start_hashing", lambda self: (started.append(self), real(self))[1])
+    out = build(model, tmp_path / "m.orkpack", BuildOptions(threads=1)).path
+    assert len(started) == 1 and len(started[0]._hashes) == 2
+    with Pack.open(out) as pk:
+        recs = pk.header["provenance"]["sources"]
+    assert [r["xxh3"] for r in recs] == [xxhash.xxh3_64_hexdigest((model / r["file"]).read_bytes()) for r in recs]
+    with pytest.raises(OrkError):
+        build(model, tmp_path / "x.orkpack", BuildOptions(threads=1, tiermap=str(tmp_path / "none.json")))
+    assert started[1]._stop.is_set() and not list(tmp_path.glob("x.orkpack*"))
+    # a failure while encoding (a NaN refused) stops the hashing too, before the pipeline closes the source
+    stops = []
+    real_stop = build_inputs.Inputs.stop_hashing
+    monkeypatch.setattr(build_inputs.Inputs, "stop_hashing", lambda self: (stops.append(1), real_stop(self))[1])
+    bad = write_hf_model(tmp_path / "bad", layers=1, hidden=64, intermediate=128, vocab=64, shards=1, seed=3)
+    st = bad / "model.safetensors"
+    raw = bytearray(st.read_bytes())
+    hlen = struct.unpack_from("<Q", raw, 0)[0]
+    head = json.loads(raw[8: 8 + hlen])
+    name = next(k for k in head if k.endswith("mlp.up_proj.weight"))
+    off = 8 + hlen + head[name]["data_offsets"][0]
+    raw[off: off + 2] = b"\xc0\x7f"  # a bf16 NaN
+    st.write_bytes(bytes(raw))
+    with pytest.raises(OrkError, match="NaN"):
+        build(bad, tmp_path / "y.orkpack", BuildOptions(threads=1))
+    assert len(stops) >= 2 and not list(tmp_path.glob("y.orkpack*"))  # write_pack's, then close()'s
 
 
 def test_mapped_equals_read_gguf_raw_types(tmp_path):
@@ -238,3 +279,16 @@ def test_mapped_equals_read_gguf_raw_types(tmp_path):
             m = src.mapped(name)
             assert m is not None and m.dtype == arr.dtype and m.shape == arr.shape, name
             assert m.tobytes() == arr.tobytes() == src.read(name).tobytes(), name
+
+
+def test_default_threads_are_the_process_cores(monkeypatch):
+    """--threads 0 means the cores the process may run on: under `taskset -c 0` one encoder thread, not one per core
+    of the machine taking turns on the one core (issue 26: 1.1-1.3x slower)."""
+    from orkpack.build import options
+
+    monkeypatch.setattr(options.os, "sched_getaffinity", lambda pid: {3})
+    monkeypatch.setattr(options.os, "cpu_count", lambda: 64)
+    assert BuildOptions(threads=0).resolved_threads() == 1
+    assert BuildOptions(threads=5).resolved_threads() == 5
+    monkeypatch.setattr(options.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    assert BuildOptions().resolved_threads() == 3

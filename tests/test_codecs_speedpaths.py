@@ -18,6 +18,7 @@ import pytest
 from orkpack import codecs
 from orkpack.codecs import ffi, lib
 from orkpack.codecs import reference as R
+from orkpack import layout
 
 LEVELS = [lvl for lvl in ("portable", "avx2", "avx512") if codecs.set_isa(lvl) == lvl]
 codecs.set_isa(None)
@@ -224,5 +225,78 @@ def test_levels_agree_on_sums():
                 got.append((codes.tobytes(), absmax.tobytes(), sx, se, nf))
             assert all(g == got[0] for g in got[1:]), f"{dt}: SIMD levels disagree"
             assert got[0][2:4] == ref_sums(x, 100)
+    finally:
+        codecs.set_isa(None)
+
+
+# ---------------------------------------------------------------- int8 encode (kernels/codecs.c int8_encode_fast*)
+
+def c_int8(x: np.ndarray, kseg: int, r0: int, r1: int):
+    """(q, scale, sum_x2, sum_err2, nonfinite) of one ork_int8_encode call over rows [r0, r1) (kseg 0: row-major)."""
+    x = np.ascontiguousarray(x)
+    n, k = x.shape
+    dt = {np.dtype(np.float32): 0, np.dtype(np.float16): 1, np.dtype(np.uint16): 2}[x.dtype]
+    size = layout.npu_tiled_size(n, k, kseg) if kseg else n * k
+    q = np.full(size, 0x55, np.int8)
+    scale = np.full(n, np.nan, np.float32)
+    st = ffi.new("ork_codec_stats *")
+    lib.ork_int8_encode(ffi.from_buffer(x), dt, n, k, r0, r1, kseg, ffi.cast("int8_t *", ffi.from_buffer(q)),
+                        ffi.cast("float *", ffi.from_buffer(scale)), st)
+    return q, scale, st.sum_x2, st.sum_err2, st.nonfinite
+
+
+def int8_lane_sums(x32: np.ndarray, kseg: int) -> tuple[float, float]:
+    """The generic kernel's sums: lane l = column l of each 32-column run (runs restart at every k segment, the
+    last one zero-padded), each lane in row then run order, folded lanes 0..31; x the sanitized float32 rows."""
+    q, scale = R.int8_encode(x32)
+    err = (x32 - q.astype(np.float32) * scale[:, None]).astype(np.float32)
+    n, k = x32.shape
+    seg = kseg or k
+    sums = []
+    for v in (x32, err):
+        runs = []
+        for k0 in range(0, k, seg):
+            s = v[:, k0:k0 + seg]
+            s = np.concatenate([s, np.zeros((n, -s.shape[1] % 32), np.float32)], axis=1)
+            runs.append(s.reshape(n, -1, 32))
+        r = np.concatenate(runs, axis=1).reshape(-1, 32).astype(np.float64)
+        acc = np.zeros(32)
+        for row in r:  # element order within each lane
+            acc += row * row
+        total = 0.0
+        for a in acc:
+            total += float(a)
+        sums.append(total)
+    return sums[0], sums[1]
+
+
+@pytest.mark.parametrize("dt", ["f32", "f16", "bf16"])
+def test_int8_levels_agree_on_bytes_and_sums(dt):
+    # every level: the reference's codes and scales, and the generic kernel's float64 sums to the bit, on rows
+    # whose width is no multiple of 32, 16 or 8, two k segments, NPU padding rows, and non-finite, -0, subnormal
+    # and constant rows
+    rng = np.random.default_rng(5)
+    kseg = 64
+    x32 = (rng.standard_t(2, size=(37, 2 * kseg + 45)) * 0.03).astype(np.float32)
+    x32[3] = 0.0
+    x32[4] = -0.0
+    x32[5] = 1e-40
+    x32[6] = 2.5
+    x32[7, 5], x32[9, -1], x32[11, 40] = np.nan, np.inf, -np.inf
+    x = to_dtype(x32, dt)
+    clean, _ = R.sanitize(R.widen(x))
+    q_ref, s_ref = R.int8_encode(clean.astype(np.float32))
+    try:
+        for ks in (0, kseg):
+            rows_total = 37 if ks == 0 else -(-37 // 32) * 32
+            got = []
+            for lvl in LEVELS:
+                codecs.set_isa(lvl)
+                q, scale, sx, se, nf = c_int8(x, ks, 0, rows_total)
+                assert q.tobytes() == (layout.tile_int8(q_ref, ks) if ks else q_ref).tobytes(), f"{lvl} kseg {ks}: codes"
+                assert scale.tobytes() == s_ref.tobytes() and nf == 3
+                got.append((sx, se))
+            assert all(g == got[0] for g in got), f"kseg {ks}: SIMD levels' sums differ: {got}"
+            assert got[0] == int8_lane_sums(clean.astype(np.float32), ks)
     finally:
         codecs.set_isa(None)

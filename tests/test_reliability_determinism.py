@@ -79,3 +79,32 @@ def test_timestamp_only_when_asked(model, tmp_path, monkeypatch):
     again = build(model, tmp_path / "c.orkpack", BuildOptions(threads=1, timestamp=True, **OPTS)).path
     with Pack.open(again) as c:
         assert c.header["provenance"]["created"].endswith("Z") and c.header["provenance"]["created"][:2] == "20"
+
+
+def test_same_bytes_at_every_simd_level_and_thread_count(tmp_path, monkeypatch):
+    # issue 26: the default build (the plan: nf4dq host slices and host copies, int8 NPU tiles) and a pinned one,
+    # at every SIMD level the CPU has and 1, 2 and 3 threads, give one set of bytes. The kernels' chunks are made
+    # small so that every tensor is split across the threads (rows 360 wide: no multiple of 32 or 16)
+    from orkpack import codecs
+
+    monkeypatch.setattr(codecs, "NF4_CHUNK_BLOCKS", 7)
+    monkeypatch.setattr(codecs, "INT8_CHUNK_ELEMS", 3000)
+    src = write_hf_model(tmp_path / "m", layers=2, hidden=128, intermediate=360, vocab=256, seed=5)
+    levels = [lvl for lvl in ("portable", "avx2", "avx512") if codecs.set_isa(lvl) == lvl]
+    kinds, copies = set(), []
+    try:
+        for name, opts in (("default", {}), ("pinned", dict(OPTS, int8=["token_embd.weight"]))):
+            codecs.set_isa("portable")
+            ref = build(src, tmp_path / f"{name}.orkpack", BuildOptions(threads=1, **opts)).path.read_bytes()
+            for lvl in levels:
+                codecs.set_isa(lvl)
+                for threads in (1, 2, 3):
+                    out = build(src, tmp_path / f"{name}-{lvl}-{threads}.orkpack", BuildOptions(threads=threads, **opts))
+                    assert out.path.read_bytes() == ref, f"{name} build at {lvl}, {threads} threads: other bytes"
+            with Pack.open(tmp_path / f"{name}.orkpack") as p:
+                kinds |= {(s["encoding"], s["tier"]) for t in p.tensors for s in t["slices"]}
+                copies += [s["host_copy"]["encoding"] for t in p.tensors for s in t["slices"] if s.get("host_copy")]
+    finally:
+        codecs.set_isa(None)
+    # every encoder ran: nf4dq host slices, int8 host and NPU tiles, nf4dq host copies of NPU slices
+    assert {("nf4dq", "host"), ("int8", "host"), ("int8", "npu")} <= kinds and "nf4dq" in copies, (kinds, copies)

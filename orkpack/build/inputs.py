@@ -10,6 +10,8 @@ one info line and recorded in ``provenance.skipped``.
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,13 +34,37 @@ class Inputs:
     late: list[str] = field(default_factory=list)  # what the source says while it is read: into the result, not stderr
     info_lines: list[str] = field(default_factory=list)
     origin: Origin | None = None  # where a hub model came from (provenance.hub)
+    _hashing: ThreadPoolExecutor | None = None
+    _hashes: dict = field(default_factory=dict)  # source file -> Future of its xxh3
+    _stop: threading.Event = field(default_factory=threading.Event)
 
     @property
     def located(self) -> Located:
         """The source as the planner takes it: its path with its hub origin."""
         return Located(self.path, self.origin)
 
+    def start_hashing(self) -> None:
+        """Hash the source files on a side thread from now on (xxhash releases the GIL): while the build plans
+        and encodes, so the provenance's xxh3 never holds up the first tensor (issue 26)."""
+        if self._hashing is None:
+            self._hashing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orkpack-hash")
+            stop = self._stop.is_set
+            self._hashes = {Path(f): self._hashing.submit(hash_file, Path(f), stop=stop) for f in self.src.files}
+
+    def file_xxh3(self, path: Path) -> str | None:
+        """A source file's xxh3 (hex): the side thread's, or hashed here."""
+        fut = self._hashes.get(Path(path))
+        return fut.result() if fut is not None else hash_file(Path(path))
+
+    def stop_hashing(self) -> None:
+        """A build that fails: the side thread gives up before its next window (no wait for the rest of a
+        large file); :meth:`file_xxh3` is then None."""
+        self._stop.set()
+
     def close(self) -> None:
+        if self._hashing is not None:
+            self.stop_hashing()
+            self._hashing.shutdown(wait=True, cancel_futures=True)
         self.src.close()
 
 
@@ -69,8 +95,10 @@ def open_inputs(src_path, out_path: Path, opts: BuildOptions, select: set[str] |
     except BaseException:
         src.close()
         raise
-    return Inputs(Path(src_path), src, infos, skipped, late, [line] if (line := skipped_line(skipped)) else [],
-                  loc.origin)
+    inp = Inputs(Path(src_path), src, infos, skipped, late, [line] if (line := skipped_line(skipped)) else [],
+                 loc.origin)
+    inp.start_hashing()
+    return inp
 
 
 def build_inputs(src, src_path: Path, opts: BuildOptions) -> list[tuple[Path, str]]:
@@ -134,12 +162,14 @@ def skipped_line(skipped: list[Skipped], per_reason: int = 4) -> str | None:
             f"the config, activation scales; listed in the pack's provenance.skipped): " + "; ".join(bits))
 
 
-def source_provenance(src, opts: BuildOptions, smoothing: dict | None = None, origin: Origin | None = None) -> dict:
-    """The header's provenance of the source (docs/FORMAT.md section 2); ``origin``: a hub model's (provenance.hub)."""
+def source_provenance(src, opts: BuildOptions, smoothing: dict | None = None, origin: Origin | None = None,
+                      xxh3=hash_file) -> dict:
+    """The header's provenance of the source (docs/FORMAT.md section 2); ``origin``: a hub model's (provenance.hub);
+    ``xxh3(path)``: a source file's hash (default: hashed here; a build's :meth:`Inputs.file_xxh3`)."""
     plan = getattr(src, "plan", None)  # a rotated source (orkpack/transforms/rotate.py)
     return {
         "source_format": src.kind,
-        "sources": [{"file": f.name, "size": f.stat().st_size, "xxh3": hash_file(f)} for f in src.files],
+        "sources": [{"file": f.name, "size": f.stat().st_size, "xxh3": xxh3(f)} for f in src.files],
         "arch": src.arch,
         "options": opts.recorded(),
         "skipped": [s.to_json() for s in skipped_of(src)],

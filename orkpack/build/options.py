@@ -9,9 +9,18 @@ from ..errors import OrkError, escape_name
 from ..transforms.nf4 import NF4Choice
 
 
+def available_cpus() -> int:
+    """The cores this process may run on (its affinity: ``taskset -c 0`` gives 1, where os.cpu_count() says
+    every core of the machine, and two encoder threads would take turns on the one core)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity call on this platform
+        return os.cpu_count() or 1
+
+
 @dataclass
 class BuildOptions:
-    threads: int = 0  # 0: all cores
+    threads: int = 0  # 0: every core this process may run on (available_cpus)
     int8: list[str] = field(default_factory=list)
     nf4: list[str] = field(default_factory=list)
     keep: list[str] = field(default_factory=list)
@@ -69,7 +78,7 @@ class BuildOptions:
     given: frozenset = frozenset()
 
     def resolved_threads(self) -> int:
-        return self.threads if self.threads > 0 else (os.cpu_count() or 1)
+        return self.threads if self.threads > 0 else available_cpus()
 
     def recorded(self) -> dict:
         """The options that shape the bytes (threads do not)."""

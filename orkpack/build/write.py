@@ -2,14 +2,16 @@
 hashed on a side thread, the provenance last.
 
 Pipeline: an I/O thread maps the next tensor while this one is encoded (C kernels, ``--threads`` of them, reading
-bf16/f16/f32 directly), and the writer's thread writes and checksums the previous tensor's parts; a third thread
-hashes the source files for the provenance. The bytes never depend on the timing or the thread count.
+bf16/f16/f32 directly), and the writer's thread writes and checksums the previous tensor's parts; side threads
+hash the source files for the provenance and read the model record (config, tokenizer) for the header. The bytes
+never depend on the timing or the thread count.
 
 I/O (issue 14; bench/README.md has the profile before and after): float and raw source tensors are the source
 file's own pages (``Source.mapped``: no read into a buffer, no copy); the codecs encode into the pack writer's
 reused, page-aligned buffers (``alloc=w.alloc``), which go to the file with no copy, by ``O_DIRECT`` where the file
 system takes it (no page cache to fill, then flush again at fsync). Fresh pages, which the kernel faults in and
-zeroes, are touched about once for the largest tensor's parts, not for every tensor.
+zeroes, are touched once for up to twice the largest tensor's parts (one tensor encoded while the one before it
+is written), not for every tensor.
 
 Memory: tensors stream one at a time. A build maps at most two source tensors (one when the source is float32;
 dequantized types are read into at most two reused buffers instead), holds the parts being encoded (int8: 1/4 of
@@ -62,19 +64,25 @@ def write_pack(inp: Inputs, infos: list[TensorInfo], placed: Placed, tr: Transfo
     """Write ``infos`` (the source's tensors, with any untied copies) to ``out_path`` (module docstring); the pack
     appears there whole or not at all."""
     src, opts = inp.src, placed.opts
-    hasher = ThreadPoolExecutor(max_workers=1)  # the source files, while the tensors are encoded (both release the GIL)
+    # side threads, while the tensors are encoded: the provenance (the source files' xxh3, hashed on the inputs'
+    # thread since the source was opened) and the model record (config, tokenizer; only the header needs it)
+    side = ThreadPoolExecutor(max_workers=2)
     io = ThreadPoolExecutor(max_workers=1)
     try:
-        provenance = hasher.submit(source_provenance, src, opts, tr.smoothing and tr.smoothing.provenance, inp.origin)
+        provenance = side.submit(source_provenance, src, opts, tr.smoothing and tr.smoothing.provenance, inp.origin,
+                                 inp.file_xxh3)  # the files' xxh3: hashing since the source was opened
+        said: list[str] = []
+        model = side.submit(src.model_metadata, said.append)
         done = Written(out_path)
         # parts wait for the write thread up to half the largest tensor as float32; the writer's buffers
         # (reused from tensor to tensor) can hold that plus one tensor's parts (<= 2 bytes per element)
         write_behind = max(16 << 20, 2 * max(i.numel for i in infos))
-        model = src.model_metadata(placed.warnings.append)
         with PackWriter(out_path, provenance=None, config=archs.header_config(src.config), tiermap=placed.tiermap,
                         write_behind=write_behind,
-                        pool_bytes=2 * write_behind + (64 << 20), model=model) as w:
+                        pool_bytes=2 * write_behind + (64 << 20), model=None) as w:
             for info, arr in read_ahead(src, infos, io, tr.untied):
+                if model.done() and model.exception() is not None:
+                    model.result()  # bad tokenizer files: the build stops here, not after the last tensor
                 slices = encode_tensor(info, arr, placed, tr, threads=threads, alloc=w.alloc)
                 done.count(info.name, slices)
                 rot = getattr(src, "plan", None)
@@ -84,13 +92,18 @@ def write_pack(inp: Inputs, infos: list[TensorInfo], placed: Placed, tr: Transfo
                 arr = slices = None  # drop every view of the source pages
                 if on_progress:
                     on_progress(info.nbytes, info.name)
+            w.set_model(model.result())
+            placed.warnings += said
             prov = provenance.result() | {"nf4": placed.nf4.recorded()}
             tr.record(prov, opts)
             w.set_provenance(prov, timestamp=opts.timestamp)
             inp.info_lines += tr.info_lines(prov)
             done.path = w.finish()
+    except BaseException:
+        inp.stop_hashing()  # the provenance's future below need not wait for the rest of the source's xxh3
+        raise
     finally:
-        for pool in (hasher, io):
+        for pool in (side, io):
             pool.shutdown(wait=True, cancel_futures=True)
     return done
 

@@ -301,7 +301,7 @@ class NF4DQCodec(Codec):
         if n == 0:
             offset[0] = 0.0
             return Encoded(parts, {"kind": spec.LAYOUT_ROW_MAJOR}, SQNR_CAP, 0)
-        d = np.empty(nb, dtype=np.float32)
+        d = alloc((nb,), np.float32)  # step 1's absmaxes, scratch (a build's pool: no fresh pages per tensor)
         src, dp = _ptr(flat, "void *"), _ptr(d, "float *")
         cwp, wcode = (_ptr(cw, "float *") if cw is not None else ffi.NULL), _NF4W_CODE[weighting]
         chunks = _block_chunks(nb)

@@ -17,7 +17,6 @@ from typing import Any, Callable, Mapping
 
 from ..errors import SourceError, escape_name
 from .config import FACT_KEYS, facts_from_hf_config, load_hf_config
-from .gguf import GGUFSource
 from .hub import INDEX, Located, locate, read_weight_map
 from .safetensors import SafetensorsSource
 
@@ -77,6 +76,8 @@ def open_source(path: Path | str | Located, *, on_warning: Callable[[str], None]
     except OSError as e:
         raise SourceError(f"{_n(p)}: cannot read ({e.strerror}); check its permissions") from None
     if p.suffix == ".gguf" or magic == b"GGUF":
+        from .gguf import GGUFSource  # here: gguf-py (reader, writer, yaml) costs a safetensors build's start-up ~0.05 s
+
         return GGUFSource(p, on_warning=on_warning)
     if p.suffix == ".safetensors":
         cfg_path = p.parent / "config.json"
