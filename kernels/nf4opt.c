@@ -793,7 +793,7 @@ static int64_t load_src_x(int lv, const void *x, int dtype, int64_t off0, float 
 #ifdef ORK_NF4OPT_X86
 AI T512 __m512 lv_lookup(const float *t, int n, __m512i idx) {
     if (n <= 16) return _mm512_permutexvar_ps(idx, _mm512_loadu_ps(t));
-    __m512 c[4];
+    __m512 c[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()}; /* n is 32, 64 or 128: no read of an unset one (GCC cannot see it) */
     for (int k = 0; k < n / 32; k++)
         c[k] = _mm512_permutex2var_ps(_mm512_loadu_ps(t + 32 * k), idx, _mm512_loadu_ps(t + 32 * k + 16));
     if (n == 32) return c[0];
