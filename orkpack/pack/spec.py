@@ -42,6 +42,7 @@ ENC_RAW = "raw"  # non-float tensors (integers, bool, f64, c64): the source byte
 FLOAT_ENCODINGS = (ENC_F32, ENC_F16, ENC_BF16)
 ENCODINGS = FLOAT_ENCODINGS + (ENC_INT8, ENC_NF4, ENC_RAW, ENC_NF4DQ) + INTDQ_ENCODINGS
 NF4_ENCODINGS = (ENC_NF4, ENC_NF4DQ)  # the 4-bit NormalFloat encodings (host slices and host copies)
+QUANT_ENCODINGS = (ENC_INT8,) + NF4_ENCODINGS + INTDQ_ENCODINGS  # the quantized (weight) encodings
 
 # element types of a raw slice (its "dtype" key) -> numpy dtype (little-endian); bool is one byte, 0 or 1
 RAW_DTYPES = {
