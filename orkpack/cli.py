@@ -152,10 +152,12 @@ REVISION_HELP = ("The hub revision of a model named ORG/NAME: a branch, tag or c
 NETWORK_HELP = "The link between the boards with --boards: 1gbe (default), 2.5gbe, 10gbe, or a TOML file with a [network] table."
 
 
-def _cluster_only(boards, *, frontier: bool = False, board_given: bool = False) -> None:
+def _cluster_only(boards, *, frontier: bool = False, board_given: bool = False, host_formats: bool = False) -> None:
     """--boards / --network: the flags that contradict a cluster plan, refused in one line."""
     if boards is None:
         raise OrkError("--network applies to a plan across boards: add --boards B1,B2,...")
+    if host_formats:
+        raise OrkError("--host-low / --host-high are for one board; drop them or --boards")
     if frontier:
         raise OrkError("--frontier is for one board; drop it or --boards")
     if board_given:
@@ -509,7 +511,8 @@ def plan(
     if boards is not None or network is not None:
         from orkpack.tiers.cluster import plan_cluster_command
 
-        _cluster_only(boards, frontier=frontier or frontier_size, board_given="board" in _given(context))
+        _cluster_only(boards, frontier=frontier or frontier_size, board_given="board" in _given(context),
+                      host_formats=host_low is not None or host_high is not None)
         raise typer.Exit(plan_cluster_command(model, boards, network=network, json_out=json_out, output=output,
                                               console=None if json_out else _out(), profile=profile, ctx=ctx,
                                               kv_type=kv_type, prefill_m=prefill_m, pins=pins,
