@@ -147,3 +147,38 @@ def test_rules_build_writes_the_low_format_with_column_weights(tmp_path):
         encs = [s["encoding"] for _, s in pack.slices() if len(s["shape"]) == 2]
         assert "int6dq" in encs and "nf4dq" not in encs
         assert all(np.isfinite(s["sqnr_db"]) and s["sqnr_db"] > 25 for _, s in pack.slices() if s["encoding"] == "int6dq")
+
+
+def test_eval_and_export_read_the_formats(tmp_path):
+    """The eval's decode path reads intdq slices as the codec decodes them (its KLD is finite, below an all-NF4
+    pack's), and the export holds exactly those values."""
+    import gguf
+
+    from orkpack import codecs
+    from orkpack.eval.export import export
+
+    src = synth.write_hf_model(tmp_path / "m", layers=2, hidden=128, intermediate=256, heads=4, kv_heads=2, vocab=512,
+                               seed=3, tied=True)
+    synth.write_tokenizer(src, n_merges=200)
+    a, n = tmp_path / "a.orkpack", tmp_path / "n.orkpack"
+    r = _run("build", str(src), "-o", str(a), "--no-plan", "--host-low", "int5dq", "--host-high", "int8dq",
+             "--int8", "blk.0.*", "--json")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert _run("build", str(src), "-o", str(n), "--no-plan", "--json").returncode == 0
+    kld = {}
+    for p in (a, n):
+        r = _run("eval", str(src), str(p), "--json", "--cpu-act", "q8", "--chunks", "1")
+        assert r.returncode == 0, r.stderr[-2000:]
+        kld[p.name] = next(x for x in json.loads(r.stdout)["paths"] if x["path"] == "decode")["kld"]["mean"]
+    assert 0 <= kld["a.orkpack"] < kld["n.orkpack"], kld
+    res = export(a, tmp_path / "a.gguf")
+    tensors = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(str(res.path)).tensors}
+    seen = set()
+    with Pack.open(a) as pack:
+        for t, s in pack.slices():
+            if s["encoding"] in spec.INTDQ_ENCODINGS and t["name"] != "token_embd.weight" \
+                    and not t["name"].endswith(("attn_q.weight", "attn_k.weight")):  # (q/k: the converter's row order)
+                want = codecs.get_codec(s["encoding"]).decode(pack.typed_parts(s), s["shape"])
+                np.testing.assert_array_equal(tensors[t["name"]].reshape(want.shape), want, err_msg=t["name"])
+                seen.add(s["encoding"])
+    assert seen == {"int5dq", "int8dq"}
