@@ -192,4 +192,6 @@ def describe(rec: dict | None) -> str | None:
         ds = ", ".join(str(d) for d in im.get("datasets") or []) or "unnamed text"
         what += (f" x imatrix {im.get('file')} (xxh3 {im.get('xxh3')}; {im.get('chunks')} chunks of "
                  f"{im.get('chunk_size')} on {ds})")
+    if "host_low" in rec or "host_high" in rec:
+        what += f"; host levels {rec.get('host_low')} / {rec.get('host_high')}"
     return escape_name(what, 400)
