@@ -308,7 +308,7 @@ def follow_host_formats(tm, map_path: Path, opts: BuildOptions, nf4: NF4Choice) 
     """(options, NF4 choice) of a build that follows tier map ``tm``: its host levels in the formats the map's board
     block records ("host_low", "host_high"; absent: nf4, int8), whose bytes its plan counts. A --host-low /
     --host-high that contradicts the map is refused in one line."""
-    from ..tiers.board import check_host_formats
+    from ..pack.hostlevels import check_host_formats
 
     label = escape_name(str(map_path))
     board = tm.board if isinstance(tm.board, dict) else {}

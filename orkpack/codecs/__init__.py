@@ -400,6 +400,20 @@ class IntDQCodec(Codec):
         sq, nf = _sqnr(_run(one, chunks, threads))
         return Encoded(parts, {"kind": spec.LAYOUT_ROW_MAJOR}, sq, nf)
 
+    def decode_range(self, enc_parts, e0: int, e1: int) -> np.ndarray:
+        """Elements [e0, e1) of the flat slice (float32), the runtime's C decode; parts too small: ValueError."""
+        codes = np.ascontiguousarray(enc_parts["codes"], dtype=np.uint8).reshape(-1)
+        q = np.ascontiguousarray(enc_parts["absmax_q"], dtype=np.uint8).reshape(-1)
+        sc = np.ascontiguousarray(enc_parts["absmax_scale"], dtype=np.float32).reshape(-1)
+        off = np.ascontiguousarray(enc_parts["absmax_offset"], dtype=np.float32).reshape(-1)
+        out = np.empty(max(0, int(e1) - int(e0)), dtype=np.float32)
+        rc = -1 if off.size != 1 else lib.ork_rt_intdq_decode(
+            self.bits, _ptr(codes, "uint8_t *"), codes.size, _ptr(q, "uint8_t *"), q.size, _ptr(sc, "float *"),
+            sc.size, float(off[0]), int(e0), int(e1), ffi.cast("float *", ffi.from_buffer(out)) if out.size else ffi.NULL)
+        if rc != 0:
+            raise ValueError(f"{self.encoding} parts are too small for elements [{e0}, {e1})")
+        return out
+
     def decode(self, enc_parts, shape, layout=None, threads: int = 1):
         shape = tuple(int(d) for d in shape)
         n = math.prod(shape)

@@ -55,10 +55,9 @@ def nf4dq_rows(p: dict, n: int, k: int) -> Rows:
 
 def intdq_rows(p: dict, n: int, k: int, bits: int) -> Rows:
     """Rows r0..r1 of an int5dq / int6dq / int8dq [n, k] slice: the runtime's C decode of just their elements."""
-    from ..runtime.inflate import intdq_decode_c
-
-    parts = [np.ascontiguousarray(p[name]) for name in ("codes", "absmax_q", "absmax_scale", "absmax_offset")]
-    return lambda r0, r1: intdq_decode_c(bits, *parts, r1 * k, r0 * k).reshape(r1 - r0, k)
+    codec = get_codec({b: e for e, b in spec.INTDQ_BITS.items()}[bits])
+    parts = {name: np.ascontiguousarray(p[name]) for name in spec.PARTS[codec.encoding]}
+    return lambda r0, r1: codec.decode_range(parts, r0 * k, r1 * k).reshape(r1 - r0, k)
 
 
 def float_rows(data: np.ndarray) -> Rows:

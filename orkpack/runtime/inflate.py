@@ -140,22 +140,6 @@ def nf4dq_decode_c(codes, absmax_q, scale, offset, n: int) -> np.ndarray:
     return out
 
 
-def intdq_decode_c(bits: int, codes, absmax_q, scale, offset, n: int, e0: int = 0) -> np.ndarray:
-    """C int5dq / int6dq / int8dq decode of elements [e0, n) (float32), as reference.intdq_decode."""
-    out = np.empty(int(n) - int(e0), dtype=np.float32)
-    codes, absmax_q = np.ascontiguousarray(codes, dtype=np.uint8), np.ascontiguousarray(absmax_q, dtype=np.uint8)
-    scale = np.ascontiguousarray(scale, dtype=np.float32)
-    off = np.asarray(offset, dtype=np.float32).reshape(-1)
-    rc = lib.ork_rt_intdq_decode(
-        int(bits), _ptr("const uint8_t *", codes), codes.nbytes, _ptr("const uint8_t *", absmax_q), absmax_q.size,
-        _ptr("const float *", scale), scale.size, float(off[0]) if off.size else 0.0, int(e0), int(n),
-        _ptr("float *", out),
-    )
-    if rc != 0 or off.size != 1:
-        raise ValueError("intdq parts are too small for the slice shape")
-    return out
-
-
 def nf4_decode_c(codes, absmax_bytes, n: int) -> np.ndarray:
     """C NF4 decode of the first n elements (float32): CODEBOOK[code] * absmax, as nf4_decode."""
     out = np.empty(int(n), dtype=np.float32)

@@ -40,6 +40,7 @@ import xxhash
 from orkpack.transforms.nf4 import pack_mode as nf4_pack_mode
 from orkpack.errors import PackError, escape_name
 from orkpack.layout import npu_layout, untile_int8, tile_int8
+from orkpack.codecs import get_codec
 from orkpack.pack import spec
 from orkpack.pack.reader import (Pack, PackDamaged, check_layout, expected_part_sizes, inflate_k_segment,
                                  runtime_k_segment)
@@ -524,9 +525,8 @@ def _reference_nf4dq(pack: Pack, s: dict) -> str | None:
             want = nf4dq_decode(p["codes"], p["absmax_q"], sc, off, (n,))
             got = inf.nf4dq_decode_c(p["codes"], p["absmax_q"], sc, off, n)
         else:
-            bits = spec.INTDQ_BITS[enc]
-            want = intdq_decode(p["codes"], p["absmax_q"], sc, off, (n,), bits)
-            got = inf.intdq_decode_c(bits, p["codes"], p["absmax_q"], sc, off, n)
+            want = intdq_decode(p["codes"], p["absmax_q"], sc, off, (n,), spec.INTDQ_BITS[enc])
+            got = get_codec(enc).decode_range(p, 0, n)
     if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
         return f"C {enc} decode differs from the numpy reference"
     return None

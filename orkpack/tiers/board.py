@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..errors import OrkError, escape_name
 from ..pack import spec
+from ..pack.hostlevels import DEFAULT_HOST_HIGH, DEFAULT_HOST_LOW, HOST_HIGH, HOST_LOW, check_host_formats  # noqa: F401
 from .runtime import DEFAULT_RUNTIME, TOML_KEYS, Runtime, load_runtime, runtime_from_json
 
 BOARD_DIR = Path(__file__).resolve().parent.parent / "data" / "boards"
@@ -29,13 +30,7 @@ BOARD_VERSION = 3
 NF4_FORMATS = tuple(spec.NF4_FORMATS)
 DEFAULT_NF4_FORMAT = spec.NF4_DEFAULT_FORMAT
 LEGACY_NF4_FORMAT = spec.NF4_B64
-# The encodings of the build's two host levels (orkpack build / plan --host-low, --host-high; docs/TIERMAP.md
-# section 5, "Host formats"): a plan item the MILP puts on the host "nf4" is written in HOST_LOW's choice ("nf4":
-# the NF4 format above), one it puts on the host "int8" in HOST_HIGH's. The defaults are the formats there were
-# before (nf4, int8); a tier map records other choices in its board block ("host_low", "host_high").
-HOST_LOW = ("nf4", spec.ENC_INT5DQ, spec.ENC_INT6DQ)
-HOST_HIGH = (spec.ENC_INT8, spec.ENC_INT8DQ, spec.ENC_INT6DQ)
-DEFAULT_HOST_LOW, DEFAULT_HOST_HIGH = "nf4", spec.ENC_INT8
+# the encodings of the build's two host levels (HOST_LOW, HOST_HIGH and their check: orkpack/pack/hostlevels.py)
 
 
 @dataclass(frozen=True)
@@ -151,17 +146,6 @@ def with_host_formats(b: Board, low: object, high: object, where: str) -> Board:
     return b if (low, high) == (b.host_low, b.host_high) else replace(b, host_low=low, host_high=high)
 
 
-def check_host_formats(low: object, high: object, where: str) -> tuple[str, str]:
-    """(low, high) checked (None: the default); anything else is one OrkError line naming ``where``."""
-    low = DEFAULT_HOST_LOW if low is None else low
-    high = DEFAULT_HOST_HIGH if high is None else high
-    if low not in HOST_LOW:
-        raise OrkError(f"{where}: host low format {escape_name(str(low), 40)!r}: choose {', '.join(HOST_LOW)}")
-    if high not in HOST_HIGH:
-        raise OrkError(f"{where}: host high format {escape_name(str(high), 40)!r}: choose {', '.join(HOST_HIGH)}")
-    if low == high:
-        raise OrkError(f"{where}: the host low and high formats are both {low}; give two levels")
-    return low, high
 
 
 def combine(hw: dict, rt: Runtime, where: str, nf4_format: str = DEFAULT_NF4_FORMAT) -> Board:

@@ -28,6 +28,7 @@ from ..errors import OrkError, escape_name
 from ..files import hash_file
 from ..pack import spec
 from .. import stats as act_stats
+from ..pack.hostlevels import check_host_formats
 from .smooth import smoothed_mean_sq
 
 NF4_FORMATS = tuple(spec.NF4_FORMATS)  # dq32: nf4dq (blocksize 32, double-quantized absmax); b64: nf4 (blocksize 64)
@@ -132,8 +133,6 @@ def choose(mode: str, weighting: str, imatrix: Path | None, fmt: str | None = No
     ``fmt`` None: dq32 with ``opt``, b64 with ``bnb``. ``host_low`` / ``host_high``: the host levels' encodings
     (None: nf4, int8)."""
     from dataclasses import replace
-
-    from ..tiers.board import check_host_formats
 
     low, high = check_host_formats(host_low, host_high, "--host-low / --host-high")
     return replace(_choose(mode, weighting, imatrix, fmt), host_low=low, host_high=high)
