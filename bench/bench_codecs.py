@@ -82,7 +82,11 @@ def main() -> None:
     dq = codecs.get_codec("nf4dq")
     d_parts = R.nf4dq_encode(xbf[:64])  # the nf4dq kernels too (a small slice: the reference is slow)
     assert all(dq.encode(xbf[:64]).parts[k].tobytes() == v.tobytes() for k, v in zip(dq.parts, d_parts))
+    idq = {b: codecs.get_codec(f"int{b}dq") for b in (5, 6, 8)}  # the intdq kernels (format 1.7), checked the same way
+    for b, c in idq.items():
+        assert all(c.encode(xbf[:64]).parts[k].tobytes() == v.tobytes() for k, v in zip(c.parts, R.intdq_encode(xbf[:64], b)))
     enc_nf4, enc_i8, enc_dq = nf4.encode(x32), i8.encode(x32), dq.encode(x32)
+    enc_idq = {b: c.encode(x32) for b, c in idq.items()}
     enc_npu = i8.encode(x32, npu=True)
 
     def with_isa(level, fn):
@@ -111,6 +115,9 @@ def main() -> None:
         (f"nf4 opt encode bf16 [{best}]", xbf.nbytes, lambda: nf4.encode(xbf, mode="opt")),
         (f"nf4dq encode bf16 [{best}]", xbf.nbytes, lambda: dq.encode(xbf)),
         ("nf4dq encode bf16 [portable]", xbf.nbytes, with_isa("portable", lambda: dq.encode(xbf))),
+        *[(f"int{b}dq encode bf16", xbf.nbytes, (lambda c=c: c.encode(xbf))) for b, c in idq.items()],
+        *[(f"int{b}dq decode (f32 out bytes)", nbytes32, (lambda b=b, c=c: c.decode(enc_idq[b].parts, x32.shape)))
+          for b, c in idq.items()],
         ("nf4 decode (f32 out bytes)", nbytes32, lambda: nf4.decode(enc_nf4.parts, x32.shape)),
         ("nf4dq decode (f32 out bytes)", nbytes32, lambda: dq.decode(enc_dq.parts, x32.shape)),
         ("int8 decode row-major (f32 out)", nbytes32, lambda: i8.decode(enc_i8.parts, x32.shape, enc_i8.layout)),

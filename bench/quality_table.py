@@ -65,6 +65,11 @@ ROWS = [
 
 
 MIXES = ("Q4_K_S", "Q4_K_M", "IQ4_XS", "Q5_K_M", "Q6_K", "Q8_0")
+# the host levels' formats of the orkpack pack at each mix's bytes (--host-low, --host-high; docs/EVAL.md, "llama.cpp's
+# mixes at the same bytes"): the pair of the least predicted KLD at those bytes (`orkpack plan --max-bytes B
+# --host-low L --host-high H` over every pair); IQ4_XS keeps the defaults (NF4, int8)
+MIX_FORMATS = {"Q4_K_S": ("int5dq", "int6dq"), "Q4_K_M": ("int5dq", "int6dq"), "Q5_K_M": ("int6dq", "int8dq"),
+               "Q6_K": ("int6dq", "int8dq"), "Q8_0": ("int6dq", "int8dq")}
 
 
 def mix_rows() -> list[tuple]:
@@ -77,10 +82,12 @@ def mix_rows() -> list[tuple]:
             what = f"llama.cpp {t}" + (", with statistics" if imat else "")
             rows.append((lname, what, ("llama", t, stats), "llama.cpp CPU"))
             oname = "ork-" + lname[4:]
-            owhat = f"orkpack, the bytes of {t}" + (", with statistics" if imat else "")
-            rows.append((oname, owhat, ("orkpack", ["--max-bytes", "@bytes:" + lname] + stats), "decode"))
-            rows.append((oname + "-prefill@" + oname, owhat, ("orkpack", ["--max-bytes", "@bytes:" + lname] + stats),
-                         "prefill"))
+            fmt = MIX_FORMATS.get(t)
+            levels = ["--host-low", fmt[0], "--host-high", fmt[1]] if fmt else []
+            owhat = f"orkpack{' ' + '/'.join(fmt) if fmt else ''}, the bytes of {t}" + (", with statistics" if imat else "")
+            args = ["--max-bytes", "@bytes:" + lname] + levels + stats
+            rows.append((oname, owhat, ("orkpack", args), "decode"))
+            rows.append((oname + "-prefill@" + oname, owhat, ("orkpack", args), "prefill"))
     return rows
 
 

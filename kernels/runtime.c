@@ -832,3 +832,40 @@ int ork_rt_nf4dq_decode(const uint8_t *codes, size_t codes_size, const uint8_t *
     }
     return ORK_RT_OK;
 }
+
+/* intdq (docs/FORMAT.md 3): a[b] = DQ_CODE[absmax_q[b]] * scale[b / 256] + offset, value = q * a, all float32;
+ * q is the b-bit two's complement field at bit b e (LSB first; a field spans at most two bytes) */
+int ork_rt_intdq_decode(int bits, const uint8_t *codes, size_t codes_size, const uint8_t *absmax_q,
+                        size_t absmax_count, const float *scale, size_t scale_count, float offset, int64_t e0,
+                        int64_t e1, float *out) {
+    if ((bits != 5 && bits != 6 && bits != 8) || e0 < 0 || e1 < e0 || e1 > ((int64_t)1 << 56)) return ORK_RT_EARGS;
+    const int64_t nb = (e1 + ORK_NF4DQ_BLOCK - 1) / ORK_NF4DQ_BLOCK;
+    if (codes_size < (size_t)((e1 * bits + 7) / 8) || absmax_count < (size_t)nb ||
+        scale_count < (size_t)((nb + ORK_NF4DQ_GROUP - 1) / ORK_NF4DQ_GROUP))
+        return ORK_RT_EARGS;
+    const uint32_t mask = (1u << bits) - 1u, h = 1u << (bits - 1);
+    int64_t e = e0;
+    while (e < e1) {
+        const int64_t b = e / ORK_NF4DQ_BLOCK;
+        float code;
+        memcpy(&code, &DQ_CODE_BITS[absmax_q[b]], sizeof code);
+        float a = code * scale[b / ORK_NF4DQ_GROUP];
+        a = a + offset;
+        const int64_t end = (b + 1) * ORK_NF4DQ_BLOCK < e1 ? (b + 1) * ORK_NF4DQ_BLOCK : e1;
+        float *o = out + (e - e0);
+        if (bits == 8) {
+            for (int64_t i = e; i < end; i++) o[i - e] = (float)(int8_t)codes[i] * a;
+        } else {
+            for (int64_t i = e; i < end; i++) {
+                const int64_t pos = i * bits;
+                const int sh = (int)(pos & 7);
+                uint32_t v = codes[pos >> 3];
+                if (sh + bits > 8) v |= (uint32_t)codes[(pos >> 3) + 1] << 8;
+                const uint32_t u = (v >> sh) & mask;
+                o[i - e] = (float)((int32_t)(u ^ h) - (int32_t)h) * a;
+            }
+        }
+        e = end;
+    }
+    return ORK_RT_OK;
+}

@@ -56,6 +56,12 @@ int ork_rt_nf4_decode(const uint8_t *codes, size_t codes_size, const float *absm
  * scale[e / 8192] + offset), float32. The sizes are the stored parts' (checked). 0 or ORK_RT_EARGS. */
 int ork_rt_nf4dq_decode(const uint8_t *codes, size_t codes_size, const uint8_t *absmax_q, size_t absmax_count,
                         const float *scale, size_t scale_count, float offset, int64_t e0, int64_t e1, float *out);
+/* int5dq / int6dq / int8dq decode of elements [e0, e1) (docs/FORMAT.md 3, intdq; bits 5, 6 or 8): q[e] * (DQ_CODE[
+ * absmax_q[e / 32]] * scale[e / 8192] + offset), float32, q[e] the b-bit two's complement field at bit b e of codes.
+ * The sizes are the stored parts' (checked: codes_size >= ceil(e1 b / 8)). 0 or ORK_RT_EARGS. */
+int ork_rt_intdq_decode(int bits, const uint8_t *codes, size_t codes_size, const uint8_t *absmax_q,
+                        size_t absmax_count, const float *scale, size_t scale_count, float offset, int64_t e0,
+                        int64_t e1, float *out);
 /* SIMD in use by the direct inflate: 0 portable C, 1 x86 (SSSE3 or AVX-512), 2 aarch64 NEON. */
 int ork_rt_simd_level(void);
 /* The exact level in use: 0 portable C, 1 x86 SSSE3, 2 aarch64 NEON, 3 x86 AVX-512 VBMI. */

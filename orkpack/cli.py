@@ -127,6 +127,11 @@ NF4_MODE_HELP = ("How NF4 blocks are chosen: opt (default): each block's absmax 
 NF4_FORMAT_HELP = ("NF4 format of host tensors: dq32 (default with --nf4-mode opt): bitsandbytes NF4 at blocksize 32 "
                    "with double-quantized absmax, 4.25 bits a weight; b64: blocksize 64, float32 absmax, 4.5 bits "
                    "(the only format of --nf4-mode bnb). bitsandbytes' dequantize_4bit reads both.")
+HOST_LOW_HELP = ("Encoding of the host tensors the plan puts at its low level (NF4): nf4 (default: the --nf4-format), "
+                 "int5dq or int6dq (5 or 6-bit integers in blocks of 32, double-quantized scale; 5.25 / 6.25 bits). "
+                 "The plan counts its bytes and error.")
+HOST_HIGH_HELP = ("Encoding of the host tensors the plan puts at its high level (int8): int8 (default: per row), int8dq "
+                  "or int6dq (8 or 6-bit integers in blocks of 32; 8.25 / 6.25 bits). The plan counts its bytes and error.")
 NF4_WEIGHTING_HELP = ("The opt search's error weight per value: plain (default), x2 (the value squared) or sigma "
                       "(sqrt(sigma^2 + x^2), llama.cpp's with an imatrix); times the imatrix column weight if given.")
 ROTATE_HELP = ("Rotate the residual stream (QuaRot): fold each norm's gain into the matrices it feeds, then a randomized "
@@ -147,10 +152,12 @@ REVISION_HELP = ("The hub revision of a model named ORG/NAME: a branch, tag or c
 NETWORK_HELP = "The link between the boards with --boards: 1gbe (default), 2.5gbe, 10gbe, or a TOML file with a [network] table."
 
 
-def _cluster_only(boards, *, frontier: bool = False, board_given: bool = False) -> None:
+def _cluster_only(boards, *, frontier: bool = False, board_given: bool = False, host_formats: bool = False) -> None:
     """--boards / --network: the flags that contradict a cluster plan, refused in one line."""
     if boards is None:
         raise OrkError("--network applies to a plan across boards: add --boards B1,B2,...")
+    if host_formats:
+        raise OrkError("--host-low / --host-high are for one board; drop them or --boards")
     if frontier:
         raise OrkError("--frontier is for one board; drop it or --boards")
     if board_given:
@@ -322,6 +329,8 @@ def build(
     nf4_weighting: str = typer.Option("plain", "--nf4-weighting", help=NF4_WEIGHTING_HELP),
     nf4_format: Optional[str] = typer.Option(None, "--nf4-format", help=NF4_FORMAT_HELP + " The plan counts its "
                                              "bytes; with --tiermap the default is the map's format."),
+    host_low: Optional[str] = typer.Option(None, "--host-low", help=HOST_LOW_HELP + " With --tiermap: the map's."),
+    host_high: Optional[str] = typer.Option(None, "--host-high", help=HOST_HIGH_HELP + " With --tiermap: the map's."),
     imatrix: Optional[Path] = typer.Option(None, "--imatrix", metavar="FILE", help=IMATRIX_HELP),
     board: str = typer.Option("rk3588-32g", "--board", help="Board profile the tier map is solved for (name or TOML file)."),
     runtime: Optional[str] = typer.Option(None, "--runtime", help=RUNTIME_HELP),
@@ -374,6 +383,7 @@ def build(
     opts = BuildOptions(
         threads=threads, int8=int8, nf4=nf4, keep=keep, npu=npu, cpu=cpu, npu_storage=npu_storage, allow_nonfinite=allow_nonfinite,
         nf4_mode=nf4_mode, nf4_weighting=nf4_weighting, nf4_format=nf4_format, imatrix=imatrix,
+        host_low=host_low, host_high=host_high,
         timestamp=timestamp, plan=not no_plan, board=board, runtime=runtime, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, ignore_unknown=ignore_unknown,
         tiermap=tiermap, goal=sized_goal(goal, "goal" in _given(context), max_bytes, bpw),
         min_decode_tok_s=min_decode_tok_s, min_prefill_tok_s=min_prefill_tok_s,
@@ -484,6 +494,8 @@ def plan(
     network: Optional[str] = typer.Option(None, "--network", metavar="NAME", help=NETWORK_HELP),
     nf4_format: Optional[str] = typer.Option(None, "--nf4-format", help=NF4_FORMAT_HELP + " The plan counts its bytes and "
                                              "records it; orkpack build --tiermap writes it."),
+    host_low: Optional[str] = typer.Option(None, "--host-low", help=HOST_LOW_HELP),
+    host_high: Optional[str] = typer.Option(None, "--host-high", help=HOST_HIGH_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print the tier map as JSON."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write the tier map JSON here (a folder with --frontier)."),
 ):
@@ -499,7 +511,8 @@ def plan(
     if boards is not None or network is not None:
         from orkpack.tiers.cluster import plan_cluster_command
 
-        _cluster_only(boards, frontier=frontier or frontier_size, board_given="board" in _given(context))
+        _cluster_only(boards, frontier=frontier or frontier_size, board_given="board" in _given(context),
+                      host_formats=host_low is not None or host_high is not None)
         raise typer.Exit(plan_cluster_command(model, boards, network=network, json_out=json_out, output=output,
                                               console=None if json_out else _out(), profile=profile, ctx=ctx,
                                               kv_type=kv_type, prefill_m=prefill_m, pins=pins,
@@ -508,7 +521,7 @@ def plan(
     code = plan_command(model, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, pins=pins,
                         ignore_unknown=ignore_unknown, json_out=json_out, output=output, console=None if json_out else _out(), goal=g,
                         prompt=prompt, frontier_out=frontier_axis(frontier, frontier_size), runtime=runtime,
-                        nf4_format=nf4_format, revision=revision)
+                        nf4_format=nf4_format, revision=revision, host_low=host_low, host_high=host_high)
     raise typer.Exit(code)
 
 

@@ -36,7 +36,7 @@ from orkpack.runtime.verify import _load, verify_pack  # noqa: E402
 
 import test_pack  # noqa: E402
 import test_reliability_hostile  # noqa: E402
-from test_pack import write_nf4dq, write_raw, write_small  # noqa: E402
+from test_pack import INTDQ_BAD, write_intdq, write_nf4dq, write_raw, write_small  # noqa: E402
 from test_verify import build as build_verify  # noqa: E402
 
 def c_codes(check: Path, paths: list[Path]) -> list[int]:
@@ -119,6 +119,8 @@ def good(tmp_path_factory) -> dict[str, Path]:
     packs["raw"] = d / "raw.orkpack"
     write_nf4dq(d / "nf4dq.orkpack")  # format 1.5: nf4dq host slices and host copies
     packs["nf4dq"] = d / "nf4dq.orkpack"
+    write_intdq(d / "intdq.orkpack")  # format 1.7: int5dq, int6dq, int8dq host slices
+    packs["intdq"] = d / "intdq.orkpack"
     packs["untied_head"] = _untied_head_pack(d)
     try:
         import test_dual_residency as tdr
@@ -147,14 +149,16 @@ def test_good_packs_pass_in_both(check, good):
 
 
 def _reference_decode(pack: Pack, rec: dict) -> np.ndarray:
-    """The numpy reference decode (orkpack/codecs/reference.py) of a host nf4 or nf4dq slice record."""
-    from orkpack.codecs.reference import nf4_decode, nf4dq_decode
+    """The numpy reference decode (orkpack/codecs/reference.py) of a host nf4, nf4dq or intdq slice record."""
+    from orkpack.codecs.reference import intdq_decode, nf4_decode, nf4dq_decode
 
     parts = pack.typed_parts(rec)
     n = int(np.prod(rec["shape"], dtype=np.int64))
     with np.errstate(over="ignore", invalid="ignore"):
         if rec["encoding"] == spec.ENC_NF4:
             return nf4_decode(parts["codes"], parts["absmax"], (n,))
+        if rec["encoding"] in spec.INTDQ_BITS:
+            return intdq_decode(*(parts[k] for k in spec.PARTS[rec["encoding"]]), (n,), spec.INTDQ_BITS[rec["encoding"]])
         return nf4dq_decode(*(parts[k] for k in spec.PARTS[spec.ENC_NF4DQ]), (n,))
 
 
@@ -187,7 +191,8 @@ def test_c_bytes_equal_python_bytes(check, good):
                     for pn, pr in (s.get("host_copy") or {}).get("parts", {}).items():
                         want_parts[("host", ti, si, pn)] = (pr["offset"], pr["size"], xxhash.xxh3_64_hexdigest(pack.part(pr)))
                     for where, rec in (("part", s), ("host", host_copy_slice(s))):
-                        if rec is not None and rec["tier"] == "host" and rec["encoding"] in spec.NF4_ENCODINGS:
+                        if rec is not None and rec["tier"] == "host" and \
+                                rec["encoding"] in spec.NF4_ENCODINGS + spec.INTDQ_ENCODINGS:
                             d = _reference_decode(pack, rec)
                             want_dec[(where, ti, si)] = (rec["encoding"], d.size, xxhash.xxh3_64_hexdigest(d))
                             ndq += rec["encoding"] == spec.ENC_NF4DQ
@@ -202,6 +207,8 @@ def test_c_bytes_equal_python_bytes(check, good):
         assert dec == want_dec, name
         if name == "nf4dq":
             assert sum(v[0] == "nf4dq" for v in dec.values()) == 7  # its 5 host slices and 2 host copies
+        if name == "intdq":
+            assert sorted(v[0] for v in dec.values()) == ["int5dq", "int5dq", "int6dq", "int8dq", "int8dq"]
     assert ndq > 7 or "dual_int8" not in good  # and those a build writes (nf4dq by default since format 1.5)
     backend.close()
 
@@ -412,6 +419,11 @@ def test_hostile_headers_agree(check, good, tmp_path):
     add(dq, mutate=_set(DQ4 + ("host_copy", "encoding"), "nf4dq2"), minor=spec.VERSION_MINOR + 1)
     add(dq, mutate=_set(DQ0 + ("encoding",), "nf4dq2"), minor=spec.VERSION_MINOR + 1)
     add(dq, mutate=_set(DQ0 + ("encoding",), "nf4dq2"), minor=spec.VERSION_MINOR)   # same minor: damaged
+    idq = good["intdq"]
+    add(idq, mutate=_set(DQ0 + ("encoding",), "int4dq"), minor=spec.VERSION_MINOR + 1)
+    add(idq, mutate=_set(DQ0 + ("encoding",), "int7dq"), minor=spec.VERSION_MINOR)    # same minor: damaged
+    for fn, _ in INTDQ_BAD:  # the Python reader's intdq refusals: the C reader refuses them too
+        add(idq, mutate=fn)
     # nf4dq parts with repeated keys: Python keeps the last value at the first key's place
     hdq = dq.read_bytes()[int.from_bytes(dq.read_bytes()[40:48], "little"):]
     first = hdq.index(b'"absmax_offset":{')
@@ -492,6 +504,23 @@ def test_readme_example_loads_a_tensor(check, good, tmp_path):
     for name in ("blk.0.attn_q.weight", "blk.0.ffn_up.weight"):  # int8 tiles (fill), nf4 (inflate)
         run = subprocess.run([str(tmp_path / "example"), str(good["both"]), name], capture_output=True, text=True)
         assert run.returncode == 0 and f"{name} [32, " in run.stdout, run.stdout + run.stderr
+
+
+def test_intdq_on_the_npu_refused_by_both_with_one_meaning(check, good, tmp_path):
+    """An intdq slice on the NPU tier: both readers refuse it at open as a damaged pack (exit 1), in the same words;
+    the intdq pack passes both, and the C reader lists the four parts of each slice."""
+    idq = good["intdq"]
+    for i, (where, enc) in enumerate([((0, 0), "int5dq"), ((1, 0), "int6dq"), ((3, 1), "int8dq")]):
+        p = _rewrite(idq, tmp_path / f"npu{i}.orkpack",
+                     mutate=lambda h, w=where: h["tensors"][w[0]]["slices"][w[1]].update(tier="npu", min_m=32))
+        py = verify_pack(p)
+        c = subprocess.run([str(check), str(p)], capture_output=True, text=True)
+        assert py.exit_code == c.returncode == 1, (py.failures, c.stdout)
+        want = f"{enc} slices live on the host (an NPU slice is int8, or nf4 to inflate)"
+        assert want in py.failures[0] and want in c.stdout, (py.failures, c.stdout)
+    assert c_codes(check, [idq]) == [0] and verify_pack(idq).exit_code == 0
+    out = subprocess.run([str(check), "--dump", str(idq)], capture_output=True, text=True).stdout
+    assert sorted(ln.split("\t")[3] for ln in out.splitlines() if ln.startswith("part\t1\t")) == sorted(spec.PARTS["int6dq"])
 
 
 def test_nf4dq_on_the_npu_refused_by_both_with_one_meaning(check, good, tmp_path):

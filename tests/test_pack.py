@@ -514,3 +514,124 @@ def test_nf4dq_unknown_to_an_older_reader_is_newer_not_damage(tmp_path, monkeypa
     with pytest.raises(PackError) as e:
         Pack.open(copies)
     assert e.value.exit_code == 2 and "unknown host copy encoding 'nf4dq'" in str(e.value)
+
+
+# ---------------------------------------------------------------- int5dq, int6dq, int8dq (format 1.7)
+
+def write_intdq(path: Path, seed: int = 0) -> dict:
+    """A pack with the three intdq encodings (docs/FORMAT.md 3) as host slices: 2-D with one group, 2-D with two
+    groups and block tails, 1-D of odd length, stacked experts of two encodings; beside them an int8 NPU slice.
+    Real encodings (the codecs). Returns {tensor name: (encoding, {part: array})} of the intdq slices."""
+    from orkpack.codecs import get_codec
+    from orkpack.codecs.reference import int8_encode
+    from orkpack.layout import npu_layout, tile_int8
+
+    r = _rng(seed)
+    want = {}
+    with PackWriter(path, provenance={"source_format": "test", "sources": [], "arch": None, "options": {}},
+                    config=None, tiermap=None) as w:
+        def host(name, shape, enc, expert=None):
+            x = r.standard_t(3, size=shape).astype(np.float32)
+            e = get_codec(enc).encode(x)
+            want[name if expert is None else f"{name}[{expert}]"] = (enc, dict(e.parts))
+            return dict(expert=expert, shape=list(shape), encoding=enc, tier="host", layout={"kind": "row_major"},
+                        parts=dict(e.parts), sqnr_db=float(e.sqnr_db))
+
+        w.add_tensor("blk.0.ffn_up.weight", "up", [33, 70], "F32", [host("blk.0.ffn_up.weight", (33, 70), "int5dq")])
+        w.add_tensor("blk.0.ffn_down.weight", "down", [9, 1001], "F32",
+                     [host("blk.0.ffn_down.weight", (9, 1001), "int6dq")])
+        w.add_tensor("blk.0.attn_norm.bias", "b", [67], "F32", [host("blk.0.attn_norm.bias", (67,), "int8dq")])
+        w.add_tensor("blk.0.ffn_gate_exps.weight", "g", [2, 3, 40], "F32",
+                     [host("blk.0.ffn_gate_exps.weight", (3, 40), enc, e) for e, enc in enumerate(("int5dq", "int8dq"))])
+        x = r.standard_t(3, size=(40, 96)).astype(np.float32)
+        q, s = int8_encode(x)
+        w.add_tensor("blk.0.attn_q.weight", "q", [40, 96], "F32", [dict(
+            expert=None, shape=[40, 96], encoding="int8", tier="npu", layout=npu_layout(40, 96),
+            parts={"q": tile_int8(q), "scale": s}, sqnr_db=40.0, min_m=8)])
+        w.finish()
+    return want
+
+
+def test_intdq_roundtrip(tmp_path):
+    """intdq slices are written, opened and read back as the codec made them; their decode is the codec's."""
+    from orkpack.codecs import get_codec
+
+    p = tmp_path / "idq.orkpack"
+    want = write_intdq(p)
+    seen = 0
+    with Pack.open(p) as pack:
+        assert pack.preamble.version_minor == spec.VERSION_MINOR >= 7  # intdq is 1.7
+        for t, s in pack.slices():
+            if s["encoding"] not in spec.INTDQ_ENCODINGS:
+                continue
+            key = t["name"] if s["expert"] is None else f"{t['name']}[{s['expert']}]"
+            enc, wp = want[key]
+            parts = pack.typed_parts(s)
+            assert s["encoding"] == enc and list(parts) == list(spec.PARTS[enc]) and s["tier"] == spec.TIER_HOST
+            for pn, a in parts.items():
+                assert a.dtype == np.dtype(spec.PART_DTYPES[(enc, pn)])
+                assert a.tobytes() == np.ascontiguousarray(wp[pn]).tobytes(), (key, pn)
+            got = get_codec(enc).decode(parts, s["shape"])
+            assert got.tobytes() == get_codec(enc).decode(wp, s["shape"]).tobytes() and np.all(np.isfinite(got))
+            seen += 1
+    assert seen == len(want) == 5
+    write_intdq(tmp_path / "idq2.orkpack")
+    assert (tmp_path / "idq2.orkpack").read_bytes() == p.read_bytes()
+
+
+def test_intdq_part_sizes():
+    from orkpack.pack.reader import expected_part_sizes
+
+    for enc, b in spec.INTDQ_BITS.items():
+        for shape in ([1], [32], [33], [256 * 32], [256 * 32 + 1], [3, 5, 7], [0, 5]):
+            n = int(np.prod(shape))
+            nb = -(-n // 32)
+            sz = expected_part_sizes(shape, enc, {"kind": "row_major"})
+            assert list(sz) == list(spec.PARTS[enc])
+            assert (sz["codes"], sz["absmax_q"], sz["absmax_scale"], sz["absmax_offset"]) == \
+                (-(-n * b // 8), nb, 4 * -(-nb // 256), 4)
+    assert expected_part_sizes([33], "int5dq", {})["codes"] == 21  # 165 bits
+
+
+def _idq(i, s=0):
+    """tensor i, slice s of the write_intdq pack: 0 up [33, 70] int5dq, 1 down [9, 1001] int6dq (two groups),
+    2 a 1-D [67] int8dq, 3 stacked experts (int5dq, int8dq), 4 attn_q NPU int8."""
+    return lambda h: h["tensors"][i]["slices"][s]
+
+
+INTDQ_BAD = [
+    (lambda h: _idq(0)(h)["parts"]["codes"].update(size=1443), "codes is 1443 bytes"),  # 33*70*5/8 = 1443.75 -> 1444
+    (lambda h: _idq(1)(h)["parts"]["codes"].update(size=9 * 1001), "codes is 9009 bytes"),  # int8dq's size under int6dq
+    (lambda h: _idq(1)(h)["parts"]["absmax_scale"].update(size=4), "absmax_scale is 4 bytes, its shape and encoding say 8"),
+    (lambda h: _idq(2)(h)["parts"]["absmax_q"].update(size=2), "absmax_q is 2 bytes"),
+    (lambda h: _idq(0)(h).update(encoding="int6dq"), "codes is 1444 bytes"),  # another width: other code bytes
+    (lambda h: _idq(0)(h).update(encoding="nf4dq"), "codes is 1444 bytes"),
+    (lambda h: _idq(0)(h).update(parts=_reorder(_idq(0)(h)["parts"], ["codes", "absmax_scale", "absmax_q", "absmax_offset"])), "parts are not"),
+    (lambda h: _idq(0)(h)["parts"].pop("absmax_offset"), "parts are not"),
+    (lambda h: _idq(0)(h).update(tier="npu", min_m=32), "int5dq slices live on the host"),
+    (lambda h: _idq(3, 1)(h).update(tier="npu", min_m=2), "int8dq slices live on the host"),
+    (lambda h: _idq(4)(h).update(host_copy={"encoding": "int8dq", "parts": _idq(2)(h)["parts"], "sqnr_db": 1.0}),
+     "unknown host copy encoding"),  # never a host copy
+]
+
+
+@pytest.mark.parametrize("mutate,why", INTDQ_BAD)
+def test_inconsistent_intdq_refused(tmp_path, mutate, why):
+    p = tmp_path / "idq.orkpack"
+    write_intdq(p)
+    _rewrite_header(p, mutate)
+    with pytest.raises(PackDamaged, match=re.escape(why)):
+        Pack.open(p)
+
+
+def test_intdq_unknown_to_an_older_reader_is_newer_not_damage(tmp_path, monkeypatch):
+    """A 1.6 reader (no intdq) refuses a 1.7 pack's intdq slice as "made by a newer orkpack" (exit 2), naming it."""
+    p = tmp_path / "idq.orkpack"
+    write_intdq(p)
+    spec_minor = spec.VERSION_MINOR
+    monkeypatch.setattr(spec, "ENCODINGS", tuple(e for e in spec.ENCODINGS if e not in spec.INTDQ_ENCODINGS))
+    monkeypatch.setattr(spec, "VERSION_MINOR", 6)
+    with pytest.raises(PackError) as e:
+        Pack.open(p)
+    assert e.value.exit_code == 2 and f"newer orkpack (format 1.{spec_minor}" in str(e.value) \
+        and "unknown encoding 'int5dq'" in str(e.value)

@@ -14,8 +14,8 @@
  * --dump also prints, for a pack that opens, one line per part and per loaded NPU image (tab-separated:
  * "part"|"host", tensor index, slice index, part name, offset, size, xxh3 of the bytes the reader
  * returns; "npu", tensor index, slice index, image size, q xxh3, scale xxh3; "dec", tensor index, slice
- * index, "part" (a host slice) or "host" (an NPU slice's host copy), "nf4" or "nf4dq", elements, xxh3 of the
- * float32 decode by orkpack_decode_nf4, for every 4-bit NormalFloat slice on the host), for tests/test_c_reader.py.
+ * index, "part" (a host slice) or "host" (an NPU slice's host copy), the encoding (nf4, nf4dq, int5dq, int6dq, int8dq), elements, xxh3 of the
+ * float32 decode by orkpack_decode_host, for every quantized slice on the host), for tests/test_c_reader.py.
  *
  * --model prints, for a pack that opens, its model record (format 1.3, docs/FORMAT.md 9) as read through
  * orkpack_model_kv / orkpack_kv_*: one line per entry, tab-separated: "kv", key, type, element count, and
@@ -67,7 +67,7 @@ static void dump_parts(const orkpack_t *pk) {
     }
 }
 
-/* the float32 decode of every host nf4 / nf4dq slice and host copy (orkpack_decode_nf4) */
+/* the float32 decode of every host nf4 / nf4dq / intdq slice and host copy (orkpack_decode_host) */
 static void dump_decoded(const orkpack_t *pk) {
     for (size_t ti = 0; ti < orkpack_tensor_count(pk); ti++) {
         const orkpack_tensor_t *t = orkpack_tensor(pk, ti);
@@ -75,13 +75,16 @@ static void dump_decoded(const orkpack_t *pk) {
             const orkpack_slice_t *s = &t->slices[si];
             for (int h = 0; h < 2; h++) {
                 int enc = h ? (s->has_host_copy ? s->host_encoding : -1) : (s->tier == ORKPACK_TIER_HOST ? s->encoding : -1);
-                if (enc != ORKPACK_ENC_NF4 && enc != ORKPACK_ENC_NF4DQ) continue;
+                static const char *const NAMES[] = {[ORKPACK_ENC_NF4] = "nf4", [ORKPACK_ENC_NF4DQ] = "nf4dq",
+                                                    [ORKPACK_ENC_INT5DQ] = "int5dq", [ORKPACK_ENC_INT6DQ] = "int6dq",
+                                                    [ORKPACK_ENC_INT8DQ] = "int8dq"};
+                if (enc < 0 || enc > ORKPACK_ENC_INT8DQ || !NAMES[enc]) continue;
                 float *out = (float *)malloc(s->numel ? (size_t)s->numel * sizeof(float) : 1);
                 orkpack_err_t err;
-                printf("dec\t%zu\t%zu\t%s\t%s\t%llu\t", ti, si, h ? "host" : "part", enc == ORKPACK_ENC_NF4 ? "nf4" : "nf4dq",
+                printf("dec\t%zu\t%zu\t%s\t%s\t%llu\t", ti, si, h ? "host" : "part", NAMES[enc],
                        (unsigned long long)s->numel);
                 if (!out) printf("bad out of memory\n");
-                else if (orkpack_decode_nf4(s, h, 0, s->numel, out, &err)) printf("bad %s\n", err.msg);
+                else if (orkpack_decode_host(s, h, 0, s->numel, out, &err)) printf("bad %s\n", err.msg);
                 else printf("%016llx\n", (unsigned long long)orkpack_xxh3(out, (size_t)s->numel * sizeof(float)));
                 free(out);
             }

@@ -40,7 +40,8 @@ typedef struct {
 } orkpack_err_t;
 
 enum { ORKPACK_ENC_F32, ORKPACK_ENC_F16, ORKPACK_ENC_BF16, ORKPACK_ENC_INT8, ORKPACK_ENC_NF4, ORKPACK_ENC_RAW,
-       ORKPACK_ENC_NF4DQ /* 1.5: host only, and a host copy's encoding */ };
+       ORKPACK_ENC_NF4DQ /* 1.5: host only, and a host copy's encoding */,
+       ORKPACK_ENC_INT5DQ, ORKPACK_ENC_INT6DQ, ORKPACK_ENC_INT8DQ /* 1.7: host only, never a host copy */ };
 enum { ORKPACK_TIER_NPU, ORKPACK_TIER_HOST };
 enum { ORKPACK_LAYOUT_ROW_MAJOR, ORKPACK_LAYOUT_NPU_INT8 };
 /* element types of a raw slice (its "dtype") */
@@ -149,6 +150,11 @@ int orkpack_load_npu(const orkpack_t *pack, const orkpack_slice_t *s, void *q, s
  * another encoding, no host copy or a range beyond the slice. Does not check checksums. */
 int orkpack_decode_nf4(const orkpack_slice_t *s, int host_copy, uint64_t e0, uint64_t e1, float *out,
                        orkpack_err_t *err);
+/* The same for every quantized host encoding: nf4 and nf4dq as orkpack_decode_nf4, and (1.7) a host int5dq,
+ * int6dq or int8dq slice: q * (DQ_CODE[absmax_q] * absmax_scale + absmax_offset), float32, bit for bit
+ * reference.intdq_decode (kernels/runtime.c ork_rt_intdq_decode). ORKPACK_E_ARGS for another encoding. */
+int orkpack_decode_host(const orkpack_slice_t *s, int host_copy, uint64_t e0, uint64_t e1, float *out,
+                        orkpack_err_t *err);
 
 /* The model record (format 1.3, docs/FORMAT.md 9): the GGUF key-value pairs a runtime builds the model
  * from (hyperparameters, RoPE, norms, tokenizer, chat template). Types are GGUF's, spelled "uint32",

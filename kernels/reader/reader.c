@@ -182,8 +182,12 @@ static int keys_are(const J *j, const cJSON *obj, const char *const *names, int 
 /* ------------------------------------------------------------------ format tables */
 
 /* spec.ENCODINGS, in the order of the ORKPACK_ENC_* enum */
-static const char *const ENC_NAMES[] = {"f32", "f16", "bf16", "int8", "nf4", "raw", "nf4dq"};
-#define N_ENCODINGS 7
+static const char *const ENC_NAMES[] = {"f32", "f16", "bf16", "int8", "nf4", "raw", "nf4dq", "int5dq", "int6dq",
+                                        "int8dq"};
+#define N_ENCODINGS 10
+#define IS_INTDQ(e) ((e) == ORKPACK_ENC_INT5DQ || (e) == ORKPACK_ENC_INT6DQ || (e) == ORKPACK_ENC_INT8DQ)
+/* spec.INTDQ_BITS */
+static int intdq_bits(int enc) { return enc == ORKPACK_ENC_INT5DQ ? 5 : enc == ORKPACK_ENC_INT6DQ ? 6 : 8; }
 static const char *const RAW_NAMES[] = {"bool", "u8", "u16", "u32", "u64", "i8", "i16", "i32", "i64", "f64", "c64"};
 static const unsigned RAW_SIZE[] = {1, 1, 2, 4, 8, 1, 2, 4, 8, 8, 8};
 static const char *const PARTS_DATA[] = {"data"};
@@ -196,7 +200,10 @@ static const char *const *enc_parts(int enc, int *count) {
     switch (enc) {
     case ORKPACK_ENC_INT8: *count = 2; return PARTS_INT8;
     case ORKPACK_ENC_NF4: *count = 2; return PARTS_NF4;
-    case ORKPACK_ENC_NF4DQ: *count = 4; return PARTS_NF4DQ;
+    case ORKPACK_ENC_NF4DQ:
+    case ORKPACK_ENC_INT5DQ:
+    case ORKPACK_ENC_INT6DQ:
+    case ORKPACK_ENC_INT8DQ: *count = 4; return PARTS_NF4DQ; /* 1.7: the intdq parts are nf4dq's names */
     default: *count = 1; return PARTS_DATA;
     }
 }
@@ -205,7 +212,10 @@ static const char *parts_repr(int enc) {
     switch (enc) {
     case ORKPACK_ENC_INT8: return "['q', 'scale']";
     case ORKPACK_ENC_NF4: return "['codes', 'absmax']";
-    case ORKPACK_ENC_NF4DQ: return "['codes', 'absmax_q', 'absmax_scale', 'absmax_offset']";
+    case ORKPACK_ENC_NF4DQ:
+    case ORKPACK_ENC_INT5DQ:
+    case ORKPACK_ENC_INT6DQ:
+    case ORKPACK_ENC_INT8DQ: return "['codes', 'absmax_q', 'absmax_scale', 'absmax_offset']";
     default: return "['data']";
     }
 }
@@ -331,6 +341,17 @@ static void part_sizes(int enc, int dtype, int ndim, const int64_t *dims, uint64
     case ORKPACK_ENC_NF4DQ: {
         uint64_t nb = numel / ORKPACK_NF4DQ_BLOCK + (numel % ORKPACK_NF4DQ_BLOCK != 0);
         out[0] = numel / 2 + (numel & 1);
+        out[1] = nb;
+        out[2] = sat_mul(4, nb / ORKPACK_NF4DQ_GROUP + (nb % ORKPACK_NF4DQ_GROUP != 0));
+        out[3] = 4;
+        break;
+    }
+    case ORKPACK_ENC_INT5DQ:
+    case ORKPACK_ENC_INT6DQ:
+    case ORKPACK_ENC_INT8DQ: { /* 1.7: ceil(n b / 8) code bytes, then nf4dq's scales */
+        const uint64_t b = (uint64_t)intdq_bits(enc);
+        uint64_t nb = numel / ORKPACK_NF4DQ_BLOCK + (numel % ORKPACK_NF4DQ_BLOCK != 0);
+        out[0] = numel / 8 * b + ((numel % 8) * b + 7) / 8; /* ceil(numel b / 8) without overflow */
         out[1] = nb;
         out[2] = sat_mul(4, nb / ORKPACK_NF4DQ_GROUP + (nb % ORKPACK_NF4DQ_GROUP != 0));
         out[3] = 4;
@@ -470,8 +491,9 @@ static int check_slice(V *v, const char *name, const cJSON *t, int i, int raw, i
     sl->k_segment = ks;
     if (npu_lay && (enc != ORKPACK_ENC_INT8 || tr != ORKPACK_TIER_NPU))
         return prob(v, 0, "%s: npu_int8 layout is only for int8 slices on the NPU", name);
-    if (enc == ORKPACK_ENC_NF4DQ && tr != ORKPACK_TIER_HOST)
-        return prob(v, 0, "%s: nf4dq slices live on the host (an NPU slice is int8, or nf4 to inflate)", name);
+    if ((enc == ORKPACK_ENC_NF4DQ || IS_INTDQ(enc)) && tr != ORKPACK_TIER_HOST)
+        return prob(v, 0, "%s: %s slices live on the host (an NPU slice is int8, or nf4 to inflate)", name,
+                    ENC_NAMES[enc]);
     const cJSON *mm = get(j, s, "min_m");
     if (tr == ORKPACK_TIER_NPU) {
         int64_t m;
@@ -1118,15 +1140,18 @@ int orkpack_load_npu(const orkpack_t *pk, const orkpack_slice_t *s, void *q, siz
 
 /* ------------------------------------------------------------------ host NF4 decode */
 
-int orkpack_decode_nf4(const orkpack_slice_t *s, int host_copy, uint64_t e0, uint64_t e1, float *out, orkpack_err_t *err) {
-    if (!s || (!out && e1 > e0)) return seterr(err, ORKPACK_E_ARGS, "orkpack_decode_nf4: NULL argument");
-    if (host_copy && !s->has_host_copy) return seterr(err, ORKPACK_E_ARGS, "orkpack_decode_nf4: the slice has no host copy");
+static int decode_host(const char *fn, const orkpack_slice_t *s, int host_copy, uint64_t e0, uint64_t e1, float *out,
+                       orkpack_err_t *err, int nf4_only) {
+    if (!s || (!out && e1 > e0)) return seterr(err, ORKPACK_E_ARGS, "%s: NULL argument", fn);
+    if (host_copy && !s->has_host_copy) return seterr(err, ORKPACK_E_ARGS, "%s: the slice has no host copy", fn);
     int enc = host_copy ? s->host_encoding : s->encoding;
     const orkpack_part_t *p = host_copy ? s->host_parts : s->parts;
-    if (enc != ORKPACK_ENC_NF4 && enc != ORKPACK_ENC_NF4DQ)
-        return seterr(err, ORKPACK_E_ARGS, "orkpack_decode_nf4: the slice is %s, not nf4 or nf4dq", ENC_NAMES[enc]);
+    if (enc != ORKPACK_ENC_NF4 && enc != ORKPACK_ENC_NF4DQ && (nf4_only || !IS_INTDQ(enc)))
+        return seterr(err, ORKPACK_E_ARGS, nf4_only ? "%s: the slice is %s, not nf4 or nf4dq"
+                                                    : "%s: the slice is %s, not nf4, nf4dq, int5dq, int6dq or int8dq",
+                      fn, ENC_NAMES[enc]);
     if (e0 > e1 || e1 > s->numel || e1 > (uint64_t)INT64_MAX)
-        return seterr(err, ORKPACK_E_ARGS, "orkpack_decode_nf4: elements [%llu, %llu) are not in the slice's %llu",
+        return seterr(err, ORKPACK_E_ARGS, "%s: elements [%llu, %llu) are not in the slice's %llu", fn,
                       (unsigned long long)e0, (unsigned long long)e1, (unsigned long long)s->numel);
     int rc;
     if (enc == ORKPACK_ENC_NF4) {
@@ -1135,11 +1160,25 @@ int orkpack_decode_nf4(const orkpack_slice_t *s, int host_copy, uint64_t e0, uin
     } else {
         float offset;
         memcpy(&offset, p[3].ptr, sizeof offset);
-        rc = ork_rt_nf4dq_decode(p[0].ptr, (size_t)p[0].size, p[1].ptr, (size_t)p[1].size,
-                                 (const float *)(const void *)p[2].ptr, (size_t)p[2].size / 4, offset, (int64_t)e0,
-                                 (int64_t)e1, out);
+        if (enc == ORKPACK_ENC_NF4DQ)
+            rc = ork_rt_nf4dq_decode(p[0].ptr, (size_t)p[0].size, p[1].ptr, (size_t)p[1].size,
+                                     (const float *)(const void *)p[2].ptr, (size_t)p[2].size / 4, offset, (int64_t)e0,
+                                     (int64_t)e1, out);
+        else
+            rc = ork_rt_intdq_decode(intdq_bits(enc), p[0].ptr, (size_t)p[0].size, p[1].ptr, (size_t)p[1].size,
+                                     (const float *)(const void *)p[2].ptr, (size_t)p[2].size / 4, offset,
+                                     (int64_t)e0, (int64_t)e1, out);
     }
     /* the part sizes were checked at open against the shape: a refusal here is a reader bug, not the file */
-    if (rc) return seterr(err, ORKPACK_E_ARGS, "orkpack_decode_nf4: the parts are too small for the range");
+    if (rc) return seterr(err, ORKPACK_E_ARGS, "%s: the parts are too small for the range", fn);
     return ORKPACK_OK;
+}
+
+int orkpack_decode_nf4(const orkpack_slice_t *s, int host_copy, uint64_t e0, uint64_t e1, float *out, orkpack_err_t *err) {
+    return decode_host("orkpack_decode_nf4", s, host_copy, e0, e1, out, err, 1);
+}
+
+int orkpack_decode_host(const orkpack_slice_t *s, int host_copy, uint64_t e0, uint64_t e1, float *out,
+                        orkpack_err_t *err) {
+    return decode_host("orkpack_decode_host", s, host_copy, e0, e1, out, err, 0);
 }

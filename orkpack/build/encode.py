@@ -123,7 +123,8 @@ def encode_tensor(info: TensorInfo, arr: np.ndarray, placed: Placed, tr: Transfo
     slices = []
     for e, sub in subs:
         dec = placed.placement.decide(info, e)
-        sub = tr.slice(sub, dec, info.name, e)
+        if placed.nf4.intdq_of(dec.tier, dec.encoding) is None:  # an intdq level weighs its columns instead of clipping
+            sub = tr.slice(sub, dec, info.name, e)
         s = encode_slice(sub, dec, name=info.name if e is None else f"{info.name}[{e}]", threads=threads,
                          opts=placed.opts, alloc=alloc, nf4=placed.nf4, tensor=info.name, expert=e)
         s["expert"] = e
@@ -138,7 +139,7 @@ def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts:
     ``alloc(shape, dtype)`` (the pack writer's reused buffers in a build). NF4 is encoded as ``nf4``
     chooses (default: the options' mode, no statistics) for ``tensor`` / ``expert``."""
     if nf4 is None:
-        nf4 = choose_nf4(opts.nf4_mode, opts.nf4_weighting, None, opts.nf4_format)
+        nf4 = choose_nf4(opts.nf4_mode, opts.nf4_weighting, None, opts.nf4_format, opts.host_low, opts.host_high)
     tensor = name if tensor is None else tensor
 
     def nf4_encode(b64: bool = False, npu: bool = False):
@@ -155,7 +156,11 @@ def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts:
     else:
         npu_tiles = dec.tier == spec.TIER_NPU and dec.encoding == spec.ENC_INT8
         encoding = dec.encoding
-        if dec.encoding == spec.ENC_NF4:  # the NF4 of the build's --nf4-format; an NPU slice inflates nf4 (b64)
+        level = nf4.intdq_of(dec.tier, dec.encoding)  # a host level written in int5dq / int6dq / int8dq
+        if level is not None:
+            enc = nf4.encode_intdq(x, level, tensor=tensor, expert=expert, threads=threads, alloc=alloc)
+            encoding = level
+        elif dec.encoding == spec.ENC_NF4:  # the NF4 of the build's --nf4-format; an NPU slice inflates nf4 (b64)
             b64 = dec.tier == spec.TIER_NPU  # with bitsandbytes' block scale (FORMAT.md 5; docs/EVAL.md, issue 25)
             enc = nf4_encode(b64, npu=b64)
             encoding = spec.ENC_NF4 if b64 else nf4.encoding

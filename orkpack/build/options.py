@@ -33,6 +33,9 @@ class BuildOptions:
     nf4_mode: str = NF4Choice.mode
     nf4_weighting: str = NF4Choice.weighting
     nf4_format: str | None = None  # dq32 (nf4dq) or b64 (nf4); None: dq32 with opt, b64 with bnb, a --tiermap's own
+    # the encodings of the plan's host levels (tiers/board.py HOST_LOW, HOST_HIGH); None: nf4 and int8, a --tiermap's
+    host_low: str | None = None
+    host_high: str | None = None
     imatrix: Path | None = None
     allow_nonfinite: bool = False
     # placement: the tier-map compiler (default) or the rules alone (plan=False)
@@ -105,6 +108,8 @@ class BuildOptions:
             "prompt": self.prompt,
         } | ({} if self.nf4_mode != "opt" else {"nf4_weighting": self.nf4_weighting,
                                                 "nf4_format": self.nf4_format or NF4Choice.format}) \
+            | ({} if self.host_low is None else {"host_low": self.host_low}) \
+            | ({} if self.host_high is None else {"host_high": self.host_high}) \
             | ({} if self.tiermap is None else {"tiermap": Path(self.tiermap).name}) \
             | ({} if self.imatrix is None else {"imatrix": Path(self.imatrix).name, "smooth": self.smooth,
                                                 "smooth_alpha": self.smooth_alpha, "clip": self.clip}

@@ -54,7 +54,8 @@ def build(
     t0 = time.perf_counter()
     out_path = Path(out_path)
     options.check(opts, out_path)
-    nf4 = choose_nf4(opts.nf4_mode, opts.nf4_weighting, opts.imatrix, opts.nf4_format)  # bad --imatrix: one line
+    nf4 = choose_nf4(opts.nf4_mode, opts.nf4_weighting, opts.imatrix, opts.nf4_format, opts.host_low,
+                     opts.host_high)  # bad --imatrix: one line
     inp = open_inputs(locate(src_path, revision=opts.revision), out_path, opts, select)
     try:
         if on_open:

@@ -178,6 +178,7 @@ def follow(inp, opts: BuildOptions, nf4: NF4Choice) -> Placed:
     predicts (recomputed from its board and options), not what it said (an edited map)."""
     tm, warnings = load_tiermap(Path(opts.tiermap), inp.infos)
     opts, nf4 = follow_nf4_format(tm, Path(opts.tiermap), opts, nf4)
+    opts, nf4 = follow_host_formats(tm, Path(opts.tiermap), opts, nf4)
     tiermap = tm.to_json()
     if tm.prediction is not None and inp.src.kind in ("safetensors", "gguf"):
         from ..tiers.command import predict_followed  # the solver's modules (scipy) only when a plan is made
@@ -200,6 +201,7 @@ def solve(inp, opts: BuildOptions, nf4: NF4Choice) -> Placed:
         prefill_m=opts.prefill_m, pins=opts.pins(), ignore_unknown=opts.ignore_unknown,
         goal=opts.goal_of(),
         prompt=opts.prompt, runtime=opts.runtime, nf4_format=nf4.format, npu_storage=opts.npu_storage,
+        host_low=nf4.host_low, host_high=nf4.host_high,
     )
     return Placed(TierMapPlacement(tm, opts), tm.to_json(), list(getattr(tm, "warnings", [])), opts, nf4)
 
@@ -300,6 +302,25 @@ def follow_nf4_format(tm, map_path: Path, opts: BuildOptions, nf4: NF4Choice) ->
         raise OrkError(f"{head} --nf4-mode {nf4.mode} writes {nf4.format} only: plan again with orkpack plan "
                        f"--nf4-format {nf4.format}, or build with --nf4-mode opt")
     return replace(opts, nf4_format=fmt), replace(nf4, format=fmt)
+
+
+def follow_host_formats(tm, map_path: Path, opts: BuildOptions, nf4: NF4Choice) -> tuple[BuildOptions, NF4Choice]:
+    """(options, NF4 choice) of a build that follows tier map ``tm``: its host levels in the formats the map's board
+    block records ("host_low", "host_high"; absent: nf4, int8), whose bytes its plan counts. A --host-low /
+    --host-high that contradicts the map is refused in one line."""
+    from ..pack.hostlevels import check_host_formats
+
+    label = escape_name(str(map_path))
+    board = tm.board if isinstance(tm.board, dict) else {}
+    low, high = check_host_formats(board.get("host_low"), board.get("host_high"), f"tier map {label}")
+    if (low, high) == (nf4.host_low, nf4.host_high):
+        return opts, nf4
+    for given, want, opt in ((opts.host_low, low, "--host-low"), (opts.host_high, high, "--host-high")):
+        if given is not None and given != want:
+            raise OrkError(f"tier map {label} was planned for host formats {low} / {high} (its bytes and predictions "
+                           f"count them), but the build was given {opt} {given}: drop {opt} to follow the map, or "
+                           f"plan again with orkpack plan {opt} {given}")
+    return replace(opts, host_low=low, host_high=high), replace(nf4, host_low=low, host_high=high)
 
 
 def unmatched_globs(opts: BuildOptions, infos: list[TensorInfo]) -> list[str]:

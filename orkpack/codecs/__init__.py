@@ -349,6 +349,98 @@ class NF4DQCodec(Codec):
         return out.reshape(shape)
 
 
+class IntDQCodec(Codec):
+    """int5dq / int6dq / int8dq (docs/FORMAT.md 3, intdq; parts: codes, absmax_q, absmax_scale, absmax_offset):
+    b-bit integer codes in blocks of 32, each block's step double-quantized as nf4dq's absmax. One class, the
+    bit width its parameter. The encoder is the error-minimizing one of ``reference.intdq_encode`` (weighted
+    like nf4dq's: ``col_weights`` per input column times ``weighting`` of the value).
+
+    The C kernels (kernels/intdq.c) give the reference's bytes in three steps: each block's least-squares step
+    (chunks on the thread pool), the offset and group scales (nf4dq's ork_nf4dq_scales, one pass), then each
+    block's 8-bit step code and integer codes (chunks again). Decode: kernels/runtime.c ork_rt_intdq_decode."""
+
+    def __init__(self, encoding: str):
+        self.encoding = encoding
+        self.bits = spec.INTDQ_BITS[encoding]
+
+    def encode(self, x, *, npu=False, threads=1, alloc=_empty, col_weights=None, weighting: str = "plain"):
+        if npu:
+            raise ValueError(f"{self.encoding} slices live on the host; encode int8 with npu=True for the NPU")
+        x, code = _source(x)
+        k = int(x.shape[-1]) if x.ndim else 1
+        cw = _nf4_weights(col_weights, weighting, k)
+        flat = x.reshape(-1)
+        n = flat.size
+        nb = -(-n // spec.NF4DQ_BLOCK)
+        ng = -(-nb // spec.NF4DQ_GROUP)
+        codes = alloc((reference.intdq_codes_size(n, self.bits),), np.uint8)
+        q = alloc((nb,), np.uint8)
+        scale = alloc((ng,), np.float32)
+        offset = alloc((1,), np.float32)
+        parts = dict(zip(spec.PARTS[self.encoding], (codes, q, scale, offset)))
+        if n == 0:
+            offset[0] = 0.0
+            return Encoded(parts, {"kind": spec.LAYOUT_ROW_MAJOR}, SQNR_CAP, 0)
+        d = np.empty(nb, dtype=np.float32)
+        src, dp = _ptr(flat, "void *"), _ptr(d, "float *")
+        cwp, wcode, bits = (_ptr(cw, "float *") if cw is not None else ffi.NULL), _NF4W_CODE[weighting], self.bits
+        chunks = _block_chunks(nb)
+        _run(lambda b0, b1: lib.ork_intdq_steps(src, code, n, k, cwp, wcode, bits, b0, b1, dp), chunks, threads)
+        op = ffi.new("float *")
+        sp = _ptr(scale, "float *")
+        lib.ork_nf4dq_scales(dp, nb, sp, op)
+        offset[0] = op[0]
+        cp, qp = _ptr(codes, "uint8_t *"), _ptr(q, "uint8_t *")
+
+        def one(b0, b1):
+            st = ffi.new("ork_codec_stats *")
+            lib.ork_intdq_encode(src, code, n, k, cwp, wcode, bits, dp, sp, op[0], b0, b1, cp, qp, st)
+            return st
+
+        sq, nf = _sqnr(_run(one, chunks, threads))
+        return Encoded(parts, {"kind": spec.LAYOUT_ROW_MAJOR}, sq, nf)
+
+    def decode_range(self, enc_parts, e0: int, e1: int) -> np.ndarray:
+        """Elements [e0, e1) of the flat slice (float32), the runtime's C decode; parts too small: ValueError."""
+        codes = np.ascontiguousarray(enc_parts["codes"], dtype=np.uint8).reshape(-1)
+        q = np.ascontiguousarray(enc_parts["absmax_q"], dtype=np.uint8).reshape(-1)
+        sc = np.ascontiguousarray(enc_parts["absmax_scale"], dtype=np.float32).reshape(-1)
+        off = np.ascontiguousarray(enc_parts["absmax_offset"], dtype=np.float32).reshape(-1)
+        out = np.empty(max(0, int(e1) - int(e0)), dtype=np.float32)
+        rc = -1 if off.size != 1 else lib.ork_rt_intdq_decode(
+            self.bits, _ptr(codes, "uint8_t *"), codes.size, _ptr(q, "uint8_t *"), q.size, _ptr(sc, "float *"),
+            sc.size, float(off[0]), int(e0), int(e1), ffi.cast("float *", ffi.from_buffer(out)) if out.size else ffi.NULL)
+        if rc != 0:
+            raise ValueError(f"{self.encoding} parts are too small for elements [{e0}, {e1})")
+        return out
+
+    def decode(self, enc_parts, shape, layout=None, threads: int = 1):
+        shape = tuple(int(d) for d in shape)
+        n = math.prod(shape)
+        nb = -(-n // spec.NF4DQ_BLOCK)
+        codes = np.ascontiguousarray(enc_parts["codes"], dtype=np.uint8).reshape(-1)
+        q = np.ascontiguousarray(enc_parts["absmax_q"], dtype=np.uint8).reshape(-1)
+        sc = np.ascontiguousarray(enc_parts["absmax_scale"], dtype=np.float32).reshape(-1)
+        off = np.ascontiguousarray(enc_parts["absmax_offset"], dtype=np.float32).reshape(-1)
+        if (codes.size != reference.intdq_codes_size(n, self.bits) or q.size != nb
+                or sc.size != -(-nb // spec.NF4DQ_GROUP) or off.size != 1):
+            raise ValueError(f"{self.encoding} parts do not fit shape {shape}")
+        out = np.empty(n, dtype=np.float32)
+        cp, qp, sp = _ptr(codes, "uint8_t *"), _ptr(q, "uint8_t *"), _ptr(sc, "float *")
+        offv = float(off[0])
+        B = spec.NF4DQ_BLOCK
+
+        def one(b0, b1):  # the runtime's decoder (kernels/runtime.c), elements [32 b0, 32 b1)
+            e0, e1 = b0 * B, min(n, b1 * B)
+            rc = lib.ork_rt_intdq_decode(self.bits, cp, codes.size, qp, q.size, sp, sc.size, offv, e0, e1,
+                                         ffi.cast("float *", ffi.from_buffer(out[e0:e1])))
+            if rc != 0:
+                raise ValueError(f"{self.encoding} parts do not fit shape {shape}")
+
+        _run(one, _block_chunks(nb), threads)
+        return out.reshape(shape)
+
+
 class Int8Codec(Codec):
     """int8 per output channel, symmetric, half-to-even (parts: q, scale); npu=True tiles q."""
 
@@ -456,6 +548,7 @@ CODECS: dict[str, Codec] = {
     spec.ENC_NF4: NF4Codec(),
     spec.ENC_NF4DQ: NF4DQCodec(),
     spec.ENC_RAW: RawCodec(),
+    **{e: IntDQCodec(e) for e in spec.INTDQ_ENCODINGS},
 }
 
 

@@ -480,18 +480,10 @@ def nf4dq_encode(x: np.ndarray, col_weights: np.ndarray | None = None, weighting
     B = NF4DQ_BLOCK
     _, d = nf4opt_encode(x, col_weights, weighting, k, block=B, tries=NF4DQ_TRIES)
     n, nb, xb, cw = _blocks(x, col_weights, k, B)
-    ng = -(-nb // NF4DQ_GROUP)
     w = _nf4opt_weights(xb, cw.reshape(nb, B), weighting, B)
 
-    offset = np.float32(np.cumsum(d.astype(np.float64))[-1] / nb)
-    r = (d - offset).astype(np.float32)
-    rg = np.zeros(ng * NF4DQ_GROUP, dtype=np.float32)
-    rg[:nb] = r
-    scale = np.abs(rg.reshape(ng, NF4DQ_GROUP)).max(axis=1).astype(np.float32)
+    offset, scale, q0 = nf4dq_scales(d)
     sb = np.repeat(scale, NF4DQ_GROUP)[:nb]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        v = np.where(sb > 0, r / np.where(sb > 0, sb, np.float32(1)), np.float32(0)).astype(np.float32)
-    q0 = np.searchsorted(DQ_MID, v, side="left").astype(np.int64)
 
     wf = w.astype(np.float32)
     best_q = q0.copy()
@@ -515,3 +507,178 @@ def nf4dq_encode(x: np.ndarray, col_weights: np.ndarray | None = None, weighting
         flat = np.concatenate([flat, [np.uint8(7)]])
     codes = (flat[0::2] << 4) | flat[1::2]
     return (codes.astype(np.uint8), best_q.astype(np.uint8), scale, np.array([offset], dtype=np.float32))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# int5dq, int6dq, int8dq (1.7): b-bit integer codes in blocks of 32, each block's scale double-quantized as
+# nf4dq's absmax (the same DQ_CODE, group scale per 256 blocks, one offset). b = 5, 6 or 8 (INTDQ_BITS).
+#
+# A slice of n elements (row-major flatten) has nb = ceil(n / 32) blocks and ng = ceil(nb / 256) groups. Parts:
+#   codes          uint8[ceil(n * b / 8)]  code e is the b-bit two's complement field at bits [b e, b e + b) of
+#                                          the little-endian bit stream (bit t is bit t % 8 of byte t // 8);
+#                                          the bits after the last field are 0. int8dq: one int8 a byte.
+#   absmax_q       uint8[nb]               each block's scale as an index into DQ_CODE (the part names are
+#   absmax_scale   float32[ng]             nf4dq's: the same double quantization, of the step here)
+#   absmax_offset  float32[1]
+# Decode, all float32:
+#   a[b]     = (DQ_CODE[absmax_q[b]] * absmax_scale[b // 256]) + absmax_offset       (nf4dq_absmax)
+#   value[e] = float(q[e]) * a[e // 32],   q in LO .. HI = -2^(b-1) .. 2^(b-1) - 1
+# Bits a weight: b + 8/32 + 32/8192 (5.254, 6.254, 8.254).
+#
+# Levels: the asymmetric -2^(b-1) .. 2^(b-1) - 1 (K-quants' q - 2^(b-1)). Measured (relative MSE, 64 x 1024,
+# this encoder; docs/FORMAT.md 3, intdq): against the symmetric -(2^(b-1)-1) .. 2^(b-1)-1 the asymmetric grid
+# is lower at every b on Gaussian and Student-t(3) weights (Gaussian 5/6/8 bits: 1.657e-3 / 4.162e-4 / 2.580e-5
+# against 1.832e-3 / 4.324e-4 / 2.630e-5). At 5 bits the scan tries both signs of the scale (the extra level
+# on either side: 1.657e-3 against 1.723e-3 positive only); at 6 and 8 bits only positive scales, because
+# scales of both signs in a group double the range the 8-bit scale code spans (Gaussian 8 bits: 2.837e-5 with
+# both signs, 2.580e-5 positive only).
+# The encoder (the bytes; kernels/intdq.c gives the same), per block x[32] with weights w (nf4dq's: column
+# weight times the weighting, as float32 wf; the tail block's padding weighs 0):
+#   1. m = max |x|. For each (s, L) of INTDQ_SCAN[b] in order, j = -INTDQ_TRIES .. INTDQ_TRIES: the inverse
+#      scale iscale = float32(s * (L + j * INTDQ_STEP)) / m (float32), skipped when not finite (m = 0 or tiny m); codes q = rint(clip(x * iscale, LO, HI)) (float32
+#      multiply, round half to even); float32 sums in element order sxq = sum (wf x) q, sqq = sum (wf q) q;
+#      score = sxq^2 / sqq in float64 (only when sqq > 0); the first candidate with the largest score gives
+#      d[b] = float32(sxq / sqq) (0 when no candidate has sqq > 0);
+#   2. offset and group scales from d exactly as nf4dq's step 2 (nf4dq_scales);
+#   3. per block, candidates q0, q0-1, q0+1 of the 8-bit code (those in 0 .. 255): a = the decoded scale,
+#      codes = rint(clip(x * float32(1 / a), LO, HI)) (all 0 when a is 0 or 1 / a is not finite), error =
+#      sum (wf e) e, e = x - q * a, float32 in element order; the first candidate with the least error is kept.
+# ---------------------------------------------------------------------------------------------------------
+INTDQ_BITS = (5, 6, 8)
+INTDQ_TRIES = 4
+INTDQ_STEP = np.float32(0.25)
+# (s, L) of the scan per b: L = HI (the largest |x| on the top level) or -LO (on the bottom one, -2^(b-1))
+INTDQ_SCAN = {5: ((1, "hi"), (-1, "lo")), 6: ((1, "hi"), (1, "lo")), 8: ((1, "hi"), (1, "lo"))}
+
+
+def intdq_levels(bits: int, symmetric: bool = False) -> tuple[int, int]:
+    """(LO, HI) of a b-bit intdq code (symmetric=True: the alternative that was measured, not a format)."""
+    if bits not in INTDQ_BITS and not symmetric:
+        raise ValueError(f"intdq bits must be one of {INTDQ_BITS}, not {bits}")
+    h = 1 << (bits - 1)
+    return (-(h - 1) if symmetric else -h), h - 1
+
+
+def intdq_codes_size(n: int, bits: int) -> int:
+    """Bytes of an intdq slice's codes part: ceil(n * b / 8)."""
+    return -(-n * bits // 8)
+
+
+def intdq_pack(q: np.ndarray, bits: int) -> np.ndarray:
+    """The codes part of the flat int codes q (LO .. HI): b-bit two's complement fields, LSB first."""
+    q = np.asarray(q, dtype=np.int64).ravel()
+    n = q.size
+    u = (q & ((1 << bits) - 1)).astype(np.uint64)
+    nbits = n * bits
+    stream = np.zeros(-(-nbits // 8) * 8, dtype=np.uint8)
+    for t in range(bits):
+        stream[np.arange(n, dtype=np.int64) * bits + t] = ((u >> np.uint64(t)) & np.uint64(1)).astype(np.uint8)
+    return np.packbits(stream.reshape(-1, 8), axis=1, bitorder="little").ravel()
+
+
+def intdq_unpack(codes: np.ndarray, n: int, bits: int) -> np.ndarray:
+    """The n int codes (int32, sign-extended) of an intdq codes part."""
+    bitsarr = np.unpackbits(np.asarray(codes, dtype=np.uint8).ravel(), bitorder="little")
+    u = np.zeros(n, dtype=np.int64)
+    idx = np.arange(n, dtype=np.int64) * bits
+    for t in range(bits):
+        u |= bitsarr[idx + t].astype(np.int64) << t
+    h = 1 << (bits - 1)
+    return np.where(u >= h, u - (1 << bits), u).astype(np.int32)
+
+
+def intdq_decode(codes, absmax_q, scale, offset, shape, bits: int) -> np.ndarray:
+    shape = tuple(int(d) for d in shape)
+    n = int(np.prod(shape)) if len(shape) else 1
+    a = np.repeat(nf4dq_absmax(absmax_q, scale, offset), NF4DQ_BLOCK)[:n]
+    return (intdq_unpack(codes, n, bits).astype(np.float32) * a).reshape(shape)
+
+
+def nf4dq_scales(d: np.ndarray) -> tuple[np.float32, np.ndarray, np.ndarray]:
+    """nf4dq's step 2 (and intdq's): (offset, group scales float32[ng], each block's nearest code q0 int64[nb])."""
+    nb = d.size
+    ng = -(-nb // NF4DQ_GROUP)
+    offset = np.float32(np.cumsum(d.astype(np.float64))[-1] / nb)
+    r = (d - offset).astype(np.float32)
+    rg = np.zeros(ng * NF4DQ_GROUP, dtype=np.float32)
+    rg[:nb] = r
+    scale = np.abs(rg.reshape(ng, NF4DQ_GROUP)).max(axis=1).astype(np.float32)
+    sb = np.repeat(scale, NF4DQ_GROUP)[:nb]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = np.where(sb > 0, r / np.where(sb > 0, sb, np.float32(1)), np.float32(0)).astype(np.float32)
+    return offset, scale, np.searchsorted(DQ_MID, v, side="left").astype(np.int64)
+
+
+def _int_codes(xb: np.ndarray, iscale: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    with np.errstate(over="ignore", invalid="ignore"):
+        v = (xb * iscale[:, None]).astype(np.float32)
+    return np.rint(np.clip(v, np.float32(lo), np.float32(hi))).astype(np.float32)
+
+
+def intdq_block_scales(xb: np.ndarray, wf: np.ndarray, lo: int, hi: int, scan, tries: int = INTDQ_TRIES,
+                       step=INTDQ_STEP) -> np.ndarray:
+    """Step 1 of the intdq encoder: each block's least-squares scale d (float32[nb]) of the best-scoring codes."""
+    nb = xb.shape[0]
+    m = np.abs(xb).max(axis=1)
+    wx = wf * xb
+    best = np.full(nb, -1.0)
+    d = np.zeros(nb, dtype=np.float32)
+    for s, which in scan:
+        L = hi if which == "hi" else -lo
+        for j in range(-tries, tries + 1):
+            num = np.float32(s * (np.float32(L) + np.float32(j) * np.float32(step)))
+            with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+                iscale = (num / m).astype(np.float32)
+            ok = np.isfinite(iscale)
+            q = _int_codes(xb, np.where(ok, iscale, np.float32(0)), lo, hi)
+            sxq, sqq = np.zeros(nb, np.float32), np.zeros(nb, np.float32)
+            with np.errstate(over="ignore", invalid="ignore"):
+                for i in range(xb.shape[1]):
+                    sxq += wx[:, i] * q[:, i]
+                    sqq += (wf[:, i] * q[:, i]) * q[:, i]
+            s64, q64 = sxq.astype(np.float64), sqq.astype(np.float64)
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                good = ok & (sqq > 0)
+                score = np.where(good, s64 * s64 / np.where(good, q64, 1.0), -1.0)
+                take = good & (score > best)
+                best = np.where(take, score, best)
+                d = np.where(take, (sxq / np.where(good, sqq, np.float32(1))).astype(np.float32), d)
+    return d.astype(np.float32)
+
+
+def intdq_encode(x: np.ndarray, bits: int, col_weights: np.ndarray | None = None, weighting: str = "plain",
+                 k: int | None = None, *, symmetric: bool = False,
+                 tries: int = INTDQ_TRIES) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """intdq of the row-major flatten of x (the definition above): (codes, absmax_q, absmax_scale, absmax_offset).
+    ``symmetric`` and ``tries`` are for measurements only (the format's bytes are the defaults)."""
+    lo, hi = intdq_levels(bits, symmetric)
+    B = NF4DQ_BLOCK
+    n, nb, xb, cw = _blocks(x, col_weights, k, B)
+    if n == 0:
+        return (np.zeros(0, np.uint8), np.zeros(0, np.uint8), np.zeros(0, np.float32), np.zeros(1, np.float32))
+    w = _nf4opt_weights(xb, cw.reshape(nb, B), weighting, B)
+    wf = w.astype(np.float32)
+    d = intdq_block_scales(xb, wf, lo, hi, ((1, "hi"),) if symmetric else INTDQ_SCAN[bits], tries)
+    offset, scale, q0 = nf4dq_scales(d)
+    sb = np.repeat(scale, NF4DQ_GROUP)[:nb]
+    best_q = q0.copy()
+    best_e = np.full(nb, np.inf, dtype=np.float32)
+    best_c = np.zeros((nb, B), dtype=np.float32)
+    for j in NF4DQ_CANDIDATES:
+        q = q0 + j
+        valid = (q >= 0) & (q <= 255)
+        qc = np.clip(q, 0, 255)
+        a = ((DQ_CODE[qc] * sb) + offset).astype(np.float32)
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            inv = (np.float32(1) / a).astype(np.float32)
+        okv = (a != 0) & np.isfinite(inv)
+        c = _int_codes(xb, np.where(okv, inv, np.float32(0)), lo, hi)
+        with np.errstate(over="ignore", invalid="ignore"):
+            e = xb - c * a[:, None]
+            err = _lanesum((wf * e) * e, np.float32)
+        take = valid & (err < best_e)
+        best_q = np.where(take, qc, best_q)
+        best_e = np.where(take, err, best_e)
+        best_c = np.where(take[:, None], c, best_c)
+    codes = intdq_pack(best_c.ravel()[:n].astype(np.int64), bits)
+    return codes, best_q.astype(np.uint8), scale, np.array([offset], dtype=np.float32)

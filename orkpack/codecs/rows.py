@@ -53,6 +53,13 @@ def nf4dq_rows(p: dict, n: int, k: int) -> Rows:
     return rows
 
 
+def intdq_rows(p: dict, n: int, k: int, bits: int) -> Rows:
+    """Rows r0..r1 of an int5dq / int6dq / int8dq [n, k] slice: the runtime's C decode of just their elements."""
+    codec = get_codec({b: e for e, b in spec.INTDQ_BITS.items()}[bits])
+    parts = {name: np.ascontiguousarray(p[name]) for name in spec.PARTS[codec.encoding]}
+    return lambda r0, r1: codec.decode_range(parts, r0 * k, r1 * k).reshape(r1 - r0, k)
+
+
 def float_rows(data: np.ndarray) -> Rows:
     return lambda r0, r1: as_float32(data[r0:r1])
 
@@ -91,6 +98,8 @@ def cpu_rows(pack, s: dict) -> tuple[Rows | None, bool]:
         return nf4_rows(p["codes"], p["absmax"], n, k), True
     if enc == spec.ENC_NF4DQ:
         return nf4dq_rows(pack.typed_parts(s), n, k), True
+    if enc in spec.INTDQ_BITS:
+        return intdq_rows(pack.typed_parts(s), n, k, spec.INTDQ_BITS[enc]), True
     if enc in spec.FLOAT_ENCODINGS:
         dt = np.dtype(spec.PART_DTYPES[(enc, "data")])
         return float_rows(pack.part(s["parts"]["data"]).view(dt).reshape(n, k)), False

@@ -45,7 +45,7 @@ from .weights import PATHS, PackWeights
 TYPES = ("f32", "f16", "bf16")
 _FILE_TYPE = {"f32": 0, "f16": 1, "bf16": 32}  # llama_ftype: ALL_F32, MOSTLY_F16, MOSTLY_BF16
 _RAW_DTYPES = {"i8": np.int8, "i16": np.int16, "i32": np.int32, "i64": np.int64, "f64": np.float64}
-_QUANTIZED = (spec.ENC_INT8, spec.ENC_NF4, spec.ENC_NF4DQ)
+_QUANTIZED = spec.QUANT_ENCODINGS
 
 
 class ExportError(OrkError):

@@ -229,7 +229,7 @@ def _single_item_klds(pack, src, hp, stub, ids, opts, progress) -> dict:
     ref_lg = logits(fl())
     base = _log_softmax64(ref_lg).astype(np.float32)
     items = [(t["name"], s["expert"]) for t, s in pack.slices()
-             if len(s["shape"]) == 2 and s["encoding"] in (spec.ENC_INT8,) + spec.NF4_ENCODINGS]
+             if len(s["shape"]) == 2 and s["encoding"] in spec.QUANT_ENCODINGS]
     paths = {"decode": PackWeights(pack, "decode", cpu_act=opts.cpu_act),
              "prefill": PackWeights(pack, "prefill", m=opts.ctx, act=opts.act, cpu_act=opts.cpu_act)}
     out: dict = {"decode": {}, "prefill": {}}
@@ -469,7 +469,7 @@ def _evaluate(source: Located | None, pack_path: Path, opts, progress, closers) 
         if bos is not None:
             sample[0] = bos
         items = [(t["name"], s["expert"]) for t, s in pack.slices()
-                 if len(s["shape"]) == 2 and s["encoding"] in (spec.ENC_INT8,) + spec.NF4_ENCODINGS]
+                 if len(s["shape"]) == 2 and s["encoding"] in spec.QUANT_ENCODINGS]
         score = _sample_scorer(src, hp, stub, sample)
         res = sensitivity.measure(src, items, sacc, lambda key, w: score(sensitivity._Weights(src, key, w)),
                                   per_kind=opts.sensitivity_per_kind,

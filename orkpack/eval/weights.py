@@ -10,7 +10,7 @@ matmul the way one path of the board runs it (docs/EVAL.md):
 * ``path="decode"`` (M = 1): every matmul on the CPU.
 * the CPU path of a slice: a dual-resident slice's host NF4 copy; an NPU slice without one, its int8
   image (the CPU reads the tiles); a host slice as stored (int8, nf4, or float). With ``cpu_act="q8"``
-  the activations of a quantized (int8 / nf4) weight are llama.cpp's Q8_0 blocks; float-kept
+  the activations of a quantized (int8 / nf4 / nf4dq / int5dq / int6dq / int8dq) weight are llama.cpp's Q8_0 blocks; float-kept
   weights always take float activations.
 
 The embedding rows come from the CPU copy of the table (``token_embd.weight``, or a family's other tables) on both paths (a row lookup is a

@@ -73,6 +73,10 @@ def expected_part_sizes(shape: list[int], encoding: str, layout: dict, dtype: st
         nb = (n + spec.NF4DQ_BLOCK - 1) // spec.NF4DQ_BLOCK
         return {"codes": (n + 1) // 2, "absmax_q": nb, "absmax_scale": 4 * ((nb + spec.NF4DQ_GROUP - 1) // spec.NF4DQ_GROUP),
                 "absmax_offset": 4}
+    if encoding in spec.INTDQ_BITS:  # 1.7: ceil(n b / 8) code bytes, then nf4dq's double-quantized scales
+        nb = (n + spec.NF4DQ_BLOCK - 1) // spec.NF4DQ_BLOCK
+        return {"codes": (n * spec.INTDQ_BITS[encoding] + 7) // 8, "absmax_q": nb,
+                "absmax_scale": 4 * ((nb + spec.NF4DQ_GROUP - 1) // spec.NF4DQ_GROUP), "absmax_offset": 4}
     if encoding == spec.ENC_INT8:
         rows = shape[0] if len(shape) == 2 else 1
         if layout.get("kind") == spec.LAYOUT_NPU_INT8:
@@ -404,8 +408,8 @@ def validate_header(h, p: Preamble) -> str | None:
                 return f"{name}: int8 slices are 1-D or 2-D"
             if s["layout"]["kind"] == spec.LAYOUT_NPU_INT8 and (enc != spec.ENC_INT8 or s["tier"] != spec.TIER_NPU):
                 return f"{name}: npu_int8 layout is only for int8 slices on the NPU"
-            if enc == spec.ENC_NF4DQ and s["tier"] != spec.TIER_HOST:
-                return f"{name}: nf4dq slices live on the host (an NPU slice is int8, or nf4 to inflate)"
+            if (enc == spec.ENC_NF4DQ or enc in spec.INTDQ_BITS) and s["tier"] != spec.TIER_HOST:
+                return f"{name}: {enc} slices live on the host (an NPU slice is int8, or nf4 to inflate)"
             if s["tier"] == spec.TIER_NPU:
                 m = s.get("min_m")
                 if not _is_int(m) or m < 2:

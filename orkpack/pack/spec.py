@@ -9,7 +9,7 @@ import struct
 
 MAGIC = b"ORKPACK\0"
 VERSION_MAJOR = 1
-VERSION_MINOR = 6  # 1.1: the raw encoding; 1.2: host copies of NPU slices; 1.3: the model record; 1.4: activation smoothing records (docs/FORMAT.md 7); 1.5: the nf4dq encoding; 1.6: rotation records (docs/FORMAT.md 11)
+VERSION_MINOR = 7  # 1.1: the raw encoding; 1.2: host copies of NPU slices; 1.3: the model record; 1.4: activation smoothing records (docs/FORMAT.md 7); 1.5: the nf4dq encoding; 1.6: rotation records (docs/FORMAT.md 11); 1.7: the int5dq, int6dq, int8dq encodings
 PREAMBLE_SIZE = 128  # the fixed struct at offset 0
 PREAMBLE_BLOCK = 4096  # bytes [PREAMBLE_SIZE, PREAMBLE_BLOCK) are zero
 ALIGN = 4096  # every data part starts on a 4 KiB boundary (mmap / DMA map)
@@ -34,10 +34,15 @@ ENC_F32, ENC_F16, ENC_BF16 = "f32", "f16", "bf16"
 ENC_INT8 = "int8"
 ENC_NF4 = "nf4"
 ENC_NF4DQ = "nf4dq"  # 1.5: bitsandbytes' NF4 at blocksize 32, absmax double-quantized (docs/FORMAT.md 3)
+ENC_INT5DQ, ENC_INT6DQ, ENC_INT8DQ = "int5dq", "int6dq", "int8dq"  # 1.7: b-bit integers in blocks of 32, the
+# block step double-quantized as nf4dq's absmax (docs/FORMAT.md 3, intdq); host only
+INTDQ_BITS = {ENC_INT5DQ: 5, ENC_INT6DQ: 6, ENC_INT8DQ: 8}
+INTDQ_ENCODINGS = tuple(INTDQ_BITS)
 ENC_RAW = "raw"  # non-float tensors (integers, bool, f64, c64): the source bytes verbatim, host only
 FLOAT_ENCODINGS = (ENC_F32, ENC_F16, ENC_BF16)
-ENCODINGS = FLOAT_ENCODINGS + (ENC_INT8, ENC_NF4, ENC_RAW, ENC_NF4DQ)
+ENCODINGS = FLOAT_ENCODINGS + (ENC_INT8, ENC_NF4, ENC_RAW, ENC_NF4DQ) + INTDQ_ENCODINGS
 NF4_ENCODINGS = (ENC_NF4, ENC_NF4DQ)  # the 4-bit NormalFloat encodings (host slices and host copies)
+QUANT_ENCODINGS = (ENC_INT8,) + NF4_ENCODINGS + INTDQ_ENCODINGS  # the quantized (weight) encodings
 
 # element types of a raw slice (its "dtype" key) -> numpy dtype (little-endian); bool is one byte, 0 or 1
 RAW_DTYPES = {
@@ -73,6 +78,7 @@ PARTS = {
     ENC_NF4: ("codes", "absmax"),
     ENC_RAW: ("data",),
     ENC_NF4DQ: ("codes", "absmax_q", "absmax_scale", "absmax_offset"),
+    **{e: ("codes", "absmax_q", "absmax_scale", "absmax_offset") for e in INTDQ_ENCODINGS},
 }
 
 NF4_BLOCK = 64
@@ -96,5 +102,8 @@ PART_DTYPES = {
     (ENC_NF4DQ, "codes"): "u1",
     (ENC_NF4DQ, "absmax_q"): "u1",
     (ENC_NF4DQ, "absmax_scale"): "<f4",
-    (ENC_NF4DQ, "absmax_offset"): "<f4",  # the bytes; the element type is the slice's "dtype" (RAW_DTYPES)
+    (ENC_NF4DQ, "absmax_offset"): "<f4",
+    **{(e, p): t for e in INTDQ_ENCODINGS
+       for p, t in (("codes", "u1"), ("absmax_q", "u1"), ("absmax_scale", "<f4"), ("absmax_offset", "<f4"))},
+    # the bytes; the element type is the slice's "dtype" (RAW_DTYPES)
 }

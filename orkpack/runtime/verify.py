@@ -40,6 +40,7 @@ import xxhash
 from orkpack.transforms.nf4 import pack_mode as nf4_pack_mode
 from orkpack.errors import PackError, escape_name
 from orkpack.layout import npu_layout, untile_int8, tile_int8
+from orkpack.codecs import get_codec
 from orkpack.pack import spec
 from orkpack.pack.reader import (Pack, PackDamaged, check_layout, expected_part_sizes, inflate_k_segment,
                                  runtime_k_segment)
@@ -274,7 +275,7 @@ def _checks(pack: Pack, run: _Run, backend, method: str, pool, reference: bool, 
                 for why in (check_against_source(pack, ref_source) if ref_source is not None else []):
                     run.fail("reference", f"rotation: {why}")
         for t, s in slices:
-            if s["encoding"] not in (spec.ENC_INT8, spec.ENC_NF4, spec.ENC_NF4DQ) or id(s) in bad:
+            if s["encoding"] not in spec.QUANT_ENCODINGS or id(s) in bad:
                 continue
             why = _reference_one(pack, s, backend, method, pool)
             if why:
@@ -452,7 +453,7 @@ def _reference_one(pack: Pack, s: dict, backend, method: str, pool) -> str | Non
             del q
             backend.free(buf)
         return None
-    if enc == spec.ENC_NF4DQ:
+    if enc == spec.ENC_NF4DQ or enc in spec.INTDQ_BITS:
         return _reference_nf4dq(pack, s)
     if enc == spec.ENC_NF4:
         n = int(np.prod(shape, dtype=np.int64))
@@ -508,20 +509,26 @@ def _nf4dq_absmax(pack: Pack, s: dict) -> np.ndarray:
 
 
 def _reference_nf4dq(pack: Pack, s: dict) -> str | None:
-    """An nf4dq slice (or host copy): its scales and offset finite, scales >= 0 (a group's max |absmax - offset|),
-    and the C decode equal to the numpy reference's, bit for bit."""
-    from orkpack.codecs.reference import nf4dq_decode
+    """An nf4dq slice (or host copy), or an int5dq / int6dq / int8dq slice (the same double-quantized scales): its
+    scales and offset finite, scales >= 0 (a group's max |absmax - offset|), and the C decode equal to the numpy
+    reference's, bit for bit."""
+    from orkpack.codecs.reference import intdq_decode, nf4dq_decode
 
+    enc = s["encoding"]
     p = pack.typed_parts(s)
     sc, off = p["absmax_scale"], p["absmax_offset"]
     if not np.all(np.isfinite(sc)) or np.any(sc < 0) or not np.all(np.isfinite(off)):
-        return "nf4dq absmax scales are negative or not finite, or its offset is not finite"
+        return f"{enc} absmax scales are negative or not finite, or its offset is not finite"
     n = int(np.prod(s["shape"], dtype=np.int64))
     with np.errstate(invalid="ignore", over="ignore"):
-        want = nf4dq_decode(p["codes"], p["absmax_q"], sc, off, (n,))
-    got = inf.nf4dq_decode_c(p["codes"], p["absmax_q"], sc, off, n)
+        if enc == spec.ENC_NF4DQ:
+            want = nf4dq_decode(p["codes"], p["absmax_q"], sc, off, (n,))
+            got = inf.nf4dq_decode_c(p["codes"], p["absmax_q"], sc, off, n)
+        else:
+            want = intdq_decode(p["codes"], p["absmax_q"], sc, off, (n,), spec.INTDQ_BITS[enc])
+            got = get_codec(enc).decode_range(p, 0, n)
     if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
-        return "C nf4dq decode differs from the numpy reference"
+        return f"C {enc} decode differs from the numpy reference"
     return None
 
 

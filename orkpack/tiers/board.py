@@ -12,11 +12,12 @@ so ``load_board("rk3588-32g")`` works from an editable and a normal install.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import OrkError, escape_name
 from ..pack import spec
+from ..pack.hostlevels import DEFAULT_HOST_HIGH, DEFAULT_HOST_LOW, HOST_HIGH, HOST_LOW, check_host_formats  # noqa: F401
 from .runtime import DEFAULT_RUNTIME, TOML_KEYS, Runtime, load_runtime, runtime_from_json
 
 BOARD_DIR = Path(__file__).resolve().parent.parent / "data" / "boards"
@@ -29,6 +30,7 @@ BOARD_VERSION = 3
 NF4_FORMATS = tuple(spec.NF4_FORMATS)
 DEFAULT_NF4_FORMAT = spec.NF4_DEFAULT_FORMAT
 LEGACY_NF4_FORMAT = spec.NF4_B64
+# the encodings of the build's two host levels (HOST_LOW, HOST_HIGH and their check: orkpack/pack/hostlevels.py)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,9 @@ class Board:
     runtime_engines: tuple[str, ...] = ()  # the runtime's engines
     # ---- the build: the NF4 format its host NF4 slices and host copies are written in (NF4_FORMATS)
     nf4_format: str = DEFAULT_NF4_FORMAT
+    # ---- the build: the encodings of its host low ("nf4") and high ("int8") items (HOST_LOW, HOST_HIGH)
+    host_low: str = DEFAULT_HOST_LOW
+    host_high: str = DEFAULT_HOST_HIGH
     source: str = field(default="", compare=False)
 
     @property
@@ -112,6 +117,9 @@ class Board:
             "npu_ops_per_s_per_core": self.npu_ops_per_s_per_core, "npu_k_ref": self.npu_k_ref,
             "cpu_stream_bytes_per_s": self.cpu_stream_bytes_per_s, "npu_stream_bytes_per_s": self.npu_stream_bytes_per_s,
             "runtime": self.path().to_json(), "nf4_format": self.nf4_format,
+            # only when not the defaults: a default plan's map is what it was before there were host formats
+            **({"host_low": self.host_low} if self.host_low != DEFAULT_HOST_LOW else {}),
+            **({"host_high": self.host_high} if self.host_high != DEFAULT_HOST_HIGH else {}),
         }
 
 
@@ -129,6 +137,15 @@ def check_nf4_format(fmt: object, where: str) -> str:
     if fmt not in NF4_FORMATS:
         raise OrkError(f"{where}: nf4_format {escape_name(str(fmt), 40)!r} is not {' or '.join(NF4_FORMATS)}; plan again")
     return fmt
+
+
+def with_host_formats(b: Board, low: object, high: object, where: str) -> Board:
+    """``b`` for a build whose host levels are written in ``low`` (HOST_LOW) and ``high`` (HOST_HIGH); None:
+    the defaults. Anything else: one OrkError line naming ``where``."""
+    low, high = check_host_formats(low, high, where)
+    return b if (low, high) == (b.host_low, b.host_high) else replace(b, host_low=low, host_high=high)
+
+
 
 
 def combine(hw: dict, rt: Runtime, where: str, nf4_format: str = DEFAULT_NF4_FORMAT) -> Board:
@@ -169,7 +186,8 @@ def board_from_json(d: object, where: str) -> Board:
     fmt = d.get("nf4_format", LEGACY_NF4_FORMAT)
     if "runtime" in d:
         hw |= {k: _num(d, k, where, float) for k in _HW_FLOATS}
-        return combine(hw, runtime_from_json(d["runtime"], f"{where} (runtime)"), where, fmt)
+        return with_host_formats(combine(hw, runtime_from_json(d["runtime"], f"{where} (runtime)"), where, fmt),
+                                 d.get("host_low"), d.get("host_high"), where)
     old = {k: _num(d, k, where, float, positive=k not in ("npu_k_falloff", "submit_overhead_s", "decode_token_s"))
            for k in _LEGACY_FLOATS}
     hw["npu_ops_per_s_per_core"] = _num(d, "npu_ops_per_s_per_core", where, float)

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..errors import OrkError, escape_name
 from ..files import option_file, refuse_over_inputs
 from ..gcpause import without_gc as _without_gc
-from .board import load_board
+from .board import load_board, with_host_formats
 from .manifest import manifest_from_path
 from .profile import load_profile
 from .solver import GiB, Goal, least_weight_bytes, solve
@@ -69,13 +69,15 @@ def plan(model, *, board: str = "rk3588-32g", profile: Path | None = None, ctx: 
          kv_type: str = "f16", prefill_m: int = 512, pins: dict[str, list[str]] | None = None,
          ignore_unknown: bool = False, goal: Goal | None = None, prompt: int = 512,
          runtime: str | None = None, nf4_format: str | None = None,
-         npu_storage: str = "int8") -> tuple[TierMap, float, list]:
+         npu_storage: str = "int8", host_low: str | None = None,
+         host_high: str | None = None) -> tuple[TierMap, float, list]:
     """(tier map, solve seconds, [manifest, board, profile]) for the build and for ``plan_command``; ``model``: a
     path, or a hub model located by orkpack/sources/hub.py (its tier map records its hub origin);
     ``runtime``: the runtime path the plan is for (default ggml-ork); ``nf4_format``: the NF4 format the
     build writes host NF4 in, whose bytes the plan counts (dq32 or b64; default dq32); ``npu_storage``: how
-    the build stores NPU slices (build --npu-storage: int8, or nf4, which makes a host copy nf4 b64)."""
-    b = load_board(board, runtime, nf4_format)
+    the build stores NPU slices (build --npu-storage: int8, or nf4, which makes a host copy nf4 b64); ``host_low``
+    / ``host_high``: the host levels' formats (board.HOST_LOW, HOST_HIGH; None: nf4, int8)."""
+    b = with_host_formats(load_board(board, runtime, nf4_format), host_low, host_high, "--host-low / --host-high")
     man = manifest_from_path(model)
     prof = load_profile(profile, man, b, prefill_m, ignore_unknown=ignore_unknown)
     t0 = time.perf_counter()
@@ -408,7 +410,8 @@ def plan_command(model, *, board: str = "rk3588-32g", profile: Path | None = Non
                  kv_type: str = "f16", prefill_m: int = 512, pins: dict[str, list[str]] | None = None,
                  ignore_unknown: bool = False, json_out: bool = False, output: Path | None = None, console=None,
                  goal: Goal | None = None, prompt: int = 512, frontier_out: bool | str = False,
-                 runtime: str | None = None, nf4_format: str | None = None, revision: str | None = None) -> int:
+                 runtime: str | None = None, nf4_format: str | None = None, revision: str | None = None,
+                 host_low: str | None = None, host_high: str | None = None) -> int:
     """The whole ``orkpack plan``: returns the exit code; raises OrkError for bad input. ``model``: a path or a hub
     name (``revision``: its branch, tag or commit), located once the options are checked (orkpack/sources/hub.py)."""
     from ..sources.hub import locate
@@ -426,7 +429,7 @@ def plan_command(model, *, board: str = "rk3588-32g", profile: Path | None = Non
         if output is not None and not Path(output).is_dir():
             raise OrkError(f"{escape_name(str(output))}: with --frontier, -o names a folder (one tier map per point); "
                            "create it first")
-        b = load_board(board, runtime, nf4_format)
+        b = with_host_formats(load_board(board, runtime, nf4_format), host_low, host_high, "--host-low / --host-high")
         man = manifest_from_path(locate(model, revision=revision))
         prof = load_profile(profile, man, b, prefill_m, ignore_unknown=ignore_unknown)
         t0 = time.perf_counter()
@@ -452,7 +455,8 @@ def plan_command(model, *, board: str = "rk3588-32g", profile: Path | None = Non
         raise OrkError(f"{escape_name(str(output))}: folder {escape_name(str(Path(output).parent))} does not exist; create it first")
     tm, solve_s, (man, b, prof) = plan(locate(model, revision=revision), board=board, profile=profile, ctx=ctx, kv_type=kv_type,
                                        prefill_m=prefill_m, pins=pins, ignore_unknown=ignore_unknown, goal=goal,
-                                       prompt=prompt, runtime=runtime, nf4_format=nf4_format)
+                                       prompt=prompt, runtime=runtime, nf4_format=nf4_format, host_low=host_low,
+                                       host_high=host_high)
     text = dumps(tm) if output is not None or json_out else None  # the tables alone need no map text
     if output is not None:
         write_atomic(Path(output), text)

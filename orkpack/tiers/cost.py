@@ -7,6 +7,8 @@ Byte sizes (docs/FORMAT.md):
   host nf4   the build's NF4 format (board.nf4_format, --nf4-format), n = N*K:
              b64   ceil(n/2) + 4*ceil(n/64)                        (the nf4 encoding)
              dq32  ceil(n/2) + nb + 4*ceil(nb/256) + 4, nb = ceil(n/32)   (the nf4dq encoding)
+  host low / high items in another format (board.host_low / host_high, --host-low / --host-high):
+             intdq ceil(n*b/8) + nb + 4*ceil(nb/256) + 4           (int5dq, int6dq, int8dq: b = 5, 6, 8)
   float      the source bytes
 
 Prefill, one item at M rows of activations:
@@ -45,8 +47,11 @@ COPY_OF_NF4_STORED = spec.NF4_B64
 @lru_cache(maxsize=64)
 def nf4_board(board: Board, fmt: str) -> Board:
     """``board``'s cost model with host NF4 in format ``fmt`` (board.NF4_FORMATS): the model of a host NF4 copy
-    written in another format than the build's host NF4 slices (an NPU slice stored 4-bit: COPY_OF_NF4_STORED)."""
-    return board if board.nf4_format == fmt else replace(board, nf4_format=fmt)
+    written in another format than the build's host NF4 slices (an NPU slice stored 4-bit: COPY_OF_NF4_STORED).
+    A copy is NF4 whatever the host low level's format (board.host_low): the model's host "nf4" path is the copy."""
+    if board.nf4_format == fmt and board.host_low == "nf4":
+        return board
+    return replace(board, nf4_format=fmt, host_low="nf4")
 
 
 def _pad(x: int, a: int) -> int:
@@ -91,6 +96,47 @@ def host_nf4_bytes(n: int, k: int, fmt: str) -> int:
     raise ValueError(f"NF4 format {fmt!r}")
 
 
+def host_format_bytes(n: int, k: int, fmt: str, nf4_format: str) -> int:
+    """Stored bytes of an N x K slice on the host in a host level's format (board.HOST_LOW / HOST_HIGH): "nf4"
+    (the build's NF4 format ``nf4_format``), int8, or an intdq encoding (docs/FORMAT.md 3)."""
+    if fmt == "nf4":
+        return host_nf4_bytes(n, k, nf4_format)
+    if fmt == spec.ENC_INT8:
+        return host_int8_bytes(n, k)
+    nk = n * k
+    nb = -(-nk // spec.NF4DQ_BLOCK)
+    return -(-nk * spec.INTDQ_BITS[fmt] // 8) + nb + 4 * (-(-nb // spec.NF4DQ_GROUP)) + 4
+
+
+def low_bytes(n: int, k: int, board: Board) -> int:
+    """Stored bytes of a host "nf4" item: its low level's format (board.host_low)."""
+    return host_format_bytes(n, k, board.host_low, board.nf4_format)
+
+
+def high_bytes(n: int, k: int, board: Board) -> int:
+    """Stored bytes of a host "int8" item: its high level's format (board.host_high)."""
+    return host_format_bytes(n, k, board.host_high, board.nf4_format)
+
+
+# The quantization error energy of each host format, relative to the default NF4 format's above per-row int8's:
+# (MSE(format) - MSE(int8)) / (MSE(nf4dq) - MSE(int8)). nf4dq = 1 and int8 = 0 by definition (the sensitivities
+# are "the KLD an item adds as NF4 rather than int8", profile.py); the item's predicted KLD under a format is its
+# sensitivity times this. Measured by `python bench/format_error.py $S` (the codecs' default encoders, no
+# statistics; 2026-12-03):
+#                 Gaussian 512x1024   Student-t(3) 512x1024   SmolLM2-135M (Q4_1 GGUF), its 211 matrices summed
+#   int5dq        0.2740              0.4352                  0.3074
+#   int6dq        0.0600              0.0538                  0.0653
+#   int8dq       -0.0063             -0.0694                 -0.0105   (below per-row int8: blocks of 32)
+# The constants are SmolLM2's (real weights); nf4 (b64) counts as nf4dq (1), as it did before there were formats.
+FORMAT_ERROR = {"nf4": 1.0, spec.ENC_INT8: 0.0, spec.ENC_INT5DQ: 0.3074, spec.ENC_INT6DQ: 0.0653,
+                spec.ENC_INT8DQ: -0.0105}
+
+
+def format_error(fmt: str) -> float:
+    """FORMAT_ERROR of a host level's format ("nf4": the build's NF4 format, whichever)."""
+    return FORMAT_ERROR[fmt]
+
+
 # An item's placements (docs/TIERMAP.md "Choices"): host NF4, host int8, NPU int8 tiles (the CPU
 # decodes from the tiles), NPU int8 tiles plus a host NF4 copy that the CPU reads at decode.
 CHOICES = ("nf4", "int8", "npu", "npu+nf4")
@@ -122,6 +168,10 @@ def path_bytes(n: int, k: int, path: str, board: Board) -> float:
     bytes, or ``"tiles"`` (an NPU-only item's int8 tiles: their unaligned bytes x tile_read_factor)."""
     if path == "tiles":
         return npu_tile_bytes(n, k, board) * board.tile_read_factor
+    if path == "nf4":
+        return float(low_bytes(n, k, board))
+    if path == "int8":
+        return float(high_bytes(n, k, board))
     return float(host_bytes(n, k, path, board.nf4_format))
 
 
@@ -175,10 +225,12 @@ def npu_tile_bytes(n: int, k: int, board: Board) -> int:
 def decode_bytes(n: int, k: int, choice: str, board: Board) -> float:
     """Bytes the CPU reads for one token of this item under ``choice`` (CHOICES); npu+nf4 reads the host copy in
     ``board.nf4_format`` (an NPU slice stored 4-bit: pass ``nf4_board(board, COPY_OF_NF4_STORED)``)."""
-    if choice in ("nf4", "npu+nf4"):
+    if choice == "nf4":
+        return float(low_bytes(n, k, board))
+    if choice == "npu+nf4":
         return float(host_nf4_bytes(n, k, board.nf4_format))
     if choice == "int8":
-        return float(host_int8_bytes(n, k))
+        return float(high_bytes(n, k, board))
     if choice == "npu":
         return path_bytes(n, k, "tiles", board)
     raise ValueError(choice)

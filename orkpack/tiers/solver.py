@@ -158,8 +158,8 @@ def _rows(manifest: Manifest, board: Board, pins: dict[int, set[str]], npu_stora
         if stored is None:
             stored = forced_enc == "nf4" or (npu_storage == "nf4" and storable)
         fmt = cost.COPY_OF_NF4_STORED if stored else board.nf4_format
-        r = memo[key] = _Row(cost.npu_bytes(it.n, it.k, board), cost.host_int8_bytes(it.n, it.k),
-                             cost.host_nf4_bytes(it.n, it.k, board.nf4_format), it.float_bytes, eligible, forced_tier,
+        r = memo[key] = _Row(cost.npu_bytes(it.n, it.k, board), cost.high_bytes(it.n, it.k, board),
+                             cost.low_bytes(it.n, it.k, board), it.float_bytes, eligible, forced_tier,
                              forced_enc, pin, stored, fmt, cost.host_nf4_bytes(it.n, it.k, fmt))
         rows.append(r)
     return rows
@@ -380,8 +380,19 @@ def _item_cost(it: Item, r: _Row, c: str, mi: float, rho: tuple[float, float], s
     ram = {"nf4": r.n4, "int8": r.i8, "npu": r.npu, "npu+nf4": r.npu + r.copy}[c]
     npu = r.npu if c.startswith("npu") else 0
     dec = share * cost.decode_s(it.n, it.k, c, cost.nf4_board(board, r.copy_fmt) if c == "npu+nf4" else board)
-    q = sens if c == "int8" or (c == "npu" and not r.npu_nf4) else 0.0
-    return (float(ram), float(npu), dec, pre, q)
+    return (float(ram), float(npu), dec, pre, sens - _kld(c, r, sens, board))
+
+
+def _kld(c: str, r: _Row, sens: float, board: Board) -> float:
+    """The predicted KLD an item adds under choice ``c`` (TIERMAP.md section 4): its sensitivity times the error
+    ratio of the format the CPU decodes it from (cost.FORMAT_ERROR): host "nf4" the low level's (board.host_low),
+    host "int8" the high level's (board.host_high), an NF4 copy or an NPU slice stored 4-bit 1, int8 tiles 0.
+    With the default formats: the sensitivity where the CPU decodes NF4, else 0."""
+    if c == "nf4":
+        return sens * cost.format_error(board.host_low)
+    if c == "int8":
+        return sens * cost.format_error(board.host_high)
+    return sens if _nf4_decoded(c, r) else 0.0
 
 
 def _read_bytes(it: Item, r: _Row, c: str, board: Board) -> float:
@@ -435,7 +446,7 @@ def _model(manifest: Manifest, board: Board, profile: Profile, rows: list[_Row],
             rho = _rho(it, mi, tc, tn, board)
             costs = [_item_cost(it, r, c, mi, rho, sens, share, head, board) for c in al]
             got = memo[key] = len(classes)
-            kl = tuple(sens if _nf4_decoded(c, r) else 0.0 for c in al)
+            kl = tuple(_kld(c, r, sens, board) for c in al)
             rd = tuple(share * _read_bytes(it, r, c, board) for c in al)
             classes.append((al,) + tuple(tuple(x[j] for x in costs) for j in range(5)) + (share, kl, rd))
         out.klass.append(got)

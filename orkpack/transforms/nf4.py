@@ -28,6 +28,7 @@ from ..errors import OrkError, escape_name
 from ..files import hash_file
 from ..pack import spec
 from .. import stats as act_stats
+from ..pack.hostlevels import check_host_formats
 from .smooth import smoothed_mean_sq
 
 NF4_FORMATS = tuple(spec.NF4_FORMATS)  # dq32: nf4dq (blocksize 32, double-quantized absmax); b64: nf4 (blocksize 64)
@@ -43,6 +44,10 @@ class NF4Choice:
     record: dict | None = None  # the imatrix's provenance record
     missing: list = field(default_factory=list)  # tensors encoded without statistics
     smoothing: object | None = None  # orkpack.transforms.smooth.Plan: a smoothed matrix meets x / s, so its weights are m / s^2
+    # the encodings of the plan's host levels (--host-low, --host-high; tiers/board.py HOST_LOW, HOST_HIGH): a host
+    # "nf4" item in host_low ("nf4": this choice's NF4), a host "int8" item in host_high; host copies stay NF4
+    host_low: str = "nf4"
+    host_high: str = spec.ENC_INT8
 
     def col_weights(self, tensor: str, expert: int | None, k: int) -> np.ndarray | None:
         """The imatrix mean squares of ``tensor``'s input columns (None: no statistics for it)."""
@@ -86,6 +91,22 @@ class NF4Choice:
         return get_codec(spec.ENC_NF4).encode(x, threads=threads, alloc=alloc, mode=self.mode, col_weights=cw,
                                               weighting=self.weighting)
 
+    def intdq_of(self, tier: str, encoding: str) -> str | None:
+        """The intdq encoding a slice the plan puts on ``tier`` in ``encoding`` ("nf4" / "int8") is written in under
+        this choice's host levels, or None (written as before: the build's NF4, int8, NPU tiles)."""
+        if tier != spec.TIER_HOST:
+            return None
+        fmt = self.host_low if encoding == spec.ENC_NF4 else self.host_high if encoding == spec.ENC_INT8 else None
+        return fmt if fmt in spec.INTDQ_BITS else None
+
+    def encode_intdq(self, x: np.ndarray, encoding: str, *, tensor: str, expert: int | None, threads: int,
+                     alloc=np.empty) -> Encoded:
+        """A host level's intdq encoding of one slice, its columns weighed as the NF4 search's (the imatrix, the
+        weighting; bitsandbytes' mode takes no statistics)."""
+        k = int(x.shape[-1]) if x.ndim else 1
+        cw = self.col_weights(tensor, expert, k) if x.ndim == 2 else None
+        return get_codec(encoding).encode(x, threads=threads, alloc=alloc, col_weights=cw, weighting=self.weighting)
+
     def recorded(self) -> dict:
         out = {"mode": self.mode}
         if self.mode == "opt":
@@ -93,6 +114,8 @@ class NF4Choice:
             out["weighting"] = self.weighting
             out["imatrix"] = self.record
             out["npu"] = "bnb"  # NPU slices stored nf4 take bitsandbytes' block scale (FORMAT.md 5)
+        if self.host_low != "nf4" or self.host_high != spec.ENC_INT8:  # only when not the defaults
+            out["host_low"], out["host_high"] = self.host_low, self.host_high
         return out
 
     def warning(self) -> str | None:
@@ -104,9 +127,18 @@ class NF4Choice:
                 "encoded with plain weights")
 
 
-def choose(mode: str, weighting: str, imatrix: Path | None, fmt: str | None = None) -> NF4Choice:
+def choose(mode: str, weighting: str, imatrix: Path | None, fmt: str | None = None, host_low: str | None = None,
+           host_high: str | None = None) -> NF4Choice:
     """Check the options and load the imatrix once (bad input: one OrkError line naming the file).
-    ``fmt`` None: dq32 with ``opt``, b64 with ``bnb``."""
+    ``fmt`` None: dq32 with ``opt``, b64 with ``bnb``. ``host_low`` / ``host_high``: the host levels' encodings
+    (None: nf4, int8)."""
+    from dataclasses import replace
+
+    low, high = check_host_formats(host_low, host_high, "--host-low / --host-high")
+    return replace(_choose(mode, weighting, imatrix, fmt), host_low=low, host_high=high)
+
+
+def _choose(mode: str, weighting: str, imatrix: Path | None, fmt: str | None) -> NF4Choice:
     if mode not in NF4_MODES:
         raise OrkError(f"--nf4-mode {mode!r}: choose {' or '.join(NF4_MODES)}")
     if weighting not in NF4_WEIGHTINGS:
@@ -159,4 +191,6 @@ def describe(rec: dict | None) -> str | None:
         ds = ", ".join(str(d) for d in im.get("datasets") or []) or "unnamed text"
         what += (f" x imatrix {im.get('file')} (xxh3 {im.get('xxh3')}; {im.get('chunks')} chunks of "
                  f"{im.get('chunk_size')} on {ds})")
+    if "host_low" in rec or "host_high" in rec:
+        what += f"; host levels {rec.get('host_low')} / {rec.get('host_high')}"
     return escape_name(what, 400)
