@@ -26,15 +26,32 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
+def online(inner, seed: int = 0):
+    """A weight provider that rotates each ffn_down input ``h -> h R4`` (float64, rounded to float32) before ``inner``
+    (any provider: a pack's numerics, or a float model) multiplies it: what a runtime would do."""
+    from orkpack.model.weights import Wrapped
+    from orkpack.transforms.rotate import Rotation
+
+    r4: dict = {}
+
+    class Online(Wrapped):
+        def matmul(self, name, x, expert=None):
+            if name.endswith(".ffn_down.weight"):
+                r = r4.setdefault(x.shape[-1], Rotation("r4", x.shape[-1], seed))
+                x = r.apply(x).astype(np.float32)
+            return self.inner.matmul(name, x, expert)
+
+    return Online(inner)
+
+
 def main() -> None:
     from orkpack.eval import run as ev
     from orkpack.eval.text import source_record, token_ids
     from orkpack.eval.weights import PackWeights
     from orkpack.model import forward
-    from orkpack.model.weights import SourceWeights, Wrapped
+    from orkpack.model.weights import SourceWeights
     from orkpack.pack.reader import Pack
     from orkpack.sources import open_source
-    from orkpack.transforms.rotate import Rotation
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("source", type=Path)
@@ -51,15 +68,6 @@ def main() -> None:
     hp_src, hp = forward.model_hparams(src), ev.pack_hparams(pack)
     ids, bos, _ = token_ids(None, None, source_record(src), hp.vocab, str(a.source))
     stub = SimpleNamespace(root=a.pack, config=pack.header.get("config"))
-    r4: dict = {}
-
-    class Online(Wrapped):
-        def matmul(self, name, x, expert=None):
-            if name.endswith(".ffn_down.weight"):
-                r = r4.setdefault(x.shape[-1], Rotation("r4", x.shape[-1], a.seed))
-                x = r.apply(x).astype(np.float32)
-            return self.inner.matmul(name, x, expert)
-
     first = a.ctx // 2
     st = ev._Stats()
     for c in range(min(a.chunks, ids.size // a.ctx)):
@@ -70,7 +78,7 @@ def main() -> None:
         ref = forward.run(src, chunk, weights=SourceWeights(src), hp=hp_src)[first: a.ctx - 1]
         base = ev._log_softmax64(ref).astype(np.float32)
         w = PackWeights(pack, "prefill", m=a.ctx, act=a.act)
-        lg = forward.run(stub, chunk, weights=Online(w) if a.down_hadamard else w, hp=hp)[first: a.ctx - 1]
+        lg = forward.run(stub, chunk, weights=online(w, a.seed) if a.down_hadamard else w, hp=hp)[first: a.ctx - 1]
         ev._score(base, lg, nxt, st)
     out = {"pack": str(a.pack), "down_hadamard": a.down_hadamard, "act": a.act, "chunks": c + 1,
            "scored": len(st.kld), **ev._summary(st)}
