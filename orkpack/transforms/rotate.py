@@ -116,9 +116,11 @@ def hadamard_factor(n: int) -> int | None:
 
 class Rotation:
     """One orthogonal matrix Q of ``size`` (module docstring): ``apply(x, axis)`` maps each vector along ``axis`` to
-    ``v @ Q`` (float64). ``which``: r1 (the stream) or r2 (a value head); ``stream``: its seed's second word."""
+    ``v @ Q`` (float64). ``which``: r1 (the stream), r2 (a value head) or r4 (SpinQuant's name for an online one of
+    ``ffn_down``'s input; only bench/online_hadamard.py's measurement makes it); ``STREAMS``: its seed's second
+    word."""
 
-    STREAMS = {"r1": 1, "r2": 2}
+    STREAMS = {"r1": 1, "r2": 2, "r4": 4}
 
     def __init__(self, which: str, size: int, seed: int, kind: str | None = None):
         if which not in self.STREAMS or size < 1 or not (0 <= seed < 2 ** 63):
