@@ -272,6 +272,48 @@ class NF4Codec(Codec):
         return out.reshape(shape)
 
 
+def _dq_encode(encoding, x, threads, alloc, col_weights, weighting, codes_len, step1, step3, scratch=False):
+    """The three steps of an encoding whose block scale is double-quantized as nf4dq's (nf4dq, int5dq, int6dq,
+    int8dq; parts codes, absmax_q, absmax_scale, absmax_offset): ``step1(src, code, n, k, cwp, wcode, b0, b1, d)``
+    each block's float scale (chunks on the thread pool), then the offset and group scales (ork_nf4dq_scales, one
+    pass), then ``step3(src, code, n, k, cwp, wcode, d, scale, offset, b0, b1, codes, absmax_q, stats)`` each
+    block's 8-bit scale code and its codes (chunks again). ``codes_len(n)``: the codes part's bytes. ``scratch``:
+    step 1's scales from ``alloc`` (a build's pool) rather than fresh memory."""
+    x, code = _source(x)
+    k = int(x.shape[-1]) if x.ndim else 1
+    cw = _nf4_weights(col_weights, weighting, k)
+    flat = x.reshape(-1)
+    n = flat.size
+    nb = -(-n // spec.NF4DQ_BLOCK)
+    ng = -(-nb // spec.NF4DQ_GROUP)
+    codes = alloc((codes_len(n),), np.uint8)
+    q = alloc((nb,), np.uint8)
+    scale = alloc((ng,), np.float32)
+    offset = alloc((1,), np.float32)
+    parts = dict(zip(spec.PARTS[encoding], (codes, q, scale, offset)))
+    if n == 0:
+        offset[0] = 0.0
+        return Encoded(parts, {"kind": spec.LAYOUT_ROW_MAJOR}, SQNR_CAP, 0)
+    d = alloc((nb,), np.float32) if scratch else np.empty(nb, dtype=np.float32)
+    src, dp = _ptr(flat, "void *"), _ptr(d, "float *")
+    cwp, wcode = (_ptr(cw, "float *") if cw is not None else ffi.NULL), _NF4W_CODE[weighting]
+    chunks = _block_chunks(nb)
+    _run(lambda b0, b1: step1(src, code, n, k, cwp, wcode, b0, b1, dp), chunks, threads)
+    op = ffi.new("float *")
+    sp = _ptr(scale, "float *")
+    lib.ork_nf4dq_scales(dp, nb, sp, op)
+    offset[0] = op[0]
+    cp, qp = _ptr(codes, "uint8_t *"), _ptr(q, "uint8_t *")
+
+    def one(b0, b1):
+        st = ffi.new("ork_codec_stats *")
+        step3(src, code, n, k, cwp, wcode, dp, sp, op[0], b0, b1, cp, qp, st)
+        return st
+
+    sq, nf = _sqnr(_run(one, chunks, threads))
+    return Encoded(parts, {"kind": spec.LAYOUT_ROW_MAJOR}, sq, nf)
+
+
 class NF4DQCodec(Codec):
     """bitsandbytes NF4 at blocksize 32 with double-quantized absmax (docs/FORMAT.md 3, nf4dq; parts: codes,
     absmax_q, absmax_scale, absmax_offset). The encoder is the error-minimizing one (``reference.nf4dq_encode``),
@@ -286,41 +328,12 @@ class NF4DQCodec(Codec):
     def encode(self, x, *, npu=False, threads=1, alloc=_empty, col_weights=None, weighting: str = "plain"):
         if npu:
             raise ValueError("nf4dq slices live on the host; encode int8 with npu=True for the NPU")
-        x, code = _source(x)
-        k = int(x.shape[-1]) if x.ndim else 1
-        cw = _nf4_weights(col_weights, weighting, k)
-        flat = x.reshape(-1)
-        n = flat.size
-        nb = -(-n // spec.NF4DQ_BLOCK)
-        ng = -(-nb // spec.NF4DQ_GROUP)
-        codes = alloc(((n + 1) // 2,), np.uint8)
-        q = alloc((nb,), np.uint8)
-        scale = alloc((ng,), np.float32)
-        offset = alloc((1,), np.float32)
-        parts = dict(zip(spec.PARTS[self.encoding], (codes, q, scale, offset)))
-        if n == 0:
-            offset[0] = 0.0
-            return Encoded(parts, {"kind": spec.LAYOUT_ROW_MAJOR}, SQNR_CAP, 0)
-        d = alloc((nb,), np.float32)  # step 1's absmaxes, scratch (a build's pool: no fresh pages per tensor)
-        src, dp = _ptr(flat, "void *"), _ptr(d, "float *")
-        cwp, wcode = (_ptr(cw, "float *") if cw is not None else ffi.NULL), _NF4W_CODE[weighting]
-        chunks = _block_chunks(nb)
         tries = reference.NF4DQ_TRIES
-        _run(lambda b0, b1: lib.ork_nf4opt_encode(src, code, n, k, cwp, wcode, spec.NF4DQ_BLOCK, tries, b0, b1,
-                                                  ffi.NULL, dp, ffi.NULL), chunks, threads)
-        op = ffi.new("float *")
-        sp = _ptr(scale, "float *")
-        lib.ork_nf4dq_scales(dp, nb, sp, op)
-        offset[0] = op[0]
-        cp, qp = _ptr(codes, "uint8_t *"), _ptr(q, "uint8_t *")
-
-        def one(b0, b1):
-            st = ffi.new("ork_codec_stats *")
-            lib.ork_nf4dq_encode(src, code, n, k, cwp, wcode, dp, sp, op[0], b0, b1, cp, qp, st)
-            return st
-
-        sq, nf = _sqnr(_run(one, chunks, threads))
-        return Encoded(parts, {"kind": spec.LAYOUT_ROW_MAJOR}, sq, nf)
+        return _dq_encode(
+            self.encoding, x, threads, alloc, col_weights, weighting, lambda n: (n + 1) // 2,
+            lambda src, code, n, k, cwp, wcode, b0, b1, dp: lib.ork_nf4opt_encode(
+                src, code, n, k, cwp, wcode, spec.NF4DQ_BLOCK, tries, b0, b1, ffi.NULL, dp, ffi.NULL),
+            lib.ork_nf4dq_encode, scratch=True)
 
     def decode(self, enc_parts, shape, layout=None, threads: int = 1):
         shape = tuple(int(d) for d in shape)
@@ -366,39 +379,12 @@ class IntDQCodec(Codec):
     def encode(self, x, *, npu=False, threads=1, alloc=_empty, col_weights=None, weighting: str = "plain"):
         if npu:
             raise ValueError(f"{self.encoding} slices live on the host; encode int8 with npu=True for the NPU")
-        x, code = _source(x)
-        k = int(x.shape[-1]) if x.ndim else 1
-        cw = _nf4_weights(col_weights, weighting, k)
-        flat = x.reshape(-1)
-        n = flat.size
-        nb = -(-n // spec.NF4DQ_BLOCK)
-        ng = -(-nb // spec.NF4DQ_GROUP)
-        codes = alloc((reference.intdq_codes_size(n, self.bits),), np.uint8)
-        q = alloc((nb,), np.uint8)
-        scale = alloc((ng,), np.float32)
-        offset = alloc((1,), np.float32)
-        parts = dict(zip(spec.PARTS[self.encoding], (codes, q, scale, offset)))
-        if n == 0:
-            offset[0] = 0.0
-            return Encoded(parts, {"kind": spec.LAYOUT_ROW_MAJOR}, SQNR_CAP, 0)
-        d = np.empty(nb, dtype=np.float32)
-        src, dp = _ptr(flat, "void *"), _ptr(d, "float *")
-        cwp, wcode, bits = (_ptr(cw, "float *") if cw is not None else ffi.NULL), _NF4W_CODE[weighting], self.bits
-        chunks = _block_chunks(nb)
-        _run(lambda b0, b1: lib.ork_intdq_steps(src, code, n, k, cwp, wcode, bits, b0, b1, dp), chunks, threads)
-        op = ffi.new("float *")
-        sp = _ptr(scale, "float *")
-        lib.ork_nf4dq_scales(dp, nb, sp, op)
-        offset[0] = op[0]
-        cp, qp = _ptr(codes, "uint8_t *"), _ptr(q, "uint8_t *")
-
-        def one(b0, b1):
-            st = ffi.new("ork_codec_stats *")
-            lib.ork_intdq_encode(src, code, n, k, cwp, wcode, bits, dp, sp, op[0], b0, b1, cp, qp, st)
-            return st
-
-        sq, nf = _sqnr(_run(one, chunks, threads))
-        return Encoded(parts, {"kind": spec.LAYOUT_ROW_MAJOR}, sq, nf)
+        bits = self.bits
+        return _dq_encode(
+            self.encoding, x, threads, alloc, col_weights, weighting, lambda n: reference.intdq_codes_size(n, bits),
+            lambda src, code, n, k, cwp, wcode, b0, b1, dp: lib.ork_intdq_steps(src, code, n, k, cwp, wcode, bits,
+                                                                                b0, b1, dp),
+            lambda src, code, n, k, cwp, wcode, *rest: lib.ork_intdq_encode(src, code, n, k, cwp, wcode, bits, *rest))
 
     def decode_range(self, enc_parts, e0: int, e1: int) -> np.ndarray:
         """Elements [e0, e1) of the flat slice (float32), the runtime's C decode; parts too small: ValueError."""
