@@ -272,6 +272,14 @@ class NF4Codec(Codec):
         return out.reshape(shape)
 
 
+def _dq_parts(enc_parts) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A double-quantized encoding's parts (codes, absmax_q, absmax_scale, absmax_offset), flat and contiguous."""
+    return (np.ascontiguousarray(enc_parts["codes"], dtype=np.uint8).reshape(-1),
+            np.ascontiguousarray(enc_parts["absmax_q"], dtype=np.uint8).reshape(-1),
+            np.ascontiguousarray(enc_parts["absmax_scale"], dtype=np.float32).reshape(-1),
+            np.ascontiguousarray(enc_parts["absmax_offset"], dtype=np.float32).reshape(-1))
+
+
 def _dq_encode(encoding, x, threads, alloc, col_weights, weighting, codes_len, step1, step3, scratch=False):
     """The three steps of an encoding whose block scale is double-quantized as nf4dq's (nf4dq, int5dq, int6dq,
     int8dq; parts codes, absmax_q, absmax_scale, absmax_offset): ``step1(src, code, n, k, cwp, wcode, b0, b1, d)``
@@ -339,10 +347,7 @@ class NF4DQCodec(Codec):
         shape = tuple(int(d) for d in shape)
         n = math.prod(shape)
         nb = -(-n // spec.NF4DQ_BLOCK)
-        codes = np.ascontiguousarray(enc_parts["codes"], dtype=np.uint8).reshape(-1)
-        q = np.ascontiguousarray(enc_parts["absmax_q"], dtype=np.uint8).reshape(-1)
-        sc = np.ascontiguousarray(enc_parts["absmax_scale"], dtype=np.float32).reshape(-1)
-        off = np.ascontiguousarray(enc_parts["absmax_offset"], dtype=np.float32).reshape(-1)
+        codes, q, sc, off = _dq_parts(enc_parts)
         if codes.size != (n + 1) // 2 or q.size != nb or sc.size != -(-nb // spec.NF4DQ_GROUP) or off.size != 1:
             raise ValueError(f"nf4dq parts do not fit shape {shape}")
         out = np.empty(n, dtype=np.float32)
@@ -388,10 +393,7 @@ class IntDQCodec(Codec):
 
     def decode_range(self, enc_parts, e0: int, e1: int) -> np.ndarray:
         """Elements [e0, e1) of the flat slice (float32), the runtime's C decode; parts too small: ValueError."""
-        codes = np.ascontiguousarray(enc_parts["codes"], dtype=np.uint8).reshape(-1)
-        q = np.ascontiguousarray(enc_parts["absmax_q"], dtype=np.uint8).reshape(-1)
-        sc = np.ascontiguousarray(enc_parts["absmax_scale"], dtype=np.float32).reshape(-1)
-        off = np.ascontiguousarray(enc_parts["absmax_offset"], dtype=np.float32).reshape(-1)
+        codes, q, sc, off = _dq_parts(enc_parts)
         out = np.empty(max(0, int(e1) - int(e0)), dtype=np.float32)
         rc = -1 if off.size != 1 else lib.ork_rt_intdq_decode(
             self.bits, _ptr(codes, "uint8_t *"), codes.size, _ptr(q, "uint8_t *"), q.size, _ptr(sc, "float *"),
@@ -404,10 +406,7 @@ class IntDQCodec(Codec):
         shape = tuple(int(d) for d in shape)
         n = math.prod(shape)
         nb = -(-n // spec.NF4DQ_BLOCK)
-        codes = np.ascontiguousarray(enc_parts["codes"], dtype=np.uint8).reshape(-1)
-        q = np.ascontiguousarray(enc_parts["absmax_q"], dtype=np.uint8).reshape(-1)
-        sc = np.ascontiguousarray(enc_parts["absmax_scale"], dtype=np.float32).reshape(-1)
-        off = np.ascontiguousarray(enc_parts["absmax_offset"], dtype=np.float32).reshape(-1)
+        codes, q, sc, off = _dq_parts(enc_parts)
         if (codes.size != reference.intdq_codes_size(n, self.bits) or q.size != nb
                 or sc.size != -(-nb // spec.NF4DQ_GROUP) or off.size != 1):
             raise ValueError(f"{self.encoding} parts do not fit shape {shape}")
