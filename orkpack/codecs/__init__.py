@@ -280,6 +280,32 @@ def _dq_parts(enc_parts) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
             np.ascontiguousarray(enc_parts["absmax_offset"], dtype=np.float32).reshape(-1))
 
 
+def _dq_decode(encoding, enc_parts, shape, threads, codes_len, decode_fn) -> np.ndarray:
+    """A double-quantized encoding's float32 values in ``shape``, by its runtime decoder (kernels/runtime.c)
+    ``decode_fn(codes, ncodes, q, nq, scale, nscale, offset, e0, e1, out)`` on chunks of blocks; parts that do not
+    fit the shape (``codes_len(n)`` the codes part's bytes): ValueError."""
+    shape = tuple(int(d) for d in shape)
+    n = math.prod(shape)
+    nb = -(-n // spec.NF4DQ_BLOCK)
+    codes, q, sc, off = _dq_parts(enc_parts)
+    if codes.size != codes_len(n) or q.size != nb or sc.size != -(-nb // spec.NF4DQ_GROUP) or off.size != 1:
+        raise ValueError(f"{encoding} parts do not fit shape {shape}")
+    out = np.empty(n, dtype=np.float32)
+    cp, qp, sp = _ptr(codes, "uint8_t *"), _ptr(q, "uint8_t *"), _ptr(sc, "float *")
+    offv = float(off[0])
+    B = spec.NF4DQ_BLOCK
+
+    def one(b0, b1):  # elements [32 b0, 32 b1)
+        e0, e1 = b0 * B, min(n, b1 * B)
+        rc = decode_fn(cp, codes.size, qp, q.size, sp, sc.size, offv, e0, e1,
+                       ffi.cast("float *", ffi.from_buffer(out[e0:e1])))
+        if rc != 0:
+            raise ValueError(f"{encoding} parts do not fit shape {shape}")
+
+    _run(one, _block_chunks(nb), threads)
+    return out.reshape(shape)
+
+
 def _dq_encode(encoding, x, threads, alloc, col_weights, weighting, codes_len, step1, step3, scratch=False):
     """The three steps of an encoding whose block scale is double-quantized as nf4dq's (nf4dq, int5dq, int6dq,
     int8dq; parts codes, absmax_q, absmax_scale, absmax_offset): ``step1(src, code, n, k, cwp, wcode, b0, b1, d)``
@@ -344,27 +370,7 @@ class NF4DQCodec(Codec):
             lib.ork_nf4dq_encode, scratch=True)
 
     def decode(self, enc_parts, shape, layout=None, threads: int = 1):
-        shape = tuple(int(d) for d in shape)
-        n = math.prod(shape)
-        nb = -(-n // spec.NF4DQ_BLOCK)
-        codes, q, sc, off = _dq_parts(enc_parts)
-        if codes.size != (n + 1) // 2 or q.size != nb or sc.size != -(-nb // spec.NF4DQ_GROUP) or off.size != 1:
-            raise ValueError(f"nf4dq parts do not fit shape {shape}")
-        out = np.empty(n, dtype=np.float32)
-        cp, qp, sp = _ptr(codes, "uint8_t *"), _ptr(q, "uint8_t *"), _ptr(sc, "float *")
-        offv = float(off[0])
-        B = spec.NF4DQ_BLOCK
-
-        def one(b0, b1):  # the runtime's decoder (kernels/runtime.c), elements [32 b0, 32 b1)
-            e0, e1 = b0 * B, min(n, b1 * B)
-            rc = lib.ork_rt_nf4dq_decode(cp, codes.size, qp, q.size, sp, sc.size, offv, e0, e1,
-                                         ffi.cast("float *", ffi.from_buffer(out[e0:e1])))
-            if rc != 0:
-                raise ValueError(f"nf4dq parts do not fit shape {shape}")
-
-        chunks = _block_chunks(nb)
-        _run(one, chunks, threads)
-        return out.reshape(shape)
+        return _dq_decode(self.encoding, enc_parts, shape, threads, lambda n: (n + 1) // 2, lib.ork_rt_nf4dq_decode)
 
 
 class IntDQCodec(Codec):
@@ -403,27 +409,9 @@ class IntDQCodec(Codec):
         return out
 
     def decode(self, enc_parts, shape, layout=None, threads: int = 1):
-        shape = tuple(int(d) for d in shape)
-        n = math.prod(shape)
-        nb = -(-n // spec.NF4DQ_BLOCK)
-        codes, q, sc, off = _dq_parts(enc_parts)
-        if (codes.size != reference.intdq_codes_size(n, self.bits) or q.size != nb
-                or sc.size != -(-nb // spec.NF4DQ_GROUP) or off.size != 1):
-            raise ValueError(f"{self.encoding} parts do not fit shape {shape}")
-        out = np.empty(n, dtype=np.float32)
-        cp, qp, sp = _ptr(codes, "uint8_t *"), _ptr(q, "uint8_t *"), _ptr(sc, "float *")
-        offv = float(off[0])
-        B = spec.NF4DQ_BLOCK
-
-        def one(b0, b1):  # the runtime's decoder (kernels/runtime.c), elements [32 b0, 32 b1)
-            e0, e1 = b0 * B, min(n, b1 * B)
-            rc = lib.ork_rt_intdq_decode(self.bits, cp, codes.size, qp, q.size, sp, sc.size, offv, e0, e1,
-                                         ffi.cast("float *", ffi.from_buffer(out[e0:e1])))
-            if rc != 0:
-                raise ValueError(f"{self.encoding} parts do not fit shape {shape}")
-
-        _run(one, _block_chunks(nb), threads)
-        return out.reshape(shape)
+        bits = self.bits
+        return _dq_decode(self.encoding, enc_parts, shape, threads, lambda n: reference.intdq_codes_size(n, bits),
+                          lambda *args: lib.ork_rt_intdq_decode(bits, *args))
 
 
 class Int8Codec(Codec):
