@@ -41,7 +41,7 @@ typedef struct {
 
 enum { ORKPACK_ENC_F32, ORKPACK_ENC_F16, ORKPACK_ENC_BF16, ORKPACK_ENC_INT8, ORKPACK_ENC_NF4, ORKPACK_ENC_RAW,
        ORKPACK_ENC_NF4DQ /* 1.5: host only, and a host copy's encoding */,
-       ORKPACK_ENC_INT5DQ, ORKPACK_ENC_INT6DQ, ORKPACK_ENC_INT8DQ /* 1.7: host only, never a host copy */ };
+       ORKPACK_ENC_INT5DQ, ORKPACK_ENC_INT6DQ, ORKPACK_ENC_INT8DQ /* 1.7: host slices; int5dq, int6dq also host copies (1.8) */ };
 enum { ORKPACK_TIER_NPU, ORKPACK_TIER_HOST };
 enum { ORKPACK_LAYOUT_ROW_MAJOR, ORKPACK_LAYOUT_NPU_INT8 };
 /* element types of a raw slice (its "dtype") */
@@ -151,7 +151,7 @@ int orkpack_load_npu(const orkpack_t *pack, const orkpack_slice_t *s, void *q, s
 int orkpack_decode_nf4(const orkpack_slice_t *s, int host_copy, uint64_t e0, uint64_t e1, float *out,
                        orkpack_err_t *err);
 /* The same for every quantized host encoding: nf4 and nf4dq as orkpack_decode_nf4, and (1.7) a host int5dq,
- * int6dq or int8dq slice: q * (DQ_CODE[absmax_q] * absmax_scale + absmax_offset), float32, bit for bit
+ * int6dq or int8dq slice or (1.8) an int5dq / int6dq host copy: q * (DQ_CODE[absmax_q] * absmax_scale + absmax_offset), float32, bit for bit
  * reference.intdq_decode (kernels/runtime.c ork_rt_intdq_decode). ORKPACK_E_ARGS for another encoding. */
 int orkpack_decode_host(const orkpack_slice_t *s, int host_copy, uint64_t e0, uint64_t e1, float *out,
                         orkpack_err_t *err);

@@ -399,9 +399,10 @@ static int check_host_copy(V *v, const char *name, const cJSON *s, orkpack_slice
     const J *j = v->j;
     const cJSON *hc = get(j, s, "host_copy");
     if (!cJSON_IsObject(hc)) return prob(v, 0, "%s: host_copy is not an object", name);
-    /* spec.HOST_COPY_ENCODINGS: nf4, nf4dq (1.5) */
-    int henc = str_eq(j, get(j, hc, "encoding"), "nf4") ? ORKPACK_ENC_NF4
-               : str_eq(j, get(j, hc, "encoding"), "nf4dq") ? ORKPACK_ENC_NF4DQ : -1;
+    /* spec.HOST_COPY_ENCODINGS: nf4, nf4dq (1.5), int5dq, int6dq (1.8) */
+    const cJSON *he = get(j, hc, "encoding");
+    int henc = str_eq(j, he, "nf4") ? ORKPACK_ENC_NF4 : str_eq(j, he, "nf4dq") ? ORKPACK_ENC_NF4DQ
+               : str_eq(j, he, "int5dq") ? ORKPACK_ENC_INT5DQ : str_eq(j, he, "int6dq") ? ORKPACK_ENC_INT6DQ : -1;
     if (henc < 0) return prob(v, 1, "%s: unknown host copy encoding", name);
     if (sl->tier != ORKPACK_TIER_NPU) return prob(v, 0, "%s: a host slice has a host copy (only NPU slices have one)", name);
     if ((sl->encoding != ORKPACK_ENC_INT8 && sl->encoding != ORKPACK_ENC_NF4) || sl->ndim != 2)

@@ -198,8 +198,16 @@ def encode_slice(x: np.ndarray, dec: Decision, *, name: str, threads: int, opts:
         if dec.host_copy not in spec.NF4_ENCODINGS:
             raise OrkError(f"{escape_name(name)}: host copy encoding {escape_name(str(dec.host_copy))!r}; "
                            f"a host copy is {', '.join(spec.HOST_COPY_ENCODINGS)}")
-        # the plan says "nf4": the build's NF4 format; an NPU slice stored nf4 is its own copy (byte-identical)
-        hc_enc = spec.ENC_NF4 if encoding == spec.ENC_NF4 else nf4.encoding
-        hc = enc if encoding == hc_enc else nf4_encode()
+        # the plan says "nf4": the host low level (the build's NF4 format, or --host-low's intdq encoding); an NPU
+        # slice stored nf4 is its own copy (byte-identical)
+        low = nf4.intdq_of(spec.TIER_HOST, spec.ENC_NF4)
+        if encoding == spec.ENC_NF4:
+            hc_enc, hc = spec.ENC_NF4, enc
+        elif low is not None:
+            hc_enc = low
+            hc = nf4.encode_intdq(x, low, tensor=tensor, expert=expert, threads=threads, alloc=alloc)
+        else:
+            hc_enc = nf4.encoding
+            hc = nf4_encode()
         s["host_copy"] = {"encoding": hc_enc, "layout": hc.layout, "parts": hc.parts, "sqnr_db": hc.sqnr_db}
     return s

@@ -9,7 +9,7 @@ import struct
 
 MAGIC = b"ORKPACK\0"
 VERSION_MAJOR = 1
-VERSION_MINOR = 7  # 1.1: the raw encoding; 1.2: host copies of NPU slices; 1.3: the model record; 1.4: activation smoothing records (docs/FORMAT.md 7); 1.5: the nf4dq encoding; 1.6: rotation records (docs/FORMAT.md 11); 1.7: the int5dq, int6dq, int8dq encodings
+VERSION_MINOR = 8  # 1.1: the raw encoding; 1.2: host copies of NPU slices; 1.3: the model record; 1.4: activation smoothing records (docs/FORMAT.md 7); 1.5: the nf4dq encoding; 1.6: rotation records (docs/FORMAT.md 11); 1.7: the int5dq, int6dq, int8dq encodings; 1.8: int5dq and int6dq host copies
 PREAMBLE_SIZE = 128  # the fixed struct at offset 0
 PREAMBLE_BLOCK = 4096  # bytes [PREAMBLE_SIZE, PREAMBLE_BLOCK) are zero
 ALIGN = 4096  # every data part starts on a 4 KiB boundary (mmap / DMA map)
@@ -60,7 +60,7 @@ TIERS = (TIER_NPU, TIER_HOST)
 
 # dual residency (1.2): an NPU slice may carry a "host_copy" record, a second copy of the same
 # source slice in host memory that the CPU reads at decode (M = 1 never goes to the NPU)
-HOST_COPY_ENCODINGS = (ENC_NF4, ENC_NF4DQ)
+HOST_COPY_ENCODINGS = (ENC_NF4, ENC_NF4DQ, ENC_INT5DQ, ENC_INT6DQ)  # 1.8: the host low level's intdq encodings
 
 # layouts
 LAYOUT_ROW_MAJOR = "row_major"

@@ -545,6 +545,9 @@ def _reference_host_copy(pack: Pack, s: dict) -> str | None:
       is exactly float32(max of the row's block absmaxes / 127). A host copy of another tensor or
       expert, or a changed code, fails this; requantizing the host copy to int8 would not give the
       tiles (one NF4 step spans 10 to 40 int8 steps), so that is not what is compared.
+    * an int5dq / int6dq host copy (1.8, the host low level's format): its C decode equals the numpy
+      reference, and it is consistent with the int8 tiles as above, its code c standing for the values
+      (c -/+ 1/2) x the block's step (its lowest and highest codes for anything beyond).
 
     A pack whose ``provenance.nf4.mode`` is ``opt`` (the default since issue 16) chose each block's
     absmax to minimize the error: it may be negative, codes 0 and 15 stand for any value beyond
@@ -557,7 +560,8 @@ def _reference_host_copy(pack: Pack, s: dict) -> str | None:
     n, k = s["shape"]
     numel = n * k
     codes = pack.part(hs["parts"]["codes"])
-    if hs["encoding"] == spec.ENC_NF4DQ:  # always the error-minimizing encoder (FORMAT.md 3, nf4dq)
+    bits = spec.INTDQ_BITS.get(hs["encoding"])  # an int5dq / int6dq copy (1.8): integer codes under each block's step
+    if hs["encoding"] == spec.ENC_NF4DQ or bits:  # always the error-minimizing encoders (FORMAT.md 3)
         why = _reference_nf4dq(pack, hs)
         if why:
             return why
@@ -595,16 +599,28 @@ def _reference_host_copy(pack: Pack, s: dict) -> str | None:
             r = int(off[0])
             return (f"row {r}: the NPU copy's int8 scale {float(scale[r])!r} is not the host copy's row absmax / 127 "
                     f"({float(want_scale[r])!r}): the copies are not of one source slice")
-    lo_edge, hi_edge = _nf4_edges()
-    if opt:
-        lo_edge, hi_edge = lo_edge.copy(), hi_edge.copy()
-        lo_edge[0], hi_edge[15] = -np.inf, np.inf
+    if bits:  # code c of an intdq copy stands for [c - 1/2, c + 1/2] steps (rounded to nearest), its extremes for
+        from orkpack.codecs.reference import intdq_levels, intdq_unpack  # anything beyond (clipped)
+
+        lo_c, hi_c = intdq_levels(bits)
+        grid = np.arange(lo_c, hi_c + 1, dtype=np.float64)
+        lo_edge, hi_edge = grid - 0.5, grid + 0.5
+        lo_edge[0], hi_edge[-1] = -np.inf, np.inf
+        ints = intdq_unpack(codes, numel, bits)
+    else:
+        lo_edge, hi_edge = _nf4_edges()
+        if opt:
+            lo_edge, hi_edge = lo_edge.copy(), hi_edge.copy()
+            lo_edge[0], hi_edge[15] = -np.inf, np.inf
     rows = max(1, _CHUNK // k)
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         idx = np.arange(r0 * k, r1 * k, dtype=np.int64)
-        byte = codes[idx >> 1]
-        c = np.where(idx & 1, byte & 15, byte >> 4)
+        if bits:
+            c = ints[r0 * k: r1 * k] - lo_c  # the code's index in the grid
+        else:
+            byte = codes[idx >> 1]
+            c = np.where(idx & 1, byte & 15, byte >> 4)
         a = absmax[idx // block].astype(np.float64)
         with np.errstate(invalid="ignore"):  # inf x 0 (an all-zero block: not checked)
             n_lo, n_hi = lo_edge[c] * a, hi_edge[c] * a
@@ -617,6 +633,7 @@ def _reference_host_copy(pack: Pack, s: dict) -> str | None:
         if bad.any():
             j = int(np.flatnonzero(bad)[0])
             r, col = r0 + j // k, j % k
-            return (f"element [{r}, {col}]: nf4 code {int(c[j])} (values {n_lo[j]:.6g}..{n_hi[j]:.6g}) and int8 tile "
+            code = f"{hs['encoding']} code {int(c[j]) + lo_c}" if bits else f"nf4 code {int(c[j])}"
+            return (f"element [{r}, {col}]: {code} (values {n_lo[j]:.6g}..{n_hi[j]:.6g}) and int8 tile "
                     f"{int(qv[j])} (values {i_lo[j]:.6g}..{i_hi[j]:.6g}) cannot come from one source value")
     return None

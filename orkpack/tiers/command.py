@@ -302,8 +302,11 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
     if ob.get("decode_slack") and best_dec:
         where = ("NPU items decode on the NPU (this runtime path)" if isinstance(rt, dict) and rt.get("decode_engine") == "npu"
                  else "decode (M = 1) always runs on the CPU")
+        got = pr["decode_tok_s"]
+        slow = got < (1 - ob["decode_slack"]) / best_dec * (1 - 1e-4)  # host levels slower than that (TIERMAP.md 5)
         console.print(f"Decode is kept within {ob['decode_slack']:.0%} of the best this board allows "
-                      f"({1 / best_dec:.2f} tok/s); {where}")
+                      f"({1 / best_dec:.2f} tok/s" + (", host NF4)" if d["board"].get("host_low", "nf4") != "nf4" else ")") + (f"; these host levels allow at most {got:.2f} tok/s, "
+                      "and the plan decodes that fast" if slow else "") + f"; {where}")
     if ob.get("prefill_slack"):
         console.print(f"Prefill is kept within {ob['prefill_slack']:.0%} of the most that decode allows, for quality")
     for w in getattr(tm, "warnings", []):

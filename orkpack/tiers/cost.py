@@ -22,9 +22,10 @@ Decode, one token (M = 1): the bytes of the copy the CPU reads (decode_bytes: ho
   stored, an NPU-only item's int8 tiles x tile_read_factor) over the decode bandwidth (the board's
   CPU stream x the runtime path's fraction), plus a fixed per-token cost. A runtime path that decodes
   on the NPU (rkllm) reads an NPU item's tiles (unaligned bytes) at the NPU's stream x that fraction.
-An NPU slice's host NF4 copy is in the build's NF4 format, except when the slice is stored 4-bit (an --nf4
-  pin, build --npu-storage nf4): the slice is nf4 (b64) and its own copy. Its copy's costs are those of
-  ``nf4_board(board, COPY_OF_NF4_STORED)``: the board's cost model with host NF4 at b64.
+An NPU slice's host copy is in the host low level's format (copy_format: the build's NF4 format, or
+  --host-low's int5dq / int6dq), except when the slice is stored 4-bit (an --nf4 pin, build --npu-storage nf4):
+  the slice is nf4 (b64) and its own copy. A copy's costs are those of ``nf4_board(board, its format)``: the
+  board's cost model with the host low ("nf4") path in that format.
 """
 from __future__ import annotations
 
@@ -44,14 +45,36 @@ MIN_M_NEVER = 1 << 30  # the NPU never wins for this shape
 COPY_OF_NF4_STORED = spec.NF4_B64
 
 
+def copy_format(board: Board, stored_nf4: bool) -> str:
+    """The format of an NPU slice's host copy (docs/FORMAT.md 8): the slice itself (nf4, b64) when it is stored
+    4-bit, else the host low level's format (the build's NF4 format, or an intdq encoding of --host-low)."""
+    if stored_nf4:
+        return COPY_OF_NF4_STORED
+    return board.nf4_format if board.host_low == "nf4" else board.host_low
+
+
 @lru_cache(maxsize=64)
 def nf4_board(board: Board, fmt: str) -> Board:
-    """``board``'s cost model with host NF4 in format ``fmt`` (board.NF4_FORMATS): the model of a host NF4 copy
-    written in another format than the build's host NF4 slices (an NPU slice stored 4-bit: COPY_OF_NF4_STORED).
-    A copy is NF4 whatever the host low level's format (board.host_low): the model's host "nf4" path is the copy."""
-    if board.nf4_format == fmt and board.host_low == "nf4":
-        return board
-    return replace(board, nf4_format=fmt, host_low="nf4")
+    """``board``'s cost model with its host low ("nf4") path in format ``fmt``: an NF4 format (board.NF4_FORMATS;
+    an NPU slice stored 4-bit: COPY_OF_NF4_STORED) or an intdq encoding (copy_format). The model of a host copy:
+    the model's host "nf4" path is the copy."""
+    if fmt in spec.NF4_FORMATS:
+        if board.nf4_format == fmt and board.host_low == "nf4":
+            return board
+        return replace(board, nf4_format=fmt, host_low="nf4")
+    return board if board.host_low == fmt else replace(board, host_low=fmt)
+
+
+def copy_bytes(n: int, k: int, fmt: str) -> int:
+    """Stored bytes of an N x K host copy in ``fmt`` (copy_format)."""
+    if fmt in spec.NF4_FORMATS:
+        return host_nf4_bytes(n, k, fmt)
+    return host_format_bytes(n, k, fmt, fmt)
+
+
+def copy_error(fmt: str) -> float:
+    """FORMAT_ERROR of a host copy in ``fmt`` (copy_format): an NF4 format 1."""
+    return 1.0 if fmt in spec.NF4_FORMATS else FORMAT_ERROR[fmt]
 
 
 def _pad(x: int, a: int) -> int:
@@ -224,11 +247,9 @@ def npu_tile_bytes(n: int, k: int, board: Board) -> int:
 
 def decode_bytes(n: int, k: int, choice: str, board: Board) -> float:
     """Bytes the CPU reads for one token of this item under ``choice`` (CHOICES); npu+nf4 reads the host copy in
-    ``board.nf4_format`` (an NPU slice stored 4-bit: pass ``nf4_board(board, COPY_OF_NF4_STORED)``)."""
-    if choice == "nf4":
+    the host low level's format (pass ``nf4_board(board, copy_format)``: an NPU slice stored 4-bit has a b64 copy)."""
+    if choice in ("nf4", "npu+nf4"):
         return float(low_bytes(n, k, board))
-    if choice == "npu+nf4":
-        return float(host_nf4_bytes(n, k, board.nf4_format))
     if choice == "int8":
         return float(high_bytes(n, k, board))
     if choice == "npu":
