@@ -50,6 +50,11 @@ def main(out: Path) -> None:
                                                      keep=["token_embd.weight"])).path,
             build(moe, td / "c.orkpack", BuildOptions(threads=1, int8=["blk.0.ffn_down_exps.weight"])).path,
             build(hf, td / "d.orkpack", BuildOptions(threads=1, tiermap=_dual_tiermap(hf, td / "dual.json"))).path,
+            # the double-quantized integer encodings (format 1.7): every host item int5dq / int6dq, then int8dq
+            build(hf, td / "e.orkpack", BuildOptions(threads=1, host_low="int5dq", host_high="int6dq",
+                                                     nf4=["blk.0.attn_q.weight", "blk.0.ffn_up.weight"])).path,
+            build(hf, td / "f.orkpack", BuildOptions(threads=1, host_low="int6dq", host_high="int8dq",
+                                                     int8=["blk.0.attn_v.weight"])).path,
         ]
         for i, p in enumerate(packs):
             raw = p.read_bytes()

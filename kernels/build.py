@@ -13,6 +13,8 @@ build on aarch64 (the packer also runs on the board).
 from __future__ import annotations
 
 import re
+import sys
+import sysconfig
 from pathlib import Path
 
 from cffi import FFI
@@ -43,6 +45,11 @@ ffibuilder.set_source(
     include_dirs=[str(HERE.relative_to(HERE.parent))],
     extra_compile_args=["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c11", "-Wall"],
     extra_link_args=["-lpthread"],
+    # the stable ABI (the generated C defines Py_LIMITED_API itself), said to the build so that a by-hand build
+    # names the module _kernels.abi3.so as pip install does (cffi's setuptools hook sets the same), never a second
+    # _kernels.cpython-3XX-*.so that the importer would prefer; not on a debug or free-threaded CPython, where
+    # cffi does not define Py_LIMITED_API
+    py_limited_api=not hasattr(sys, "gettotalrefcount") and not sysconfig.get_config_var("Py_GIL_DISABLED"),
 )
 
 if __name__ == "__main__":  # developer loop: python kernels/build.py (builds in place)

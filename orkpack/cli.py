@@ -152,12 +152,10 @@ REVISION_HELP = ("The hub revision of a model named ORG/NAME: a branch, tag or c
 NETWORK_HELP = "The link between the boards with --boards: 1gbe (default), 2.5gbe, 10gbe, or a TOML file with a [network] table."
 
 
-def _cluster_only(boards, *, frontier: bool = False, board_given: bool = False, host_formats: bool = False) -> None:
+def _cluster_only(boards, *, frontier: bool = False, board_given: bool = False) -> None:
     """--boards / --network: the flags that contradict a cluster plan, refused in one line."""
     if boards is None:
         raise OrkError("--network applies to a plan across boards: add --boards B1,B2,...")
-    if host_formats:
-        raise OrkError("--host-low / --host-high are for one board; drop them or --boards")
     if frontier:
         raise OrkError("--frontier is for one board; drop it or --boards")
     if board_given:
@@ -511,13 +509,13 @@ def plan(
     if boards is not None or network is not None:
         from orkpack.tiers.cluster import plan_cluster_command
 
-        _cluster_only(boards, frontier=frontier or frontier_size, board_given="board" in _given(context),
-                      host_formats=host_low is not None or host_high is not None)
+        _cluster_only(boards, frontier=frontier or frontier_size, board_given="board" in _given(context))
         raise typer.Exit(plan_cluster_command(model, boards, network=network, json_out=json_out, output=output,
                                               console=None if json_out else _out(), profile=profile, ctx=ctx,
                                               kv_type=kv_type, prefill_m=prefill_m, pins=pins,
                                               ignore_unknown=ignore_unknown, goal=g, prompt=prompt, runtime=runtime,
-                                              nf4_format=nf4_format, revision=revision))
+                                              nf4_format=nf4_format, revision=revision, host_low=host_low,
+                                              host_high=host_high))
     code = plan_command(model, board=board, profile=profile, ctx=ctx, kv_type=kv_type, prefill_m=prefill_m, pins=pins,
                         ignore_unknown=ignore_unknown, json_out=json_out, output=output, console=None if json_out else _out(), goal=g,
                         prompt=prompt, frontier_out=frontier_axis(frontier, frontier_size), runtime=runtime,

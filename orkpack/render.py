@@ -7,6 +7,7 @@ from rich.table import Table
 
 from orkpack.transforms.nf4 import describe as nf4_describe
 from orkpack.errors import escape_name
+from orkpack.pack.hostlevels import level_names
 
 
 def human_bytes(n: int | float) -> str:
@@ -97,7 +98,7 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
                                                 f"({b_ - a}){' + embedding/head (client)' if cl.get('node') == 0 else ''}; "
                                                 "the whole split: orkpack inspect DIR/cluster.json"))
         pr = tm.get("prediction")
-        line = _prediction_line(pr) if isinstance(pr, dict) else None
+        line = _prediction_line(pr, b) if isinstance(pr, dict) else None
         if line:
             head.add_row("predicted", line)
     console.print(head)
@@ -171,12 +172,14 @@ def _shape(shape) -> str:
     return "x".join(map(str, shape)) if shape else "scalar"
 
 
-def _prediction_line(pr: dict) -> str | None:
-    """The tier map's predicted speeds beside the all-NF4 CPU baseline, or None for an older map without them."""
+def _prediction_line(pr: dict, board: dict) -> str | None:
+    """The tier map's predicted speeds beside the CPU baseline of every item at the host low level (named by its
+    format, from the map's ``board`` block), or None for an older map without them."""
     try:
         base = pr["baselines"]["cpu_nf4"]
+        low = escape_name(level_names(board, title=True)["nf4"], 20)
         return (f"decode {float(pr['decode_tok_s']):.2f} tok/s, prefill {float(pr['prefill_tok_s']):.1f} tok/s, "
-                f"TTFT {float(pr['ttft_s']):.2f} s at {int(pr['prompt'])} tokens (CPU only, all NF4: decode "
+                f"TTFT {float(pr['ttft_s']):.2f} s at {int(pr['prompt'])} tokens (CPU only, all {low}: decode "
                 f"{float(base['decode_tok_s']):.2f}, prefill {float(base['prefill_tok_s']):.1f})")
     except (KeyError, TypeError, ValueError):
         return None

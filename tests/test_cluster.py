@@ -665,3 +665,34 @@ def test_a_bad_cluster_file_is_called_a_cluster_file(small_model, tmp_path, text
         assert rc == 2 and len(lines) == 1 and "not valid TOML" in lines[0], lines
         assert "network file" not in lines[0] and "fix the cluster or board file" in lines[0], lines
         assert not (tmp_path / "o").exists()
+
+
+def test_host_formats_apply_to_every_board(tmp_path):
+    """--host-low / --host-high with --boards: every node's board is priced in those formats (one build writes
+    every node's pack), its tier map records them, and the cluster build writes its host items in them."""
+    from orkpack.build import BuildOptions
+    from orkpack.pack.reader import Pack
+    from orkpack.synth import write_hf_model
+
+    model = write_hf_model(tmp_path / "m", layers=4, seed=1, vocab=512)
+    board = _tiny_board(tmp_path / "tiny.toml", 2_600_000, 600_000)
+    boards = f"{board},{board},{board}"
+    plan, _, _ = cluster.plan_cluster(model, boards, ctx=256, host_low="int5dq", host_high="int6dq", baseline=False)
+    used = [j for j, n in enumerate(plan.nodes) if n["used"]]
+    assert len(used) >= 2 and all((b.host_low, b.host_high) == ("int5dq", "int6dq") for b in plan.boards)
+    for j in used:
+        bb = cluster.node_tiermap(plan, j).board
+        assert (bb["host_low"], bb["host_high"]) == ("int5dq", "int6dq")
+    _, results, _ = cluster_build.build_cluster(model, tmp_path / "out",
+                                                BuildOptions(ctx=256, host_low="int5dq", host_high="int6dq"), boards)
+    encs = set()
+    for r in results:
+        with Pack.open(r.path) as p:
+            encs |= {s["encoding"] for _, s in p.slices() if len(s["shape"]) == 2}
+    assert encs <= {"int5dq", "int6dq", "int8", "nf4", "nf4dq"} and encs & {"int5dq", "int6dq"}, encs
+    res = subprocess.run([sys.executable, "-m", "orkpack", "plan", str(model), "--boards", boards, "--ctx", "256",
+                          "--host-low", "int5dq", "--host-high", "int8dq", "--json"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    res = subprocess.run([sys.executable, "-m", "orkpack", "plan", str(model), "--boards", boards,
+                          "--host-low", "int8"], capture_output=True, text=True)
+    assert res.returncode == 2 and "host low format 'int8'" in res.stderr and "Traceback" not in res.stderr

@@ -182,3 +182,27 @@ def test_eval_and_export_read_the_formats(tmp_path):
                 np.testing.assert_array_equal(tensors[t["name"]].reshape(want.shape), want, err_msg=t["name"])
                 seen.add(s["encoding"])
     assert seen == {"int5dq", "int8dq"}
+
+
+def test_plan_labels_name_the_host_formats(tmp_path):
+    """The plan's baselines and its lookup lines name the host levels' formats, not the tier names (nf4/int8)."""
+    src = tmp_path / "m"
+    synth.write_hf_model(src, config=synth.TINY["llama"])
+    r = _run("plan", str(src), "--host-low", "int5dq", "--host-high", "int6dq", "--runtime", "llama.cpp-cpu")
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = " ".join(r.stdout.split())  # rich wraps lines at the terminal width
+    assert "CPU only, all int5dq" in out and "CPU only, all int6dq" in out, out[-3000:]
+    assert "all NF4" not in out and "all int8" not in out and "Q8_0" not in out
+    lookups = [ln for ln in r.stdout.splitlines() if ln.startswith("lookup ")]
+    assert lookups and all((" host int5dq " in ln or " host int6dq " in ln) for ln in lookups), lookups
+    r = _run("plan", str(src), "--runtime", "llama.cpp-cpu")  # the defaults keep their names
+    out = " ".join(r.stdout.split())
+    assert r.returncode == 0 and "CPU only, all NF4" in out and "all int8 (like llama.cpp Q8_0)" in out
+
+
+def test_inspect_prediction_line_names_the_low_format():
+    from orkpack.render import _prediction_line
+    pr = {"decode_tok_s": 1, "prefill_tok_s": 2, "ttft_s": 3, "prompt": 4,
+          "baselines": {"cpu_nf4": {"decode_tok_s": 1, "prefill_tok_s": 2}}}
+    assert "all int6dq:" in _prediction_line(pr, {"host_low": "int6dq", "host_high": "int8"})
+    assert "all NF4:" in _prediction_line(pr, {})

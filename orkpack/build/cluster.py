@@ -80,7 +80,8 @@ def prepare_cluster_build(source, out_dir: Path, opts, boards: str, network: str
     plan, base, _ = plan_cluster(source, boards, network=network, profile=opts.profile, ctx=opts.ctx,
                                  kv_type=opts.kv_type, prefill_m=opts.prefill_m, pins=opts.pins(),
                                  ignore_unknown=opts.ignore_unknown, goal=goal, prompt=opts.prompt,
-                                 runtime=getattr(opts, "runtime", None), nf4_format=build_nf4_format(opts))
+                                 runtime=getattr(opts, "runtime", None), nf4_format=build_nf4_format(opts),
+                                 host_low=opts.host_low, host_high=opts.host_high)
     return plan, base, source
 
 

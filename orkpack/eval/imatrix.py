@@ -18,6 +18,9 @@ from .text import PROSE, source_record, token_ids
 from .weights import EvalError
 
 
+GROUP_BYTES = 256 << 20  # the hidden states (float32, tokens x hidden) of the chunks run together
+
+
 def gather(source, output: Path, *, revision: str | None = None, **kw) -> ActStats:
     """``orkpack imatrix``: :func:`collect` then :func:`save` to ``output``, which must not be one of the
     inputs (the source's files, the text). ``source``: a path or a hub name (``revision``: its branch, tag or
@@ -65,18 +68,37 @@ def collect(source: Path, *, text: Path | None = None, tokens: Path | None = Non
         experts = {t.name: t.shape[0] for t in src.tensors() if is_expert_stack(t.name, t.shape)}
         acc: dict = {}
         per = hp.n_layers + -(-ctx // 128)
+        # the chunks in groups run layer by layer (forward.Batch): each layer's weights read (and, rotated,
+        # transformed) once per group, not once per chunk; a group's hidden states at most GROUP_BYTES. Every
+        # matrix's statistics add the chunks in the same order, each chunk's numbers run()'s: the same bytes.
+        group = max(1, GROUP_BYTES // max(1, 4 * ctx * hp.hidden))
+        w = Collector(SourceWeights(src), acc)
+        done = 0
         with threadpool_limits(limits=threads or None, user_api="blas"):
-            for c in range(n):
-                chunk = ids[c * ctx: (c + 1) * ctx].copy()
-                if bos is not None:
-                    chunk[0] = bos
-
-                def prog(d, t, c=c):
+            for g0 in range(0, n, group):
+                chunks = []
+                for c in range(g0, min(n, g0 + group)):
+                    chunk = ids[c * ctx: (c + 1) * ctx].copy()
+                    if bos is not None:
+                        chunk[0] = bos
+                    chunks.append(chunk)
+                b = forward.Batch(src, chunks, weights=w, hp=hp)
+                for i in range(hp.n_layers):
+                    b.layer(i)
+                    done += len(chunks)
                     if progress:
-                        progress(c * per + d, n * per, f"chunk {c + 1}/{n}")
+                        progress(done, n * per, f"chunks {g0 + 1}-{g0 + len(chunks)}/{n}")
 
-                forward.run(src, chunk, weights=Collector(SourceWeights(src), acc), hp=hp,
-                            on_logits=lambda t0, lg: None, progress=prog, chunk=128)
+                def step():
+                    nonlocal done
+                    done += 1
+                    if progress:
+                        progress(done, n * per, f"chunks {g0 + 1}-{g0 + len(chunks)}/{n}")
+
+                for k in range(len(chunks)):
+                    b.logits(k, lambda t0, lg: None, chunk=128, step=step)
+                b.release()
+                del b
         dataset = Path(tokens).name if tokens is not None else Path(text or PROSE).name
         tag = [src.plan.tag()] if rotate is not None else []  # the rotation they were gathered under
         return from_acc(acc, experts, datasets=[dataset] + tag, chunk_count=n, chunk_size=ctx)

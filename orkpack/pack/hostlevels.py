@@ -26,3 +26,12 @@ def check_host_formats(low: object, high: object, where: str) -> tuple[str, str]
     if low == high:
         raise OrkError(f"{where}: the host low and high formats are both {low}; give two levels")
     return low, high
+
+
+def level_names(board: object, title: bool = False) -> dict[str, str]:
+    """The formats a plan's two host levels are written in, by the plan's tier name ("nf4": the low level,
+    "int8": the high level), read from a tier map's board block (absent or not a dict: the defaults). ``title``:
+    NF4 as a label names it ("NF4"; the plan's baselines), else as the encoding it is (its lookup lines)."""
+    b = board if isinstance(board, dict) else {}
+    low, high = str(b.get("host_low", DEFAULT_HOST_LOW)), str(b.get("host_high", DEFAULT_HOST_HIGH))
+    return {"nf4": "NF4" if title and low == "nf4" else low, "int8": high}

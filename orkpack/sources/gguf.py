@@ -263,6 +263,7 @@ class GGUFSource(FileSource):
             reader = _HeaderReader(self.root)
             kv = {k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
             model = from_gguf_fields(reader.fields)  # the pack's model record, from this one parse
+            swapped = reader.byte_order == "S"  # the file's byte order is not this machine's (a big-endian GGUF)
             raw = [(t.name, t.tensor_type, tuple(int(d) for d in reversed(t.shape.tolist())), int(t.n_bytes),
                     int(t.data_offset)) for t in reader.tensors]
         except SourceError:
@@ -272,11 +273,18 @@ class GGUFSource(FileSource):
                               f"{escape_name(str(e), 120)}); download it again") from None
         finally:
             reader = None  # drop the memmap (and its plain view)
+        self._swapped = swapped
         self._entries: dict[str, _Entry] = {}
         for tname, qtype, shape, nbytes, offset in raw:
             tn = f"{name}: tensor {escape_name(tname)}"
             if qtype.name not in SUPPORTED_TYPES:
                 raise SourceError(f"{tn}: type {qtype.name} is not supported; supported: {', '.join(SUPPORTED_TYPES)}")
+            if swapped and self._np_dtype(qtype.name) is None:
+                # gguf-py writes a quantized tensor's bytes as given (no swap of its blocks' scales), and
+                # gguf_convert_endian swaps them for a few types only: which order its scales are in is not known
+                raise SourceError(f"{tn}: a {qtype.name} tensor in a big-endian GGUF is not supported (its block "
+                                  "scales' byte order is not recorded); convert the file to little-endian, or use "
+                                  "an F32/F16/BF16 GGUF")
             block, tsize = GGML_QUANT_SIZES[qtype]
             numel = 1
             for d in shape:
@@ -344,7 +352,9 @@ class GGUFSource(FileSource):
         if ent is None or self._fd < 0:
             return None
         dt = self._np_dtype(ent.qtype.name)
-        return None if dt is None else map_array(self._fd, ent.offset, ent.info.shape, dt)
+        if dt is None or self._swapped:  # a big-endian file's values need a swap: read() makes the copy
+            return None
+        return map_array(self._fd, ent.offset, ent.info.shape, dt)
 
     def read(self, name: str, out: np.ndarray | None = None) -> np.ndarray:
         """The tensor in numpy order (see module docstring for dtypes); raw types land in ``out`` when given."""
@@ -359,6 +369,8 @@ class GGUFSource(FileSource):
         if dt is not None:  # float (exact bits) and raw types
             arr = array_in(out, info.shape, dt)
             read_into(self._fd, ent.offset, memoryview(arr.reshape(-1).view(np.uint8)), self.root)
+            if self._swapped and arr.dtype.itemsize > 1:  # a big-endian file: to this machine's order, in place
+                arr.byteswap(inplace=True)
             return arr
         self._warn()
         if info.numel == 0:  # an empty tensor: nothing to dequantize (gguf-py cannot reshape it)

@@ -55,7 +55,8 @@ from ..errors import OrkError, escape_name
 from ..files import is_file
 from ..keepfloat import recorded_globs
 from . import cost, milp, solver
-from .board import Board, load_board
+from ..pack.hostlevels import level_names
+from .board import Board, load_board, with_host_formats
 from .llamacpp import commands, memory_proportional
 from .network import Network, _network_from, load_network
 from .tomlfile import read_toml
@@ -77,12 +78,14 @@ class ClusterSpec:
 
 
 def parse_cluster(boards: str, network: str | None = None, runtime: str | None = None,
-                  nf4_format: str | None = None) -> ClusterSpec:
+                  nf4_format: str | None = None, host_low: str | None = None,
+                  host_high: str | None = None) -> ClusterSpec:
     """``--boards``: a comma-separated list of board names or TOML files, or a cluster TOML file
     (``boards = [...]``, optional ``hosts = [...]``, optional ``[network]``). ``--network`` wins over a
     file's [network]; a board file's own [network] (the client's) is used when neither is given. ``runtime``:
     the runtime path every board runs (--runtime; default ggml-ork); ``nf4_format``: the NF4 format the build writes
-    every node's host NF4 in (--nf4-format; default dq32)."""
+    every node's host NF4 in (--nf4-format; default dq32); ``host_low`` / ``host_high``: the formats of every
+    node's two host levels (--host-low / --host-high; one build writes every node's pack in them)."""
     text = (boards or "").strip()
     hosts: list[str] | None = None
     net = None
@@ -121,7 +124,8 @@ def parse_cluster(boards: str, network: str | None = None, runtime: str | None =
     bs = []
     for i, n in enumerate(names):
         try:
-            bs.append(load_board(n, runtime, nf4_format))
+            bs.append(with_host_formats(load_board(n, runtime, nf4_format), host_low, host_high,
+                                        "--host-low / --host-high"))
         except OrkError as e:
             if "where" in spec_extra:  # a board the cluster file names: say which file and entry
                 raise OrkError(f"{spec_extra['where']}: boards[{i}]: {e}") from None
@@ -559,10 +563,16 @@ def _ram_caps(spec: ClusterSpec, max_ram: int | None) -> list[int]:
     return [b.total_bytes if max_ram is None else min(b.total_bytes, max_ram) for b in spec.boards]
 
 
+def _low(spec: ClusterSpec) -> str:
+    """The host low level's format as the refusals name it (NF4 by default)."""
+    return level_names(spec.boards[0].to_json(), title=True)["nf4"]
+
+
 def _least_need(man: Manifest, spec: ClusterSpec, kv: int) -> int:
-    """Bytes the model needs at the least, on any split: every item NF4, the float tensors, the KV cache."""
-    fmt = spec.boards[0].nf4_format  # one build writes every node's pack: one NF4 format
-    return sum(min(cost.host_nf4_bytes(it.n, it.k, fmt), it.float_bytes) for it in man.items) \
+    """Bytes the model needs at the least, on any split: every item at the host low level, the float tensors, the KV
+    cache."""
+    b = spec.boards[0]  # one build writes every node's pack: one NF4 format, one pair of host levels
+    return sum(min(cost.low_bytes(it.n, it.k, b), it.float_bytes) for it in man.items) \
         + sum(t.float_bytes for t in man.floats) + kv
 
 
@@ -579,8 +589,8 @@ def _no_fit(man: Manifest, spec: ClusterSpec, ctx: int, kv_type: str, kv: int,
         # the least --max-ram whose room (each board's cap less its reserve) adds up to the need: necessary, not
         # always enough (the layers split whole)
         # and the client's own share: the tensors outside the layers (embedding, head, final norm) are its
-        fmt = spec.boards[0].nf4_format
-        home = sum(min(cost.host_nf4_bytes(it.n, it.k, fmt), it.float_bytes) for it in man.items if it.layer is None) \
+        home = sum(min(cost.low_bytes(it.n, it.k, spec.boards[0]), it.float_bytes) for it in man.items
+                   if it.layer is None) \
             + sum(t.float_bytes for t in man.floats if _layer(t.name) is None)
         lo = max(max_ram, spec.boards[0].reserve_bytes + home)
         hi = max(lo, max(b.total_bytes for b in spec.boards))
@@ -594,11 +604,11 @@ def _no_fit(man: Manifest, spec: ClusterSpec, ctx: int, kv_type: str, kv: int,
                   f"without --max-ram the boards offer {_b(full)})" if need <= full else
                   f"even without --max-ram the boards offer only {_b(full)}; add a board")
         return OrkError(f"{escape_name(man.source)} does not fit on {names} within --max-ram {max_ram}: it needs at "
-                        f"least {_b(need)} (every item NF4, {kv_type} KV at ctx {ctx}) and a contiguous layer split "
+                        f"least {_b(need)} (every item {_low(spec)}, {kv_type} KV at ctx {ctx}) and a contiguous layer split "
                         f"within each board's budgets; --max-ram {max_ram} less each board's reserve leaves "
                         f"{_b(room)} in all; {advice}, or try {also}")
     return OrkError(f"{escape_name(man.source)} does not fit on {names}: it needs at least {_b(need)} "
-                    f"(every item NF4, {kv_type} KV at ctx {ctx}) and a contiguous layer split within each board's "
+                    f"(every item {_low(spec)}, {kv_type} KV at ctx {ctx}) and a contiguous layer split within each board's "
                     f"budgets; the boards offer {_b(room)} in all; add a board, or try {also}")
 
 
@@ -774,12 +784,13 @@ def to_json(plan: ClusterPlan, baseline: ClusterPlan | None = None, packs: list[
 def plan_cluster(model, boards: str, *, network: str | None = None, profile: Path | None = None, ctx: int = 8192,
                  kv_type: str = "f16", prefill_m: int = 512, pins: dict | None = None, ignore_unknown: bool = False,
                  goal: solver.Goal | None = None, prompt: int = 512, baseline: bool = True,
-                 runtime: str | None = None, nf4_format: str | None = None):
+                 runtime: str | None = None, nf4_format: str | None = None, host_low: str | None = None,
+                 host_high: str | None = None):
     """(plan, the memory-proportional plan of the same boards or None, manifest); ``model``: a path, a hub name or
     a located one (orkpack/sources/hub.py)."""
     from .manifest import manifest_from_path
 
-    spec = parse_cluster(boards, network, runtime, nf4_format)
+    spec = parse_cluster(boards, network, runtime, nf4_format, host_low, host_high)
     man = manifest_from_path(model)
     kw = dict(profile=profile, prefill_m=prefill_m, ctx=ctx, kv_type=kv_type, pins=pins, goal=goal, prompt=prompt,
               ignore_unknown=ignore_unknown)

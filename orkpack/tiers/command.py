@@ -12,6 +12,7 @@ from pathlib import Path
 from ..errors import OrkError, escape_name
 from ..files import option_file, refuse_over_inputs
 from ..gcpause import without_gc as _without_gc
+from ..pack.hostlevels import level_names
 from .board import load_board, with_host_formats
 from .manifest import manifest_from_path
 from .profile import load_profile
@@ -258,8 +259,9 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
         per = f"{per / 1024:.1f} KiB" if per < 1 << 20 else _b(per)
         reads = f"one row a token and all of it as the tied output head ({per})" if lk.get("tied_head") \
             else f"one row a token ({per})"
+        enc = level_names(d["board"]).get(lk["encoding"], lk["encoding"])  # the level's format ("float" as is)
         console.print(f"lookup {escape_name(lk['tensor'], 60)}: {lk['rows']} rows x {lk['row']}, host "
-                      f"{escape_name(str(lk['encoding']))} {_b(lk['bytes'])}; decode reads {reads}, never the NPU")
+                      f"{escape_name(str(enc))} {_b(lk['bytes'])}; decode reads {reads}, never the NPU")
     ben = getattr(tm, "benefits", {})  # the profile's benefit of every item, NPU or not
     named = [(x.name, x) for x in tm.decisions]
     # the top ones of sorted(...) (heapq.nsmallest is sorted(...)[:top]; names are unique, so no ties)
@@ -292,8 +294,10 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
                    f"the goal's later stages (quality within the prefill slack, or decode)")
             t.add_row(escape_name(x.name, 60), f"{ben[x.name] / 1e3:.3f} ms", why)
         console.print(t)
-    _pred_table(console, [("this plan", pr), ("CPU only, all NF4", pr["baselines"]["cpu_nf4"]),
-                          ("CPU only, all int8 (like llama.cpp Q8_0)", pr["baselines"]["cpu_int8"])], pr["prompt"])
+    lv = level_names(d["board"], title=True)  # the baselines are every item at one host level, in that level's format
+    hi = f"CPU only, all {lv['int8']}" + (" (like llama.cpp Q8_0)" if lv["int8"] == "int8" else "")
+    _pred_table(console, [("this plan", pr), (f"CPU only, all {lv['nf4']}", pr["baselines"]["cpu_nf4"]),
+                          (hi, pr["baselines"]["cpu_int8"])], pr["prompt"])
     proof = "optimal" if ob["status"] == "optimal" else "within the proven gaps: " + ", ".join(
         f"{x['metric']} {abs(x['value'] - x['bound']):.3g} {x['unit']}" for x in ob["stages"] if x["status"] != "optimal")
     console.print(f"Objective: {' then '.join(ob['order'])}; {proof}; {ob['items']} items in {ob['groups']} groups "
