@@ -6,7 +6,10 @@
 
 #define ORKPACK_MAGIC "ORKPACK\0"
 #define ORKPACK_VERSION_MAJOR 1
-#define ORKPACK_VERSION_MINOR 7
+#define ORKPACK_VERSION_MINOR 7      /* what a pack without flags is written as */
+#define ORKPACK_VERSION_MINOR_MAX 8  /* 1.8: a pack with ORKPACK_FLAG_ONLINE_R4; the newest minor read */
+#define ORKPACK_FLAG_ONLINE_R4 1u    /* preamble flags bit 0: rotate every ffn_down input online (FORMAT.md 11) */
+#define ORKPACK_KNOWN_FLAGS ORKPACK_FLAG_ONLINE_R4
 #define ORKPACK_PREAMBLE_SIZE 128
 #define ORKPACK_PREAMBLE_BLOCK 4096
 #define ORKPACK_ALIGN 4096
@@ -23,7 +26,7 @@
 typedef struct {
     char magic[8];           /* "ORKPACK\0" */
     uint16_t version_major;  /* 1: a reader refuses a larger major */
-    uint16_t version_minor;  /* 7 (1.1 raw, 1.2 host copies, 1.3 model record, 1.4 smoothing, 1.5 nf4dq, 1.6 rotation, 1.7 intdq): any minor of its major is read */
+    uint16_t version_minor;  /* 7 (1.1 raw, 1.2 host copies, 1.3 model record, 1.4 smoothing, 1.5 nf4dq, 1.6 rotation, 1.7 intdq; 8 only with flag bit 0, online R4): any minor of its major is read */
     uint32_t preamble_size;  /* 128 */
     uint64_t file_size;      /* exact size of the file */
     uint64_t data_offset;    /* 4096 */

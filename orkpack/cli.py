@@ -359,6 +359,7 @@ def build(
     rotate: bool = typer.Option(False, "--rotate", help=ROTATE_HELP),
     rotate_seed: int = typer.Option(0, "--rotate-seed", metavar="N", help="With --rotate: the seed of the rotation's random signs (or random orthogonal matrix); recorded in the pack."),
     no_rotate_heads: bool = typer.Option(False, "--no-rotate-heads", help="With --rotate: the residual stream only (R1), not each value head (R2)."),
+    online_hadamard: bool = typer.Option(False, "--online-hadamard", help="Fold a randomized Hadamard R4 (seed --rotate-seed) into every ffn_down; the pack's preamble flag tells the runtime to rotate ffn_down's input online (format 1.8; docs/RUNTIME.md). With or without --rotate."),
     threads: int = typer.Option(0, "--threads", "-t", help="Encoder threads (0: every core this process may run on). The output does not depend on it."),
     allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite", help="Encode NaN/Inf weights as 0 instead of stopping."),
     timestamp: bool = typer.Option(False, "--timestamp", help="Record the build time (UTC, or SOURCE_DATE_EPOCH) as provenance.created; off by default so builds are byte-reproducible."),
@@ -391,8 +392,9 @@ def build(
         bpw=bpw, bytes_of=bytes_of, prompt=prompt, given=_given(context),
         smooth=not no_smooth, smooth_alpha=smooth_alpha, clip=not no_clip, untie_head=not no_untie_head,
         rotate=rotate, rotate_seed=rotate_seed, rotate_heads=not no_rotate_heads, revision=revision,
+        online_hadamard=online_hadamard,
     )
-    if not rotate and ("rotate_seed" in opts.given or no_rotate_heads):
+    if not rotate and (("rotate_seed" in opts.given and not online_hadamard) or no_rotate_heads):
         raise OrkError("--rotate-seed / --no-rotate-heads without --rotate: add --rotate, or drop them")
     if boards is not None or network is not None:
         from orkpack.build.cluster import build_cluster_command
