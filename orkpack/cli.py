@@ -718,6 +718,7 @@ def imatrix(
     rotate: bool = typer.Option(False, "--rotate", help="Gather them on the rotated model (build --rotate), for build --rotate --imatrix."),
     rotate_seed: int = typer.Option(0, "--rotate-seed", metavar="N", help="With --rotate: the rotation's seed (the build's)."),
     no_rotate_heads: bool = typer.Option(False, "--no-rotate-heads", help="With --rotate: R1 only (as build --no-rotate-heads)."),
+    online_hadamard: bool = typer.Option(False, "--online-hadamard", help="Gather them on the model with R4 folded into ffn_down and its input rotated online (build --online-hadamard; seed --rotate-seed)."),
     json_out: bool = typer.Option(False, "--json", help="Print a summary as JSON."),
 ):
     """Activation statistics of the float model on a text (llama.cpp's importance matrix, plus each input
@@ -727,10 +728,11 @@ def imatrix(
 
     bar = _LazyBar(not json_out, "imatrix")
     try:
-        if not rotate and (rotate_seed or no_rotate_heads):
+        if not rotate and ((rotate_seed and not online_hadamard) or no_rotate_heads):
             raise OrkError("--rotate-seed / --no-rotate-heads without --rotate: add --rotate, or drop them")
         stats = gather(source, output, revision=revision, text=text, tokens=tokens, ctx=ctx, chunks=chunks, threads=threads,
-                       progress=bar.update, rotate=(rotate_seed, not no_rotate_heads) if rotate else None)
+                       progress=bar.update, rotate=(rotate_seed, not no_rotate_heads) if rotate else None,
+                       online=online_hadamard, seed=rotate_seed)
     finally:
         bar.stop()
     r = {"output": str(output), "matrices": len(stats.entries), "chunks": stats.chunk_count,

@@ -488,6 +488,11 @@ class RotatedSource:
         res[...] = v
         return res
 
+    def online_input(self, name: str, x: np.ndarray) -> np.ndarray:
+        """What the model's runtime does before the matrix ``name`` reads ``x``: R4 before each ffn_down when the
+        plan folds it (:func:`rotate_input`), else ``x``."""
+        return rotate_input(self.plan.r4, name, x)
+
     def mapped(self, name: str):
         if name in self.plan.ops:
             return None
@@ -581,6 +586,21 @@ def rotate_input(r4: dict[int, Rotation] | None, name: str, x: np.ndarray) -> np
         raise OrkError(f"{escape_name(name)}: an input of {x.shape[-1]} entries, no R4 recorded for that width")
     b = x.reshape(x.shape[:-1] + (x.shape[-1] // r.size, r.size))
     return r.apply(b).reshape(x.shape).astype(np.float32)
+
+
+def unfold_online(r4: dict[int, Rotation] | None, name: str, w: np.ndarray) -> np.ndarray:
+    """An ffn_down's values ``W R4`` (float32, as a path decodes them) back in the source's basis, ``(W R4) R4^T``
+    along its last axis (float64, rounded to float32): what a runtime that cannot rotate online (llama.cpp, ``orkpack
+    export``) multiplies instead; with float activations it computes what the pack's path does, ``(h R4)(W R4)^T =
+    h W^T``. Anything else as given."""
+    if r4 is None or not _DOWN.search(name):
+        return w
+    r = r4.get(w.shape[-1])
+    if r is None:
+        raise OrkError(f"{escape_name(name)}: {w.shape[-1]} input columns, no R4 recorded for that width")
+    qt = r.matrix().T
+    b = np.asarray(w, np.float64).reshape(w.shape[:-1] + (w.shape[-1] // r.size, r.size))
+    return (b @ qt).reshape(w.shape).astype(np.float32)
 
 
 def rotated(src, seed: int = 0, heads: bool = True, rotate: bool = True, online: bool = False) -> RotatedSource:
@@ -801,7 +821,8 @@ def shown(prov: dict | None) -> dict | None:
         "method": r.get("method") if isinstance(r.get("method"), str) else None,
         "r1": rot(r.get("r1")),
         "r2": rot(r.get("r2")),
-        "r4": rot(r.get("r4")),
+        "r4": [dict(rot(x), width=x.get("width")) for x in r["r4"] if isinstance(x, dict)]
+        if isinstance(r.get("r4"), list) else None,
         "online": r.get("online") if isinstance(r.get("online"), str) else None,
         "folded": len(r["folded"]) if isinstance(r.get("folded"), list) else None,
         "rotated": r.get("rotated") if isinstance(r.get("rotated"), int) else None,
@@ -824,6 +845,7 @@ def line(r: dict | None) -> str | None:
 
     uh = r.get("untied_head")
     head = f"; head untied from {escape_name(next(iter(uh.values())), 40)}" if uh else ""
-    r4 = f"; R4 {one(r.get('r4'))}, online before every {escape_name(str(r.get('online')), 20)}" if r.get("r4") else ""
+    r4 = (f"; R4 {', '.join(one(x) for x in r['r4'])}, online before every {escape_name(str(r.get('online')), 20)}"
+          if r.get("r4") else "")
     return (f"{escape_name(str(r.get('method')), 20)}: R1 {one(r.get('r1'))}; R2 {one(r.get('r2'))}{r4}; "
             f"{r.get('folded')} norms folded, {r.get('rotated')} tensors rotated{head}")
