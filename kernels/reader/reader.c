@@ -765,6 +765,11 @@ static int open_checked(struct orkpack *pk, orkpack_err_t *err) {
                       "%s: made by a newer orkpack (format %u.%u, this one reads up to %d.%d): %s; upgrade orkpack", L,
                       p->version_major, p->version_minor, ORKPACK_VERSION_MAJOR, ORKPACK_VERSION_MINOR_MAX, problem);
     if (rc) return seterr(err, ORKPACK_E_DAMAGED, "%s: damaged pack: %s", L, problem);
+    /* flag bit 0 (1.8) and its record, provenance.rotation.r4, come together (FORMAT.md 11) */
+    int flagged = (p->flags & ORKPACK_FLAG_ONLINE_R4) != 0;
+    if (flagged == is_none(get(&j, get(&j, get(&j, pk->root, "provenance"), "rotation"), "r4")))
+        return seterr(err, ORKPACK_E_DAMAGED,
+                      "%s: damaged pack: the preamble's online-Hadamard flag and provenance.rotation.r4 disagree", L);
     pk->cap = cap_from_header(&j, pk->root, &pk->cap_source);
     return ORKPACK_OK;
 }
