@@ -6,9 +6,11 @@
 
 #define ORKPACK_MAGIC "ORKPACK\0"
 #define ORKPACK_VERSION_MAJOR 1
-#define ORKPACK_VERSION_MINOR 7      /* what a pack without flags is written as */
-#define ORKPACK_VERSION_MINOR_MAX 8  /* 1.8: a pack with ORKPACK_FLAG_ONLINE_R4; the newest minor read */
-#define ORKPACK_FLAG_ONLINE_R4 1u    /* preamble flags bit 0: rotate every ffn_down input online (FORMAT.md 11) */
+/* the minor a pack without flags is written as; 1.8 (the newest read): a pack with ORKPACK_FLAG_ONLINE_R4, preamble
+ * flags bit 0: the runtime must rotate every ffn_down input online (docs/FORMAT.md 11, docs/RUNTIME.md) */
+#define ORKPACK_VERSION_MINOR 7
+#define ORKPACK_VERSION_MINOR_MAX 8
+#define ORKPACK_FLAG_ONLINE_R4 1u
 #define ORKPACK_KNOWN_FLAGS ORKPACK_FLAG_ONLINE_R4
 #define ORKPACK_PREAMBLE_SIZE 128
 #define ORKPACK_PREAMBLE_BLOCK 4096

@@ -84,8 +84,9 @@ def test_format_page_names_the_version_the_writer_writes():
     assert title and title.group(1) == str(spec.VERSION_MAJOR) and title.group(2) == want
     assert re.search(r"\| 10 \| u16 \| version_minor \| (\d+)\.", page).group(1) == str(spec.VERSION_MINOR)
     assert re.search(r'"version": \[(\d+), (\d+)\]', page).groups() == (str(spec.VERSION_MAJOR), str(spec.VERSION_MINOR))
-    rows = re.findall(r"^\| (\d+\.\d+) \| ", page, re.M)
-    assert rows and rows[-1] == want and rows == [f"1.{i}" for i in range(spec.VERSION_MINOR + 1)]
+    rows = re.findall(r"^\| (\d+\.\d+) \| ", page, re.M)  # up to 1.8, written only for a flagged pack
+    assert rows and rows == [f"1.{i}" for i in range(spec.VERSION_MINOR_MAX + 1)]
+    assert spec.VERSION_MINOR_MAX == spec.VERSION_MINOR_ONLINE == spec.VERSION_MINOR + 1
     assert re.search(r"orkpack today writes (\d+\.\d+)", page).group(1) == want
 
 
@@ -94,6 +95,8 @@ def test_c_header_matches_spec():
     defs = dict(re.findall(r"#define (ORKPACK_\w+) (.+)", h))
     assert defs["ORKPACK_VERSION_MAJOR"] == str(spec.VERSION_MAJOR)
     assert defs["ORKPACK_VERSION_MINOR"] == str(spec.VERSION_MINOR)
+    assert defs["ORKPACK_VERSION_MINOR_MAX"] == str(spec.VERSION_MINOR_MAX)
+    assert defs["ORKPACK_FLAG_ONLINE_R4"] == f"{spec.FLAG_ONLINE_R4}u"
     assert defs["ORKPACK_PREAMBLE_SIZE"] == str(spec.PREAMBLE_SIZE)
     assert defs["ORKPACK_PREAMBLE_BLOCK"] == str(spec.PREAMBLE_BLOCK)
     assert defs["ORKPACK_ALIGN"] == str(spec.ALIGN)
