@@ -10,7 +10,7 @@ import struct
 MAGIC = b"ORKPACK\0"
 VERSION_MAJOR = 1
 VERSION_MINOR = 7  # what every pack without a flag is written as; 1.1: the raw encoding; 1.2: host copies of NPU slices; 1.3: the model record; 1.4: activation smoothing records (docs/FORMAT.md 7); 1.5: the nf4dq encoding; 1.6: rotation records (docs/FORMAT.md 11); 1.7: the int5dq, int6dq, int8dq encodings
-VERSION_MINOR_ONLINE = 8  # 1.8: a pack whose preamble sets FLAG_ONLINE_R4 (only such a pack says 1.8)
+VERSION_MINOR_ONLINE = VERSION_MINOR + 1  # (8 on this branch) 1.8: a pack whose preamble sets FLAG_ONLINE_R4 (only such a pack says 1.8)
 VERSION_MINOR_MAX = VERSION_MINOR_ONLINE  # the newest minor this orkpack reads
 FLAG_ONLINE_R4 = 1  # preamble flags bit 0: the runtime must rotate every ffn_down input online (docs/FORMAT.md 11)
 KNOWN_FLAGS = FLAG_ONLINE_R4
