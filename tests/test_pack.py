@@ -512,6 +512,7 @@ def test_nf4dq_unknown_to_an_older_reader_is_newer_not_damage(tmp_path, monkeypa
     monkeypatch.setattr(spec, "ENCODINGS", tuple(e for e in spec.ENCODINGS if e != "nf4dq"))
     monkeypatch.setattr(spec, "HOST_COPY_ENCODINGS", ("nf4",))
     monkeypatch.setattr(spec, "VERSION_MINOR", 4)
+    monkeypatch.setattr(spec, "VERSION_MINOR_MAX", 4)
     with pytest.raises(PackError) as e:
         Pack.open(p)
     assert e.value.exit_code == 2 and f"newer orkpack (format 1.{spec_minor}" in str(e.value) and "unknown encoding 'nf4dq'" in str(e.value)
@@ -635,6 +636,7 @@ def test_intdq_unknown_to_an_older_reader_is_newer_not_damage(tmp_path, monkeypa
     spec_minor = spec.VERSION_MINOR
     monkeypatch.setattr(spec, "ENCODINGS", tuple(e for e in spec.ENCODINGS if e not in spec.INTDQ_ENCODINGS))
     monkeypatch.setattr(spec, "VERSION_MINOR", 6)
+    monkeypatch.setattr(spec, "VERSION_MINOR_MAX", 6)
     with pytest.raises(PackError) as e:
         Pack.open(p)
     assert e.value.exit_code == 2 and f"newer orkpack (format 1.{spec_minor}" in str(e.value) \

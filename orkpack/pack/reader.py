@@ -228,7 +228,8 @@ class Pack:
                 f"{label}: made by a newer orkpack (format {p.version_major}.{p.version_minor}, this one reads up to "
                 f"{spec.VERSION_MAJOR}.{spec.VERSION_MINOR_MAX}): {problem}; upgrade orkpack"
             )
-        rot = (header.get("provenance") or {}).get("rotation") if isinstance(header.get("provenance"), dict) else None
+        prov = header.get("provenance") if isinstance(header, dict) else None
+        rot = prov.get("rotation") if isinstance(prov, dict) else None
         if not problem and bool(p.flags & spec.FLAG_ONLINE_R4) != (isinstance(rot, dict) and rot.get("r4") is not None):
             problem = "the preamble's online-Hadamard flag and provenance.rotation.r4 disagree"
         if problem:
