@@ -6,7 +6,12 @@
 
 #define ORKPACK_MAGIC "ORKPACK\0"
 #define ORKPACK_VERSION_MAJOR 1
+/* the minor a pack without flags is written as; 1.9 (the newest read): a pack with ORKPACK_FLAG_ONLINE_R4, preamble
+ * flags bit 0: the runtime must rotate every ffn_down input online (docs/FORMAT.md 11, docs/RUNTIME.md) */
 #define ORKPACK_VERSION_MINOR 8
+#define ORKPACK_VERSION_MINOR_MAX 9
+#define ORKPACK_FLAG_ONLINE_R4 1u
+#define ORKPACK_KNOWN_FLAGS ORKPACK_FLAG_ONLINE_R4
 #define ORKPACK_PREAMBLE_SIZE 128
 #define ORKPACK_PREAMBLE_BLOCK 4096
 #define ORKPACK_ALIGN 4096
@@ -23,7 +28,7 @@
 typedef struct {
     char magic[8];           /* "ORKPACK\0" */
     uint16_t version_major;  /* 1: a reader refuses a larger major */
-    uint16_t version_minor;  /* 7 (1.1 raw, 1.2 host copies, 1.3 model record, 1.4 smoothing, 1.5 nf4dq, 1.6 rotation, 1.7 intdq): any minor of its major is read */
+    uint16_t version_minor;  /* 7 (1.1 raw, 1.2 host copies, 1.3 model record, 1.4 smoothing, 1.5 nf4dq, 1.6 rotation, 1.7 intdq; 8 only with flag bit 0, online R4): any minor of its major is read */
     uint32_t preamble_size;  /* 128 */
     uint64_t file_size;      /* exact size of the file */
     uint64_t data_offset;    /* 4096 */

@@ -357,6 +357,7 @@ def build(
     rotate: bool = typer.Option(False, "--rotate", help=ROTATE_HELP),
     rotate_seed: int = typer.Option(0, "--rotate-seed", metavar="N", help="With --rotate: the seed of the rotation's random signs (or random orthogonal matrix); recorded in the pack."),
     no_rotate_heads: bool = typer.Option(False, "--no-rotate-heads", help="With --rotate: the residual stream only (R1), not each value head (R2)."),
+    online_hadamard: bool = typer.Option(False, "--online-hadamard", help="Fold a randomized Hadamard R4 (seed --rotate-seed) into every ffn_down; the pack's preamble flag tells the runtime to rotate ffn_down's input online (format 1.8; docs/RUNTIME.md). With or without --rotate."),
     threads: int = typer.Option(0, "--threads", "-t", help="Encoder threads (0: every core this process may run on). The output does not depend on it."),
     allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite", help="Encode NaN/Inf weights as 0 instead of stopping."),
     timestamp: bool = typer.Option(False, "--timestamp", help="Record the build time (UTC, or SOURCE_DATE_EPOCH) as provenance.created; off by default so builds are byte-reproducible."),
@@ -389,8 +390,9 @@ def build(
         bpw=bpw, bytes_of=bytes_of, prompt=prompt, given=_given(context),
         smooth=not no_smooth, smooth_alpha=smooth_alpha, clip=not no_clip, untie_head=not no_untie_head,
         rotate=rotate, rotate_seed=rotate_seed, rotate_heads=not no_rotate_heads, revision=revision,
+        online_hadamard=online_hadamard,
     )
-    if not rotate and ("rotate_seed" in opts.given or no_rotate_heads):
+    if not rotate and (("rotate_seed" in opts.given and not online_hadamard) or no_rotate_heads):
         raise OrkError("--rotate-seed / --no-rotate-heads without --rotate: add --rotate, or drop them")
     if boards is not None or network is not None:
         from orkpack.build.cluster import build_cluster_command
@@ -714,6 +716,7 @@ def imatrix(
     rotate: bool = typer.Option(False, "--rotate", help="Gather them on the rotated model (build --rotate), for build --rotate --imatrix."),
     rotate_seed: int = typer.Option(0, "--rotate-seed", metavar="N", help="With --rotate: the rotation's seed (the build's)."),
     no_rotate_heads: bool = typer.Option(False, "--no-rotate-heads", help="With --rotate: R1 only (as build --no-rotate-heads)."),
+    online_hadamard: bool = typer.Option(False, "--online-hadamard", help="Gather them on the model with R4 folded into ffn_down and its input rotated online (build --online-hadamard; seed --rotate-seed)."),
     json_out: bool = typer.Option(False, "--json", help="Print a summary as JSON."),
 ):
     """Activation statistics of the float model on a text (llama.cpp's importance matrix, plus each input
@@ -723,10 +726,11 @@ def imatrix(
 
     bar = _LazyBar(not json_out, "imatrix")
     try:
-        if not rotate and (rotate_seed or no_rotate_heads):
+        if not rotate and ((rotate_seed and not online_hadamard) or no_rotate_heads):
             raise OrkError("--rotate-seed / --no-rotate-heads without --rotate: add --rotate, or drop them")
         stats = gather(source, output, revision=revision, text=text, tokens=tokens, ctx=ctx, chunks=chunks, threads=threads,
-                       progress=bar.update, rotate=(rotate_seed, not no_rotate_heads) if rotate else None)
+                       progress=bar.update, rotate=(rotate_seed, not no_rotate_heads) if rotate else None,
+                       online=online_hadamard, seed=rotate_seed)
     finally:
         bar.stop()
     r = {"output": str(output), "matrices": len(stats.entries), "chunks": stats.chunk_count,

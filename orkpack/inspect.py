@@ -141,6 +141,14 @@ def smoothing_label(r) -> str | None:
     return (", " if "untied" in r else "; ").join(bits) or "malformed"
 
 
+def flag_names(flags: int) -> list[str]:
+    """The preamble's flags as shown: ``online_r4`` (bit 0: the runtime rotates every ffn_down input), any other
+    set bit as ``0x..`` (a reader refuses those; a salvaged preamble may still show one)."""
+    out = ["online_r4"] if flags & spec.FLAG_ONLINE_R4 else []
+    rest = flags & ~spec.FLAG_ONLINE_R4
+    return out + ([f"0x{rest:x}"] if rest else [])
+
+
 def rotation_label(r) -> str | None:
     """One tensor's rotation (format 1.6), as shown: ``gain folded`` (a norm, now 1), ``x diag(g) from NORM``,
     ``r1 on axis 1``, ``r2 per head on rows 128..192``, ``untied copy of NAME``."""
@@ -156,7 +164,8 @@ def rotation_label(r) -> str | None:
     for e in r.get("rotate") or []:
         if isinstance(e, list) and len(e) == 4:
             w, ax, first, count = e
-            bits.append(f"{escape_name(str(w), 4)} on axis {ax}" + (f" [{first}:{first + count}]" if first or w == "r2" else ""))
+            bits.append(f"{escape_name(str(w), 4)} on axis {ax}" + (f" [{first}:{first + count}]" if first or w == "r2" else "")
+                        + (" (its input rotated online)" if w == "r4" else ""))
     return ", ".join(bits) or "malformed"
 
 
@@ -273,6 +282,7 @@ def _facts(path: Path, p: Preamble, h: dict | None, tensor_glob, checks: dict, u
         "file": path.name,
         "file_size": p.file_size,
         "format_version": f"{p.version_major}.{p.version_minor}",
+        "flags": flag_names(p.flags),
         "tool": h.get("tool"),
         "checksums": checks,
         "data_size": p.data_size,

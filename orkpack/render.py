@@ -60,7 +60,8 @@ def pack_facts(console: Console, f: dict, *, rows_limit: int | None = None) -> N
     head = Table(title=f"{escape_name(f['file'])}", show_header=False)
     head.add_column("key", style="bold")
     head.add_column("value")
-    head.add_row("format", f"orkpack {f['format_version']} (tool {f['tool'].get('version') if f.get('tool') else '?'})")
+    head.add_row("format", f"orkpack {f['format_version']} (tool {f['tool'].get('version') if f.get('tool') else '?'})"
+                 + (f"; flags {', '.join(f['flags'])}" if f.get("flags") else ""))
     head.add_row("size", f"{human_bytes(f['file_size'])} (data {human_bytes(f['data_size'])}, header {human_bytes(f['header_size'])})")
     head.add_row("checksums", ", ".join(f"{k}: {v}" for k, v in f["checksums"].items()))
     head.add_row("source", f"{prov.get('source_format', '?')}: " + ", ".join(escape_name(s["file"]) for s in prov.get("sources", []))

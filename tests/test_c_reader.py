@@ -412,15 +412,15 @@ def test_hostile_headers_agree(check, good, tmp_path):
     add(both, raw_header=hb.replace(b'"min_m":32', b'"min_m": 32, "min_m": 1', 1))
     add(both, raw_header=hb.replace(b'"parts":{"q":', b'"parts": {"scale": 0, "q": ', 1))
     # an unknown encoding (slice, raw dtype, host copy) from a newer minor version: unusable (2), not damage
-    add(both, mutate=_set(S + ("encoding",), "q3_z"), minor=spec.VERSION_MINOR + 1)
-    add(raw, mutate=_set(("tensors", 0, "slices", 0, "dtype"), "i128"), minor=spec.VERSION_MINOR + 1)
-    add(both, mutate=_set(N + ("host_copy",), {"encoding": "nf5"}), minor=spec.VERSION_MINOR + 1)
+    add(both, mutate=_set(S + ("encoding",), "q3_z"), minor=spec.VERSION_MINOR_MAX + 1)
+    add(raw, mutate=_set(("tensors", 0, "slices", 0, "dtype"), "i128"), minor=spec.VERSION_MINOR_MAX + 1)
+    add(both, mutate=_set(N + ("host_copy",), {"encoding": "nf5"}), minor=spec.VERSION_MINOR_MAX + 1)
     dq = good["nf4dq"]
-    add(dq, mutate=_set(DQ4 + ("host_copy", "encoding"), "nf4dq2"), minor=spec.VERSION_MINOR + 1)
-    add(dq, mutate=_set(DQ0 + ("encoding",), "nf4dq2"), minor=spec.VERSION_MINOR + 1)
+    add(dq, mutate=_set(DQ4 + ("host_copy", "encoding"), "nf4dq2"), minor=spec.VERSION_MINOR_MAX + 1)
+    add(dq, mutate=_set(DQ0 + ("encoding",), "nf4dq2"), minor=spec.VERSION_MINOR_MAX + 1)
     add(dq, mutate=_set(DQ0 + ("encoding",), "nf4dq2"), minor=spec.VERSION_MINOR)   # same minor: damaged
     idq = good["intdq"]
-    add(idq, mutate=_set(DQ0 + ("encoding",), "int4dq"), minor=spec.VERSION_MINOR + 1)
+    add(idq, mutate=_set(DQ0 + ("encoding",), "int4dq"), minor=spec.VERSION_MINOR_MAX + 1)
     add(idq, mutate=_set(DQ0 + ("encoding",), "int7dq"), minor=spec.VERSION_MINOR)    # same minor: damaged
     for fn, _ in INTDQ_BAD:  # the Python reader's intdq refusals: the C reader refuses them too
         add(idq, mutate=fn)
@@ -434,7 +434,7 @@ def test_hostile_headers_agree(check, good, tmp_path):
     add(dq, raw_header=hdq.replace(b'"parts":{"codes":', b'"parts":{"absmax_q":0,"codes":', 1))  # out of order
     # ... unless the header is damaged before that slice
     add(both, mutate=lambda h: (h["tensors"][0].update(shape=[-1, 1]), h["tensors"][1]["slices"][0].update(encoding="q3_z")),
-        minor=spec.VERSION_MINOR + 1)
+        minor=spec.VERSION_MINOR_MAX + 1)
     add(both, mutate=_set(S + ("encoding",), "q3_z"), minor=0)
     # wrapped arbitrary headers around zero pages (the fuzz harness's mode 2)
     for hb in (b"{}", b'{"format": "orkpack", "tensors": []}', b"[]"):

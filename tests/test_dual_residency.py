@@ -364,14 +364,14 @@ def test_unknown_host_copy_encoding_from_a_newer_minor(w, tmp_path):
     larger minor version, damage (exit 1) otherwise; host copy encodings follow the same rule."""
     p = _forge(w["int8"], tmp_path / "newer.orkpack", lambda h: _hc_of(h).update(encoding="q4_0"))
     raw = bytearray(p.read_bytes())
-    struct.pack_into("<H", raw, 10, spec.VERSION_MINOR + 1)
+    struct.pack_into("<H", raw, 10, spec.VERSION_MINOR_MAX + 1)
     raw[120:128] = bytes(8)
     struct.pack_into("<Q", raw, 120, xxhash.xxh3_64_intdigest(bytes(raw[:4096])))
     p.write_bytes(raw)
     with pytest.raises(PackError) as e:
         Pack.open(p)
     assert not isinstance(e.value, PackDamaged) and e.value.exit_code == 2
-    assert f"newer orkpack (format 1.{spec.VERSION_MINOR + 1}" in str(e.value) and "unknown host copy encoding 'q4_0'" in str(e.value)
+    assert f"newer orkpack (format 1.{spec.VERSION_MINOR_MAX + 1}" in str(e.value) and "unknown host copy encoding 'q4_0'" in str(e.value)
 
 
 def test_a_reader_that_ignores_host_copy_still_has_a_correct_pack(w, tmp_path):

@@ -84,8 +84,9 @@ def test_format_page_names_the_version_the_writer_writes():
     assert title and title.group(1) == str(spec.VERSION_MAJOR) and title.group(2) == want
     assert re.search(r"\| 10 \| u16 \| version_minor \| (\d+)\.", page).group(1) == str(spec.VERSION_MINOR)
     assert re.search(r'"version": \[(\d+), (\d+)\]', page).groups() == (str(spec.VERSION_MAJOR), str(spec.VERSION_MINOR))
-    rows = re.findall(r"^\| (\d+\.\d+) \| ", page, re.M)
-    assert rows and rows[-1] == want and rows == [f"1.{i}" for i in range(spec.VERSION_MINOR + 1)]
+    rows = re.findall(r"^\| (\d+\.\d+) \| ", page, re.M)  # up to 1.8, written only for a flagged pack
+    assert rows and rows == [f"1.{i}" for i in range(spec.VERSION_MINOR_MAX + 1)]
+    assert spec.VERSION_MINOR_MAX == spec.VERSION_MINOR_ONLINE == spec.VERSION_MINOR + 1
     assert re.search(r"orkpack today writes (\d+\.\d+)", page).group(1) == want
 
 
@@ -94,6 +95,8 @@ def test_c_header_matches_spec():
     defs = dict(re.findall(r"#define (ORKPACK_\w+) (.+)", h))
     assert defs["ORKPACK_VERSION_MAJOR"] == str(spec.VERSION_MAJOR)
     assert defs["ORKPACK_VERSION_MINOR"] == str(spec.VERSION_MINOR)
+    assert defs["ORKPACK_VERSION_MINOR_MAX"] == str(spec.VERSION_MINOR_MAX)
+    assert defs["ORKPACK_FLAG_ONLINE_R4"] == f"{spec.FLAG_ONLINE_R4}u"
     assert defs["ORKPACK_PREAMBLE_SIZE"] == str(spec.PREAMBLE_SIZE)
     assert defs["ORKPACK_PREAMBLE_BLOCK"] == str(spec.PREAMBLE_BLOCK)
     assert defs["ORKPACK_ALIGN"] == str(spec.ALIGN)
@@ -313,12 +316,12 @@ def test_unknown_encoding_from_a_newer_minor_is_not_damage(tmp_path):
     _rewrite_header(p, lambda h: h["tensors"][2]["slices"][0].update(encoding="q3_z"))
     with pytest.raises(PackDamaged, match="unknown encoding 'q3_z'"):  # same minor: the header is wrong
         Pack.open(p)
-    _set_minor(p, spec.VERSION_MINOR + 1)
+    _set_minor(p, spec.VERSION_MINOR_MAX + 1)  # (1.8, the flagged packs' minor, is not newer: this reader knows it)
     with pytest.raises(PackError) as e:
         Pack.open(p)
     msg = str(e.value)
     assert not isinstance(e.value, PackDamaged) and e.value.exit_code == 2
-    assert f"newer orkpack (format 1.{spec.VERSION_MINOR + 1}" in msg and "unknown encoding 'q3_z'" in msg and "upgrade" in msg
+    assert f"newer orkpack (format 1.{spec.VERSION_MINOR_MAX + 1}" in msg and "unknown encoding 'q3_z'" in msg and "upgrade" in msg
 
 
 def test_raw_pack_under_a_reader_without_raw(tmp_path, monkeypatch):
@@ -331,6 +334,7 @@ def test_raw_pack_under_a_reader_without_raw(tmp_path, monkeypatch):
     written = spec.VERSION_MINOR
     monkeypatch.setattr(spec, "ENCODINGS", ("f32", "f16", "bf16", "int8", "nf4"))
     monkeypatch.setattr(spec, "VERSION_MINOR", 0)
+    monkeypatch.setattr(spec, "VERSION_MINOR_MAX", 0)
     with pytest.raises(PackError) as e:
         Pack.open(p)
     assert e.value.exit_code == 2 and f"newer orkpack (format 1.{written}" in str(e.value) and "unknown encoding 'raw'" in str(e.value)
@@ -508,6 +512,7 @@ def test_nf4dq_unknown_to_an_older_reader_is_newer_not_damage(tmp_path, monkeypa
     monkeypatch.setattr(spec, "ENCODINGS", tuple(e for e in spec.ENCODINGS if e != "nf4dq"))
     monkeypatch.setattr(spec, "HOST_COPY_ENCODINGS", ("nf4",))
     monkeypatch.setattr(spec, "VERSION_MINOR", 4)
+    monkeypatch.setattr(spec, "VERSION_MINOR_MAX", 4)
     with pytest.raises(PackError) as e:
         Pack.open(p)
     assert e.value.exit_code == 2 and f"newer orkpack (format 1.{spec_minor}" in str(e.value) and "unknown encoding 'nf4dq'" in str(e.value)
@@ -631,6 +636,7 @@ def test_intdq_unknown_to_an_older_reader_is_newer_not_damage(tmp_path, monkeypa
     spec_minor = spec.VERSION_MINOR
     monkeypatch.setattr(spec, "ENCODINGS", tuple(e for e in spec.ENCODINGS if e not in spec.INTDQ_ENCODINGS))
     monkeypatch.setattr(spec, "VERSION_MINOR", 6)
+    monkeypatch.setattr(spec, "VERSION_MINOR_MAX", 6)
     with pytest.raises(PackError) as e:
         Pack.open(p)
     assert e.value.exit_code == 2 and f"newer orkpack (format 1.{spec_minor}" in str(e.value) \

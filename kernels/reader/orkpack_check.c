@@ -250,8 +250,10 @@ static int check_one(const char *path, int dump, int model) {
     }
     printf("ok ");
     print_path(path);
-    printf(": %zu slices (%zu NPU), %zu parts, %.3f GiB file, %.3f GiB NPU images loaded, %.3f s\n", nslices, nnpu,
-           nparts, (double)orkpack_preamble(pk)->file_size / (1 << 30), (double)loaded / (1 << 30), now() - t0);
+    printf(": %zu slices (%zu NPU), %zu parts, %.3f GiB file, %.3f GiB NPU images loaded, %.3f s%s\n", nslices, nnpu,
+           nparts, (double)orkpack_preamble(pk)->file_size / (1 << 30), (double)loaded / (1 << 30), now() - t0,
+           orkpack_preamble(pk)->flags & ORKPACK_FLAG_ONLINE_R4
+               ? "; flag 0x1: the runtime must rotate every ffn_down input online (R4, provenance.rotation.r4)" : "");
 out:
     orkpack_close(pk);
     return code;

@@ -714,7 +714,14 @@ static int open_checked(struct orkpack *pk, orkpack_err_t *err) {
     char flags[64];
     if (p->preamble_size != ORKPACK_PREAMBLE_SIZE || p->alignment != ORKPACK_ALIGN || p->data_offset != ORKPACK_PREAMBLE_BLOCK)
         bad = "preamble constants are wrong";
-    else if (p->flags != 0) { snprintf(flags, sizeof flags, "unknown flags 0x%x", p->flags); bad = flags; }
+    else if (p->flags & ~ORKPACK_KNOWN_FLAGS) {
+        snprintf(flags, sizeof flags, "unknown flags 0x%x", p->flags & ~ORKPACK_KNOWN_FLAGS);
+        bad = flags;
+    } else if (p->flags && p->version_minor < ORKPACK_VERSION_MINOR_MAX) {
+        snprintf(flags, sizeof flags, "flags 0x%x in a format %u.%u pack (they are 1.8's)", p->flags, p->version_major,
+                 p->version_minor);
+        bad = flags;
+    }
     else if (!zero) bad = "reserved preamble bytes are not zero";
     else if (p->data_size % ORKPACK_ALIGN || p->data_size > UINT64_MAX - p->data_offset ||
              p->header_offset != p->data_offset + p->data_size)
@@ -754,11 +761,16 @@ static int open_checked(struct orkpack *pk, orkpack_err_t *err) {
     rc = validate(&v, pk->root);
     free(v.spans);
     if (rc == -2) return seterr(err, ORKPACK_E_NOMEM, "%s: out of memory reading the header", L);
-    if (rc && v.newer && p->version_minor > ORKPACK_VERSION_MINOR)
+    if (rc && v.newer && p->version_minor > ORKPACK_VERSION_MINOR_MAX)
         return seterr(err, ORKPACK_E_UNUSABLE,
                       "%s: made by a newer orkpack (format %u.%u, this one reads up to %d.%d): %s; upgrade orkpack", L,
-                      p->version_major, p->version_minor, ORKPACK_VERSION_MAJOR, ORKPACK_VERSION_MINOR, problem);
+                      p->version_major, p->version_minor, ORKPACK_VERSION_MAJOR, ORKPACK_VERSION_MINOR_MAX, problem);
     if (rc) return seterr(err, ORKPACK_E_DAMAGED, "%s: damaged pack: %s", L, problem);
+    /* flag bit 0 (1.8) and its record, provenance.rotation.r4, come together (FORMAT.md 11) */
+    int flagged = (p->flags & ORKPACK_FLAG_ONLINE_R4) != 0;
+    if (flagged == is_none(get(&j, get(&j, get(&j, pk->root, "provenance"), "rotation"), "r4")))
+        return seterr(err, ORKPACK_E_DAMAGED,
+                      "%s: damaged pack: the preamble's online-Hadamard flag and provenance.rotation.r4 disagree", L);
     pk->cap = cap_from_header(&j, pk->root, &pk->cap_source);
     return ORKPACK_OK;
 }

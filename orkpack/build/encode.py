@@ -106,10 +106,11 @@ def check_rotation(stats, plan, path: Path) -> None:
     if want is not None and want not in said:
         got = f"under {escape_name(said[0][len(TAG):].strip())}" if said else "on the model without rotation"
         raise OrkError(f"--imatrix {where}: gathered {got}, and this build rotates ({escape_name(want[len(TAG):].strip())}): "
-                       "gather them on the rotated model: orkpack imatrix SOURCE --rotate (the same --rotate-seed) -o FILE")
+                       "gather them on the rotated model: orkpack imatrix SOURCE with the build's --rotate / --online-hadamard "
+                       "(the same --rotate-seed) -o FILE")
     if want is None and said:
         raise OrkError(f"--imatrix {where}: gathered on a rotated model ({escape_name(said[0][len(TAG):].strip())}); "
-                       "build with --rotate (the same seed), or gather them without --rotate")
+                       "build with the same --rotate / --online-hadamard and seed, or gather them without")
 
 
 def encode_tensor(info: TensorInfo, arr: np.ndarray, placed: Placed, tr: Transforms, *, threads: int,

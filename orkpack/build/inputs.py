@@ -78,10 +78,10 @@ def open_inputs(src_path, out_path: Path, opts: BuildOptions, select: set[str] |
     src = open_source(src_path, on_warning=late.append)
     try:
         refuse_overwriting_inputs(out_path, src, Path(src_path), opts)
-        if opts.rotate:  # the rotated model is the source from here on (orkpack/transforms/rotate.py)
+        if opts.rotate or opts.online_hadamard:  # the rotated model is the source from here on (transforms/rotate.py)
             from ..transforms.rotate import rotated
 
-            src = rotated(src, opts.rotate_seed, opts.rotate_heads)
+            src = rotated(src, opts.rotate_seed, opts.rotate_heads, rotate=opts.rotate, online=opts.online_hadamard)
         infos = src.tensors()
         if select is not None:
             infos = [i for i in infos if i.name in select]

@@ -73,6 +73,7 @@ class BuildOptions:
     rotate: bool = False
     rotate_seed: int = 0
     rotate_heads: bool = True
+    online_hadamard: bool = False  # R4 folded into every ffn_down; the runtime rotates its input online (flag bit 0)
     # the hub revision (branch, tag or commit) of a source named ORG/NAME (orkpack/sources/hub.py); the pack records
     # it with the commit it resolved to in provenance.hub, not among the options
     revision: str | None = None
@@ -117,6 +118,7 @@ class BuildOptions:
             | ({} if self.max_kld is None else {"max_kld": self.max_kld}) \
             | ({} if self.max_bytes is None and self.bpw is None else
                {"max_bytes": self.max_bytes, "bpw": self.bpw, "bytes_of": self.bytes_of}) \
+            | ({} if not self.online_hadamard else {"online_hadamard": True, "rotate_seed": self.rotate_seed}) \
             | ({} if not self.rotate else {"rotate": True, "rotate_seed": self.rotate_seed,
                                            "rotate_heads": self.rotate_heads})
 

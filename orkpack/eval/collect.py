@@ -20,6 +20,7 @@ class Collector(Wrapped):
 
     def matmul(self, name, x, expert=None):
         y = self.inner.matmul(name, x, expert)
+        x = self.online_input(name, x)  # what the matrix reads (an online R4 before ffn_down)
         a = self.acc.get((name, expert))
         if a is None:
             a = self.acc[(name, expert)] = [np.zeros(x.shape[1]), np.zeros(x.shape[1], dtype=np.float32), 0, 0.0]

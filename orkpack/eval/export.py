@@ -21,6 +21,11 @@ pack's tensors, node by node, under node 0's record (the client's model file, do
 
 The output is written under a temporary name in its folder and renamed when complete; it is never one of the
 inputs. The same pack and options give the same bytes.
+
+A pack built with ``--online-hadamard`` (preamble flag bit 0: its runtime rotates each ffn_down input by R4) is
+exported with each ffn_down unfolded, ``(W R4) R4^T`` of the path's decoded values (transforms/rotate.py
+:func:`unfold_online`): llama.cpp cannot rotate online, and with the float activations it runs, the unfolded matrix
+computes what the path does, ``(h R4)(W R4)^T``, to float rounding.
 """
 from __future__ import annotations
 
@@ -40,6 +45,7 @@ from ..pack import spec
 from ..pack.model import check_model, value
 from ..pack.reader import Pack
 from ..sources.base import as_float32
+from ..transforms.rotate import unfold_online
 from .weights import PATHS, PackWeights
 
 TYPES = ("f32", "f16", "bf16")
@@ -184,10 +190,10 @@ def _plan_tensors(pk: Pack, path: str, m: int, qtype_of, conv, tied_head: bool):
 
         def make(t=t, sl=sl, shape=shape, name=name):
             if len(sl) == 1 and sl[0]["expert"] is None:
-                return _slice_values(pk, pw, sl[0], name, None)
+                return unfold_online(pw.r4, name, _slice_values(pk, pw, sl[0], name, None))
             a = np.empty(shape, dtype=np.float32)
             for s in sl:
-                a[s["expert"]] = _slice_values(pk, pw, s, name, s["expert"])
+                a[s["expert"]] = unfold_online(pw.r4, name, _slice_values(pk, pw, s, name, s["expert"]))
             return a
 
         if name == "token_embd.weight" and tied_head and len(sl) == 1 and len(shape) == 2:

@@ -44,7 +44,7 @@ def gather(source, output: Path, *, revision: str | None = None, **kw) -> ActSta
 
 def collect(source: Path, *, text: Path | None = None, tokens: Path | None = None, ctx: int = 512, chunks: int = 0,
             threads: int = 1, progress: Callable[[float, float, str], None] | None = None,
-            rotate: tuple[int, bool] | None = None) -> ActStats:
+            rotate: tuple[int, bool] | None = None, online: bool = False, seed: int = 0) -> ActStats:
     """Run the float model of ``source`` on the text and gather its statistics (module docstring)."""
     from threadpoolctl import threadpool_limits
 
@@ -54,10 +54,11 @@ def collect(source: Path, *, text: Path | None = None, tokens: Path | None = Non
         raise EvalError(f"--chunks {chunks}: give 0 (all) or a positive count")
     src = open_source(source, on_warning=lambda m: None)
     try:
-        if rotate is not None:  # the rotated model (build --rotate): its seed and whether R2 too
-            from ..transforms.rotate import rotated
+        if rotate is not None or online:  # the rotated model (build --rotate: its seed and whether R2 too;
+            from ..transforms.rotate import rotated  # --online-hadamard: R4 folded, ffn_down's input rotated online)
 
-            src = rotated(src, rotate[0], rotate[1])
+            src = rotated(src, rotate[0] if rotate else seed, rotate[1] if rotate else True, rotate=rotate is not None,
+                          online=online)
         hp = forward.model_hparams(src)
         ids, bos, where = token_ids(text, tokens, source_record(src), hp.vocab, escape_name(str(source)))
         n = ids.size // ctx
@@ -100,7 +101,7 @@ def collect(source: Path, *, text: Path | None = None, tokens: Path | None = Non
                 b.release()
                 del b
         dataset = Path(tokens).name if tokens is not None else Path(text or PROSE).name
-        tag = [src.plan.tag()] if rotate is not None else []  # the rotation they were gathered under
+        tag = [src.plan.tag()] if rotate is not None or online else []  # the rotation they were gathered under
         return from_acc(acc, experts, datasets=[dataset] + tag, chunk_count=n, chunk_size=ctx)
     finally:
         src.close()

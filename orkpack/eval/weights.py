@@ -75,6 +75,9 @@ class _Operand:
         return out
 
 
+from ..transforms.rotate import rotate_input  # noqa: E402
+
+
 class PackWeights:
     """The board's numerics of one path over a pack (see the module docstring)."""
 
@@ -91,6 +94,8 @@ class PackWeights:
             self._slices[(t["name"], s["expert"])] = (t, s)
         self._names = {t["name"] for t in pack.tensors}
         self._cache: dict[tuple[str, int | None], _Operand] = {}
+        from ..transforms.rotate import online_of
+        self.r4 = online_of(pack)  # the pack's online R4 (preamble flag bit 0), applied before every ffn_down
 
     # -- the provider protocol ---------------------------------------------------------------
     def has(self, name: str) -> bool:
@@ -116,6 +121,11 @@ class PackWeights:
         npu = s["tier"] == spec.TIER_NPU and self.path == "prefill" and self.m >= s["min_m"]
         return "npu" if npu else "cpu"
 
+    def online_input(self, name: str, x: np.ndarray) -> np.ndarray:
+        """``h -> h R4`` before each ffn_down of a pack whose preamble says so (flag bit 0), in float, before the
+        activations are quantized; anything else as given."""
+        return rotate_input(self.r4, name, x)
+
     def matmul(self, name: str, x: np.ndarray, expert: int | None = None) -> np.ndarray:
         op = self._cache.get((name, expert))
         if op is None:
@@ -125,7 +135,7 @@ class PackWeights:
                 op.decoded()
         if self.on_matmul:
             self.on_matmul(name, expert, op.engine)
-        x = np.asarray(x, dtype=np.float32)
+        x = self.online_input(name, np.asarray(x, dtype=np.float32))
         if op.int8 is not None and self.act != "float":
             qx, sx = numerics.int8_act(x, self.act)
             return numerics.int8_matmul(qx, sx, *op.int8)

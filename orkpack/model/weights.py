@@ -58,6 +58,11 @@ class Wrapped:
     def matmul(self, name: str, x: np.ndarray, expert: int | None = None) -> np.ndarray:
         return self.inner.matmul(name, x, expert)
 
+    def online_input(self, name: str, x: np.ndarray) -> np.ndarray:
+        """``x`` as the matrix ``name`` reads it after the runtime's online rotation (build --online-hadamard)."""
+        f = getattr(self.inner, "online_input", None)
+        return f(name, x) if f is not None else x
+
     def embed(self, ids: np.ndarray, name: str = EMBED) -> np.ndarray:
         return self.inner.embed(ids, name)
 
@@ -70,6 +75,7 @@ class SourceWeights:
 
     def __init__(self, source, keep: bool = False):
         self.source = source
+        self._online = getattr(source, "online_input", None)  # a source with R4 folded (transforms/rotate.py)
         self.infos = {t.name: t for t in source.tensors()}
         self._cache: dict[str, np.ndarray] = {}
         self.keep = keep
@@ -90,7 +96,12 @@ class SourceWeights:
     def tensor(self, name: str) -> np.ndarray:
         return as_float32(self._raw(name))
 
+    def online_input(self, name: str, x: np.ndarray) -> np.ndarray:
+        """``x`` as ``name`` reads it: rotated online where the source folds R4 into it, else as given."""
+        return self._online(name, x) if self._online is not None else x
+
     def matmul(self, name: str, x: np.ndarray, expert: int | None = None) -> np.ndarray:
+        x = self.online_input(name, x)
         w = self._raw(name)
         if expert is not None:
             w = w[expert]

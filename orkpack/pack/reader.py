@@ -198,8 +198,10 @@ class Pack:
         bad = None
         if p.preamble_size != spec.PREAMBLE_SIZE or p.alignment != spec.ALIGN or p.data_offset != spec.PREAMBLE_BLOCK:
             bad = "preamble constants are wrong"
-        elif p.flags != 0:
-            bad = f"unknown flags 0x{p.flags:x}"
+        elif p.flags & ~spec.KNOWN_FLAGS:
+            bad = f"unknown flags 0x{p.flags & ~spec.KNOWN_FLAGS:x}"
+        elif p.flags and p.version_minor < spec.VERSION_MINOR_ONLINE:
+            bad = f"flags 0x{p.flags:x} in a format {p.version_major}.{p.version_minor} pack (they are 1.8's)"
         elif p.reserved != bytes(40):
             bad = "reserved preamble bytes are not zero"
         elif p.data_size % spec.ALIGN or p.header_offset != p.data_offset + p.data_size:
@@ -221,11 +223,15 @@ class Pack:
             raise PackDamaged(f"{label}: damaged pack: header checksum mismatch")
         header = parse_header_json(hb, label)
         problem = validate_header(header, p)
-        if isinstance(problem, _Newer) and p.version_minor > spec.VERSION_MINOR:
+        if isinstance(problem, _Newer) and p.version_minor > spec.VERSION_MINOR_MAX:
             raise PackError(
                 f"{label}: made by a newer orkpack (format {p.version_major}.{p.version_minor}, this one reads up to "
-                f"{spec.VERSION_MAJOR}.{spec.VERSION_MINOR}): {problem}; upgrade orkpack"
+                f"{spec.VERSION_MAJOR}.{spec.VERSION_MINOR_MAX}): {problem}; upgrade orkpack"
             )
+        prov = header.get("provenance") if isinstance(header, dict) else None
+        rot = prov.get("rotation") if isinstance(prov, dict) else None
+        if not problem and bool(p.flags & spec.FLAG_ONLINE_R4) != (isinstance(rot, dict) and rot.get("r4") is not None):
+            problem = "the preamble's online-Hadamard flag and provenance.rotation.r4 disagree"
         if problem:
             raise PackDamaged(f"{label}: damaged pack: {problem}")
         mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None

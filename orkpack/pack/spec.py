@@ -9,7 +9,11 @@ import struct
 
 MAGIC = b"ORKPACK\0"
 VERSION_MAJOR = 1
-VERSION_MINOR = 8  # 1.1: the raw encoding; 1.2: host copies of NPU slices; 1.3: the model record; 1.4: activation smoothing records (docs/FORMAT.md 7); 1.5: the nf4dq encoding; 1.6: rotation records (docs/FORMAT.md 11); 1.7: the int5dq, int6dq, int8dq encodings; 1.8: int5dq and int6dq host copies
+VERSION_MINOR = 8  # what every pack without a flag is written as; 1.1: the raw encoding; 1.2: host copies of NPU slices; 1.3: the model record; 1.4: activation smoothing records (docs/FORMAT.md 7); 1.5: the nf4dq encoding; 1.6: rotation records (docs/FORMAT.md 11); 1.7: the int5dq, int6dq, int8dq encodings; 1.8: int5dq and int6dq host copies
+VERSION_MINOR_ONLINE = VERSION_MINOR + 1  # 1.9: a pack whose preamble sets FLAG_ONLINE_R4 (only such a pack says 1.9)
+VERSION_MINOR_MAX = VERSION_MINOR_ONLINE  # the newest minor this orkpack reads
+FLAG_ONLINE_R4 = 1  # preamble flags bit 0: the runtime must rotate every ffn_down input online (docs/FORMAT.md 11)
+KNOWN_FLAGS = FLAG_ONLINE_R4
 PREAMBLE_SIZE = 128  # the fixed struct at offset 0
 PREAMBLE_BLOCK = 4096  # bytes [PREAMBLE_SIZE, PREAMBLE_BLOCK) are zero
 ALIGN = 4096  # every data part starts on a 4 KiB boundary (mmap / DMA map)

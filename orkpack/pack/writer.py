@@ -141,14 +141,21 @@ def header_bytes(header: dict) -> bytes:
     return json.dumps(header, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
-def preamble_bytes(*, file_size: int, data_size: int, header_size: int, data_xxh3: int, header_xxh3: int) -> bytes:
-    """The 4096-byte preamble block, its own checksum filled in."""
+def flags_of(provenance: dict | None) -> int:
+    """The preamble flags a pack's provenance calls for: FLAG_ONLINE_R4 when its rotation holds an online R4."""
+    rot = (provenance or {}).get("rotation") if isinstance(provenance, dict) else None
+    return spec.FLAG_ONLINE_R4 if isinstance(rot, dict) and rot.get("r4") is not None else 0
+
+
+def preamble_bytes(*, file_size: int, data_size: int, header_size: int, data_xxh3: int, header_xxh3: int,
+                   flags: int = 0) -> bytes:
+    """The 4096-byte preamble block, its own checksum filled in; a flagged pack says format 1.8, any other 1.7."""
     header_offset = spec.PREAMBLE_BLOCK + data_size
     fields = struct.pack(
         spec.PREAMBLE_FMT,
         spec.MAGIC,
         spec.VERSION_MAJOR,
-        spec.VERSION_MINOR,
+        spec.VERSION_MINOR_ONLINE if flags else spec.VERSION_MINOR,
         spec.PREAMBLE_SIZE,
         file_size,
         spec.PREAMBLE_BLOCK,
@@ -158,7 +165,7 @@ def preamble_bytes(*, file_size: int, data_size: int, header_size: int, data_xxh
         data_xxh3,
         header_xxh3,
         spec.ALIGN,
-        0,
+        flags,
         bytes(40),
         0,
     )
@@ -319,7 +326,7 @@ class PackWriter:
                 self._dfd = None
         self._meta = {
             "format": "orkpack",
-            "version": [spec.VERSION_MAJOR, spec.VERSION_MINOR],
+            "version": [spec.VERSION_MAJOR, spec.VERSION_MINOR],  # 1.8 at finish() for a flagged pack
             "tool": {"name": "orkpack", "version": __version__},
             "provenance": provenance,
             "config": config,
@@ -548,6 +555,9 @@ class PackWriter:
         self._drain()
         self._io.shutdown(wait=True)
         header = dict(self._meta)
+        flags = flags_of(header.get("provenance"))
+        if flags:
+            header["version"] = [spec.VERSION_MAJOR, spec.VERSION_MINOR_ONLINE]
         header["tensors"] = self._tensors
         hb = header_bytes(header)
         if len(hb) > spec.MAX_HEADER_SIZE:
@@ -561,6 +571,7 @@ class PackWriter:
             header_size=len(hb),
             data_xxh3=self._data_hash.intdigest(),
             header_xxh3=xxhash.xxh3_64_intdigest(hb),
+            flags=flags,
         )
         try:
             self._write_block(hb, self._offset)

@@ -202,23 +202,25 @@ def refusal(fwd) -> str | None:
 @dataclass
 class Plan:
     """What a rotated build applies: per tensor its operations (module docstring), the rotations, the untied head."""
-    r1: Rotation
+    r1: Rotation | None
     r2: Rotation | None
+    r4: dict[int, Rotation] | None = None  # build --online-hadamard, per ffn_down input width: the runtime rotates online
     ops: dict[str, list[tuple]] = field(default_factory=dict)
     records: dict[str, dict] = field(default_factory=dict)
     untied: dict[str, str] = field(default_factory=dict)  # output.weight -> token_embd.weight (a tied head)
     norm_offset: float = 0.0
     provenance: dict = field(default_factory=dict)
 
-    def rotation(self, which: str) -> Rotation:
-        r = self.r1 if which == "r1" else self.r2
+    def rotation(self, which: str, count: int | None = None) -> Rotation:
+        """R1, R2, or R4 of an input width ``count``."""
+        r = {"r1": self.r1, "r2": self.r2}.get(which) if which != "r4" else (self.r4 or {}).get(count)
         if r is None:
             raise OrkError(f"rotation {escape_name(which)}: not in this plan")
         return r
 
     def tag(self) -> str:
         """The rotation, as the statistics gathered under it name it (``orkpack imatrix --rotate``)."""
-        return TAG + " " + " ".join(r.tag() for r in (self.r1, self.r2) if r is not None)
+        return TAG + " " + " ".join(r.tag() for r in (self.r1, self.r2, *(self.r4 or {}).values()) if r is not None)
 
     def transform(self, name: str, arr: np.ndarray, gain) -> np.ndarray:
         """The tensor ``name`` (values as read, any float dtype; for an untied copy, its original's) as rotated,
@@ -249,7 +251,7 @@ class Plan:
                 fi += 1
             elif op[0] == "rot":
                 _, which, axis, first, count = op
-                r = self.rotation(which)
+                r = self.rotation(which, count)
                 seg = np.moveaxis(x, axis, -1).copy()
                 part = seg[..., first: first + count]
                 blocks = part.reshape(part.shape[:-1] + (count // r.size, r.size))
@@ -486,6 +488,11 @@ class RotatedSource:
         res[...] = v
         return res
 
+    def online_input(self, name: str, x: np.ndarray) -> np.ndarray:
+        """What the model's runtime does before the matrix ``name`` reads ``x``: R4 before each ffn_down when the
+        plan folds it (:func:`rotate_input`), else ``x``."""
+        return rotate_input(self.plan.r4, name, x)
+
     def mapped(self, name: str):
         if name in self.plan.ops:
             return None
@@ -496,9 +503,109 @@ class RotatedSource:
         self._src.close()
 
 
-def rotated(src, seed: int = 0, heads: bool = True) -> RotatedSource:
-    """The opened source ``src`` as its rotated model (OrkError, one line, when its family's graph does not allow
-    it)."""
+_DOWN = re.compile(r"\.ffn_down(_exps|_shexp|_chexps)?\.weight$")
+ONLINE = "ffn_down"  # provenance.rotation.online: the matrices whose input the runtime rotates by R4
+
+
+def online_block(width: int) -> int:
+    """R4's block: the largest divisor of ffn_down's input width that has a Hadamard matrix (m 2^k): the whole
+    width where it has one (SmolLM2's 1536 = 12 x 2^7), else a block-diagonal R4 of that many entries per block;
+    the fast transform costs ~ width log2(block) additions per token, never a dense matrix."""
+    for b in range(width, 0, -1):
+        if width % b == 0 and hadamard_factor(b) is not None:
+            return b
+    return 1
+
+
+def add_online(p: Plan | None, names_shapes: dict[str, tuple], hp, seed: int = 0) -> Plan:
+    """R4 into ``p`` (a :class:`Plan`, or None: R4 alone): every ``ffn_down`` (dense, expert stack, shared expert)
+    takes ``W -> W R4`` along its last axis (its input, the FFN's product), R4 block-diagonal in blocks of
+    :func:`online_block` of that width (one R4 per distinct width, the same seed); the runtime must rotate that
+    input ``h -> h R4`` (docs/RUNTIME.md). OrkError (one line) for a model without an ffn_down."""
+    downs = {n: tuple(s) for n, s in names_shapes.items() if _LAYER.match(n) and _DOWN.search(n)}
+    if not downs:
+        raise OrkError(f"--online-hadamard: cannot rotate {escape_name(str(hp.arch))}: it has no ffn_down matrix "
+                       "(the FFN's down projection) whose input to rotate")
+    r4 = {}
+    for w in sorted({s[-1] for s in downs.values()}):
+        b = online_block(w)
+        if b < 2:
+            raise OrkError(f"--online-hadamard: ffn_down's input width {w} has no Hadamard block")
+        r4[w] = Rotation("r4", b, seed)
+    if p is None:
+        p = Plan(None, None, norm_offset=float(hp.norm_offset))
+        p.provenance = {"method": METHOD, "r1": None, "r2": None, "folded": [], "rotated": 0, "untied_head": None}
+    p.r4 = r4
+    for n in sorted(downs):
+        ax, w = len(downs[n]) - 1, downs[n][-1]
+        p.ops.setdefault(n, []).append(("rot", "r4", ax, 0, w))
+        p.records.setdefault(n, {}).setdefault("rotate", []).append(["r4", ax, 0, w])
+    p.provenance = p.provenance | {"r4": [{"width": w} | r.record() for w, r in r4.items()], "online": ONLINE,
+                                   "rotated": sum(1 for r in p.records.values() if "rotate" in r)}
+    return p
+
+
+def _r4_of(recs) -> dict[int, Rotation]:
+    """provenance.rotation.r4 (a list of ``{"width", kind, size, seed, hadamard}``) as width -> Rotation; OrkError
+    when an entry is malformed or its block is not :func:`online_block` of its width."""
+    if not isinstance(recs, list) or not recs:
+        raise OrkError("rotation r4: not a list of per-width records")
+    out = {}
+    for rec in recs:
+        if not isinstance(rec, dict) or not all(isinstance(rec.get(k), int) and not isinstance(rec.get(k), bool)
+                                                for k in ("width", "size", "seed")) \
+                or not 1 <= rec["width"] <= 1 << 20 or rec.get("kind") != "hadamard" or rec["width"] in out:
+            raise OrkError(f"rotation r4: malformed record {str(rec)[:80]}")
+        w = rec["width"]
+        if rec["size"] != online_block(w):
+            raise OrkError(f"rotation r4: block {rec['size']} for width {w}, the rule gives {online_block(w)}")
+        out[w] = _rotation_of({k: v for k, v in rec.items() if k != "width"}, "r4")
+    return out
+
+
+def online_of(pack) -> dict[int, Rotation] | None:
+    """The R4 a pack's runtime must apply to every ffn_down input (preamble flag FLAG_ONLINE_R4 and its record),
+    input width -> Rotation, or None; OrkError (one line) when the flag and the record disagree."""
+    from ..pack import spec
+    flag = bool(pack.preamble.flags & spec.FLAG_ONLINE_R4)
+    rec = ((pack.header.get("provenance") or {}).get("rotation") or {}).get("r4")
+    if flag != (rec is not None):
+        raise OrkError(f"{escape_name(str(pack.path))}: the preamble's online-Hadamard flag and "
+                       "provenance.rotation.r4 disagree; rebuild the pack")
+    return _r4_of(rec) if flag else None
+
+
+def rotate_input(r4: dict[int, Rotation] | None, name: str, x: np.ndarray) -> np.ndarray:
+    """What a runtime does before each ffn_down (and nothing elsewhere): ``h -> h R4`` block by block, in float64
+    rounded to float32, before any activation quantization."""
+    if r4 is None or not _DOWN.search(name):
+        return x
+    x = np.asarray(x, np.float32)
+    r = r4.get(x.shape[-1])
+    if r is None:
+        raise OrkError(f"{escape_name(name)}: an input of {x.shape[-1]} entries, no R4 recorded for that width")
+    b = x.reshape(x.shape[:-1] + (x.shape[-1] // r.size, r.size))
+    return r.apply(b).reshape(x.shape).astype(np.float32)
+
+
+def unfold_online(r4: dict[int, Rotation] | None, name: str, w: np.ndarray) -> np.ndarray:
+    """An ffn_down's values ``W R4`` (float32, as a path decodes them) back in the source's basis, ``(W R4) R4^T``
+    along its last axis (float64, rounded to float32): what a runtime that cannot rotate online (llama.cpp, ``orkpack
+    export``) multiplies instead; with float activations it computes what the pack's path does, ``(h R4)(W R4)^T =
+    h W^T``. Anything else as given."""
+    if r4 is None or not _DOWN.search(name):
+        return w
+    r = r4.get(w.shape[-1])
+    if r is None:
+        raise OrkError(f"{escape_name(name)}: {w.shape[-1]} input columns, no R4 recorded for that width")
+    qt = r.matrix().T
+    b = np.asarray(w, np.float64).reshape(w.shape[:-1] + (w.shape[-1] // r.size, r.size))
+    return (b @ qt).reshape(w.shape).astype(np.float32)
+
+
+def rotated(src, seed: int = 0, heads: bool = True, rotate: bool = True, online: bool = False) -> RotatedSource:
+    """The opened source ``src`` as its rotated model: R1 (and R2 unless not ``heads``) when ``rotate``, R4 into
+    every ffn_down when ``online`` (OrkError, one line, when its family's graph does not allow it)."""
     from ..model import forward
     from ..model.hparams import NotEvaluable
 
@@ -507,7 +614,10 @@ def rotated(src, seed: int = 0, heads: bool = True) -> RotatedSource:
     except NotEvaluable as e:
         raise OrkError(f"--rotate: cannot rotate this model: {e}") from None
     names_shapes = {i.name: tuple(i.shape) for i in src.tensors()}
-    return RotatedSource(src, plan(names_shapes, hp, seed, heads))
+    p = plan(names_shapes, hp, seed, heads) if rotate else None
+    if online:
+        p = add_online(p, names_shapes, hp, seed)
+    return RotatedSource(src, p)
 
 
 # ------------------------------------------------------------------------------------------- a pack's records
@@ -534,7 +644,8 @@ def _rotation_of(rec, which: str) -> Rotation | None:
 
 
 def _plan_of(pack, prov) -> Plan:
-    p = Plan(_rotation_of(prov.get("r1"), "r1"), _rotation_of(prov.get("r2"), "r2"), provenance=prov)
+    p = Plan(_rotation_of(prov.get("r1"), "r1"), _rotation_of(prov.get("r2"), "r2"),
+             None if prov.get("r4") is None else _r4_of(prov["r4"]), provenance=prov)
     for t in pack.tensors:
         r = t.get("rotation")
         if not isinstance(r, dict):
@@ -562,8 +673,17 @@ def check_pack(pack) -> str | None:
     recs = {t["name"]: t.get("rotation") for t in pack.tensors if t.get("rotation") is not None}
     if prov is None:
         return "tensors carry rotation records but provenance.rotation is missing" if recs else None
-    if not isinstance(prov, dict) or prov.get("method") != METHOD or not isinstance(prov.get("r1"), dict):
+    if not isinstance(prov, dict) or prov.get("method") != METHOD \
+            or not (isinstance(prov.get("r1"), dict) or prov.get("r4") is not None):
         return "provenance.rotation is malformed"
+    r4 = {}
+    if prov.get("r4") is not None:
+        if prov.get("online") != ONLINE:
+            return "provenance.rotation.r4 without online: \"ffn_down\""
+        try:
+            r4 = _r4_of(prov["r4"])
+        except OrkError as e:
+            return str(e)
     rots = {}
     for which in ("r1", "r2"):
         rec = prov.get(which)
@@ -582,6 +702,15 @@ def check_pack(pack) -> str | None:
         if not np.allclose(np.linalg.norm(back, axis=1), np.linalg.norm(v, axis=1), rtol=1e-9):
             return f"rotation {which}: not orthogonal"
         rots[which] = r
+    for w, r in r4.items():
+        v = np.random.default_rng(0).standard_normal((4, r.size))
+        if not np.allclose(np.linalg.norm(r.apply(v), axis=1), np.linalg.norm(v, axis=1), rtol=1e-9):
+            return f"rotation r4 of width {w}: not orthogonal"
+    if r4:  # the runtime rotates every ffn_down input: each must hold W R4
+        for name in shapes:
+            if _DOWN.search(name) and not any(isinstance(e, list) and e[:1] == ["r4"]
+                                              for e in (recs.get(name) or {}).get("rotate", [])):
+                return f"{escape_name(name)}: an ffn_down without R4 in a pack whose runtime rotates its input"
     units = {n for n, r in recs.items() if isinstance(r, dict) and r.get("unit") is not None}
     for name, r in recs.items():
         label = escape_name(name)
@@ -598,10 +727,15 @@ def check_pack(pack) -> str | None:
         if not isinstance(rot, list) or not rot:
             return f"{label}: a rotated tensor names no rotation"
         for e in rot:
-            if not (isinstance(e, list) and len(e) == 4 and e[0] in rots
+            if not (isinstance(e, list) and len(e) == 4 and (e[0] in rots or (e[0] == "r4" and r4))
                     and all(isinstance(x, int) and not isinstance(x, bool) for x in e[1:])):
-                return f"{label}: rotation entry {e!r} is not [r1|r2, axis, first, count] of a recorded rotation"
+                return f"{label}: rotation entry {e!r} is not [r1|r2|r4, axis, first, count] of a recorded rotation"
             _, ax, first, count = e
+            if e[0] == "r4":
+                if not _DOWN.search(name) or ax != len(shape) - 1 or first != 0 or count != shape[-1] \
+                        or count not in r4:
+                    return f"{label}: rotation entry {e!r} is not R4 over an ffn_down's whole input"
+                continue
             n = rots[e[0]].size
             if not (0 <= ax < len(shape) and first >= 0 and count > 0 and count % n == 0 and first + count <= shape[ax]):
                 return f"{label}: rotation entry {e!r} does not fit its shape {shape}"
@@ -687,6 +821,9 @@ def shown(prov: dict | None) -> dict | None:
         "method": r.get("method") if isinstance(r.get("method"), str) else None,
         "r1": rot(r.get("r1")),
         "r2": rot(r.get("r2")),
+        "r4": [dict(rot(x), width=x.get("width")) for x in r["r4"] if isinstance(x, dict)]
+        if isinstance(r.get("r4"), list) else None,
+        "online": r.get("online") if isinstance(r.get("online"), str) else None,
         "folded": len(r["folded"]) if isinstance(r.get("folded"), list) else None,
         "rotated": r.get("rotated") if isinstance(r.get("rotated"), int) else None,
         "untied_head": {k: v for k, v in uh.items() if isinstance(k, str) and isinstance(v, str)} if isinstance(uh, dict) else None,
@@ -708,5 +845,7 @@ def line(r: dict | None) -> str | None:
 
     uh = r.get("untied_head")
     head = f"; head untied from {escape_name(next(iter(uh.values())), 40)}" if uh else ""
-    return (f"{escape_name(str(r.get('method')), 20)}: R1 {one(r.get('r1'))}; R2 {one(r.get('r2'))}; "
+    r4 = (f"; R4 {', '.join(one(x) for x in r['r4'])}, online before every {escape_name(str(r.get('online')), 20)}"
+          if r.get("r4") else "")
+    return (f"{escape_name(str(r.get('method')), 20)}: R1 {one(r.get('r1'))}; R2 {one(r.get('r2'))}{r4}; "
             f"{r.get('folded')} norms folded, {r.get('rotated')} tensors rotated{head}")

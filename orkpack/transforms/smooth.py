@@ -289,6 +289,8 @@ def plan(src, infos, stats_path: Path, stats=None, *, alpha: float | None = None
     stats = stats if stats is not None else load_stats(stats_path)
     names_shapes = {i.name: tuple(i.shape) for i in infos}
     gs = groups(names_shapes, hp.fwd, hp.n_layers)
+    if getattr(getattr(src, "plan", None), "r4", None):  # R4 online between ffn_up's rows and ffn_down's columns
+        gs = [g for g in gs if not any(".ffn_down" in m for m in g.matrices)]
     hg = head_group(names_shapes) if untie_head else None
     warnings = []
     if not gs and hg is None:
