@@ -186,13 +186,13 @@ def test_pack_without_the_option_is_as_before(tmp_path):
     build(model, b, BuildOptions(threads=1, plan=False, npu=["*"], online_hadamard=False, rotate_seed=0))
     assert a.read_bytes() == b.read_bytes()
     with Pack.open(a) as p:
-        assert p.preamble.flags == 0 and p.preamble.version_minor == 7 and p.header["version"] == [1, 7]
+        assert p.preamble.flags == 0 and p.preamble.version_minor == spec.VERSION_MINOR and p.header["version"] == [1, spec.VERSION_MINOR]
         assert "online_hadamard" not in p.header["provenance"]["options"]
         assert inspect_pack(a)["flags"] == []
     r = tmp_path / "r.orkpack"
     build(model, r, BuildOptions(threads=1, plan=False, npu=["*"], rotate=True))
-    with Pack.open(r) as p:  # --rotate alone: no online step, no flag, still 1.7
-        assert p.preamble.flags == 0 and p.preamble.version_minor == 7
+    with Pack.open(r) as p:  # --rotate alone: no online step, no flag, still the unflagged minor
+        assert p.preamble.flags == 0 and p.preamble.version_minor == spec.VERSION_MINOR
         assert p.header["provenance"]["rotation"].get("r4") is None
 
 
