@@ -67,9 +67,7 @@ def nf4_board(board: Board, fmt: str) -> Board:
 
 def copy_bytes(n: int, k: int, fmt: str) -> int:
     """Stored bytes of an N x K host copy in ``fmt`` (copy_format)."""
-    if fmt in spec.NF4_FORMATS:
-        return host_nf4_bytes(n, k, fmt)
-    return host_format_bytes(n, k, fmt, fmt)
+    return host_nf4_bytes(n, k, fmt) if fmt in spec.NF4_FORMATS else host_format_bytes(n, k, fmt, "")
 
 
 def copy_error(fmt: str) -> float:

@@ -675,7 +675,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
             if board.host_low != "nf4":  # the best the board allows is with host NF4, its fastest format
                 ref = _nf4_best_decode(manifest, board, profile, pinmap, npu_storage, min(prompt, ctx), kv_type,
                                        caps, time_limit, md.dec_const)
-                own, st0 = st0[0].value, (ref if ref is not None and ref[0].value < st0[0].value else st0)
+                st0 = ref if ref is not None and ref[0].value < own else st0
             d_best = md.dec_const + st0[0].value
             frac = (1.0 - DECODE_SLACK) if goal.decode_floor is None else goal.decode_floor
             caps2 = dict(caps)
