@@ -127,10 +127,13 @@ NF4_MODE_HELP = ("How NF4 blocks are chosen: opt (default): each block's absmax 
 NF4_FORMAT_HELP = ("NF4 format of host tensors: dq32 (default with --nf4-mode opt): bitsandbytes NF4 at blocksize 32 "
                    "with double-quantized absmax, 4.25 bits a weight; b64: blocksize 64, float32 absmax, 4.5 bits "
                    "(the only format of --nf4-mode bnb). bitsandbytes' dequantize_4bit reads both.")
-HOST_LOW_HELP = ("Encoding of the host tensors the plan puts at its low level (NF4): nf4 (default: the --nf4-format), "
+LEVELS_DEFAULT = (" Given neither level, the default goal plans nf4 / int8 and int5dq / int6dq and keeps the one of less "
+                  "predicted KLD that decodes within its 5 %, a size bound every pair (docs/TIERMAP.md 4); given one, "
+                  "the other is nf4 or int8.")
+HOST_LOW_HELP = ("Encoding of the host tensors the plan puts at its low level (NF4): nf4 (the --nf4-format), "
                  "int5dq or int6dq (5 or 6-bit integers in blocks of 32, double-quantized scale; 5.25 / 6.25 bits). "
-                 "The plan counts its bytes and error.")
-HOST_HIGH_HELP = ("Encoding of the host tensors the plan puts at its high level (int8): int8 (default: per row), int8dq "
+                 "The plan counts its bytes and error." + LEVELS_DEFAULT)
+HOST_HIGH_HELP = ("Encoding of the host tensors the plan puts at its high level (int8): int8 (per row), int8dq "
                   "or int6dq (8 or 6-bit integers in blocks of 32; 8.25 / 6.25 bits). The plan counts its bytes and error.")
 NF4_WEIGHTING_HELP = ("The opt search's error weight per value: plain (default), x2 (the value squared) or sigma "
                       "(sqrt(sigma^2 + x^2), llama.cpp's with an imatrix); times the imatrix column weight if given.")
@@ -164,7 +167,7 @@ def _cluster_only(boards, *, frontier: bool = False, board_given: bool = False) 
 
 MAX_BYTES_HELP = ("The best pack of this size: the least predicted KLD whose weights take at most BYTES (e.g. 120MB, "
                   "3.5GiB); --bytes-of says which bytes. Without --goal the goal is then quality (decode, then "
-                  "prefill, second).")
+                  "prefill, second), and without --host-low / --host-high every pair of host levels is planned.")
 BPW_HELP = "As --max-bytes, in bits per weight: X x the model's weight parameters / 8 bytes (e.g. 4.8)."
 BYTES_OF_HELP = ("What --max-bytes / --bpw bound: file (the weights the pack holds: NPU tiles, host copies, host "
                  "tensors, floats) or decode (the weight bytes the CPU reads for one decode token).")

@@ -193,7 +193,8 @@ def follow(inp, opts: BuildOptions, nf4: NF4Choice) -> Placed:
 
 
 def solve(inp, opts: BuildOptions, nf4: NF4Choice) -> Placed:
-    """Solve the tier map as ``orkpack plan`` does, for the build's NF4 format, and follow it."""
+    """Solve the tier map as ``orkpack plan`` does, for the build's NF4 format, and follow it (its host levels too:
+    given none, the plan chooses them)."""
     from ..tiers.command import plan
 
     tm, _solve_s, _ = plan(
@@ -201,8 +202,9 @@ def solve(inp, opts: BuildOptions, nf4: NF4Choice) -> Placed:
         prefill_m=opts.prefill_m, pins=opts.pins(), ignore_unknown=opts.ignore_unknown,
         goal=opts.goal_of(),
         prompt=opts.prompt, runtime=opts.runtime, nf4_format=nf4.format, npu_storage=opts.npu_storage,
-        host_low=nf4.host_low, host_high=nf4.host_high,
+        host_low=opts.host_low, host_high=opts.host_high,  # neither given: the plan chooses them
     )
+    opts, nf4 = follow_host_formats(tm, Path("(the build's plan)"), opts, nf4)  # the levels it planned
     return Placed(TierMapPlacement(tm, opts), tm.to_json(), list(getattr(tm, "warnings", [])), opts, nf4)
 
 

@@ -2,8 +2,10 @@
 
 A plan item the MILP puts on host "nf4" is written in the low level's encoding ("nf4": the build's NF4 format,
 --nf4-format), one it puts on host "int8" in the high level's (docs/TIERMAP.md section 2, "Host formats"). The
-defaults are the formats there were before (nf4, int8); a tier map records others in its board block ("host_low",
-"host_high"). Used by the planner (tiers/board.py) and the build (transforms/nf4.py NF4Choice).
+defaults are the formats there were before (nf4, int8): what a tier map without levels means, and the other level when
+one is given; given neither, the balanced plan chooses the pair (tiers/solver.py AUTO_LEVELS). A tier map records
+others in its board block ("host_low", "host_high"). Used by the planner (tiers/board.py) and the build
+(transforms/nf4.py NF4Choice).
 """
 from __future__ import annotations
 

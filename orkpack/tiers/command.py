@@ -16,7 +16,7 @@ from ..pack.hostlevels import level_names
 from .board import load_board, with_host_formats
 from .manifest import manifest_from_path
 from .profile import load_profile
-from .solver import GiB, Goal, least_weight_bytes, solve
+from .solver import GiB, Goal, least_weight_bytes, solve, solve_default_levels
 from .tiermap import TierMap, dumps
 
 
@@ -77,12 +77,14 @@ def plan(model, *, board: str = "rk3588-32g", profile: Path | None = None, ctx: 
     ``runtime``: the runtime path the plan is for (default ggml-ork); ``nf4_format``: the NF4 format the
     build writes host NF4 in, whose bytes the plan counts (dq32 or b64; default dq32); ``npu_storage``: how
     the build stores NPU slices (build --npu-storage: int8, or nf4, which makes a host copy nf4 b64); ``host_low``
-    / ``host_high``: the host levels' formats (board.HOST_LOW, HOST_HIGH; None: nf4, int8)."""
+    / ``host_high``: the host levels' formats (board.HOST_LOW, HOST_HIGH; one None: nf4, int8; both None: the
+    balanced goal chooses them, solver.solve_default_levels)."""
     b = with_host_formats(load_board(board, runtime, nf4_format), host_low, host_high, "--host-low / --host-high")
     man = manifest_from_path(model)
     prof = load_profile(profile, man, b, prefill_m, ignore_unknown=ignore_unknown)
     t0 = time.perf_counter()
-    tm = solve(man, b, prof, ctx=ctx, kv_type=kv_type, pins=pins, goal=goal, prompt=prompt, npu_storage=npu_storage)
+    how = solve_default_levels if host_low is None and host_high is None else solve  # no levels given: chosen
+    tm = how(man, b, prof, ctx=ctx, kv_type=kv_type, pins=pins, goal=goal, prompt=prompt, npu_storage=npu_storage)
     return tm, time.perf_counter() - t0, [man, b, prof]
 
 
@@ -195,6 +197,15 @@ def _runtime_name(board: dict) -> str:
     return escape_name(str(rt.get("name"))) if isinstance(rt, dict) else "board-v2"
 
 
+def _levels_said(board: dict) -> str:
+    """The plan's host formats for its first line: "host NF4 F" as ever, or the levels' formats when not nf4 / int8."""
+    nf4 = f"NF4 {escape_name(str(board.get('nf4_format', 'b64')))}"
+    low, high = board.get("host_low", "nf4"), board.get("host_high", "int8")
+    if (low, high) == ("nf4", "int8"):
+        return f"host {nf4}"
+    return f"host levels {nf4 if low == 'nf4' else escape_name(str(low))} / {escape_name(str(high))}"
+
+
 def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
     from rich.table import Table
 
@@ -203,7 +214,7 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
     m = d["model"]
     console.print(f"[bold]{escape_name(m['source'])}[/]: {m['arch']}, {m['n_layers']} layers, "
                   f"{m['items']} items; board [bold]{d['board']['name']}[/], runtime [bold]{_runtime_name(d['board'])}[/], "
-                  f"host NF4 {escape_name(str(d['board'].get('nf4_format', 'b64')))}, ctx {d['options']['ctx']} "
+                  f"{_levels_said(d['board'])}, ctx {d['options']['ctx']} "
                   f"({d['options']['kv_type']} KV), profile {escape_name(str(d['options']['profile']))}, "
                   f"goal {ob['goal']['goal']}")
     rt = d["board"].get("runtime")
@@ -219,11 +230,12 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
         t.add_column(c, justify="left" if c in ("engine", "what") else "right")
     n, r = bu["npu"], bu["ram"]
     dual = sum(1 for x in tm.decisions if x.host_copy)
+    lv, ln = level_names(d["board"], title=True), level_names(d["board"])  # the levels' formats, as labels / as is
     t.add_row("NPU (IOVA)", _b(n["used"]), _b(n["cap"]), _b(n["headroom"]),
-              f"{n['items']} int8 items ({dual} with a host NF4 copy for decode)")
+              f"{n['items']} int8 items ({dual} with a host {lv['nf4']} copy for decode)")
     t.add_row("RAM (UMA)", _b(r["used"]), _b(r["cap"]), _b(r["headroom"]),
-              f"NPU {_b(r['npu_weights'])}, host copies {_b(r['host_copy_nf4'])}, int8 {_b(r['host_int8'])}, "
-              f"NF4 {_b(r['host_nf4'])}, float {_b(r['host_float'])}, KV {_b(r['kv_cache'])}, reserve {_b(r['reserve'])}")
+              f"NPU {_b(r['npu_weights'])}, host copies {_b(r['host_copy_nf4'])}, {lv['int8']} {_b(r['host_int8'])}, "
+              f"{lv['nf4']} {_b(r['host_nf4'])}, float {_b(r['host_float'])}, KV {_b(r['kv_cache'])}, reserve {_b(r['reserve'])}")
     console.print(t)
     if "recurrent_state" in r:  # a hybrid: the KV of its attention layers, its fixed state, the saving
         from .. import archs
@@ -275,9 +287,11 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
         t = Table(title=f"Hottest {len(hot)} items (NPU benefit per prefill chunk of {pr['prefill_m']} tokens)")
         for c in ("item", "benefit", "encoding", "tier", "min_m"):
             t.add_column(c, justify="left" if c == "item" else "right")
-        for x in hot:
-            tier = x.tier + (f"+host {x.host_copy}" if x.host_copy else "")
-            t.add_row(escape_name(x.name, 60), f"{ben.get(x.name, x.benefit_us) / 1e3:.3f} ms", x.encoding, tier,
+        for x in hot:  # a host item's encoding, and a copy's, as its level's format (an NPU item's is its tiles')
+            copy = x.host_copy if x.encoding == "nf4" else ln.get(x.host_copy, x.host_copy)  # stored 4-bit: b64 NF4
+            tier = x.tier + (f"+host {copy}" if x.host_copy else "")
+            enc = ln.get(x.encoding, x.encoding) if x.tier == "host" else x.encoding
+            t.add_row(escape_name(x.name, 60), f"{ben.get(x.name, x.benefit_us) / 1e3:.3f} ms", enc, tier,
                       str(x.min_m) if x.min_m < (1 << 30) else "never")
         console.print(t)
     fell = [(-ben[n], n, x) for n, x in named if x.tier == "host" and ben.get(n, 0) > 0]
@@ -290,7 +304,7 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
             why = (f"pinned {x.pin}" if x.pin else
                    f"NPU full: {_b(n['headroom'])} free, needs {_b(need)}; the resident set saves more in total"
                    if need > n["headroom"] else
-                   f"not for room ({_b(n['headroom'])} free, needs {_b(need)}): host {x.encoding} ranks better in "
+                   f"not for room ({_b(n['headroom'])} free, needs {_b(need)}): host {ln.get(x.encoding, x.encoding)} ranks better in "
                    f"the goal's later stages (quality within the prefill slack, or decode)")
             t.add_row(escape_name(x.name, 60), f"{ben[x.name] / 1e3:.3f} ms", why)
         console.print(t)
@@ -313,6 +327,16 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
                       "and the plan decodes that fast" if slow else "") + f"; {where}")
     if ob.get("prefill_slack"):
         console.print(f"Prefill is kept within {ob['prefill_slack']:.0%} of the most that decode allows, for quality")
+    tried = d["options"].get("host_levels")
+    if tried:  # no --host-low / --host-high: the levels the plan chose, and why (docs/TIERMAP.md 5)
+        won = next(r for r in tried if r["outcome"] == "chosen")
+        rest = "; ".join(f"{' / '.join(r['levels'])} " + (f"predicted KLD {r['kld']:.4f}, " if "kld" in r else "")
+                         + r["outcome"] for r in tried if r is not won)
+        if len(tried) > 2:  # a size bound's every pair: how many, the rest in --json
+            rest = (f"the least of {sum('kld' in r for r in tried)} pairs planned under the bound "
+                    f"({sum('kld' not in r for r in tried)} did not fit; each in --json options.host_levels)")
+        console.print(f"Host levels {' / '.join(won['levels'])} (predicted KLD {won['kld']:.4f}), chosen as no level was given; "
+                      f"{rest} (--host-low / --host-high choose)")
     for w in getattr(tm, "warnings", []):
         console.print(f"[yellow]warning:[/] {w}")
 

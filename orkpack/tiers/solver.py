@@ -33,7 +33,7 @@ from .. import archs, globs
 from ..keepfloat import FLOAT_GLOBS, ROUTER, pin_warnings, recorded_globs, why_float
 from ..sources import names as _names
 from . import cost, milp
-from .board import Board
+from .board import HOST_HIGH, HOST_LOW, Board
 from .manifest import NON_FLOAT_DTYPES, Item, Manifest, cache_bytes, state_bytes
 from .profile import Profile
 from .tiermap import Decision, TierMap
@@ -794,6 +794,84 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
                  budget=budget, prediction=prediction)
     tm.warnings = list(manifest.source_warnings) + list(manifest.warnings) + pin_warn + list(profile.warnings)
     return tm
+
+
+# The host levels a plan chooses between when neither --host-low nor --host-high is given (docs/TIERMAP.md 4, "The
+# default levels"); the first pair is what a map without levels means. The balanced goal's: the others are planned
+# only where they can decode within its floor, kept where they predict less KLD at that decode and prefill. A size
+# bound's (--max-bytes / --bpw, the goal quality): every pair of host levels, the least predicted KLD kept.
+AUTO_LEVELS = (("nf4", "int8"), ("int5dq", "int6dq"))
+SIZE_LEVELS = AUTO_LEVELS[:1] + tuple((lo, hi) for lo in HOST_LOW for hi in HOST_HIGH
+                                      if lo != hi and (lo, hi) != AUTO_LEVELS[0])
+
+
+def fastest_decode(manifest: Manifest, board: Board, profile: Profile, pins: dict[str, list[str]] | None = None, *,
+                   prompt: int = 512, kv_type: str = "f16", npu_storage: str = "int8") -> float:
+    """The least decode seconds per token any plan in ``board``'s host levels can have: every item at its fastest
+    allowed choice, no RAM or NPU cap (a bound: a plan under the caps is no faster)."""
+    rows = _rows(manifest, board, match_pins(manifest, pins)[0], npu_storage)
+    md = _model(manifest, board, profile, rows, prompt, kv_type)
+    return md.dec_const + sum(map(min, md.dec))
+
+
+def solve_default_levels(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192,
+                         kv_type: str = "f16", pins: dict[str, list[str]] | None = None, goal: Goal | None = None,
+                         prompt: int = 512, time_limit: float = milp.TIME_LIMIT, npu_storage: str = "int8") -> TierMap:
+    """``solve`` in the host levels a plan given none chooses: of the goal's candidate pairs, the least predicted KLD.
+
+    The first pair (nf4 / int8: ``board``'s levels must be those) is planned as ever. The balanced goal then plans
+    each other pair of ``AUTO_LEVELS`` whose fastest decode (``fastest_decode``) reaches the first plan's floor,
+    (1 - DECODE_SLACK) of the best decode, and keeps it if its plan decodes at that floor or faster, prefills within
+    PREFILL_SLACK of the first plan's best prefill, and predicts less KLD than every pair before it (ties: the earlier
+    pair). A size bound with the goal quality plans every pair of ``SIZE_LEVELS`` under the bound and keeps the least
+    predicted KLD (ties: the earlier). Any other goal, and a frontier's floor, keep the first. The map records every
+    candidate's outcome (``options.host_levels``)."""
+    kw = dict(ctx=ctx, kv_type=kv_type, pins=pins, goal=goal, prompt=prompt, time_limit=time_limit,
+              npu_storage=npu_storage)
+    if (board.host_low, board.host_high) != AUTO_LEVELS[0]:
+        raise ValueError("solve_default_levels plans from the first default pair")
+    first = best = solve(manifest, board, profile, **kw)
+    g = goal or Goal()
+    sized = g.name == "quality" and (g.max_bytes is not None or g.bpw is not None)
+    if g.decode_floor is not None or not (g.name == "balanced" or sized):
+        return first
+    dec_cap = pre_cap = np.inf
+    if not sized:
+        st = {x["metric"]: x["value"] for x in reversed(first.objective["stages"])}  # each metric's first stage
+        dec_cap = st["decode"] / (1.0 - DECODE_SLACK) * (1.0 + milp.STAGE_TOL)
+        pre_cap = st["prefill"] / (1.0 - PREFILL_SLACK) * (1.0 + milp.STAGE_TOL)
+    tried = [{"levels": list(AUTO_LEVELS[0]), "kld": first.prediction["kld"], "outcome": "planned"}]
+    for low, high in (SIZE_LEVELS if sized else AUTO_LEVELS)[1:]:
+        b = replace(board, host_low=low, host_high=high)
+        row = {"levels": [low, high]}
+        tried.append(row)
+        if not sized:
+            fast = fastest_decode(manifest, b, profile, pins, prompt=min(prompt, ctx), kv_type=kv_type,
+                                  npu_storage=npu_storage)
+            if fast > dec_cap:
+                row["outcome"] = "skipped: decodes at most %.3f tok/s, under the floor %.3f" % (1 / fast, 1 / dec_cap)
+                continue
+        try:
+            tm = solve(manifest, b, profile, **kw)
+        except OrkError as e:
+            row["outcome"] = f"skipped: {e}"
+            continue
+        p = tm.prediction
+        row["kld"] = p["kld"]
+        if p["decode_s_per_token"] > dec_cap or p["prefill_s_per_chunk"] > pre_cap:
+            row["outcome"] = "planned, slower than the first pair allows"
+        elif p["kld"] < best.prediction["kld"]:
+            row["outcome"], best = "planned", tm
+        else:
+            row["outcome"] = "planned, no less KLD"
+    chosen = [best.board.get("host_low", AUTO_LEVELS[0][0]), best.board.get("host_high", AUTO_LEVELS[0][1])]
+    for row in tried:
+        if row["levels"] == chosen:
+            row["outcome"] = "chosen"
+        elif row["outcome"] == "planned":  # beaten by a later pair
+            row["outcome"] = "planned, more KLD"
+    best.options["host_levels"] = tried
+    return best
 
 
 def _bytes_const(manifest: Manifest, of: str) -> int:
