@@ -5,7 +5,8 @@ tests/fixtures/plan_golden/regen.py: the --json text and the tables (their one t
 masked) of the 18,626-item MoE with the analytic and the skewed routing profile (balanced and --goal decode:
 the presolve and bound-tightening path), with pins, and of a dense, an OLMoE, a tied-embedding and a hybrid
 model with other goals, boards, KV types and a size bound. Each case runs as a whole process, as a user runs it;
-one also writes its map with -o, which must be the --json text.
+one also writes its map with -o, which must be the --json text. (Regenerated once since, for the default host
+levels' record: regen.py says what changed.)
 """
 from __future__ import annotations
 
