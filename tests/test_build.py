@@ -43,10 +43,15 @@ def _tensor_bytes(path: Path) -> dict:
 
 
 def _stored_encoding(tm, encoding: str) -> str:
-    """The pack encoding of a tier map's host ``encoding``: its "nf4" is host NF4 in the map's NF4 format."""
+    """The pack encoding of a tier map's host ``encoding``: its "nf4" is the low level (host NF4 in the map's NF4
+    format, or the map's host_low), its "int8" the high level (the map's host_high)."""
+    from orkpack.pack.hostlevels import level_names
     from orkpack.transforms.nf4 import NF4Choice
 
-    return NF4Choice(format=tm.nf4_format).encoding if encoding == "nf4" else encoding
+    lv = level_names(tm.board)
+    if encoding == "nf4":
+        return NF4Choice(format=tm.nf4_format).encoding if lv["nf4"] == "nf4" else lv["nf4"]
+    return lv["int8"] if encoding == "int8" else encoding
 
 
 def test_build_hf_folder_decodes_close_to_source(hf_model, tmp_path):
@@ -77,11 +82,12 @@ def test_build_hf_folder_decodes_close_to_source(hf_model, tmp_path):
 
         tm = TierMap.from_json(p.header["tiermap"])
         assert tm.nf4_format == "dq32"  # the default: a host "nf4" of the map is written nf4dq
+        low = _stored_encoding(tm, "nf4")  # the default levels of this tiny model: int5dq / int6dq (the plan's)
         nf4 = 0
         for t, s in p.slices():
-            if s["encoding"] in ("int8", *spec.NF4_ENCODINGS) and s["tier"] == "host":
+            if s["encoding"] in ("int8", *spec.NF4_ENCODINGS, *spec.INTDQ_ENCODINGS) and s["tier"] == "host":
                 assert _stored_encoding(tm, tm.get(t["name"], s.get("expert")).encoding) == s["encoding"], t["name"]
-                nf4 += s["encoding"] == spec.ENC_NF4DQ
+                nf4 += s["encoding"] == low
         assert nf4
     src.close()
 

@@ -195,7 +195,7 @@ def test_c_bytes_equal_python_bytes(check, good):
                                 rec["encoding"] in spec.NF4_ENCODINGS + spec.INTDQ_ENCODINGS:
                             d = _reference_decode(pack, rec)
                             want_dec[(where, ti, si)] = (rec["encoding"], d.size, xxhash.xxh3_64_hexdigest(d))
-                            ndq += rec["encoding"] == spec.ENC_NF4DQ
+                            ndq += rec["encoding"] in (spec.ENC_NF4DQ, spec.ENC_INT5DQ)  # a default build's low level
                     if s["tier"] == "npu":
                         buf, q, scale = _load(pack, s, backend, "direct", None, {"fill_seconds": 0.0, "bytes_filled": 0,
                                                                                  "inflate_seconds": 0.0, "bytes_inflated": 0})
@@ -209,7 +209,8 @@ def test_c_bytes_equal_python_bytes(check, good):
             assert sum(v[0] == "nf4dq" for v in dec.values()) == 7  # its 5 host slices and 2 host copies
         if name == "intdq":
             assert sorted(v[0] for v in dec.values()) == ["int5dq", "int5dq", "int6dq", "int8dq", "int8dq"]
-    assert ndq > 7 or "dual_int8" not in good  # and those a build writes (nf4dq by default since format 1.5)
+    assert ndq > 7 or "dual_int8" not in good  # and those a build writes (its low level: nf4dq, or int5dq where the
+    # plan chooses it, as on these tiny models)
     backend.close()
 
 

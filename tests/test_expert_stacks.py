@@ -155,7 +155,8 @@ def test_conv_kernels_are_one_float_slice_in_their_source_type(hf_tiny, hf_packs
         src.close()
     # the matrices are still quantized, and the pack is smaller than its source (it was 3-6x larger: every
     # kernel channel a 4 KiB-aligned "expert" slice, most of them NF4)
-    assert res.by_kind.get(("nf4dq", "host"), {}).get("slices", 0) >= 8
+    low = sum(res.by_kind.get((e, "host"), {}).get("slices", 0) for e in ("nf4dq", "int5dq"))  # the low level: the
+    assert low >= 8  # plan's int5dq on these tiny models, nf4dq without a plan
     assert res.pack_bytes <= (hf_tiny[mt] / "model.safetensors").stat().st_size
     assert res.worst_sqnr is None or not any(n in res.worst_sqnr[0] for n in ("conv1d", "conv.conv"))
     assert verify_pack(res.path).exit_code == 0

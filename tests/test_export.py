@@ -210,7 +210,8 @@ def test_export_holds_each_paths_weights(tmp):
 
     m = 4096  # above every min_m of this model: prefill runs every NPU slice on the NPU
     tm = tmp / "mixed-map.json"
-    res = CliRunner().invoke(app, ["plan", str(hf), "--npu", "blk.0.*", "--nf4", "blk.1.*", "-o", str(tm)])
+    res = CliRunner().invoke(app, ["plan", str(hf), "--npu", "blk.0.*", "--nf4", "blk.1.*", "--host-low", "nf4",
+                                   "-o", str(tm)])  # NF4 host slices and copies (not the levels this model would take)
     assert res.exit_code == 0, res.output
     d = json.loads(tm.read_text())
     for t in d["tensors"]:  # the tied head to the NPU with a host copy (the planner keeps it on the host)
