@@ -195,7 +195,7 @@ def test_plan_labels_name_the_host_formats(tmp_path):
     assert "all NF4" not in out and "all int8" not in out and "Q8_0" not in out
     lookups = [ln for ln in r.stdout.splitlines() if ln.startswith("lookup ")]
     assert lookups and all((" host int5dq " in ln or " host int6dq " in ln) for ln in lookups), lookups
-    r = _run("plan", str(src), "--runtime", "llama.cpp-cpu")  # the defaults keep their names
+    r = _run("plan", str(src), "--runtime", "llama.cpp-cpu", "--host-low", "nf4")  # nf4 / int8 keep their names
     out = " ".join(r.stdout.split())
     assert r.returncode == 0 and "CPU only, all NF4" in out and "all int8 (like llama.cpp Q8_0)" in out
 
