@@ -310,13 +310,15 @@ def test_plan_pauses_the_collector_and_restores_it(monkeypatch, capsys):
     from orkpack.tiers import command
 
     seen = []
-    real = command.solve
 
-    def spy(*a, **k):
-        seen.append(gc.isenabled())
-        return real(*a, **k)
+    def spying(real):
+        def spy(*a, **k):
+            seen.append(gc.isenabled())
+            return real(*a, **k)
+        return spy
 
-    monkeypatch.setattr(command, "solve", spy)
+    for name in ("solve", "solve_default_levels"):  # given no host levels, plan solves through the latter
+        monkeypatch.setattr(command, name, spying(getattr(command, name)))
     assert gc.isenabled()
     assert command.plan_command(ROOT / "tests/fixtures/configs/qwen2.json", json_out=True) == 0
     assert seen == [False] and gc.isenabled()
