@@ -82,7 +82,8 @@ def test_timestamp_only_when_asked(model, tmp_path, monkeypatch):
 
 
 def test_same_bytes_at_every_simd_level_and_thread_count(tmp_path, monkeypatch):
-    # issue 26: the default build (the plan: nf4dq host slices and host copies, int8 NPU tiles) and a pinned one,
+    # issue 26: the default build (the plan: its host levels, their host slices and copies, int8 NPU tiles), a pinned
+    # one and the same in nf4 / int8,
     # at every SIMD level the CPU has and 1, 2 and 3 threads, give one set of bytes. The kernels' chunks are made
     # small so that every tensor is split across the threads (rows 360 wide: no multiple of 32 or 16)
     from orkpack import codecs
@@ -93,7 +94,8 @@ def test_same_bytes_at_every_simd_level_and_thread_count(tmp_path, monkeypatch):
     levels = [lvl for lvl in ("portable", "avx2", "avx512") if codecs.set_isa(lvl) == lvl]
     kinds, copies = set(), []
     try:
-        for name, opts in (("default", {}), ("pinned", dict(OPTS, int8=["token_embd.weight"]))):
+        for name, opts in (("default", {}), ("pinned", dict(OPTS, int8=["token_embd.weight"])),
+                           ("pinned-nf4", dict(OPTS, int8=["token_embd.weight"], host_low="nf4"))):
             codecs.set_isa("portable")
             ref = build(src, tmp_path / f"{name}.orkpack", BuildOptions(threads=1, **opts)).path.read_bytes()
             for lvl in levels:
@@ -106,5 +108,7 @@ def test_same_bytes_at_every_simd_level_and_thread_count(tmp_path, monkeypatch):
                 copies += [s["host_copy"]["encoding"] for t in p.tensors for s in t["slices"] if s.get("host_copy")]
     finally:
         codecs.set_isa(None)
-    # every encoder ran: nf4dq host slices, int8 host and NPU tiles, nf4dq host copies of NPU slices
-    assert {("nf4dq", "host"), ("int8", "host"), ("int8", "npu")} <= kinds and "nf4dq" in copies, (kinds, copies)
+    # every encoder ran: nf4dq host slices, int8 host and NPU tiles, nf4dq host copies of NPU slices (the nf4 levels);
+    # int5dq / int6dq host slices and int5dq copies (the levels the default plan takes for this tiny model)
+    assert {("nf4dq", "host"), ("int8", "host"), ("int8", "npu"), ("int5dq", "host"), ("int6dq", "host")} <= kinds \
+        and {"nf4dq", "int5dq"} <= set(copies), (kinds, copies)
