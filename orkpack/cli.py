@@ -222,6 +222,21 @@ def _given(context: typer.Context) -> frozenset:
     return frozenset(n for n in names if getattr(context.get_parameter_source(n), "name", None) == "COMMANDLINE")
 
 
+def _numpy_with_one_blas_thread() -> None:
+    """Import numpy with OpenBLAS held to one thread, for commands whose numpy work is small (issue 26): numpy's
+    OpenBLAS starts a thread per core when it loads, and its idle threads spin for a while, ~0.03 s of CPU time of
+    every `orkpack plan` on the 2-core test machine, for a plan whose vectors are a few hundred long (OpenBLAS runs
+    products that short on one thread anyway). OPENBLAS_NUM_THREADS is set only for numpy's import, and only when
+    the user did not set it; nothing changes once numpy is loaded (a test process, a build that plans)."""
+    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        del os.environ["OPENBLAS_NUM_THREADS"]
+
+
 def _warn_line(message, category, filename, lineno, file=None, line=None):
     print(f"warning: {message}", file=sys.stderr)
 
@@ -501,6 +516,7 @@ def plan(
 ):
     """Solve the tier map (what goes int8 on the NPU, with or without a host NF4 copy; what stays NF4 or int8
     on the host) and predict decode tok/s, prefill tok/s and TTFT, without converting anything."""
+    _numpy_with_one_blas_thread()
     from orkpack.tiers.command import plan_command
     from orkpack.tiers.solver import Goal
 

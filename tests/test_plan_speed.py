@@ -379,3 +379,24 @@ def test_plan_freezes_the_objects_at_exit():
     assert r.returncode == 0, r.stderr[-2000:]
     texts = r.stdout.split('{\n "schema"')
     assert len(texts) == 3 and all(json.loads('{\n "schema"' + t)["schema"] == "orkpack.tiermap" for t in texts[1:])
+
+
+@pytest.mark.parametrize("preset", [None, "2"])
+def test_plan_loads_numpy_with_one_blas_thread(preset):
+    """`orkpack plan` imports numpy with OpenBLAS at one thread (no idle threads spinning through the plan) and
+    leaves the environment as it was; a user's own OPENBLAS_NUM_THREADS is kept."""
+    code = ("import os, sys\nfrom orkpack.cli import main\nsys.argv = ['orkpack', 'plan', sys.argv[1], '--json']\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "from threadpoolctl import threadpool_info\n"
+            "print([p['num_threads'] for p in threadpool_info() if p['internal_api'] == 'openblas'],"
+            " os.environ.get('OPENBLAS_NUM_THREADS'), file=sys.stderr)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("OPENBLAS_NUM_THREADS", None)
+    env.pop("OMP_NUM_THREADS", None)
+    if preset is not None:
+        env["OPENBLAS_NUM_THREADS"] = preset
+    r = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests/fixtures/configs/qwen2.json")],
+                       capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["schema"] == "orkpack.tiermap"
+    assert r.stderr.split("\n")[-2] == ("[1] None" if preset is None else f"[{preset}] {preset}")
