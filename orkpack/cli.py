@@ -18,6 +18,7 @@ import typer
 
 from orkpack import __version__
 from orkpack.errors import OrkError
+from orkpack.gcpause import without_gc
 
 def _plain_coercion() -> None:
     """Coerce plain option values without pydantic (issue 26): typer 0.29 hands every option's value to a pydantic
@@ -477,6 +478,7 @@ def inspect(
 
 @app.command()
 @_fail_cleanly
+@without_gc  # its imports too (numpy's, orkpack's: ~40 passes of the collector over young module dicts)
 def plan(
     context: typer.Context,
     model: str = typer.Argument(..., metavar="MODEL", help="A config.json, an HF folder, a .safetensors or a .gguf file (headers only: no "

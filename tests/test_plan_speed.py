@@ -332,6 +332,45 @@ def test_plan_pauses_the_collector_and_restores_it(monkeypatch, capsys):
     capsys.readouterr()
 
 
+def test_cli_plan_pauses_the_collector_over_its_imports(monkeypatch):
+    """The `plan` command itself runs paused (its imports of numpy and the planner included) and leaves the
+    collector on after, on success and on error."""
+    import gc
+
+    from typer.testing import CliRunner
+
+    from orkpack import cli
+
+    seen = []
+    real = cli._numpy_with_one_blas_thread
+    monkeypatch.setattr(cli, "_numpy_with_one_blas_thread", lambda: (seen.append(gc.isenabled()), real())[1])
+    cfg = str(ROOT / "tests/fixtures/configs/qwen2.json")
+    r = CliRunner().invoke(cli.app, ["plan", cfg, "--json"])
+    assert r.exit_code == 0, r.output
+    assert seen == [False] and gc.isenabled()
+    assert CliRunner().invoke(cli.app, ["plan", cfg, "--ctx", "-1"]).exit_code != 0
+    assert seen == [False, False] and gc.isenabled()
+
+
+def test_paused_work_survives_into_the_oldest_generation():
+    """What a paused call leaves alive goes to the collector's oldest generation when it resumes (the young
+    generation's next pass does not examine it), unless something else is frozen, which stays frozen."""
+    import gc
+
+    from orkpack.gcpause import without_gc
+
+    made = without_gc(lambda: [[i] for i in range(1000)])()
+    assert any(o is made for o in gc.get_objects(generation=2))
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        again = without_gc(lambda: [[i] for i in range(1000)])()
+        assert gc.get_freeze_count() == frozen and len(again) == len(made)
+    finally:
+        gc.unfreeze()
+
+
 @pytest.mark.parametrize("n_blocks", [0, 1, 3, 64])
 def test_block_names_answer_as_gguf_name_map(n_blocks):
     """archs._BlockNames (what canonical_name looks names up in, without building gguf-py's map) answers
