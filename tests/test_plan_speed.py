@@ -371,6 +371,33 @@ def test_paused_work_survives_into_the_oldest_generation():
         gc.unfreeze()
 
 
+def test_matches_any_is_any_of_matches():
+    """globs.matches_any (one regular expression for a tuple of globs) says what any(globs.matches) says: on every
+    tensor name of the test and shipped configs and odd names, against every always-float row and odd globs."""
+    from orkpack import globs
+    from orkpack.keepfloat import ALWAYS_FLOAT
+
+    from orkpack.errors import OrkError
+
+    names = set()
+    for cfg in CONFIGS:
+        try:
+            names |= {t.name for t in manifest_from_config(json.loads(cfg.read_text()), cfg.name).tensors}
+        except OrkError:  # not a plannable config
+            pass
+    names |= {"", "x", "x[3]", "x3", "a.b", "a\nb.bias", "blk.0.ffn_gate_inp.weight", "blk.0.ffn_gate_inp_shexp.weight",
+              "[!a]b", "ab", "bb", "*.bias", "blk.1.time_mix_w1.weight", "blk.1.ssm_a"}
+    rows = [gl for _, gl in ALWAYS_FLOAT if gl]
+    rows += [("x[3]",), ("x[3]", "*.bias"), ("[!a]*", "a?"), ("*[0-9]", "**", ""), ("a*b",), ("blk.?.*",), ()]
+    hits = 0
+    for gl in rows:
+        for n in names:
+            want = any(globs.matches(n, g) for g in gl)
+            assert globs.matches_any(n, gl) == want, (n, gl)
+            hits += want
+    assert hits > 100
+
+
 @pytest.mark.parametrize("n_blocks", [0, 1, 3, 64])
 def test_block_names_answer_as_gguf_name_map(n_blocks):
     """archs._BlockNames (what canonical_name looks names up in, without building gguf-py's map) answers
