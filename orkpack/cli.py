@@ -3,9 +3,11 @@
 User errors (OrkError) print one line on stderr and exit with their code
 (2, or 1 for a failed check); Ctrl-C exits 130. Anything else is a bug and
 keeps its traceback.
-"""
-from __future__ import annotations
 
+Unlike the rest of the package, this module has no ``from __future__ import annotations``: typer reads every
+command's parameters from their annotations, and objects cost it half of what strings do (get_type_hints
+evaluates each string again; ~4 ms of every command, issue 26).
+"""
 import functools
 import json
 import os
