@@ -23,6 +23,7 @@ names (``name[e]``). Names the model lacks raise OrkError listing them unless
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import re
@@ -65,13 +66,18 @@ class Profile:
 class _Resolver:
     def __init__(self, manifest: Manifest):
         self.m = manifest
-        self.index: dict[tuple[str, int | None], int] = {it.key: i for i, it in enumerate(manifest.items)}
         self.stacked: dict[str, list[int]] = {}
         for i, it in enumerate(manifest.items):
             if it.expert is not None:
                 self.stacked.setdefault(it.tensor, []).append(i)
         self.floats = {t.name for t in manifest.floats}
         self.L = manifest.facts["n_layers"]
+
+    @functools.cached_property
+    def index(self) -> dict[tuple[str, int | None], int]:
+        """Each item's index by its (tensor, expert): made when a name is not a whole stack's (a profile of stacked
+        tensors alone, as a routing profile is, never needs it; it is 18,626 keys for Qwen3-30B-A3B)."""
+        return {it.key: i for i, it in enumerate(self.m.items)}
 
     def resolve(self, name: str) -> tuple[str, list[int]] | None:
         """(kind, item indices): kind 'item', 'stacked' or 'float'; None if unknown."""
@@ -435,6 +441,7 @@ def _load_imatrix_dat(p: Path, manifest, board, prefill_m, ignore) -> Profile:
     except OSError as e:
         raise OrkError(f"{where}: cannot read the imatrix ({e.__class__.__name__})") from None
     entries = {}
+    resolver = _Resolver(manifest)
     try:
         (n,) = struct.unpack_from("<i", buf, 0)
         off = 4
@@ -452,7 +459,7 @@ def _load_imatrix_dat(p: Path, manifest, board, prefill_m, ignore) -> Profile:
                 raise ValueError
             vals = np.frombuffer(buf, dtype="<f4", count=nval, offset=off).astype(np.float64)
             off += 4 * nval
-            res = _Resolver(manifest).resolve(name)
+            res = resolver.resolve(name)
             rows = len(res[1]) if res and res[0] == "stacked" and nval % len(res[1]) == 0 else 1
             # values are mean x ncall: the energy per call is values / ncall (counts = ncall)
             entries[name] = (vals.reshape(rows, -1), np.full(rows, float(max(ncall, 1))))
