@@ -186,10 +186,10 @@ def default_sensitivity(manifest: Manifest, m_eff: list[float], prefill_m: int) 
     size = size_factor(manifest)
     tied = not any(it.role == "output" for it in reversed(manifest.items))  # output.weight sorts last but one
     heads = [i for i, it in enumerate(manifest.items) if it.role == "output" or (tied and it.role == "embedding")]
-    w = [0.0] * len(manifest.items)
+    w: list[float] = []
     kind: dict[str, float] = {}  # the kind's factor, per tensor (every expert of a stack has its tensor's)
     for i, it in enumerate(manifest.items):
-        share = (m_eff[i] / prefill_m if prefill_m else 0.0) if it.role == "expert" else 1.0
+        role = it.role
         factor = kind.get(it.tensor)
         if factor is None:
             factor = kind[it.tensor] = _kind_factor(it, gqa)
@@ -197,8 +197,13 @@ def default_sensitivity(manifest: Manifest, m_eff: list[float], prefill_m: int) 
         # much as the output error of one hidden x hidden product does; it weighs as that (K x K)
         # another embedding table (gemma4's per-layer one, a row of n_layers x width): its row gates every layer's
         # output through a width x hidden product; it weighs as that row times hidden
-        w[i] = float(it.k * it.k) if it.role == "embedding" else float(it.k * f["hidden"]) if it.role == "lookup" \
-            else float(it.numel) * share * factor
+        if role == "embedding":
+            w.append(float(it.k * it.k))
+        elif role == "lookup":
+            w.append(float(it.k * f["hidden"]))
+        else:  # its elements (it.numel) times its share, times its kind's factor
+            share = (m_eff[i] / prefill_m if prefill_m else 0.0) if role == "expert" else 1.0
+            w.append(float(it.n * it.k) * share * factor)
     for i in heads:
         w[i] = 0.0
     body = sum(w)
@@ -210,8 +215,8 @@ def default_sensitivity(manifest: Manifest, m_eff: list[float], prefill_m: int) 
 
 def active_params(manifest: Manifest) -> float:
     """The parameters a token reads: every item's elements, an expert's times its layer's used / total experts."""
-    return float(sum(it.numel * (it.n_experts_used / it.n_experts if it.role == "expert" and it.n_experts else 1.0)
-                     for it in manifest.items))
+    return float(sum(it.n * it.k * (it.n_experts_used / it.n_experts if it.role == "expert" and it.n_experts else 1.0)
+                     for it in manifest.items))  # it.n * it.k: it.numel
 
 
 def size_factor(manifest: Manifest) -> float:
