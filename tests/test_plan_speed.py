@@ -398,6 +398,24 @@ def test_matches_any_is_any_of_matches():
     assert hits > 100
 
 
+def test_stages_without_the_assignment_are_the_stages():
+    """milp.lexicographic(assign=False) (what the solver asks of a stage whose values alone it reads) solves the same
+    stages and hands back no assignment."""
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        n = 40
+        choices = [("a", "b", "c")] * n
+        cost = {m: [tuple(float(v) for v in rng.integers(1, 20, 3)) for _ in range(n)] for m in ("ram", "dec", "q")}
+        caps = {"ram": float(sum(min(c) for c in cost["ram"]) + 60)}
+
+        def run(assign):
+            p = milp.Problem(("ram", "dec", "q"), list(choices), {m: list(v) for m, v in cost.items()}, [f"i{i}" for i in range(n)])
+            return milp.lexicographic(p, [("dec", "min"), ("q", "max")], caps, assign=assign)
+
+        (pick, st), (none, st2) = run(True), run(False)
+        assert none == {} and len(pick) == n and st == st2
+
+
 @pytest.mark.parametrize("n_blocks", [0, 1, 3, 64])
 def test_block_names_answer_as_gguf_name_map(n_blocks):
     """archs._BlockNames (what canonical_name looks names up in, without building gguf-py's map) answers

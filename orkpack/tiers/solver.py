@@ -602,7 +602,7 @@ def _nf4_best_decode(manifest: Manifest, board: Board, profile: Profile, pinmap:
     prob.group()
     try:
         _, st = milp.lexicographic(prob, [("dec", "min")], {k: caps[k] for k in ("ram", "npu")},
-                                   time_limit=time_limit)
+                                   time_limit=time_limit, assign=False)
     except OrkError:
         return None
     st[0].value += md.dec_const - dec_const
@@ -669,7 +669,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
     try:
         if goal.name in ("balanced",) or goal.decode_floor is not None:
             # the best decode first, then allow the slack (or the frontier's floor) and optimize the rest
-            best, st0 = milp.lexicographic(prob, [("dec", "min")], caps, time_limit=time_limit)
+            _, st0 = milp.lexicographic(prob, [("dec", "min")], caps, time_limit=time_limit, assign=False)
             prob.cost.pop("-q", None)
             own = st0[0].value
             if board.host_low != "nf4":  # the best the board allows is with host NF4, its fastest format
@@ -683,7 +683,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
                 # (levels slower than that: as fast as they allow)
                 caps2["dec"] = min(caps.get("dec", np.inf), max(d_best / frac - md.dec_const, own + milp.STAGE_TOL * abs(own)))
             if goal.decode_floor is None:  # balanced: prefill within PREFILL_SLACK of its best, for quality
-                _, st1 = milp.lexicographic(prob, [("pre", "min")], caps2, time_limit=time_limit)
+                _, st1 = milp.lexicographic(prob, [("pre", "min")], caps2, time_limit=time_limit, assign=False)
                 caps2["pre"] = min(caps2.get("pre", np.inf), (md.pre_const + st1[0].value) / (1.0 - PREFILL_SLACK) - md.pre_const)
                 pick, st = milp.lexicographic(prob, [("q", "max")], caps2, time_limit=time_limit)
                 st = st0 + st1 + st
