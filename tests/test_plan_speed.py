@@ -398,6 +398,34 @@ def test_matches_any_is_any_of_matches():
     assert hits > 100
 
 
+def test_name_order_is_the_stable_sort_by_name():
+    """solver._in_name_order (runs of one tensor found by comparing neighbours, then the runs sorted) gives the list a
+    stable sort by (tensor in natural name order, expert; a tensor's own slice first) gives: on lists made as the
+    solver makes them and on shuffled, repeated and empty ones."""
+    import random
+
+    from orkpack.sources import names
+    from orkpack.tiers.solver import _in_name_order
+
+    class D:
+        def __init__(self, tensor, expert):
+            self.tensor, self.expert = tensor, expert
+
+    rng = random.Random(5)
+    pool = [f"blk.{i}.{t}.weight" for i in (0, 1, 2, 10, 11) for t in ("attn_q", "ffn_up_exps")] + ["output.weight", "token_embd.weight"]
+    for trial in range(2000):
+        ds = []
+        for t in rng.sample(pool, rng.randint(0, len(pool))):
+            ds += [D(t, None)] if rng.random() < 0.4 else [D(t, e) for e in range(rng.randint(1, 5))]
+        if trial % 3 == 1:
+            rng.shuffle(ds)
+        if trial % 5 == 2 and ds:
+            ds.append(ds[rng.randrange(len(ds))])
+        order = {n: j for j, n in enumerate(sorted({d.tensor for d in ds}, key=names.natural_key))}
+        want = sorted(ds, key=lambda d: (order[d.tensor], -1 if d.expert is None else d.expert))
+        assert [id(d) for d in _in_name_order(ds)] == [id(d) for d in want], trial
+
+
 def test_stages_without_the_assignment_are_the_stages():
     """milp.lexicographic(assign=False) (what the solver asks of a stage whose values alone it reads) solves the same
     stages and hands back no assignment."""
