@@ -3,9 +3,11 @@
 User errors (OrkError) print one line on stderr and exit with their code
 (2, or 1 for a failed check); Ctrl-C exits 130. Anything else is a bug and
 keeps its traceback.
-"""
-from __future__ import annotations
 
+Unlike the rest of the package, this module has no ``from __future__ import annotations``: typer reads every
+command's parameters from their annotations, and objects cost it half of what strings do (get_type_hints
+evaluates each string again; ~4 ms of every command, issue 26).
+"""
 import functools
 import json
 import os
@@ -18,6 +20,7 @@ import typer
 
 from orkpack import __version__
 from orkpack.errors import OrkError
+from orkpack.gcpause import without_gc
 
 def _plain_coercion() -> None:
     """Coerce plain option values without pydantic (issue 26): typer 0.29 hands every option's value to a pydantic
@@ -223,6 +226,21 @@ def _given(context: typer.Context) -> frozenset:
     """The parameters given on the command line (not left at their defaults)."""
     names = (p.name for p in context.command.params)
     return frozenset(n for n in names if getattr(context.get_parameter_source(n), "name", None) == "COMMANDLINE")
+
+
+def _numpy_with_one_blas_thread() -> None:
+    """Import numpy with OpenBLAS held to one thread, for commands whose numpy work is small (issue 26): numpy's
+    OpenBLAS starts a thread per core when it loads, and its idle threads spin for a while, ~0.03 s of CPU time of
+    every `orkpack plan` on the 2-core test machine, for a plan whose vectors are a few hundred long (OpenBLAS runs
+    products that short on one thread anyway). OPENBLAS_NUM_THREADS is set only for numpy's import, and only when
+    the user did not set it; nothing changes once numpy is loaded (a test process, a build that plans)."""
+    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        del os.environ["OPENBLAS_NUM_THREADS"]
 
 
 def _warn_line(message, category, filename, lineno, file=None, line=None):
@@ -465,6 +483,7 @@ def inspect(
 
 @app.command()
 @_fail_cleanly
+@without_gc  # its imports too (numpy's, orkpack's: ~40 passes of the collector over young module dicts)
 def plan(
     context: typer.Context,
     model: str = typer.Argument(..., metavar="MODEL", help="A config.json, an HF folder, a .safetensors or a .gguf file (headers only: no "
@@ -504,6 +523,7 @@ def plan(
 ):
     """Solve the tier map (what goes int8 on the NPU, with or without a host NF4 copy; what stays NF4 or int8
     on the host) and predict decode tok/s, prefill tok/s and TTFT, without converting anything."""
+    _numpy_with_one_blas_thread()
     from orkpack.tiers.command import plan_command
     from orkpack.tiers.solver import Goal
 

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import fnmatch
+import functools
+import re
 from difflib import get_close_matches
 
 from orkpack.errors import escape_name
@@ -10,6 +12,19 @@ from orkpack.errors import escape_name
 def matches(name: str, glob: str) -> bool:
     """fnmatch, except that an exact name always matches itself ("x[3]" is literal too)."""
     return name == glob or fnmatch.fnmatchcase(name, glob)
+
+
+def matches_any(name: str, globs: tuple[str, ...]) -> bool:
+    """Whether ``name`` :func:`matches` one of ``globs`` (a tuple, asked again and again: the planner's always-float
+    rows over every tensor of a model), by one regular expression for all of them: the alternation of what
+    fnmatch makes of each, which matches a name exactly when one of them does (issue 26)."""
+    exact, rx = _any_of(globs)
+    return name in exact or (rx is not None and rx(name) is not None)
+
+
+@functools.lru_cache(maxsize=None)
+def _any_of(globs: tuple[str, ...]):
+    return frozenset(globs), re.compile("|".join(map(fnmatch.translate, globs))).match if globs else None
 
 
 def no_match_warning(flag: str, glob: str, names: list[str]) -> str:

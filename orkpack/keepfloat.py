@@ -85,7 +85,7 @@ def why_float(name: str, shape) -> str | None:
         if gl is None:
             if len(shape) != 2 and not is_expert_stack(name, shape):
                 return what
-        elif any(globs.matches(name, g) for g in gl):
+        elif globs.matches_any(name, gl):
             return what
     return None
 
@@ -95,10 +95,9 @@ def recorded_globs(names, shapes=None) -> tuple[str, ...]:
     FLOAT_GLOBS, the convolution kernels' when a tensor is one, the state-space parameters' when one of them
     is 2-D, RWKV's LoRA factors' when the model has one (``shapes``: the tensors' shapes in the same order; a 1-D one stays float by its rank alone)."""
     names = list(names)
-    conv = any(globs.matches(n, g) for n in names for g in CONV_GLOBS)
-    ssm = shapes is not None and any(len(s) == 2 and any(globs.matches(n, g) for g in SSM_GLOBS)
-                                     for n, s in zip(names, shapes))
-    lora = any(globs.matches(n, g) for n in names for g in LORA_GLOBS)
+    conv = any(globs.matches_any(n, CONV_GLOBS) for n in names)
+    ssm = shapes is not None and any(len(s) == 2 and globs.matches_any(n, SSM_GLOBS) for n, s in zip(names, shapes))
+    lora = any(globs.matches_any(n, LORA_GLOBS) for n in names)
     return FLOAT_GLOBS + (CONV_GLOBS if conv else ()) + (SSM_GLOBS if ssm else ()) + (LORA_GLOBS if lora else ())
 
 

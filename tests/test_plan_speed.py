@@ -334,6 +334,118 @@ def test_plan_pauses_the_collector_and_restores_it(monkeypatch, capsys):
     capsys.readouterr()
 
 
+def test_cli_plan_pauses_the_collector_over_its_imports(monkeypatch):
+    """The `plan` command itself runs paused (its imports of numpy and the planner included) and leaves the
+    collector on after, on success and on error."""
+    import gc
+
+    from typer.testing import CliRunner
+
+    from orkpack import cli
+
+    seen = []
+    real = cli._numpy_with_one_blas_thread
+    monkeypatch.setattr(cli, "_numpy_with_one_blas_thread", lambda: (seen.append(gc.isenabled()), real())[1])
+    cfg = str(ROOT / "tests/fixtures/configs/qwen2.json")
+    r = CliRunner().invoke(cli.app, ["plan", cfg, "--json"])
+    assert r.exit_code == 0, r.output
+    assert seen == [False] and gc.isenabled()
+    assert CliRunner().invoke(cli.app, ["plan", cfg, "--ctx", "-1"]).exit_code != 0
+    assert seen == [False, False] and gc.isenabled()
+
+
+def test_paused_work_survives_into_the_oldest_generation():
+    """What a paused call leaves alive goes to the collector's oldest generation when it resumes (the young
+    generation's next pass does not examine it), unless something else is frozen, which stays frozen."""
+    import gc
+
+    from orkpack.gcpause import without_gc
+
+    made = without_gc(lambda: [[i] for i in range(1000)])()
+    assert any(o is made for o in gc.get_objects(generation=2))
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        again = without_gc(lambda: [[i] for i in range(1000)])()
+        assert gc.get_freeze_count() == frozen and len(again) == len(made)
+    finally:
+        gc.unfreeze()
+
+
+def test_matches_any_is_any_of_matches():
+    """globs.matches_any (one regular expression for a tuple of globs) says what any(globs.matches) says: on every
+    tensor name of the test and shipped configs and odd names, against every always-float row and odd globs."""
+    from orkpack import globs
+    from orkpack.keepfloat import ALWAYS_FLOAT
+
+    from orkpack.errors import OrkError
+
+    names = set()
+    for cfg in CONFIGS:
+        try:
+            names |= {t.name for t in manifest_from_config(json.loads(cfg.read_text()), cfg.name).tensors}
+        except OrkError:  # not a plannable config
+            pass
+    names |= {"", "x", "x[3]", "x3", "a.b", "a\nb.bias", "blk.0.ffn_gate_inp.weight", "blk.0.ffn_gate_inp_shexp.weight",
+              "[!a]b", "ab", "bb", "*.bias", "blk.1.time_mix_w1.weight", "blk.1.ssm_a"}
+    rows = [gl for _, gl in ALWAYS_FLOAT if gl]
+    rows += [("x[3]",), ("x[3]", "*.bias"), ("[!a]*", "a?"), ("*[0-9]", "**", ""), ("a*b",), ("blk.?.*",), ()]
+    hits = 0
+    for gl in rows:
+        for n in names:
+            want = any(globs.matches(n, g) for g in gl)
+            assert globs.matches_any(n, gl) == want, (n, gl)
+            hits += want
+    assert hits > 100
+
+
+def test_name_order_is_the_stable_sort_by_name():
+    """solver._in_name_order (runs of one tensor found by comparing neighbours, then the runs sorted) gives the list a
+    stable sort by (tensor in natural name order, expert; a tensor's own slice first) gives: on lists made as the
+    solver makes them and on shuffled, repeated and empty ones."""
+    import random
+
+    from orkpack.sources import names
+    from orkpack.tiers.solver import _in_name_order
+
+    class D:
+        def __init__(self, tensor, expert):
+            self.tensor, self.expert = tensor, expert
+
+    rng = random.Random(5)
+    pool = [f"blk.{i}.{t}.weight" for i in (0, 1, 2, 10, 11) for t in ("attn_q", "ffn_up_exps")] + ["output.weight", "token_embd.weight"]
+    for trial in range(2000):
+        ds = []
+        for t in rng.sample(pool, rng.randint(0, len(pool))):
+            ds += [D(t, None)] if rng.random() < 0.4 else [D(t, e) for e in range(rng.randint(1, 5))]
+        if trial % 3 == 1:
+            rng.shuffle(ds)
+        if trial % 5 == 2 and ds:
+            ds.append(ds[rng.randrange(len(ds))])
+        order = {n: j for j, n in enumerate(sorted({d.tensor for d in ds}, key=names.natural_key))}
+        want = sorted(ds, key=lambda d: (order[d.tensor], -1 if d.expert is None else d.expert))
+        assert [id(d) for d in _in_name_order(ds)] == [id(d) for d in want], trial
+
+
+def test_stages_without_the_assignment_are_the_stages():
+    """milp.lexicographic(assign=False) (what the solver asks of a stage whose values alone it reads) solves the same
+    stages and hands back no assignment."""
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        n = 40
+        choices = [("a", "b", "c")] * n
+        cost = {m: [tuple(float(v) for v in rng.integers(1, 20, 3)) for _ in range(n)] for m in ("ram", "dec", "q")}
+        caps = {"ram": float(sum(min(c) for c in cost["ram"]) + 60)}
+
+        def run(assign):
+            p = milp.Problem(("ram", "dec", "q"), list(choices), {m: list(v) for m, v in cost.items()}, [f"i{i}" for i in range(n)])
+            return milp.lexicographic(p, [("dec", "min"), ("q", "max")], caps, assign=assign)
+
+        (pick, st), (none, st2) = run(True), run(False)
+        assert none == {} and len(pick) == n and st == st2
+
+
 @pytest.mark.parametrize("n_blocks", [0, 1, 3, 64])
 def test_block_names_answer_as_gguf_name_map(n_blocks):
     """archs._BlockNames (what canonical_name looks names up in, without building gguf-py's map) answers
@@ -381,3 +493,24 @@ def test_plan_freezes_the_objects_at_exit():
     assert r.returncode == 0, r.stderr[-2000:]
     texts = r.stdout.split('{\n "schema"')
     assert len(texts) == 3 and all(json.loads('{\n "schema"' + t)["schema"] == "orkpack.tiermap" for t in texts[1:])
+
+
+@pytest.mark.parametrize("preset", [None, "2"])
+def test_plan_loads_numpy_with_one_blas_thread(preset):
+    """`orkpack plan` imports numpy with OpenBLAS at one thread (no idle threads spinning through the plan) and
+    leaves the environment as it was; a user's own OPENBLAS_NUM_THREADS is kept."""
+    code = ("import os, sys\nfrom orkpack.cli import main\nsys.argv = ['orkpack', 'plan', sys.argv[1], '--json']\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "from threadpoolctl import threadpool_info\n"
+            "print([p['num_threads'] for p in threadpool_info() if p['internal_api'] == 'openblas'],"
+            " os.environ.get('OPENBLAS_NUM_THREADS'), file=sys.stderr)\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env.pop("OPENBLAS_NUM_THREADS", None)
+    env.pop("OMP_NUM_THREADS", None)
+    if preset is not None:
+        env["OPENBLAS_NUM_THREADS"] = preset
+    r = subprocess.run([sys.executable, "-c", code, str(ROOT / "tests/fixtures/configs/qwen2.json")],
+                       capture_output=True, text=True, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["schema"] == "orkpack.tiermap"
+    assert r.stderr.split("\n")[-2] == ("[1] None" if preset is None else f"[{preset}] {preset}")

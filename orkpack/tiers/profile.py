@@ -23,6 +23,7 @@ names (``name[e]``). Names the model lacks raise OrkError listing them unless
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import re
@@ -65,13 +66,18 @@ class Profile:
 class _Resolver:
     def __init__(self, manifest: Manifest):
         self.m = manifest
-        self.index: dict[tuple[str, int | None], int] = {it.key: i for i, it in enumerate(manifest.items)}
         self.stacked: dict[str, list[int]] = {}
         for i, it in enumerate(manifest.items):
             if it.expert is not None:
                 self.stacked.setdefault(it.tensor, []).append(i)
         self.floats = {t.name for t in manifest.floats}
         self.L = manifest.facts["n_layers"]
+
+    @functools.cached_property
+    def index(self) -> dict[tuple[str, int | None], int]:
+        """Each item's index by its (tensor, expert): made when a name is not a whole stack's (a profile of stacked
+        tensors alone, as a routing profile is, never needs it; it is 18,626 keys for Qwen3-30B-A3B)."""
+        return {it.key: i for i, it in enumerate(self.m.items)}
 
     def resolve(self, name: str) -> tuple[str, list[int]] | None:
         """(kind, item indices): kind 'item', 'stacked' or 'float'; None if unknown."""
@@ -180,10 +186,10 @@ def default_sensitivity(manifest: Manifest, m_eff: list[float], prefill_m: int) 
     size = size_factor(manifest)
     tied = not any(it.role == "output" for it in reversed(manifest.items))  # output.weight sorts last but one
     heads = [i for i, it in enumerate(manifest.items) if it.role == "output" or (tied and it.role == "embedding")]
-    w = [0.0] * len(manifest.items)
+    w: list[float] = []
     kind: dict[str, float] = {}  # the kind's factor, per tensor (every expert of a stack has its tensor's)
     for i, it in enumerate(manifest.items):
-        share = (m_eff[i] / prefill_m if prefill_m else 0.0) if it.role == "expert" else 1.0
+        role = it.role
         factor = kind.get(it.tensor)
         if factor is None:
             factor = kind[it.tensor] = _kind_factor(it, gqa)
@@ -191,8 +197,13 @@ def default_sensitivity(manifest: Manifest, m_eff: list[float], prefill_m: int) 
         # much as the output error of one hidden x hidden product does; it weighs as that (K x K)
         # another embedding table (gemma4's per-layer one, a row of n_layers x width): its row gates every layer's
         # output through a width x hidden product; it weighs as that row times hidden
-        w[i] = float(it.k * it.k) if it.role == "embedding" else float(it.k * f["hidden"]) if it.role == "lookup" \
-            else float(it.numel) * share * factor
+        if role == "embedding":
+            w.append(float(it.k * it.k))
+        elif role == "lookup":
+            w.append(float(it.k * f["hidden"]))
+        else:  # its elements (it.numel) times its share, times its kind's factor
+            share = (m_eff[i] / prefill_m if prefill_m else 0.0) if role == "expert" else 1.0
+            w.append(float(it.n * it.k) * share * factor)
     for i in heads:
         w[i] = 0.0
     body = sum(w)
@@ -204,8 +215,8 @@ def default_sensitivity(manifest: Manifest, m_eff: list[float], prefill_m: int) 
 
 def active_params(manifest: Manifest) -> float:
     """The parameters a token reads: every item's elements, an expert's times its layer's used / total experts."""
-    return float(sum(it.numel * (it.n_experts_used / it.n_experts if it.role == "expert" and it.n_experts else 1.0)
-                     for it in manifest.items))
+    return float(sum(it.n * it.k * (it.n_experts_used / it.n_experts if it.role == "expert" and it.n_experts else 1.0)
+                     for it in manifest.items))  # it.n * it.k: it.numel
 
 
 def size_factor(manifest: Manifest) -> float:
@@ -435,6 +446,7 @@ def _load_imatrix_dat(p: Path, manifest, board, prefill_m, ignore) -> Profile:
     except OSError as e:
         raise OrkError(f"{where}: cannot read the imatrix ({e.__class__.__name__})") from None
     entries = {}
+    resolver = _Resolver(manifest)
     try:
         (n,) = struct.unpack_from("<i", buf, 0)
         off = 4
@@ -452,7 +464,7 @@ def _load_imatrix_dat(p: Path, manifest, board, prefill_m, ignore) -> Profile:
                 raise ValueError
             vals = np.frombuffer(buf, dtype="<f4", count=nval, offset=off).astype(np.float64)
             off += 4 * nval
-            res = _Resolver(manifest).resolve(name)
+            res = resolver.resolve(name)
             rows = len(res[1]) if res and res[0] == "stacked" and nval % len(res[1]) == 0 else 1
             # values are mean x ncall: the energy per call is values / ncall (counts = ncall)
             entries[name] = (vals.reshape(rows, -1), np.full(rows, float(max(ncall, 1))))

@@ -24,7 +24,8 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass, field, replace
-from operator import getitem
+from itertools import chain, compress, islice
+from operator import getitem, ne
 
 import numpy as np
 
@@ -570,21 +571,18 @@ def _in_name_order(decisions: list[Decision]) -> list[Decision]:
     They come as the items do (each tensor's slices together, experts ascending), then the float tensors: the
     runs of one tensor are sorted, not the slices (a stable sort by the same key gives the same list); a list
     that is not so made is sorted slice by slice."""
-    order = {n: j for j, n in enumerate(sorted({d.tensor for d in decisions}, key=_names.natural_key))}
-    runs: list[tuple[int, int, int]] = []  # (order, start, end)
     tensors = [d.tensor for d in decisions]
-    start = 0
-    for j in range(1, len(tensors) + 1):
-        if j == len(tensors) or tensors[j] != tensors[start]:
-            runs.append((order[tensors[start]], start, j))
-            start = j
+    order = {n: j for j, n in enumerate(sorted(set(tensors), key=_names.natural_key))}
+    # (order, start, end) of each run of one tensor: a run starts where the name differs from the one before
+    starts = [0, *compress(range(1, len(tensors)), map(ne, islice(tensors, 1, None), tensors))] if tensors else []
+    runs = [(order[tensors[a]], a, b) for a, b in zip(starts, [*starts[1:], len(tensors)])]
     experts = [d.expert for d in decisions]
     whole = len(runs) == len(order) and all(
         (experts[a] is None and b - a == 1) or experts[a:b] == list(range(b - a)) for _, a, b in runs)
     if not whole:
         return sorted(decisions, key=lambda d: (order[d.tensor], -1 if d.expert is None else d.expert))
     runs.sort()
-    return [d for _, a, b in runs for d in decisions[a:b]]
+    return list(chain.from_iterable(decisions[a:b] for _, a, b in runs))
 
 
 def _nf4_best_decode(manifest: Manifest, board: Board, profile: Profile, pinmap: dict, npu_storage: str, prompt: int,
@@ -602,7 +600,7 @@ def _nf4_best_decode(manifest: Manifest, board: Board, profile: Profile, pinmap:
     prob.group()
     try:
         _, st = milp.lexicographic(prob, [("dec", "min")], {k: caps[k] for k in ("ram", "npu")},
-                                   time_limit=time_limit)
+                                   time_limit=time_limit, assign=False)
     except OrkError:
         return None
     st[0].value += md.dec_const - dec_const
@@ -669,7 +667,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
     try:
         if goal.name in ("balanced",) or goal.decode_floor is not None:
             # the best decode first, then allow the slack (or the frontier's floor) and optimize the rest
-            best, st0 = milp.lexicographic(prob, [("dec", "min")], caps, time_limit=time_limit)
+            _, st0 = milp.lexicographic(prob, [("dec", "min")], caps, time_limit=time_limit, assign=False)
             prob.cost.pop("-q", None)
             own = st0[0].value
             if board.host_low != "nf4":  # the best the board allows is with host NF4, its fastest format
@@ -683,7 +681,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
                 # (levels slower than that: as fast as they allow)
                 caps2["dec"] = min(caps.get("dec", np.inf), max(d_best / frac - md.dec_const, own + milp.STAGE_TOL * abs(own)))
             if goal.decode_floor is None:  # balanced: prefill within PREFILL_SLACK of its best, for quality
-                _, st1 = milp.lexicographic(prob, [("pre", "min")], caps2, time_limit=time_limit)
+                _, st1 = milp.lexicographic(prob, [("pre", "min")], caps2, time_limit=time_limit, assign=False)
                 caps2["pre"] = min(caps2.get("pre", np.inf), (md.pre_const + st1[0].value) / (1.0 - PREFILL_SLACK) - md.pre_const)
                 pick, st = milp.lexicographic(prob, [("q", "max")], caps2, time_limit=time_limit)
                 st = st0 + st1 + st
@@ -715,8 +713,7 @@ def solve(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192
     # but for their name: its fields are worked out once, the budget counted per class
     seen: dict[tuple, list] = {}
     new, put = object.__new__, object.__setattr__
-    for i, it in enumerate(items):
-        key = (md.klass[i], choice[i], profile.min_m[i])
+    for i, (it, key) in enumerate(zip(items, zip(md.klass, choice, profile.min_m))):
         got = seen.get(key)
         if got is None:
             fields = _decision_fields(it, rows[i], choice[i], profile, i, board)
