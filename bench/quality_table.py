@@ -67,9 +67,9 @@ ROWS = [
 MIXES = ("Q4_K_S", "Q4_K_M", "IQ4_XS", "Q5_K_M", "Q6_K", "Q8_0")
 # the host levels' formats of the orkpack pack at each mix's bytes (--host-low, --host-high; docs/EVAL.md, "llama.cpp's
 # mixes at the same bytes"): the pair of the least predicted KLD at those bytes (`orkpack plan --max-bytes B
-# --host-low L --host-high H` over every pair); IQ4_XS keeps the defaults (NF4, int8)
-MIX_FORMATS = {"Q4_K_S": ("int5dq", "int6dq"), "Q4_K_M": ("int5dq", "int6dq"), "Q5_K_M": ("int6dq", "int8dq"),
-               "Q6_K": ("int6dq", "int8dq"), "Q8_0": ("int6dq", "int8dq")}
+# --host-low L --host-high H` over every pair); IQ4_XS keeps NF4 / int8, named so a change of the defaults leaves it
+MIX_FORMATS = {"Q4_K_S": ("int5dq", "int6dq"), "Q4_K_M": ("int5dq", "int6dq"), "IQ4_XS": ("nf4", "int8"),
+               "Q5_K_M": ("int6dq", "int8dq"), "Q6_K": ("int6dq", "int8dq"), "Q8_0": ("int6dq", "int8dq")}
 
 
 def mix_rows() -> list[tuple]:
