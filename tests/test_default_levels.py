@@ -45,15 +45,26 @@ def _setup(config, low=None, high=None):
     return man, board, load_profile(None, man, board)
 
 
+def _auto(config, **kw):
+    """solve_default_levels as `orkpack plan` calls it: each pair with its own profile."""
+    man, board, prof = _setup(config)
+    return solve_default_levels(man, board, prof, profile_of=lambda b: load_profile(None, man, b), **kw).to_json()
+
+
+def _explicit(config, pair, **kw):
+    """The plan an explicit --host-low / --host-high gives: the pair's board and its profile."""
+    man, board, prof = _setup(config, *pair)
+    return solve(man, board, prof, **kw).to_json()
+
+
 def _expected(config, **kw):
     """The pair the rule picks, from one explicit plan of each pair."""
-    man, board, prof = _setup(config)
-    first = solve(man, board, prof, **kw).to_json()
+    first = _explicit(config, AUTO_LEVELS[0], **kw)
     st = {s["metric"]: s["value"] for s in reversed(first["objective"]["stages"])}
     dec_cap, pre_cap = st["decode"] / (1 - DECODE_SLACK), st["prefill"] / (1 - PREFILL_SLACK)
     best, plans = AUTO_LEVELS[0], {AUTO_LEVELS[0]: first}
     for pair in AUTO_LEVELS[1:]:
-        p = solve(man, with_host_formats(board, *pair, "test"), prof, **kw).to_json()
+        p = _explicit(config, pair, **kw)
         plans[pair] = p
         pr = p["prediction"]
         if (pr["decode_s_per_token"] <= dec_cap * (1 + 1e-6) and pr["prefill_s_per_chunk"] <= pre_cap * (1 + 1e-6)
@@ -64,8 +75,7 @@ def _expected(config, **kw):
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_the_chosen_pair_is_an_independent_re_solves(name):
-    man, board, prof = _setup(CONFIGS[name])
-    got = solve_default_levels(man, board, prof).to_json()
+    got = _auto(CONFIGS[name])
     want, plans, dec_cap = _expected(CONFIGS[name])
     chosen = (got["board"].get("host_low", "nf4"), got["board"].get("host_high", "int8"))
     assert chosen == want
@@ -83,8 +93,7 @@ def test_the_small_model_takes_int5dq_and_the_7b_keeps_nf4():
     assert _expected(SMOL)[0] == ("int5dq", "int6dq")
     want, plans, _ = _expected(CONFIGS["qwen2.5-7b"])
     assert want == ("nf4", "int8")
-    man, board, prof = _setup(CONFIGS["qwen2.5-7b"])
-    rec = solve_default_levels(man, board, prof).options["host_levels"]
+    rec = _auto(CONFIGS["qwen2.5-7b"])["options"]["host_levels"]
     assert rec[1]["outcome"].startswith("skipped: decodes at most") and "kld" not in rec[1]
 
 
@@ -106,9 +115,8 @@ def test_fastest_decode_bounds_every_plan(name, goal, pins):
 @pytest.mark.parametrize("goal", [Goal("decode"), Goal("prefill"), Goal("quality"), Goal("decode", max_bytes=100 << 20),
                                   Goal(decode_floor=0.9)])
 def test_other_goals_keep_nf4_int8(goal):
-    man, board, prof = _setup(SMOL)
-    got = solve_default_levels(man, board, prof, goal=goal).to_json()
-    assert got == solve(man, board, prof, goal=goal).to_json()
+    got = _auto(SMOL, goal=goal)
+    assert got == _explicit(SMOL, AUTO_LEVELS[0], goal=goal)
     assert "host_levels" not in got["options"] and "host_low" not in got["board"]
 
 
@@ -117,15 +125,14 @@ def test_other_goals_keep_nf4_int8(goal):
 def test_a_size_bound_takes_the_least_kld_of_every_pair(name, cap):
     """--max-bytes / --bpw (the goal quality): every pair of host levels planned under the bound, an independent
     re-solve of each; the least predicted KLD kept (ties: the earlier pair), those that do not fit recorded so."""
-    man, board, prof = _setup(CONFIGS[name])
     goal = Goal("quality", max_bytes=cap) if cap else Goal("quality", bpw=6.0)
-    got = solve_default_levels(man, board, prof, goal=goal).to_json()
+    got = _auto(CONFIGS[name], goal=goal)
     rec = got["options"].pop("host_levels")
     assert [tuple(r["levels"]) for r in rec] == list(SIZE_LEVELS) and len(SIZE_LEVELS) == 8
     plans = {}
     for pair in SIZE_LEVELS:
         try:
-            plans[pair] = solve(man, with_host_formats(board, *pair, "test"), prof, goal=goal).to_json()
+            plans[pair] = _explicit(CONFIGS[name], pair, goal=goal)
         except OrkError:
             pass
     want = min(plans, key=lambda p: (plans[p]["prediction"]["kld"], SIZE_LEVELS.index(p)))
@@ -158,6 +165,27 @@ def test_plan_prints_and_records_the_choice(tmp_path):
     one = json.loads(_run("plan", str(cfg), "--json", "--host-low", "nf4").stdout)  # one given: the other default
     assert "host_levels" not in one["options"] and "host_low" not in one["board"]
     assert "Host levels" not in _run("plan", str(cfg), "--host-high", "int8").stdout
+
+
+def test_a_followed_map_keeps_the_chosen_levels_prediction(tmp_path):
+    """The map of a plan that chose int5dq / int6dq is that pair's explicit plan (profile and all): a build following
+    it records the same prediction, with no warning (tests/test_tiermap_followed.py for the nf4 / int8 maps)."""
+    from orkpack.build import BuildOptions, build
+    from orkpack.tiers.command import plan
+    from orkpack.tiers.tiermap import dumps
+
+    model = synth.write_hf_model(tmp_path / "m")
+    tm, _, (_, board, _) = plan(model)
+    assert (board.host_low, board.host_high) == ("int5dq", "int6dq") == (tm.board["host_low"], tm.board["host_high"])
+    want, _, _ = plan(model, host_low="int5dq", host_high="int6dq")
+    d, w = tm.to_json(), want.to_json()
+    assert d["options"].pop("host_levels") and d == w
+    p = tmp_path / "map.json"
+    p.write_text(dumps(tm))
+    r = build(model, tmp_path / "a.orkpack", BuildOptions(threads=1, tiermap=p))
+    assert not any("predicted" in x for x in r.warnings), r.warnings
+    with Pack.open(r.path) as pack:
+        assert pack.header["tiermap"]["prediction"] == tm.prediction
 
 
 def test_build_writes_the_levels_its_plan_chose(tmp_path):

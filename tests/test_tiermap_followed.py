@@ -31,7 +31,7 @@ def test_unedited_map_with_nf4_stored_npu_slices_keeps_its_prediction(tmp_path):
     """NPU slices of encoding nf4 (--nf4 pins) are stored 4-bit, each its own host copy in nf4 (b64): the
     followed map's prediction counts them so (the copy's bytes at decode, their sensitivity in the KLD), as the
     plan did."""
-    model, p, d = _map(tmp_path, pins={"nf4": ["blk.*"]})
+    model, p, d = _map(tmp_path, pins={"nf4": ["blk.*"]}, host_low="nf4")  # NPU slices stored NF4: the nf4 level
     npu = [s for t in d["tensors"] for s in t["slices"] if s["tier"] == "npu"]
     assert any(s.get("host_copy") for s in npu) and all(s["encoding"] == "nf4" for s in npu)
     r = build(model, tmp_path / "a.orkpack", BuildOptions(threads=1, tiermap=p))

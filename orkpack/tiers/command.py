@@ -83,8 +83,16 @@ def plan(model, *, board: str = "rk3588-32g", profile: Path | None = None, ctx: 
     man = manifest_from_path(model)
     prof = load_profile(profile, man, b, prefill_m, ignore_unknown=ignore_unknown)
     t0 = time.perf_counter()
-    how = solve_default_levels if host_low is None and host_high is None else solve  # no levels given: chosen
-    tm = how(man, b, prof, ctx=ctx, kv_type=kv_type, pins=pins, goal=goal, prompt=prompt, npu_storage=npu_storage)
+    kw = dict(ctx=ctx, kv_type=kv_type, pins=pins, goal=goal, prompt=prompt, npu_storage=npu_storage)
+    if host_low is None and host_high is None:  # no levels given: the plan chooses them, each pair its own profile
+        tm = solve_default_levels(man, b, prof, **kw, profile_of=lambda bb: load_profile(
+            profile, man, bb, prefill_m, ignore_unknown=ignore_unknown))
+        low, high = tm.board.get("host_low", b.host_low), tm.board.get("host_high", b.host_high)
+        if (low, high) != (b.host_low, b.host_high):
+            b = with_host_formats(b, low, high, "the plan")
+            prof = load_profile(profile, man, b, prefill_m, ignore_unknown=ignore_unknown)
+    else:
+        tm = solve(man, b, prof, **kw)
     return tm, time.perf_counter() - t0, [man, b, prof]
 
 

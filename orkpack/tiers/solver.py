@@ -24,6 +24,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass, field, replace
+from typing import Callable
 from itertools import chain, compress, islice
 from operator import getitem, ne
 
@@ -813,7 +814,8 @@ def fastest_decode(manifest: Manifest, board: Board, profile: Profile, pins: dic
 
 def solve_default_levels(manifest: Manifest, board: Board, profile: Profile, *, ctx: int = 8192,
                          kv_type: str = "f16", pins: dict[str, list[str]] | None = None, goal: Goal | None = None,
-                         prompt: int = 512, time_limit: float = milp.TIME_LIMIT, npu_storage: str = "int8") -> TierMap:
+                         prompt: int = 512, time_limit: float = milp.TIME_LIMIT, npu_storage: str = "int8",
+                         profile_of: Callable[[Board], Profile] | None = None) -> TierMap:
     """``solve`` in the host levels a plan given none chooses: of the goal's candidate pairs, the least predicted KLD.
 
     The first pair (nf4 / int8: ``board``'s levels must be those) is planned as ever. The balanced goal then plans
@@ -822,7 +824,9 @@ def solve_default_levels(manifest: Manifest, board: Board, profile: Profile, *, 
     PREFILL_SLACK of the first plan's best prefill, and predicts less KLD than every pair before it (ties: the earlier
     pair). A size bound with the goal quality plans every pair of ``SIZE_LEVELS`` under the bound and keeps the least
     predicted KLD (ties: the earlier). Any other goal, and a frontier's floor, keep the first. The map records every
-    candidate's outcome (``options.host_levels``)."""
+    candidate's outcome (``options.host_levels``). ``profile`` is ``board``'s; ``profile_of(b)`` gives a pair's own
+    (its NPU benefits and min_m are against that pair's host path), as an explicit --host-low / --host-high plan
+    loads it; the bound reads only ``profile``'s decode shares (its routing), which are every pair's."""
     kw = dict(ctx=ctx, kv_type=kv_type, pins=pins, goal=goal, prompt=prompt, time_limit=time_limit,
               npu_storage=npu_storage)
     if (board.host_low, board.host_high) != AUTO_LEVELS[0]:
@@ -849,7 +853,7 @@ def solve_default_levels(manifest: Manifest, board: Board, profile: Profile, *, 
                 row["outcome"] = "skipped: decodes at most %.3f tok/s, under the floor %.3f" % (1 / fast, 1 / dec_cap)
                 continue
         try:
-            tm = solve(manifest, b, profile, **kw)
+            tm = solve(manifest, b, profile if profile_of is None else profile_of(b), **kw)
         except OrkError as e:
             row["outcome"] = f"skipped: {e}"
             continue
