@@ -378,7 +378,7 @@ def build(
     rotate: bool = typer.Option(False, "--rotate", help=ROTATE_HELP),
     rotate_seed: int = typer.Option(0, "--rotate-seed", metavar="N", help="With --rotate: the seed of the rotation's random signs (or random orthogonal matrix); recorded in the pack."),
     no_rotate_heads: bool = typer.Option(False, "--no-rotate-heads", help="With --rotate: the residual stream only (R1), not each value head (R2)."),
-    online_hadamard: bool = typer.Option(False, "--online-hadamard", help="Fold a randomized Hadamard R4 (seed --rotate-seed) into every ffn_down; the pack's preamble flag tells the runtime to rotate ffn_down's input online (format 1.8; docs/RUNTIME.md). With or without --rotate."),
+    online_hadamard: bool = typer.Option(False, "--online-hadamard", help="Fold a randomized Hadamard R4 (seed --rotate-seed) into every ffn_down; the pack's preamble flag tells the runtime to rotate ffn_down's input online (format 1.9; docs/RUNTIME.md). With or without --rotate."),
     threads: int = typer.Option(0, "--threads", "-t", help="Encoder threads (0: every core this process may run on). The output does not depend on it."),
     allow_nonfinite: bool = typer.Option(False, "--allow-nonfinite", help="Encode NaN/Inf weights as 0 instead of stopping."),
     timestamp: bool = typer.Option(False, "--timestamp", help="Record the build time (UTC, or SOURCE_DATE_EPOCH) as provenance.created; off by default so builds are byte-reproducible."),

@@ -93,3 +93,34 @@ def test_rotate_nf4_variants(tiny, tmp_path):
     s2 = ms0["blk.1.ffn_gate.weight"]
     m = s2 / g ** 2
     assert c["predicted_db"] == pytest.approx(10 * np.log10((g ** 2).mean() * m.mean() / s2.mean()), abs=1e-9)
+
+
+def test_smooth_down_gguf_is_the_model(tiny, tmp_path):
+    """bench/smooth_down_gguf.py: ffn_up's rows / s and ffn_down's columns * s on the rotated model, s powers of two
+    from the rotated model's statistics: the source's logits, and with R4 folded on top (folded_gguf's
+    --down-hadamard of it) the source's logits once each ffn_down input is rotated online."""
+    from orkpack import stats as act_stats
+    from orkpack.eval import imatrix
+
+    sd, fg, oh = _load("smooth_down_gguf"), _load("folded_gguf"), _load("online_hadamard")
+    ids = tmp_path / "ids.txt"
+    ids.write_text(" ".join(str(int(i)) for i in np.random.default_rng(2).integers(0, 500, 96)))
+    st = tmp_path / "st.gguf"
+    act_stats.save(imatrix.collect(tiny, tokens=ids, ctx=48, rotate=(0, True)), st)
+    out, rot = tmp_path / "sd.gguf", tmp_path / "r.gguf"
+    s = sd.smoothed_down(tiny, st, out, alpha=0.5)
+    assert s and all(np.all(np.log2(v) == np.rint(np.log2(v))) for v in s.values())
+    assert any(np.any(v != 1) for v in s.values())  # else the test proves nothing
+    fg.folded(tiny, rot, rotate=True)
+    t = {x.name: np.asarray(x.data) for x in gguf.GGUFReader(str(out)).tensors}
+    u = {x.name: np.asarray(x.data) for x in gguf.GGUFReader(str(rot)).tensors}
+    for n, v in s.items():  # exactly the rotated model's values, scaled by powers of two
+        d = n.replace(".ffn_up.", ".ffn_down.")
+        assert np.array_equal(t[n], (u[n] / v[:, None]).astype(np.float32))
+        assert np.array_equal(t[d], (u[d] * v[None, :]).astype(np.float32))
+    assert all(np.array_equal(t[n], u[n]) for n in u if ".ffn_up." not in n and ".ffn_down." not in n)
+    want = _logits(tiny)
+    assert _rel(_logits(out), want) < 1e-4
+    both = tmp_path / "sdr4.gguf"
+    fg.folded(out, both, rotate=False, down=True)  # its gains are 1 already: the fold changes nothing; R4 on ffn_down
+    assert _rel(_logits(both, oh.online), want) < 1e-4

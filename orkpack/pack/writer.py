@@ -149,7 +149,7 @@ def flags_of(provenance: dict | None) -> int:
 
 def preamble_bytes(*, file_size: int, data_size: int, header_size: int, data_xxh3: int, header_xxh3: int,
                    flags: int = 0) -> bytes:
-    """The 4096-byte preamble block, its own checksum filled in; a flagged pack says format 1.8, any other 1.7."""
+    """The 4096-byte preamble block, its own checksum filled in; a flagged pack says format 1.9, any other 1.8."""
     header_offset = spec.PREAMBLE_BLOCK + data_size
     fields = struct.pack(
         spec.PREAMBLE_FMT,
