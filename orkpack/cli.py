@@ -677,7 +677,7 @@ def generate(
     json_out: bool = typer.Option(False, "--json", help="Print the token ids, their texts, where the answers part and the rates as JSON (nothing streamed)."),
 ):
     """The pack's answer to a prompt, streamed as it comes, in the board's decode numerics (the weights orkpack eval's
-    decode path runs: host NF4 copies, int8, floats; every matmul on the CPU), greedy or seeded sampling; prompt and
+    decode path runs: host copies, host slices, floats; every matmul on the CPU), greedy or seeded sampling; prompt and
     generation tokens per second. Every family orkpack's forward pass runs generates with a KV cache and the
     recurrent families' states (docs/EVAL.md, "Check a pack by its answers")."""
     from orkpack.eval.generate import Options, generate as run_generate

@@ -3,7 +3,7 @@
 The prompt is tokenized by the pack's own tokenizer (its model record, orkpack/model/tokenizer.py); with ``chat``
 it is the user message of a conversation rendered by the record's chat template with the generation prompt
 (orkpack/model/chat.py). The model is orkpack's reference forward pass with the provider ``orkpack eval`` scores the
-decode path with (:class:`orkpack.eval.weights.PackWeights` ``"decode"``: every matmul on the CPU, host NF4 copies,
+decode path with (:class:`orkpack.eval.weights.PackWeights` ``"decode"``: every matmul on the CPU, host copies,
 activations float or Q8_0 by ``cpu_act``); the prompt runs as one batch through the same per-row numerics (a batch
 of M rows at decode numerics equals M single-token steps, docs/EVAL.md), then one token a step.
 
@@ -318,7 +318,7 @@ def _generate(pack_path, opts, source, on_token, on_answer, closers) -> dict:
     return {
         "pack": str(pack_path),
         "source": None if source is None else str(source),
-        "numerics": f"the decode path: every matmul on the CPU (host NF4 copies, host int8 / NF4 as stored, NPU-only "
+        "numerics": f"the decode path: every matmul on the CPU (host copies, host slices as stored, NPU-only "
                     f"slices from their int8 tiles), activations {opts.cpu_act}",
         "cpu_act": opts.cpu_act,
         "cache": opts.cache,

@@ -328,7 +328,7 @@ def _evaluate(source: Located | None, pack_path: Path, opts, progress, closers) 
                                f"M = {m}: NPU slices with min_m <= {m} as {npu}, others on the CPU (activations "
                                f"{opts.cpu_act})"))
         targets.append(_Target("decode", hp, lambda: PackWeights(pack, "decode", cpu_act=opts.cpu_act),
-                               f"M = 1: every matmul on the CPU: host NF4 copies, host int8 / NF4 as stored, NPU-only "
+                               f"M = 1: every matmul on the CPU: host copies, host slices as stored, NPU-only "
                                f"slices from their int8 tiles (activations {opts.cpu_act})"))
     ref_target = None
     src = None
