@@ -21,8 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
 def folded(src_path: Path, out: Path, rotate: bool, seed: int = 0, down: bool = False) -> None:
-    import gguf
-
     from orkpack.sources import open_source
     from orkpack.transforms.rotate import Rotation, rotated
 
@@ -30,6 +28,24 @@ def folded(src_path: Path, out: Path, rotate: bool, seed: int = 0, down: bool = 
     rs = rotated(src, seed)
     if not rotate:  # the folds alone: every rotation dropped from the plan
         rs.plan.ops = {n: [op for op in ops if op[0] != "rot"] for n, ops in rs.plan.ops.items()}
+    r4 = []
+
+    def tensors():
+        for i in rs.tensors():  # the untied head right after the embedding
+            v = rs.read(i.name)
+            if down and i.name.endswith(".ffn_down.weight"):  # W -> W H: its input must then be rotated online
+                r4[:] = r4 or [Rotation("r4", v.shape[1], seed)]
+                v = r4[0].apply(v, 1)
+            yield i.name, v
+
+    write_f32_gguf(src_path, out, tensors())
+    src.close()
+
+
+def write_f32_gguf(src_path: Path, out: Path, tensors) -> None:
+    """A GGUF of every metadata key of ``src_path`` (file type ALL_F32) and the (name, array) ``tensors``, as F32."""
+    import gguf
+
     r = gguf.GGUFReader(str(src_path))
     w = gguf.GGUFWriter(str(out), arch=str(r.fields["general.architecture"].contents()))
     for f in r.fields.values():
@@ -38,18 +54,12 @@ def folded(src_path: Path, out: Path, rotate: bool, seed: int = 0, down: bool = 
         sub = f.types[1] if f.types and f.types[0] == gguf.GGUFValueType.ARRAY and len(f.types) > 1 else None
         w.add_key_value(f.name, f.contents(), f.types[0], sub)
     w.add_key_value("general.file_type", int(gguf.LlamaFileType.ALL_F32), gguf.GGUFValueType.UINT32)
-    r4 = None
-    for i in rs.tensors():  # the untied head right after the embedding
-        v = rs.read(i.name)
-        if down and i.name.endswith(".ffn_down.weight"):  # W -> W H: its input must then be rotated online, h -> h H
-            r4 = r4 or Rotation("r4", v.shape[1], seed)
-            v = r4.apply(v, 1)
-        w.add_tensor(i.name, np.ascontiguousarray(v, dtype=np.float32))
+    for name, v in tensors:
+        w.add_tensor(name, np.ascontiguousarray(v, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    src.close()
 
 
 if __name__ == "__main__":

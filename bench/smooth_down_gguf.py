@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/folded_gguf.py's writer
 
 
 def scales(rs, stats, alpha: float) -> dict[str, np.ndarray]:
@@ -38,7 +39,7 @@ def scales(rs, stats, alpha: float) -> dict[str, np.ndarray]:
 
 
 def smoothed_down(src_path: Path, stats_path: Path, out: Path, alpha: float, seed: int = 0) -> dict[str, np.ndarray]:
-    import gguf
+    from folded_gguf import write_f32_gguf
 
     from orkpack import stats as act_stats
     from orkpack.sources import open_source
@@ -47,25 +48,16 @@ def smoothed_down(src_path: Path, stats_path: Path, out: Path, alpha: float, see
     src = open_source(src_path, on_warning=lambda m: None)
     rs = rotated(src, seed)
     s = scales(rs, act_stats.load(stats_path), alpha)
-    r = gguf.GGUFReader(str(src_path))
-    w = gguf.GGUFWriter(str(out), arch=str(r.fields["general.architecture"].contents()))
-    for f in r.fields.values():
-        if f.name.startswith("GGUF.") or f.name in ("general.architecture", "general.file_type"):
-            continue
-        sub = f.types[1] if f.types and f.types[0] == gguf.GGUFValueType.ARRAY and len(f.types) > 1 else None
-        w.add_key_value(f.name, f.contents(), f.types[0], sub)
-    w.add_key_value("general.file_type", int(gguf.LlamaFileType.ALL_F32), gguf.GGUFValueType.UINT32)
-    for i in rs.tensors():
-        v = np.asarray(rs.read(i.name), np.float32)
-        if i.name in s:  # ffn_up [I, K]: its rows carry 1 / s
-            v = v / s[i.name][:, None]
-        elif i.name.endswith(".ffn_down.weight"):  # [K, I]: its columns take s
-            v = v * s[i.name.replace(".ffn_down.", ".ffn_up.")][None, :]
-        w.add_tensor(i.name, np.ascontiguousarray(v, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    def tensors():
+        for i in rs.tensors():
+            v = np.asarray(rs.read(i.name), np.float32)
+            if i.name in s:  # ffn_up [I, K]: its rows carry 1 / s
+                v = v / s[i.name][:, None]
+            elif i.name.endswith(".ffn_down.weight"):  # [K, I]: its columns take s
+                v = v * s[i.name.replace(".ffn_down.", ".ffn_up.")][None, :]
+            yield i.name, v
+
+    write_f32_gguf(src_path, out, tensors())
     src.close()
     return s
 
