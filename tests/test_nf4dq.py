@@ -367,11 +367,12 @@ def test_unit_weight_bodies_16bit_and_nonfinite(dtype):
         codecs.set_isa(None)
 
 
-@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 def test_unit_weight_bodies_16bit_edge_groups(dtype):
-    """The 16-bit sources' path of the unit bodies (AVX-512: transposed as words, non-finite words zeroed and counted
-    there): a group of 16 blocks all non-finite, one half NaN, blocks of -0.0, of f16 subnormals, one outlier a
-    block, and a ragged end, against the reference at every level."""
+    """The sources' paths of the unit bodies (AVX-512: 16-bit ones transposed as words, non-finite words zeroed and
+    counted there; AVX2: 8 x 8 tiles; the generic levels' one pass over bf16 and f32): a group of 16 blocks all
+    non-finite, one half NaN, blocks of -0.0, of f16 subnormals, one outlier a block, and a ragged end, against the
+    reference at every level."""
     rng = np.random.default_rng(17)
     x = _heavy((16 * 32 * 6 + 45,), 9)
     g = x[: 16 * 32 * 6].reshape(6, 16, 32)
@@ -381,7 +382,7 @@ def test_unit_weight_bodies_16bit_edge_groups(dtype):
     g[3, ::3] = -0.0
     g[4, 1::2] = (rng.standard_normal((8, 32)) * 3e-6).astype(np.float32)  # subnormal as f16
     g[5, :, 7] = np.float32(3e4)
-    src = x.astype(np.float16) if dtype == "f16" else (x.view(np.uint32) >> 16).astype(np.uint16)
+    src = {"f32": x, "f16": x.astype(np.float16), "bf16": (x.view(np.uint32) >> 16).astype(np.uint16)}[dtype]
     want = R.nf4dq_encode(src)
     nonfinite = int((~np.isfinite(x)).sum())
     try:
