@@ -321,31 +321,39 @@ AI T512 vf16 wq_avx512(vf16 s, vi16 *code, int clamp, const wtabs512 *t) {
 static const float MID_Q[8] = {MIDK(1, 2), MIDK(5, 6), MIDK(9, 10), MIDK(13, 14), 0, 0, 0, 0};
 static const float MID_E[8] = {MIDK(0, 1), MIDK(2, 3), MIDK(4, 5), MIDK(6, 7),
                                MIDK(8, 9), MIDK(10, 11), MIDK(12, 13), MIDK(14, 15)};
-/* The scan's pair (the values of the codes of s and of -s), as the portable level's: from a = |s|, P(a) =
- * #{m >= 7: MID[m] < a} and N(a) = #{m <= 6: -MID[m] <= a}, each a 3-level search over 7 sorted thresholds
- * (P's eighth, MID[14], added after: a > MID[14] means P = 8), values CB[7 + P] and CB[7 - N], swapped where s is
- * negative (by its sign bit: s = -0.0 has both values CB[7]). 32 operations for the pair instead of 47. */
-static const float PL2[8] = {MIDK(8, 9), MIDK(12, 13), 0, 0, 0, 0, 0, 0};
-static const float PL3[8] = {MIDK(7, 8), MIDK(9, 10), MIDK(11, 12), MIDK(13, 14), 0, 0, 0, 0};
-static const float NL2[8] = {-MIDK(5, 6), -MIDK(1, 2), 0, 0, 0, 0, 0, 0};
-static const float NL3[8] = {-MIDK(6, 7), -MIDK(4, 5), -MIDK(2, 3), -MIDK(0, 1), 0, 0, 0, 0};
-static const float VPOS[8] = {CB_7, CB_8, CB_9, CB_10, CB_11, CB_12, CB_13, CB_14};
+/* The scan's pair (the values of the codes of s and of -s, |s| <= 1.1) from a = |s|: the code of s >= 0 is
+ * 7 + P(a), P(a) = #{m >= 7: MID[m] < a}, of s < 0 7 - N(a), N(a) = #{m <= 6: -MID[m] <= a} (as the portable level's).
+ * The 8 thresholds of P (P_k = MID[7 + k]) and the 7 of N (N_k = -MID[6 - k]) alternate, P_0 < N_0 < P_1 < .. <
+ * N_6 < P_7, so 8 bins of a hold one of each (bin 7: P_7 alone): bin(a) = (int)g(a), g(a) = (a * PB_B + PB_A) * a
+ * (float32 operations), and in bin v, P(a) = v + (a > P_v) and N(a) = v + (a >= N_v) (N_7 = +inf). Exact because
+ * the real g is strictly increasing on [0, 1.1] (PB_A + 2 * PB_B * 1.1 > 0), g(1.1) < 8 (no clamp), and every
+ * P_k and N_k has k + m <= g <= k + 1 - m with a margin m of 0.02 (tests/test_nf4dq.py checks these in float32),
+ * far above the evaluation's rounding (< 1e-5): a in bin v is then above every threshold of a lower bin and below
+ * every one of a higher bin. The values from bin tables (CB[7 + v] or CB[8 + v] by the compare, CB[7 - v] or
+ * CB[6 - v]), swapped where s is negative (by its sign bit: s = -0.0 has both values CB[7]). 22 operations for the
+ * pair (the former two 3-level searches over 7 thresholds: 32). */
+#define PB_A 13.0f
+#define PB_B (-5.625f)
+static const float PB_NT[8] = {-MIDK(6, 7), -MIDK(5, 6), -MIDK(4, 5), -MIDK(3, 4), -MIDK(2, 3), -MIDK(1, 2),
+                               -MIDK(0, 1), INFINITY};
 static const float VNEG[8] = {CB_7, CB_6, CB_5, CB_4, CB_3, CB_2, CB_1, CB_0};
-typedef struct { __m256 q, e, cl, ch, pl2, pl3, nl2, nl3, vp, vn; } tabs256;
+static const float VNEG1[8] = {CB_6, CB_5, CB_4, CB_3, CB_2, CB_1, CB_0, CB_0};
+typedef struct { __m256 q, e, cl, ch, pt, nt, plo, px, nlo, nx; } tabs256;
 AI T256 tabs256 tabs256_load(void) {
     tabs256 t;
     t.q = _mm256_loadu_ps(MID_Q);
     t.e = _mm256_loadu_ps(MID_E);
     t.cl = _mm256_loadu_ps(CB);
     t.ch = _mm256_loadu_ps(CB + 8);
-    t.pl2 = _mm256_loadu_ps(PL2);
-    t.pl3 = _mm256_loadu_ps(PL3);
-    t.nl2 = _mm256_loadu_ps(NL2);
-    t.nl3 = _mm256_loadu_ps(NL3);
-    t.vp = _mm256_loadu_ps(VPOS);
-    t.vn = _mm256_loadu_ps(VNEG);
+    t.pt = _mm256_loadu_ps(MID + 7);
+    t.nt = _mm256_loadu_ps(PB_NT);
+    t.plo = _mm256_loadu_ps(CB + 7);
+    t.px = _mm256_xor_ps(t.plo, t.ch);
+    t.nlo = _mm256_loadu_ps(VNEG);
+    t.nx = _mm256_xor_ps(t.nlo, _mm256_loadu_ps(VNEG1));
     return t;
 }
+
 AI T256 __m256i m2i(__m256 m) { return _mm256_castps_si256(m); }
 /* 2 idx + (the compare's bit): idx + idx - mask */
 AI T256 __m256i nexti(__m256i idx, __m256 m) { return _mm256_sub_epi32(_mm256_add_epi32(idx, idx), m2i(m)); }
@@ -361,21 +369,14 @@ AI T256 __m256 lv8(__m256 s, __m256i *code, const tabs256 *t) {
     const __m256 ql = _mm256_permutevar8x32_ps(t->cl, pos), qh = _mm256_permutevar8x32_ps(t->ch, pos);
     return _mm256_xor_ps(ql, _mm256_and_ps(m1, _mm256_xor_ps(ql, qh)));
 }
-/* #{T < a} (gt) or #{T <= a} (ge) of 7 sorted thresholds T: T[3] (t1), {T[1], T[5]} (l2),
- * {T[0], T[2], T[4], T[6]} (l3) */
-AI T256 __m256i cnt7(__m256 a, float t1, __m256 l2, __m256 l3, int ge) {
-    const int op = ge ? _CMP_GE_OQ : _CMP_GT_OQ;
-    __m256i idx = _mm256_srli_epi32(m2i(_mm256_cmp_ps(a, _mm256_set1_ps(t1), op)), 31);
-    idx = nexti(idx, _mm256_cmp_ps(a, _mm256_permutevar8x32_ps(l2, idx), op));
-    return nexti(idx, _mm256_cmp_ps(a, _mm256_permutevar8x32_ps(l3, idx), op));
-}
 AI T256 void lv8pn(__m256 s, __m256 *qp, __m256 *qn, const tabs256 *t) {
     const __m256 a = _mm256_and_ps(s, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
-    const __m256 m8 = _mm256_cmp_ps(a, _mm256_set1_ps(MID[14]), _CMP_GT_OQ);
-    /* CB[7..14] are >= +0 and CB[15] is 1.0, above them all: P = 8 is max(value, 1.0) */
-    const __m256 vp = _mm256_max_ps(_mm256_permutevar8x32_ps(t->vp, cnt7(a, MID[10], t->pl2, t->pl3, 0)),
-                                    _mm256_and_ps(m8, _mm256_set1_ps(1.0f)));
-    const __m256 vn = _mm256_permutevar8x32_ps(t->vn, cnt7(a, -MID[3], t->nl2, t->nl3, 1));
+    const __m256i v = _mm256_cvttps_epi32(
+        _mm256_mul_ps(_mm256_add_ps(_mm256_mul_ps(a, _mm256_set1_ps(PB_B)), _mm256_set1_ps(PB_A)), a));
+    const __m256 mp = _mm256_cmp_ps(a, _mm256_permutevar8x32_ps(t->pt, v), _CMP_GT_OQ);
+    const __m256 mn = _mm256_cmp_ps(a, _mm256_permutevar8x32_ps(t->nt, v), _CMP_GE_OQ);
+    const __m256 vp = _mm256_xor_ps(_mm256_permutevar8x32_ps(t->plo, v), _mm256_and_ps(mp, _mm256_permutevar8x32_ps(t->px, v)));
+    const __m256 vn = _mm256_xor_ps(_mm256_permutevar8x32_ps(t->nlo, v), _mm256_and_ps(mn, _mm256_permutevar8x32_ps(t->nx, v)));
     const __m256 sw = _mm256_and_ps(_mm256_castsi256_ps(_mm256_srai_epi32(_mm256_castps_si256(s), 31)),
                                     _mm256_xor_ps(vp, vn));
     *qp = _mm256_xor_ps(vp, sw);
