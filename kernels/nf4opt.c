@@ -33,6 +33,7 @@
 #endif
 
 #define AI static inline __attribute__((always_inline))
+#define ORK_ALIGN64 __attribute__((aligned(64))) /* the bodies' [i][b] arrays (nf4opt_body.inc ALIGNED_IN) */
 #define BLKMAX 64
 #define G 16
 #define ROUNDS 2
@@ -1000,8 +1001,8 @@ void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const flo
     for (int l = 0; l < 16; l++) ax[l] = ae[l] = 0.0;
     int64_t nf = 0;
     float xb[G * BLKMAX], cwb[G * BLKMAX], dout[G];
-    float xr[BLKMAX][G]; /* [i][b]: element i of block b */
-    double wr[BLKMAX][G];
+    ORK_ALIGN64 float xr[BLKMAX][G]; /* [i][b]: element i of block b */
+    ORK_ALIGN64 double wr[BLKMAX][G];
     uint8_t cs[BLKMAX][G];
     int tail[G];
     for (int64_t g0 = b0; g0 < b1; g0 += G) {
@@ -1103,12 +1104,13 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
     for (int l = 0; l < 16; l++) ax[l] = ae[l] = 0.0;
     int64_t nf = 0;
     float xb[G * DQB], cwb[G * DQB];
-    float xr[DQB][G];
-    double wr[DQB][G];
+    ORK_ALIGN64 float xr[DQB][G];
+    ORK_ALIGN64 double wr[DQB][G];
     uint8_t pk[G][DQB / 2];
-    int32_t pp[DQB / 2][G];
+    ORK_ALIGN64 int32_t pp[DQB / 2][G];
     int q0[G], qo[G];
-    float sc[G], dqv[NCAND][G];
+    float sc[G];
+    ORK_ALIGN64 float dqv[NCAND][G];
     for (int64_t g0 = b0; g0 < b1; g0 += G) {
         const int nb = (int)(b1 - g0 < G ? b1 - g0 : G);
         const int fast = UNIT(col_w, weighting) && nb == G && (g0 + G) * DQB <= n;
