@@ -413,6 +413,10 @@ AI T256 vf8 lv_avx2(vf8 s, vi8 *code, const tabs256 *t) {
 #define LEVELSQN(s) LEVELSQ(s)
 #define LEVELSPN(s, qp, qn) lv8pn((__m256)(s), (__m256 *)(qp), (__m256 *)(qn), &tb)
 #define UMAX(a, b) ((vu8)_mm256_max_epu32((__m256i)(a), (__m256i)(b)))
+#define DCVT(v) ((dv_t_avx2){{(vdn4)_mm256_cvtps_pd(_mm256_castps256_ps128((__m256)(v))), \
+                               (vdn4)_mm256_cvtps_pd(_mm256_extractf128_ps((__m256)(v), 1))}})
+#define DTOF(d) ((vf8)_mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps((__m256d)(d).h[0])), \
+                                           _mm256_cvtpd_ps((__m256d)(d).h[1]), 1))
 #include "nf4opt_body.inc"
 #undef SUF
 #undef ATTR
@@ -422,6 +426,8 @@ AI T256 vf8 lv_avx2(vf8 s, vi8 *code, const tabs256 *t) {
 #undef LEVELSQN
 #undef LEVELSPN
 #undef UMAX
+#undef DCVT
+#undef DTOF
 #endif
 
 #if defined(__aarch64__)
@@ -1017,7 +1023,7 @@ void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const flo
                        int tries, int64_t b0, int64_t b1, uint8_t *codes, float *absmax, ork_codec_stats *st) {
     const int lv = level();
     const int blk = block == 32 ? 32 : 64;
-    double ax[16], ae[16];
+    ORK_ALIGN64 double ax[16], ae[16];
     for (int l = 0; l < 16; l++) ax[l] = ae[l] = 0.0;
     int64_t nf = 0;
     float xb[G * BLKMAX], cwb[G * BLKMAX], dout[G];
@@ -1120,7 +1126,7 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
     float dq[256], mid[255], lvm[256 + 16];
     dq_tables(dq, mid);
     dq_levels(mid, lvm);
-    double ax[16], ae[16];
+    ORK_ALIGN64 double ax[16], ae[16];
     for (int l = 0; l < 16; l++) ax[l] = ae[l] = 0.0;
     int64_t nf = 0;
     float xb[G * DQB], cwb[G * DQB];
