@@ -125,7 +125,9 @@ AI void lvpn_portable(vf4 s, vf4 *qp, vf4 *qn) {
 #define LEVELSQ(s) lvq_portable(s)
 #define LEVELSQN(s) lvq_portable(s)
 #define LEVELSPN(s, qp, qn) lvpn_portable(s, qp, qn)
+#define DQ_ONEPASS
 #include "nf4opt_body.inc"
+#undef DQ_ONEPASS
 #undef SUF
 #undef ATTR
 #undef LV_SETUP
@@ -413,6 +415,7 @@ AI T256 vf8 lv_avx2(vf8 s, vi8 *code, const tabs256 *t) {
 #define LEVELSQN(s) LEVELSQ(s)
 #define LEVELSPN(s, qp, qn) lv8pn((__m256)(s), (__m256 *)(qp), (__m256 *)(qn), &tb)
 #define UMAX(a, b) ((vu8)_mm256_max_epu32((__m256i)(a), (__m256i)(b)))
+#define DQ_ONEPASS
 #define DCVT(v) ((dv_t_avx2){{(vdn4)_mm256_cvtps_pd(_mm256_castps256_ps128((__m256)(v))), \
                                (vdn4)_mm256_cvtps_pd(_mm256_extractf128_ps((__m256)(v), 1))}})
 #define DTOF(d) ((vf8)_mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps((__m256d)(d).h[0])), \
@@ -426,6 +429,7 @@ AI T256 vf8 lv_avx2(vf8 s, vi8 *code, const tabs256 *t) {
 #undef LEVELSQN
 #undef LEVELSPN
 #undef UMAX
+#undef DQ_ONEPASS
 #undef DCVT
 #undef DTOF
 #endif
