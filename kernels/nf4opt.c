@@ -33,6 +33,7 @@
 #endif
 
 #define AI static inline __attribute__((always_inline))
+#define ORK_ALIGN64 __attribute__((aligned(64))) /* the bodies' [i][b] arrays (nf4opt_body.inc ALIGNED_IN) */
 #define BLKMAX 64
 #define G 16
 #define ROUNDS 2
@@ -124,7 +125,9 @@ AI void lvpn_portable(vf4 s, vf4 *qp, vf4 *qn) {
 #define LEVELSQ(s) lvq_portable(s)
 #define LEVELSQN(s) lvq_portable(s)
 #define LEVELSPN(s, qp, qn) lvpn_portable(s, qp, qn)
+#define DQ_ONEPASS
 #include "nf4opt_body.inc"
+#undef DQ_ONEPASS
 #undef SUF
 #undef ATTR
 #undef LV_SETUP
@@ -321,31 +324,39 @@ AI T512 vf16 wq_avx512(vf16 s, vi16 *code, int clamp, const wtabs512 *t) {
 static const float MID_Q[8] = {MIDK(1, 2), MIDK(5, 6), MIDK(9, 10), MIDK(13, 14), 0, 0, 0, 0};
 static const float MID_E[8] = {MIDK(0, 1), MIDK(2, 3), MIDK(4, 5), MIDK(6, 7),
                                MIDK(8, 9), MIDK(10, 11), MIDK(12, 13), MIDK(14, 15)};
-/* The scan's pair (the values of the codes of s and of -s), as the portable level's: from a = |s|, P(a) =
- * #{m >= 7: MID[m] < a} and N(a) = #{m <= 6: -MID[m] <= a}, each a 3-level search over 7 sorted thresholds
- * (P's eighth, MID[14], added after: a > MID[14] means P = 8), values CB[7 + P] and CB[7 - N], swapped where s is
- * negative (by its sign bit: s = -0.0 has both values CB[7]). 32 operations for the pair instead of 47. */
-static const float PL2[8] = {MIDK(8, 9), MIDK(12, 13), 0, 0, 0, 0, 0, 0};
-static const float PL3[8] = {MIDK(7, 8), MIDK(9, 10), MIDK(11, 12), MIDK(13, 14), 0, 0, 0, 0};
-static const float NL2[8] = {-MIDK(5, 6), -MIDK(1, 2), 0, 0, 0, 0, 0, 0};
-static const float NL3[8] = {-MIDK(6, 7), -MIDK(4, 5), -MIDK(2, 3), -MIDK(0, 1), 0, 0, 0, 0};
-static const float VPOS[8] = {CB_7, CB_8, CB_9, CB_10, CB_11, CB_12, CB_13, CB_14};
+/* The scan's pair (the values of the codes of s and of -s, |s| <= 1.1) from a = |s|: the code of s >= 0 is
+ * 7 + P(a), P(a) = #{m >= 7: MID[m] < a}, of s < 0 7 - N(a), N(a) = #{m <= 6: -MID[m] <= a} (as the portable level's).
+ * The 8 thresholds of P (P_k = MID[7 + k]) and the 7 of N (N_k = -MID[6 - k]) alternate, P_0 < N_0 < P_1 < .. <
+ * N_6 < P_7, so 8 bins of a hold one of each (bin 7: P_7 alone): bin(a) = (int)g(a), g(a) = (a * PB_B + PB_A) * a
+ * (float32 operations), and in bin v, P(a) = v + (a > P_v) and N(a) = v + (a >= N_v) (N_7 = +inf). Exact because
+ * the real g is strictly increasing on [0, 1.1] (PB_A + 2 * PB_B * 1.1 > 0), g(1.1) < 8 (no clamp), and every
+ * P_k and N_k has k + m <= g <= k + 1 - m with a margin m of 0.02 (tests/test_nf4dq.py checks these in float32),
+ * far above the evaluation's rounding (< 1e-5): a in bin v is then above every threshold of a lower bin and below
+ * every one of a higher bin. The values from bin tables (CB[7 + v] or CB[8 + v] by the compare, CB[7 - v] or
+ * CB[6 - v]), swapped where s is negative (by its sign bit: s = -0.0 has both values CB[7]). 22 operations for the
+ * pair (the former two 3-level searches over 7 thresholds: 32). */
+#define PB_A 13.0f
+#define PB_B (-5.625f)
+static const float PB_NT[8] = {-MIDK(6, 7), -MIDK(5, 6), -MIDK(4, 5), -MIDK(3, 4), -MIDK(2, 3), -MIDK(1, 2),
+                               -MIDK(0, 1), INFINITY};
 static const float VNEG[8] = {CB_7, CB_6, CB_5, CB_4, CB_3, CB_2, CB_1, CB_0};
-typedef struct { __m256 q, e, cl, ch, pl2, pl3, nl2, nl3, vp, vn; } tabs256;
+static const float VNEG1[8] = {CB_6, CB_5, CB_4, CB_3, CB_2, CB_1, CB_0, CB_0};
+typedef struct { __m256 q, e, cl, ch, pt, nt, plo, px, nlo, nx; } tabs256;
 AI T256 tabs256 tabs256_load(void) {
     tabs256 t;
     t.q = _mm256_loadu_ps(MID_Q);
     t.e = _mm256_loadu_ps(MID_E);
     t.cl = _mm256_loadu_ps(CB);
     t.ch = _mm256_loadu_ps(CB + 8);
-    t.pl2 = _mm256_loadu_ps(PL2);
-    t.pl3 = _mm256_loadu_ps(PL3);
-    t.nl2 = _mm256_loadu_ps(NL2);
-    t.nl3 = _mm256_loadu_ps(NL3);
-    t.vp = _mm256_loadu_ps(VPOS);
-    t.vn = _mm256_loadu_ps(VNEG);
+    t.pt = _mm256_loadu_ps(MID + 7);
+    t.nt = _mm256_loadu_ps(PB_NT);
+    t.plo = _mm256_loadu_ps(CB + 7);
+    t.px = _mm256_xor_ps(t.plo, t.ch);
+    t.nlo = _mm256_loadu_ps(VNEG);
+    t.nx = _mm256_xor_ps(t.nlo, _mm256_loadu_ps(VNEG1));
     return t;
 }
+
 AI T256 __m256i m2i(__m256 m) { return _mm256_castps_si256(m); }
 /* 2 idx + (the compare's bit): idx + idx - mask */
 AI T256 __m256i nexti(__m256i idx, __m256 m) { return _mm256_sub_epi32(_mm256_add_epi32(idx, idx), m2i(m)); }
@@ -361,21 +372,14 @@ AI T256 __m256 lv8(__m256 s, __m256i *code, const tabs256 *t) {
     const __m256 ql = _mm256_permutevar8x32_ps(t->cl, pos), qh = _mm256_permutevar8x32_ps(t->ch, pos);
     return _mm256_xor_ps(ql, _mm256_and_ps(m1, _mm256_xor_ps(ql, qh)));
 }
-/* #{T < a} (gt) or #{T <= a} (ge) of 7 sorted thresholds T: T[3] (t1), {T[1], T[5]} (l2),
- * {T[0], T[2], T[4], T[6]} (l3) */
-AI T256 __m256i cnt7(__m256 a, float t1, __m256 l2, __m256 l3, int ge) {
-    const int op = ge ? _CMP_GE_OQ : _CMP_GT_OQ;
-    __m256i idx = _mm256_srli_epi32(m2i(_mm256_cmp_ps(a, _mm256_set1_ps(t1), op)), 31);
-    idx = nexti(idx, _mm256_cmp_ps(a, _mm256_permutevar8x32_ps(l2, idx), op));
-    return nexti(idx, _mm256_cmp_ps(a, _mm256_permutevar8x32_ps(l3, idx), op));
-}
 AI T256 void lv8pn(__m256 s, __m256 *qp, __m256 *qn, const tabs256 *t) {
     const __m256 a = _mm256_and_ps(s, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
-    const __m256 m8 = _mm256_cmp_ps(a, _mm256_set1_ps(MID[14]), _CMP_GT_OQ);
-    /* CB[7..14] are >= +0 and CB[15] is 1.0, above them all: P = 8 is max(value, 1.0) */
-    const __m256 vp = _mm256_max_ps(_mm256_permutevar8x32_ps(t->vp, cnt7(a, MID[10], t->pl2, t->pl3, 0)),
-                                    _mm256_and_ps(m8, _mm256_set1_ps(1.0f)));
-    const __m256 vn = _mm256_permutevar8x32_ps(t->vn, cnt7(a, -MID[3], t->nl2, t->nl3, 1));
+    const __m256i v = _mm256_cvttps_epi32(
+        _mm256_mul_ps(_mm256_add_ps(_mm256_mul_ps(a, _mm256_set1_ps(PB_B)), _mm256_set1_ps(PB_A)), a));
+    const __m256 mp = _mm256_cmp_ps(a, _mm256_permutevar8x32_ps(t->pt, v), _CMP_GT_OQ);
+    const __m256 mn = _mm256_cmp_ps(a, _mm256_permutevar8x32_ps(t->nt, v), _CMP_GE_OQ);
+    const __m256 vp = _mm256_xor_ps(_mm256_permutevar8x32_ps(t->plo, v), _mm256_and_ps(mp, _mm256_permutevar8x32_ps(t->px, v)));
+    const __m256 vn = _mm256_xor_ps(_mm256_permutevar8x32_ps(t->nlo, v), _mm256_and_ps(mn, _mm256_permutevar8x32_ps(t->nx, v)));
     const __m256 sw = _mm256_and_ps(_mm256_castsi256_ps(_mm256_srai_epi32(_mm256_castps_si256(s), 31)),
                                     _mm256_xor_ps(vp, vn));
     *qp = _mm256_xor_ps(vp, sw);
@@ -411,6 +415,11 @@ AI T256 vf8 lv_avx2(vf8 s, vi8 *code, const tabs256 *t) {
 #define LEVELSQN(s) LEVELSQ(s)
 #define LEVELSPN(s, qp, qn) lv8pn((__m256)(s), (__m256 *)(qp), (__m256 *)(qn), &tb)
 #define UMAX(a, b) ((vu8)_mm256_max_epu32((__m256i)(a), (__m256i)(b)))
+#define DQ_ONEPASS
+#define DCVT(v) ((dv_t_avx2){{(vdn4)_mm256_cvtps_pd(_mm256_castps256_ps128((__m256)(v))), \
+                               (vdn4)_mm256_cvtps_pd(_mm256_extractf128_ps((__m256)(v), 1))}})
+#define DTOF(d) ((vf8)_mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps((__m256d)(d).h[0])), \
+                                           _mm256_cvtpd_ps((__m256d)(d).h[1]), 1))
 #include "nf4opt_body.inc"
 #undef SUF
 #undef ATTR
@@ -420,6 +429,9 @@ AI T256 vf8 lv_avx2(vf8 s, vi8 *code, const tabs256 *t) {
 #undef LEVELSQN
 #undef LEVELSPN
 #undef UMAX
+#undef DQ_ONEPASS
+#undef DCVT
+#undef DTOF
 #endif
 
 #if defined(__aarch64__)
@@ -772,12 +784,101 @@ T512 static int64_t load_src512(const void *x, int dtype, int64_t off0, float (*
 }
 #endif
 
+#ifdef ORK_NF4OPT_X86
+/* AVX2 (+F16C, as ork_codecs_isa's AVX2 level): the same values in 8 x 8 tiles (8 rows of 8 elements widened,
+ * non-finite values counted and zeroed as floats, the tile transposed by unpacks, shuffles and lane swaps),
+ * not the generic path's widen, sanitize and scalar transpose over staging buffers (12% of the AVX2 encode) */
+#define T256F __attribute__((target("avx2,f16c")))
+AI T256F void transpose8x8_f32(__m256 *r) {
+    __m256 t[8], u[8];
+    for (int k = 0; k < 4; k++) {
+        t[2 * k] = _mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    for (int h = 0; h < 2; h++) {
+        u[4 * h] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
+        u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xee);
+        u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
+        u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xee);
+    }
+    for (int k = 0; k < 4; k++) {
+        r[k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x20);
+        r[4 + k] = _mm256_permute2f128_ps(u[k], u[4 + k], 0x31);
+    }
+}
+T256F static int64_t load_src256(const void *x, int dtype, int64_t off0, float (*xr)[G]) {
+    const __m256i e = _mm256_set1_epi32(0x7f800000);
+    int64_t nf = 0;
+    for (int b0 = 0; b0 < G; b0 += 8)
+        for (int i0 = 0; i0 < DQB; i0 += 8) {
+            __m256 r[8];
+            for (int k = 0; k < 8; k++) {
+                const int64_t o = off0 + (int64_t)(b0 + k) * DQB + i0;
+                __m256 v;
+                if (dtype == ORK_DT_F32) {
+                    v = _mm256_loadu_ps((const float *)x + o);
+                } else {
+                    const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)x + o));
+                    v = dtype == ORK_DT_BF16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+                                             : _mm256_cvtph_ps(h);
+                }
+                const __m256 bad = _mm256_castsi256_ps(_mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(v), e), e));
+                nf += __builtin_popcount((unsigned)_mm256_movemask_ps(bad));
+                r[k] = _mm256_andnot_ps(bad, v);
+            }
+            transpose8x8_f32(r);
+            for (int k = 0; k < 8; k++) _mm256_storeu_ps(&xr[i0 + k][b0], r[k]);
+        }
+    return nf;
+}
+#endif
+
+/* The generic levels' bf16 and f32 sources: widened (bf16: the high half of a float), sanitized (non-finite as +0.0,
+ * counted) and transposed in 4 x 4 tiles of lane-wise vectors in one pass (not ork_widen, a sanitize pass and a scalar
+ * transpose over a staging buffer: 10% of the portable encode) */
+#if defined(__clang__)
+#define SHUF4(a, b, i0, i1, i2, i3) __builtin_shufflevector(a, b, i0, i1, i2, i3)
+#else
+#define SHUF4(a, b, i0, i1, i2, i3) __builtin_shuffle(a, b, (vu4){i0, i1, i2, i3})
+#endif
+typedef uint16_t vw4 __attribute__((vector_size(8)));
+static int64_t load_src_bits(const void *x, int dtype, int64_t off0, float (*xr)[G]) {
+    vu4 nbad = {0, 0, 0, 0};
+    for (int b0 = 0; b0 < G; b0 += 4)
+        for (int i0 = 0; i0 < DQB; i0 += 4) {
+            vu4 r[4];
+            for (int k = 0; k < 4; k++) {
+                const int64_t o = off0 + (int64_t)(b0 + k) * DQB + i0;
+                vu4 u;
+                if (dtype == ORK_DT_BF16) {
+                    vw4 h;
+                    memcpy(&h, (const uint16_t *)x + o, sizeof h);
+                    u = __builtin_convertvector(h, vu4) << 16;
+                } else {
+                    memcpy(&u, (const float *)x + o, sizeof u);
+                }
+                const vu4 bad = (vu4)((u & 0x7f800000u) == 0x7f800000u);
+                nbad -= bad;
+                r[k] = u & ~bad;
+            }
+            const vu4 t0 = SHUF4(r[0], r[1], 0, 4, 1, 5), t1 = SHUF4(r[0], r[1], 2, 6, 3, 7);
+            const vu4 t2 = SHUF4(r[2], r[3], 0, 4, 1, 5), t3 = SHUF4(r[2], r[3], 2, 6, 3, 7);
+            const vu4 o[4] = {SHUF4(t0, t2, 0, 1, 4, 5), SHUF4(t0, t2, 2, 3, 6, 7), SHUF4(t1, t3, 0, 1, 4, 5),
+                              SHUF4(t1, t3, 2, 3, 6, 7)};
+            for (int j = 0; j < 4; j++) memcpy(&xr[i0 + j][b0], &o[j], sizeof o[j]);
+        }
+    return (int64_t)nbad[0] + nbad[1] + nbad[2] + nbad[3];
+}
+
 static int64_t load_src_x(int lv, const void *x, int dtype, int64_t off0, float *xb, float (*xr)[G]) {
 #ifdef ORK_NF4OPT_X86
     if (lv == LV_AVX512 && (dtype == ORK_DT_F32 || dtype == ORK_DT_BF16 || dtype == ORK_DT_F16))
         return load_src512(x, dtype, off0, xr);
+    if (lv == LV_AVX2 && (dtype == ORK_DT_F32 || dtype == ORK_DT_BF16 || dtype == ORK_DT_F16))
+        return load_src256(x, dtype, off0, xr);
 #endif
     (void)lv;
+    if (dtype == ORK_DT_F32 || dtype == ORK_DT_BF16) return load_src_bits(x, dtype, off0, xr);
     const int esz = dtype == ORK_DT_F32 ? 4 : 2;
     const int64_t nf = ork_widen((const char *)x + off0 * esz, dtype, (int64_t)G * DQB, xb);
     for (int i = 0; i < G * DQB; i++) xb[i] = (f2u(xb[i]) & 0x7f800000u) == 0x7f800000u ? 0.0f : xb[i];
@@ -926,12 +1027,12 @@ void ork_nf4opt_encode(const void *x, int dtype, int64_t n, int64_t k, const flo
                        int tries, int64_t b0, int64_t b1, uint8_t *codes, float *absmax, ork_codec_stats *st) {
     const int lv = level();
     const int blk = block == 32 ? 32 : 64;
-    double ax[16], ae[16];
+    ORK_ALIGN64 double ax[16], ae[16];
     for (int l = 0; l < 16; l++) ax[l] = ae[l] = 0.0;
     int64_t nf = 0;
     float xb[G * BLKMAX], cwb[G * BLKMAX], dout[G];
-    float xr[BLKMAX][G]; /* [i][b]: element i of block b */
-    double wr[BLKMAX][G];
+    ORK_ALIGN64 float xr[BLKMAX][G]; /* [i][b]: element i of block b */
+    ORK_ALIGN64 double wr[BLKMAX][G];
     uint8_t cs[BLKMAX][G];
     int tail[G];
     for (int64_t g0 = b0; g0 < b1; g0 += G) {
@@ -1029,16 +1130,17 @@ void ork_nf4dq_encode(const void *x, int dtype, int64_t n, int64_t k, const floa
     float dq[256], mid[255], lvm[256 + 16];
     dq_tables(dq, mid);
     dq_levels(mid, lvm);
-    double ax[16], ae[16];
+    ORK_ALIGN64 double ax[16], ae[16];
     for (int l = 0; l < 16; l++) ax[l] = ae[l] = 0.0;
     int64_t nf = 0;
     float xb[G * DQB], cwb[G * DQB];
-    float xr[DQB][G];
-    double wr[DQB][G];
+    ORK_ALIGN64 float xr[DQB][G];
+    ORK_ALIGN64 double wr[DQB][G];
     uint8_t pk[G][DQB / 2];
-    int32_t pp[DQB / 2][G];
+    ORK_ALIGN64 int32_t pp[DQB / 2][G];
     int q0[G], qo[G];
-    float sc[G], dqv[NCAND][G];
+    float sc[G];
+    ORK_ALIGN64 float dqv[NCAND][G];
     for (int64_t g0 = b0; g0 < b1; g0 += G) {
         const int nb = (int)(b1 - g0 < G ? b1 - g0 : G);
         const int fast = UNIT(col_w, weighting) && nb == G && (g0 + G) * DQB <= n;

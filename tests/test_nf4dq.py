@@ -367,11 +367,12 @@ def test_unit_weight_bodies_16bit_and_nonfinite(dtype):
         codecs.set_isa(None)
 
 
-@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
 def test_unit_weight_bodies_16bit_edge_groups(dtype):
-    """The 16-bit sources' path of the unit bodies (AVX-512: transposed as words, non-finite words zeroed and counted
-    there): a group of 16 blocks all non-finite, one half NaN, blocks of -0.0, of f16 subnormals, one outlier a
-    block, and a ragged end, against the reference at every level."""
+    """The sources' paths of the unit bodies (AVX-512: 16-bit ones transposed as words, non-finite words zeroed and
+    counted there; AVX2: 8 x 8 tiles; the generic levels' one pass over bf16 and f32): a group of 16 blocks all
+    non-finite, one half NaN, blocks of -0.0, of f16 subnormals, one outlier a block, and a ragged end, against the
+    reference at every level."""
     rng = np.random.default_rng(17)
     x = _heavy((16 * 32 * 6 + 45,), 9)
     g = x[: 16 * 32 * 6].reshape(6, 16, 32)
@@ -381,7 +382,7 @@ def test_unit_weight_bodies_16bit_edge_groups(dtype):
     g[3, ::3] = -0.0
     g[4, 1::2] = (rng.standard_normal((8, 32)) * 3e-6).astype(np.float32)  # subnormal as f16
     g[5, :, 7] = np.float32(3e4)
-    src = x.astype(np.float16) if dtype == "f16" else (x.view(np.uint32) >> 16).astype(np.uint16)
+    src = {"f32": x, "f16": x.astype(np.float16), "bf16": (x.view(np.uint32) >> 16).astype(np.uint16)}[dtype]
     want = R.nf4dq_encode(src)
     nonfinite = int((~np.isfinite(x)).sum())
     try:
@@ -396,14 +397,46 @@ def test_unit_weight_bodies_16bit_edge_groups(dtype):
         codecs.set_isa(None)
 
 
+def _pair_bin_constants() -> tuple[np.float32, np.float32]:
+    """kernels/nf4opt.c's PB_A and PB_B (the AVX2 scan pair's bin map g(a) = (a * PB_B + PB_A) * a), read from its text."""
+    text = (KERNELS / "nf4opt.c").read_text()
+    a = re.search(r"#define PB_A \(?(-?[0-9.]+)f\)?", text)
+    b = re.search(r"#define PB_B \(?(-?[0-9.]+)f\)?", text)
+    assert a and b, "kernels/nf4opt.c no longer defines PB_A and PB_B"
+    return np.float32(a.group(1)), np.float32(b.group(1))
+
+
+def _pair_bin(a: np.ndarray) -> np.ndarray:
+    pa, pb = _pair_bin_constants()
+    return ((a * pb + pa) * a).astype(np.float32)  # float32 operations, as the kernel's
+
+
+def test_pair_bins_hold_one_threshold_of_each_side():
+    """The premises of the AVX2 scan pair's exactness (kernels/nf4opt.c lv8pn): the thresholds of P (MID[7 + k]) and
+    of N (-MID[6 - k]) in bin k of g, each at least 0.01 inside it (the evaluation's rounding is below 1e-5), the real
+    g strictly increasing on [0, 1.1] and g(1.1) below 8 (no clamp)."""
+    pa, pb = _pair_bin_constants()
+    mids = (R.CODEBOOK[:-1] + R.CODEBOOK[1:]) / np.float32(2)
+    p, n = mids[7:], -mids[:7][::-1]
+    for k, t in list(enumerate(p)) + list(enumerate(n)):
+        g = float(_pair_bin(np.array([t], np.float32))[0])
+        assert k + 0.01 <= g <= k + 1 - 0.01, (k, t, g)
+    assert float(pa) + 2 * float(pb) * 1.1 > 0
+    assert float(_pair_bin(np.array([1.1], np.float32))[0]) < 8
+
+
 def _lookup_values() -> np.ndarray:
-    """Values where an NF4 lookup could go wrong: every midpoint and +-midpoint, every bin edge of the two bin maps
-    (codecs.c's (s * 15.5f) + 16, the unit bodies' round(s * 14 + 16) and the old fma(s, 14.5f, 16)) and the +-1.03 /
+    """Values where an NF4 lookup could go wrong: every midpoint and +-midpoint, every bin edge of the bin maps
+    (codecs.c's (s * 15.5f) + 16, the unit bodies' round(s * 14 + 16), the old fma(s, 14.5f, 16), the AVX2 pair's
+    (|s| * PB_B + PB_A) * |s|) and the +-1.03 /
     +-1.1 clamps, each with the 64 floats either side; random values in [-1.2, 1.2]; zeros, subnormals, huge values, infinities."""
     mids = (R.CODEBOOK[:-1] + R.CODEBOOK[1:]) / np.float32(2)
     edges = [(np.float32(k) - np.float32(16)) / np.float32(15.5) for k in range(33)]
     edges += [(np.float32(k) - np.float32(16)) / np.float32(14.5) for k in range(33)]
     edges += [(np.float32(k) + np.float32(0.5) - np.float32(16)) / np.float32(14) for k in range(33)]
+    pa, pb = (float(c) for c in _pair_bin_constants())  # the AVX2 pair's bin edges, g(a) = k (either sign of s)
+    roots = [(-pa + np.sqrt(pa * pa + 4 * pb * k)) / (2 * pb) for k in range(1, 8)]
+    edges += [np.float32(r) for r in roots] + [np.float32(-r) for r in roots]
     centres = np.concatenate([mids, -mids, np.array(edges, np.float32),
                               np.array([1.03, -1.03, 1.1, -1.1, 1.0, -1.0, 0.0], np.float32)]).astype(np.float32)
     out = [centres]
