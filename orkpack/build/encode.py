@@ -12,7 +12,7 @@ import numpy as np
 import xxhash
 
 from ..codecs import get_codec
-from ..codecs.reference import nf4_to_npu_int8
+from ..codecs.reference import nf4_to_npu_int8, sqnr_db
 from ..errors import OrkError, SourceError, escape_name
 from ..files import hash_file
 from ..keepfloat import is_expert_stack
@@ -124,10 +124,17 @@ def encode_tensor(info: TensorInfo, arr: np.ndarray, placed: Placed, tr: Transfo
     slices = []
     for e, sub in subs:
         dec = placed.placement.decide(info, e)
+        read = sub
         if placed.nf4.intdq_of(dec.tier, dec.encoding) is None:  # an intdq level weighs its columns instead of clipping
             sub = tr.slice(sub, dec, info.name, e)
         s = encode_slice(sub, dec, name=info.name if e is None else f"{info.name}[{e}]", threads=threads,
                          opts=placed.opts, alloc=alloc, nf4=placed.nf4, tensor=info.name, expert=e)
+        if sub is not read and not np.array_equal(sub, read):  # clipped: the SQNR against the slice as read
+            # (FORMAT.md 2, "against the source"), the clipping's error with the rounding's
+            for rec in (s, s.get("host_copy")):
+                if rec is not None and rec["sqnr_db"] is not None:
+                    got = get_codec(rec["encoding"]).decode(rec["parts"], tuple(s["shape"]), rec["layout"])
+                    rec["sqnr_db"] = sqnr_db(read, got)
         s["expert"] = e
         slices.append(s)
     return slices
