@@ -340,7 +340,7 @@ def render(tm: TierMap, console, solve_s: float, top: int = 12) -> None:
         won = next(r for r in tried if r["outcome"] == "chosen")
         rest = "; ".join(f"{' / '.join(r['levels'])} " + (f"predicted KLD {r['kld']:.4f}, " if "kld" in r else "")
                          + r["outcome"] for r in tried if r is not won)
-        if len(tried) > 2:  # a size bound's every pair: how many, the rest in --json
+        if (ob.get("goal") or {}).get("goal") == "quality":  # a size bound's every pair: how many, the rest in --json
             rest = (f"the least of {sum('kld' in r for r in tried)} pairs planned under the bound "
                     f"({sum('kld' not in r for r in tried)} did not fit; each in --json options.host_levels)")
         console.print(f"Host levels {' / '.join(won['levels'])} (predicted KLD {won['kld']:.4f}), chosen as no level was given; "
