@@ -85,12 +85,15 @@ def plan(model, *, board: str = "rk3588-32g", profile: Path | None = None, ctx: 
     t0 = time.perf_counter()
     kw = dict(ctx=ctx, kv_type=kv_type, pins=pins, goal=goal, prompt=prompt, npu_storage=npu_storage)
     if host_low is None and host_high is None:  # no levels given: the plan chooses them, each pair its own profile
-        tm = solve_default_levels(man, b, prof, **kw, profile_of=lambda bb: load_profile(
-            profile, man, bb, prefill_m, ignore_unknown=ignore_unknown))
-        low, high = tm.board.get("host_low", b.host_low), tm.board.get("host_high", b.host_high)
-        if (low, high) != (b.host_low, b.host_high):
-            b = with_host_formats(b, low, high, "the plan")
-            prof = load_profile(profile, man, b, prefill_m, ignore_unknown=ignore_unknown)
+        boards = {(b.host_low, b.host_high): (b, prof)}
+
+        def profile_of(bb):
+            boards[bb.host_low, bb.host_high] = (bb, load_profile(profile, man, bb, prefill_m,
+                                                                  ignore_unknown=ignore_unknown))
+            return boards[bb.host_low, bb.host_high][1]
+
+        tm = solve_default_levels(man, b, prof, **kw, profile_of=profile_of)
+        b, prof = boards[tm.board.get("host_low", b.host_low), tm.board.get("host_high", b.host_high)]
     else:
         tm = solve(man, b, prof, **kw)
     return tm, time.perf_counter() - t0, [man, b, prof]
