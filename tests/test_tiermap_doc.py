@@ -20,6 +20,9 @@ from orkpack.tiers.solver import Goal
 
 NEVER = 1 << 30
 FIX = "tests/fixtures/configs"
+# section 2, "Host formats": each format's error ratio and an intdq format's bits (a test reads them off the page)
+FORMAT_ERROR = {"nf4": 1.0, "int5dq": 0.3074, "int6dq": 0.0653, "int8dq": -0.0105, "int8": 0.0}
+INTDQ_BITS = {"int5dq": 5, "int6dq": 6, "int8dq": 8}
 
 
 def pad(x: int, a: int) -> int:
@@ -31,6 +34,8 @@ class DocModel:
 
     def __init__(self, tm: dict, prof: dict | None):
         self.tm, self.b, self.f, self.o = tm, tm["board"], tm["model"], tm["options"]
+        # section 2, "Host formats": the two host levels (absent: nf4 in F, per-row int8)
+        self.low, self.high = self.b.get("host_low", "nf4"), self.b.get("host_high", "int8")
         self.r = self.b["runtime"]  # section 2, "Runtime path": what the software decides
         self.engines = [e for e in self.b["engines"] if e in self.r["engines"]]
         self.bw = self.b["cpu_stream_bytes_per_s"] * self.r["decode_fraction"]  # the CPU's decode bandwidth
@@ -121,11 +126,28 @@ class DocModel:
         return pad(n, self.b["n_align"]) * sum(self.segs(k)) + 4 * n
 
     @staticmethod
-    def int8(n, k):
-        return n * k + 4 * n
+    def intdq(n, k, bits):
+        """Section 2, "host levels": int5dq / int6dq / int8dq, ceil(n*b/8) + nb + 4*ceil(nb/256) + 4."""
+        nb = math.ceil(n * k / 32)
+        return math.ceil(n * k * bits / 8) + nb + 4 * math.ceil(nb / 256) + 4
+
+    def level_bytes(self, n, k, fmt):
+        """A host level's bytes: nf4 (in F), int8 (per row) or an intdq format."""
+        if fmt == "nf4":
+            return self.nf4(n, k, self.b.get("nf4_format", "b64"))
+        if fmt == "int8":
+            return n * k + 4 * n
+        return self.intdq(n, k, INTDQ_BITS[fmt])
+
+    def int8(self, n, k):
+        """Host int8 in the high level's format."""
+        return self.level_bytes(n, k, self.high)
 
     def nf4(self, n, k, fmt=None):
-        """Section 2, "Bytes": host nf4 in the map's NF4 format (board "nf4_format"; b64 when absent), or ``fmt``."""
+        """Section 2, "Bytes": host nf4 in the low level's format (nf4: the map's NF4 format, board "nf4_format",
+        b64 when absent), or in the NF4 format ``fmt``."""
+        if fmt is None and self.low != "nf4":
+            return self.level_bytes(n, k, self.low)
         fmt = fmt or self.b.get("nf4_format", "b64")
         if fmt == "b64":
             return math.ceil(n * k / 2) + 4 * math.ceil(n * k / 64)
@@ -140,8 +162,9 @@ class DocModel:
     @staticmethod
     def copy_fmt(s):
         """Section 2, "The NF4 format F": the host copy of an NPU slice stored 4-bit (encoding nf4, or an --nf4
-        pin) is nf4 (b64) whatever F; any other copy is in F (None: the map's)."""
-        return "b64" if s["encoding"] == "nf4" or "--nf4" in (s["pin"] or "") else None
+        pin) is nf4 (b64) whatever F or level; any other copy is in the host low level's format (None: the map's)."""
+        stored4 = (s["tier"] == "npu" and s["encoding"] == "nf4") or "--nf4" in (s["pin"] or "")
+        return "b64" if stored4 else None
 
     def path_bytes(self, n, k, path, fmt=None):
         if path == "tiles":
@@ -289,14 +312,24 @@ class DocModel:
         return share * nbytes / self.bw
 
     def kld(self, name, s, choice) -> float:
-        """Section 4, predicted KLD: the sensitivity of every item decode reads as NF4."""
+        """Section 4, predicted KLD: the sensitivity of every item decode reads as NF4, times its format's error
+        ratio (section 2, "Host formats": a host item its level's, a host copy its format's, an NPU slice stored
+        4-bit 1, int8 tiles and float 0)."""
         sens = self.sens.get((name, s["expert"]), self.default_sens[(name, s["expert"])])
-        return sens if choice in ("nf4", "npu+nf4") or (choice == "npu" and s["encoding"] != "int8") else 0.0
+        if choice == "nf4":
+            return sens * FORMAT_ERROR[self.low]
+        if choice == "int8":
+            return sens * FORMAT_ERROR[self.high]
+        if choice == "npu+nf4":
+            return sens * (1.0 if self.copy_fmt(s) == "b64" else FORMAT_ERROR[self.low])
+        return sens if choice == "npu" and s["encoding"] != "int8" else 0.0
 
     def quality(self, name, s, choice) -> float:
-        n, k = s["shape"]
+        """Section 4: an item's quality is its sensitivity minus the KLD it adds (a float item: 0)."""
+        if choice == "float":
+            return 0.0
         sens = self.sens.get((name, s["expert"]), self.default_sens[(name, s["expert"])])
-        return sens if choice == "int8" or (choice == "npu" and s["encoding"] == "int8") else 0.0
+        return sens - self.kld(name, s, choice)
 
     # ---------------------------------------------------------------- whole plan
     def attention(self, r, p):
@@ -330,6 +363,27 @@ class DocModel:
         kld = sum(self.kld(n, s, c) for (n, s), c in zip(self.items, choices))
         return {"decode_s_per_token": dec, "prefill_s_per_chunk": pre, "ttft_s": ttft,
                 "decode_tok_s": 1 / dec, "prefill_tok_s": self.pm / pre, "kld": kld}
+
+    def fastest(self) -> tuple[float, bool]:
+        """Every item at its fastest allowed decode choice (ties: the least RAM): its decode s/token, and whether
+        that assignment fits the RAM and NPU caps (then no plan in these levels decodes faster)."""
+        pick = [min(self.allowed(n, s), key=lambda c: (self.dec_item(n, s, c), self.ram_item(n, s, c)))
+                for n, s in self.items]
+        dec = self.dec_const() + sum(self.dec_item(n, s, c) for (n, s), c in zip(self.items, pick))
+        npu = sum(self.npu_bytes(*s["shape"]) for (n, s), c in zip(self.items, pick) if c.startswith("npu"))
+        cap = self.b["total_bytes"] if self.tm["objective"]["goal"]["max_ram"] is None else \
+            min(self.b["total_bytes"], self.tm["objective"]["goal"]["max_ram"])
+        ram = self.b["reserve_bytes"] + self.kv(self.o["ctx"]) + sum(s["bytes"] for _, s in self.others) + \
+            sum(self.ram_item(n, s, c) for (n, s), c in zip(self.items, pick))
+        return dec, npu <= self.b["iova_usable_bytes"] and ram <= cap
+
+    def ram_item(self, name, s, choice) -> int:
+        n, k = s["shape"]
+        if choice == "float":
+            return n * k * self.itemsize(s["encoding"])
+        if choice.startswith("npu"):
+            return self.npu_bytes(n, k) + (self.nf4(n, k, self.copy_fmt(s)) if choice == "npu+nf4" else 0)
+        return self.nf4(n, k) if choice == "nf4" else self.int8(n, k)
 
     def allowed(self, name, s) -> list[str]:
         """Section 4: the choices the pins (recorded in the slice's ``pin``) leave, in the doc's order."""
@@ -438,8 +492,17 @@ def check(tm: dict, prof: dict | None) -> None:
         hair = 1e-6 * part + 2e-9 + 1e-9 * abs(v) + 1e-7 * max(part, coef[st["metric"]])
         if j == len(stages) - 1:
             assert got == pytest.approx(v, rel=1e-9, abs=2e-9), st
-        elif goal["goal"] == "balanced" and j == 0:
+        elif goal["goal"] == "balanced" and j == 0 and d.low == "nf4":
             assert 1 / got >= 0.95 * (1 / v) * (1 - 1e-9), st
+        elif goal["goal"] == "balanced" and j == 0:
+            # section 4: D* is the best decode with host NF4 (the same items, low level NF4) and the cap
+            # max(D* / 0.95, D_L), D_L the levels' own best. The floor holds, or the plan decodes no slower than
+            # D_L: every item at its fastest choice when that assignment fits the caps (then it is D_L), else
+            # at least that bound.
+            d_l, fits = d.fastest()
+            assert got >= d_l * (1 - 1e-9), st
+            if fits:
+                assert got <= max(v / 0.95, d_l * (1 + 1e-6)) * (1 + 1e-9), (st, d_l)  # 1e-6: the give-back
         elif goal["goal"] == "balanced" and j == 1:  # prefill within 1 % (tok/s) of its best, for quality
             assert 1 / got >= 0.99 * (1 / v) * (1 - 1e-9), st
         elif st["sense"] == "min":
@@ -492,6 +555,22 @@ CASES = [  # (model, options): dense, MoE, sliding window, MLA, tied/untied, f32
     ("tiermaps/configs/qwen2.5-7b/config.json", dict(ctx=8192, nf4_format="dq32", goal=Goal("decode"))),
     (f"{FIX}/olmoe.json", dict(ctx=4096, nf4_format="b64", pins={"npu": ["blk.0.attn_*"], "nf4": ["blk.1.*"]})),
     (f"{FIX}/llama.json", dict(ctx=4096, nf4_format="b64", goal=Goal("quality"), prefill_m=16, prompt=40)),
+    # host levels in other formats (section 2, "Host formats"): their bytes, copies, error ratios and the balanced
+    # goal's D* with host NF4
+    (f"{FIX}/llama.json", dict(ctx=4096, host_low="int5dq", host_high="int6dq")),
+    ("tiermaps/configs/qwen2.5-7b/config.json", dict(ctx=8192, host_low="nf4", host_high="int6dq")),
+    ("tiermaps/configs/qwen2.5-7b/config.json", dict(ctx=8192, host_low="int5dq", host_high="int6dq")),
+    ("tiermaps/configs/qwen2.5-7b/config.json", dict(ctx=8192, host_low="int6dq", host_high="int8dq",
+                                                      goal=Goal("decode"))),
+    ("tiermaps/configs/qwen2.5-7b/config.json", dict(ctx=8192, host_low="int5dq", host_high="int8", runtime="rkllm",
+                                                      prompt=700)),
+    (f"{FIX}/olmoe.json", dict(ctx=4096, host_low="int5dq", host_high="int8dq", goal=Goal("quality"),
+                               pins={"npu": ["blk.0.attn_*"], "nf4": ["blk.0.attn_q.weight"], "int8": ["blk.1.*"]})),
+    (f"{FIX}/olmoe.json", dict(ctx=4096, host_low="int6dq", host_high="int8", nf4_format="b64",
+                               pins={"npu": ["blk.0.attn_*"], "nf4": ["blk.1.*"]})),
+    (f"{FIX}/llama.json", dict(ctx=4096, host_low="nf4", host_high="int6dq", goal=Goal("quality", max_bytes=900_000_000))),
+    # the default levels where they change (a size bound: every pair)
+    (f"{FIX}/llama.json", dict(ctx=4096, goal=Goal("quality", max_bytes=900_000_000))),
 ]
 
 
@@ -799,3 +878,25 @@ def test_the_cluster_pages_network_and_split_examples():
     share, net_s, total = _grab(r"and ([\d.]+) % of a prefill chunk \(([\d.]+) of (\d+) s\)", page)
     assert _rounds_to(share, 100 * net.eval_s(512, 8192) / pr["prefill_s_per_chunk"])
     assert _rounds_to(net_s, net.eval_s(512, 8192)) and _rounds_to(total, pr["prefill_s_per_chunk"])
+
+
+def test_the_default_levels_of_a_small_model_are_reproduced(tmp_path):
+    """A SmolLM2-135M-shaped model: given no levels the balanced plan chooses int5dq / int6dq (section 4, "The
+    default levels"), and that map is reproduced from the page like any other."""
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
+           "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
+           "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "tie_word_embeddings": True,
+           "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    tm = _run(tmp_path / "config.json", ctx=8192)
+    assert (tm["board"].get("host_low"), tm["board"].get("host_high")) != (None, None)
+    assert any(r["outcome"] == "chosen" and r["levels"] != ["nf4", "int8"] for r in tm["options"]["host_levels"])
+
+
+def test_the_format_error_ratios_are_the_pages():
+    """The checker's error ratios and intdq bits are the ones section 2 states."""
+    page = _page("TIERMAP.md")
+    got = _grab(r"nf4 (\d+), int5dq ([\d.]+), int6dq ([\d.]+), int8dq (-[\d.]+), int8 (\d+)\)", page)
+    assert [float(x) for x in got] == [FORMAT_ERROR[f] for f in ("nf4", "int5dq", "int6dq", "int8dq", "int8")]
+    bits = _grab(r"int5dq, int6dq, int8dq ceil\(n\*b/8\) \+ nb \+ 4\*ceil\(nb/256\) \+ 4, b = (\d), (\d), (\d)", page)
+    assert [int(x) for x in bits] == [INTDQ_BITS[f] for f in ("int5dq", "int6dq", "int8dq")]
